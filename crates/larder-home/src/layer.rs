@@ -1,0 +1,182 @@
+//! Layers: cross-cutting behaviour around any home, forwarded in exactly one place.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::{DirEntry, Home, HomeAttr, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version};
+
+/// The kinds of home operation, for counters and emulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    Stat,
+    List,
+    Read,
+    Readlink,
+    Create,
+    Mkdir,
+    Mknod,
+    Symlink,
+    Link,
+    Unlink,
+    Rmdir,
+    Rename,
+    SetAttr,
+    Write,
+    StatFs,
+}
+
+impl OpKind {
+    /// Every kind, in a stable order.
+    pub const ALL: [OpKind; 15] = [
+        OpKind::Stat,
+        OpKind::List,
+        OpKind::Read,
+        OpKind::Readlink,
+        OpKind::Create,
+        OpKind::Mkdir,
+        OpKind::Mknod,
+        OpKind::Symlink,
+        OpKind::Link,
+        OpKind::Unlink,
+        OpKind::Rmdir,
+        OpKind::Rename,
+        OpKind::SetAttr,
+        OpKind::Write,
+        OpKind::StatFs,
+    ];
+
+    /// A stable lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::Stat => "stat",
+            OpKind::List => "list",
+            OpKind::Read => "read",
+            OpKind::Readlink => "readlink",
+            OpKind::Create => "create",
+            OpKind::Mkdir => "mkdir",
+            OpKind::Mknod => "mknod",
+            OpKind::Symlink => "symlink",
+            OpKind::Link => "link",
+            OpKind::Unlink => "unlink",
+            OpKind::Rmdir => "rmdir",
+            OpKind::Rename => "rename",
+            OpKind::SetAttr => "setattr",
+            OpKind::Write => "write",
+            OpKind::StatFs => "statfs",
+        }
+    }
+
+    /// Position in [`OpKind::ALL`].
+    pub fn index(self) -> usize {
+        OpKind::ALL.iter().position(|k| *k == self).unwrap_or(0)
+    }
+}
+
+/// Behaviour added around every home operation.
+pub trait Layer: Send + Sync + 'static {
+    /// Called before the operation; `bytes_out` is what it sends to home. An error skips the operation.
+    fn before(&self, _op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        Ok(())
+    }
+    /// Called after the operation with the bytes it brought back and whether it succeeded.
+    fn after(&self, _op: OpKind, _bytes_in: u64, _ok: bool) {}
+}
+
+/// A home wrapped in a layer.
+pub struct Layered<L: Layer> {
+    inner: Arc<dyn Home>,
+    layer: L,
+}
+
+impl<L: Layer> Layered<L> {
+    /// Wrap `inner` in `layer`.
+    pub fn new(inner: Arc<dyn Home>, layer: L) -> Layered<L> {
+        Layered { inner, layer }
+    }
+
+    fn call<T>(
+        &self,
+        op: OpKind,
+        out: u64,
+        f: impl FnOnce(&dyn Home) -> HomeResult<T>,
+        bytes_in: impl Fn(&T) -> u64,
+    ) -> HomeResult<T> {
+        self.layer.before(op, out)?;
+        let result = f(self.inner.as_ref());
+        match &result {
+            Ok(v) => self.layer.after(op, bytes_in(v), true),
+            Err(_) => self.layer.after(op, 0, false),
+        }
+        result
+    }
+}
+
+fn none<T>(_: &T) -> u64 {
+    0
+}
+
+impl<L: Layer> Home for Layered<L> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
+        self.call(OpKind::Stat, 0, |h| h.stat(path), none)
+    }
+    fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
+        self.call(OpKind::List, 0, |h| h.list(path), none)
+    }
+    fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
+        self.call(
+            OpKind::Read,
+            0,
+            |h| h.read(path, version, offset, len),
+            |v| v.len() as u64,
+        )
+    }
+    fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>> {
+        self.call(OpKind::Readlink, 0, |h| h.readlink(path), none)
+    }
+    fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.call(OpKind::Create, 0, |h| h.create(path, mode, owner), none)
+    }
+    fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.call(OpKind::Mkdir, 0, |h| h.mkdir(path, mode, owner), none)
+    }
+    fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
+        self.call(OpKind::Mknod, 0, |h| h.mknod(path, mode, rdev, owner), none)
+    }
+    fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
+        self.call(OpKind::Symlink, 0, |h| h.symlink(target, path, owner), none)
+    }
+    fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
+        self.call(OpKind::Link, 0, |h| h.link(existing, new), none)
+    }
+    fn unlink(&self, path: &Path) -> HomeResult<()> {
+        self.call(OpKind::Unlink, 0, |h| h.unlink(path), none)
+    }
+    fn rmdir(&self, path: &Path) -> HomeResult<()> {
+        self.call(OpKind::Rmdir, 0, |h| h.rmdir(path), none)
+    }
+    fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
+        self.call(OpKind::Rename, 0, |h| h.rename(from, to, flags), none)
+    }
+    fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
+        self.call(OpKind::SetAttr, 0, |h| h.setattr(path, changes), none)
+    }
+    fn write(
+        &self,
+        path: &Path,
+        source: &File,
+        ranges: &[Range<u64>],
+        size: u64,
+        base: Option<&Version>,
+    ) -> HomeResult<HomeAttr> {
+        let out: u64 = ranges.iter().map(|r| r.end.min(size).saturating_sub(r.start)).sum();
+        self.call(OpKind::Write, out, |h| h.write(path, source, ranges, size, base), none)
+    }
+    fn statfs(&self) -> HomeResult<StatFs> {
+        self.call(OpKind::StatFs, 0, |h| h.statfs(), none)
+    }
+}

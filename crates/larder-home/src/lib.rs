@@ -1,0 +1,95 @@
+//! The home: the slow or distant storage that larder caches.
+//!
+//! Every backend implements [`Home`]. Paths are relative to the home's root (the empty path is the root
+//! itself). Cross-cutting concerns (WAN emulation, counters) are [`Layer`]s wrapped around a backend by
+//! [`Layered`], which forwards every method in one place. Backends classify their own errors
+//! ([`HomeError::is_temporary`]); they never speak errno to callers except through [`HomeError::Os`].
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod error;
+mod layer;
+mod metrics;
+mod posix;
+mod types;
+mod url;
+mod wan;
+
+pub use error::{HomeError, HomeResult};
+pub use layer::{Layer, Layered, OpKind};
+pub use metrics::{HomeCounters, MetricsLayer};
+pub use posix::PosixHome;
+pub use types::{DirEntry, FileKind, HomeAttr, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version};
+pub use url::{HomeSpec, open_home};
+pub use wan::{WanLayer, WanSpec, parse_duration, parse_size};
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+
+/// What larder needs from the storage it caches.
+///
+/// Every call may be slow (a WAN away) and may fail; none may hang forever (backends enforce their own
+/// deadline). Calls that change home return the object's attributes afterwards so the cache can record the
+/// version it now holds.
+pub trait Home: Send + Sync + 'static {
+    /// A short human description (a path or URL) for status output and logs.
+    fn describe(&self) -> String;
+
+    /// Attributes of one object, not following a final symlink.
+    fn stat(&self, path: &Path) -> HomeResult<HomeAttr>;
+
+    /// The entries of a directory, without `.` and `..`. Attributes are filled where the backend gets them
+    /// for free from the listing (object stores); a POSIX home leaves them `None` (placeholders).
+    fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>>;
+
+    /// Up to `len` bytes at `offset` of the object at `version`. Short only at end of file. Fails with
+    /// [`HomeError::Stale`] when the object is no longer at `version`, so a cached copy is never stitched
+    /// together from two versions.
+    fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>>;
+
+    /// The target of a symlink.
+    fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>>;
+
+    /// Create an empty regular file; fails with [`HomeError::Exists`] if the name is taken.
+    fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr>;
+
+    /// Create a directory.
+    fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr>;
+
+    /// Create a special file (FIFO, socket, device) or an empty regular file.
+    fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr>;
+
+    /// Create a symlink at `path` pointing to `target`.
+    fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr>;
+
+    /// Create a hard link `new` to `existing`; returns the attributes of the linked object.
+    fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr>;
+
+    /// Remove a non-directory.
+    fn unlink(&self, path: &Path) -> HomeResult<()>;
+
+    /// Remove an empty directory.
+    fn rmdir(&self, path: &Path) -> HomeResult<()>;
+
+    /// Rename `from` to `to`, replacing `to` unless `flags` say otherwise.
+    fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()>;
+
+    /// Change attributes (mode, owner, size, times).
+    fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr>;
+
+    /// Make the object at `path` hold the content of `source` in the byte `ranges` given (the rest is
+    /// unchanged) and be `size` bytes long, durably. With `base`, fail with [`HomeError::Conflict`] unless
+    /// home is still at that version.
+    fn write(
+        &self,
+        path: &Path,
+        source: &File,
+        ranges: &[Range<u64>],
+        size: u64,
+        base: Option<&Version>,
+    ) -> HomeResult<HomeAttr>;
+
+    /// Capacity figures of the home.
+    fn statfs(&self) -> HomeResult<StatFs>;
+}
