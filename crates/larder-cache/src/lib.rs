@@ -1,1 +1,17 @@
-//! placeholder
+//! larder's local store.
+//!
+//! Each cached file version is one sparse file under the cache directory, named by an **object id** that
+//! is never reused for another version, so a stale block cannot be found (the version is in every key).
+//! Which blocks of it are present, with their checksums, lives in a persistent index ([`Db`]), written by a
+//! group-commit thread. Eviction is by block (a small file is one block), least recently used first,
+//! between watermarks; dirty blocks are never evicted.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod db;
+mod flight;
+mod store;
+
+pub use db::{Db, Mutation};
+pub use flight::SingleFlight;
+pub use store::{BlockKey, CacheError, CacheResult, Store, StoreConfig, StoreStats};

@@ -1,0 +1,627 @@
+//! The block store: sparse object files plus an in-memory view of the persistent block index.
+//!
+//! Lock order: `state` before `fds`. Syscalls that punch or read block data for eviction and checksum
+//! verification run under `state` so that a block can never be refilled while it is being dropped.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::db::{Db, Mutation};
+
+/// (object id, block index)
+pub type BlockKey = (u64, u32);
+
+/// Result of a store call.
+pub type CacheResult<T> = Result<T, CacheError>;
+
+/// What went wrong in the local store.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The cache disk is full.
+    #[error("cache disk is full")]
+    NoSpace,
+    /// Reading or writing a cache file failed.
+    #[error("cache I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// The persistent index failed.
+    #[error("cache index error: {0}")]
+    Index(String),
+}
+
+fn io_err(e: io::Error) -> CacheError {
+    if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
+        CacheError::NoSpace
+    } else {
+        CacheError::Io(e)
+    }
+}
+
+/// Where and how much to cache.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Directory of the object files.
+    pub dir: PathBuf,
+    /// Bytes per block.
+    pub block_size: u64,
+    /// Most bytes of cached data to keep; eviction starts at `high_watermark` of it and stops at
+    /// `low_watermark`.
+    pub limit: u64,
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+}
+
+/// Figures for status output.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreStats {
+    pub bytes_used: u64,
+    pub bytes_limit: u64,
+    pub bytes_dirty: u64,
+    pub blocks: u64,
+    pub objects: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub corrupt_blocks: u64,
+}
+
+struct BlockEntry {
+    len: u32,
+    crc: u32,
+    tick: u64,
+    verified: bool,
+    dirty: bool,
+}
+
+#[derive(Default)]
+struct State {
+    blocks: HashMap<BlockKey, BlockEntry>,
+    /// Clean blocks by last use: tick -> key.
+    lru: BTreeMap<u64, BlockKey>,
+    per_object: HashMap<u64, u32>,
+    used: u64,
+    dirty: u64,
+    tick: u64,
+}
+
+const MAX_OPEN_FILES: usize = 256;
+
+#[derive(Default)]
+struct FdCache {
+    files: HashMap<u64, (Arc<File>, u64)>,
+    tick: u64,
+}
+
+/// The local block store.
+pub struct Store {
+    cfg: StoreConfig,
+    db: Arc<Db>,
+    state: Mutex<State>,
+    fds: Mutex<FdCache>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    corrupt: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Store {
+    /// Open the store in `cfg.dir`, loading the block index from `db`.
+    pub fn open(cfg: StoreConfig, db: Arc<Db>) -> CacheResult<Store> {
+        std::fs::create_dir_all(&cfg.dir).map_err(io_err)?;
+        let mut state = State::default();
+        db.for_each_block(|object, index, len, crc| {
+            state.tick += 1;
+            let tick = state.tick;
+            state.blocks.insert(
+                (object, index),
+                BlockEntry {
+                    len,
+                    crc,
+                    tick,
+                    verified: false,
+                    dirty: false,
+                },
+            );
+            state.lru.insert(tick, (object, index));
+            *state.per_object.entry(object).or_default() += 1;
+            state.used += len as u64;
+        })?;
+        Ok(Store {
+            cfg,
+            db,
+            state: Mutex::new(state),
+            fds: Mutex::new(FdCache::default()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes per block.
+    pub fn block_size(&self) -> u64 {
+        self.cfg.block_size
+    }
+
+    /// The index this store persists to.
+    pub fn db(&self) -> &Arc<Db> {
+        &self.db
+    }
+
+    fn path_of(&self, object: u64) -> PathBuf {
+        self.cfg
+            .dir
+            .join(format!("{:02x}", object & 0xff))
+            .join(format!("{object:016x}"))
+    }
+
+    /// The cache file of `object`, opened (and created) on demand. At most `MAX_OPEN_FILES` stay open.
+    pub fn file(&self, object: u64) -> CacheResult<Arc<File>> {
+        let mut fds = lock(&self.fds);
+        fds.tick += 1;
+        let tick = fds.tick;
+        if let Some((f, t)) = fds.files.get_mut(&object) {
+            *t = tick;
+            return Ok(f.clone());
+        }
+        let path = self.path_of(object);
+        let open = |p: &Path| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+        };
+        let file = match open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+                open(&path).map_err(io_err)?
+            }
+            Err(e) => return Err(io_err(e)),
+        };
+        if fds.files.len() >= MAX_OPEN_FILES
+            && let Some(oldest) = fds.files.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k)
+        {
+            fds.files.remove(&oldest);
+        }
+        let file = Arc::new(file);
+        fds.files.insert(object, (file.clone(), tick));
+        Ok(file)
+    }
+
+    /// Whether block `key` is present.
+    pub fn contains(&self, key: BlockKey) -> bool {
+        lock(&self.state).blocks.contains_key(&key)
+    }
+
+    /// Read up to `len` bytes at `offset` within block `key` if it is present (a hit); `None` is a miss. The
+    /// result stops at the block's end and may be shorter where the cache file ends in a hole. A block
+    /// whose checksum fails is dropped and reported as a miss.
+    pub fn read(&self, key: BlockKey, offset: u64, len: usize) -> CacheResult<Option<Vec<u8>>> {
+        let file = self.file(key.0)?;
+        let start = key.1 as u64 * self.cfg.block_size;
+        {
+            let mut st = lock(&self.state);
+            let Some(entry) = st.blocks.get(&key) else {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            };
+            if !entry.verified && !entry.dirty {
+                let (blen, crc) = (entry.len as usize, entry.crc);
+                let mut whole = vec![0u8; blen];
+                let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
+                if !ok {
+                    tracing::warn!(
+                        object = key.0,
+                        block = key.1,
+                        "cached block failed its checksum; refetching"
+                    );
+                    self.corrupt.fetch_add(1, Ordering::Relaxed);
+                    self.remove_locked(&mut st, key);
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                if let Some(e) = st.blocks.get_mut(&key) {
+                    e.verified = true;
+                }
+            }
+            st.tick += 1;
+            let tick = st.tick;
+            if let Some(e) = st.blocks.get_mut(&key) {
+                let old = std::mem::replace(&mut e.tick, tick);
+                if !e.dirty && st.lru.remove(&old).is_some() {
+                    st.lru.insert(tick, key);
+                }
+            }
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        let len = len.min(self.cfg.block_size.saturating_sub(offset) as usize);
+        let mut buf = vec![0u8; len];
+        let n = read_upto(&file, &mut buf, start + offset).map_err(io_err)?;
+        buf.truncate(n);
+        Ok(Some(buf))
+    }
+
+    /// Store a clean block fetched from home. A full cache disk is not an error here: the data still goes
+    /// to the reader, the block is simply not kept.
+    pub fn fill(&self, key: BlockKey, data: &[u8]) -> CacheResult<()> {
+        let file = self.file(key.0)?;
+        let start = key.1 as u64 * self.cfg.block_size;
+        file.write_all_at(data, start).map_err(io_err)?;
+        let crc = crc32c::crc32c(data);
+        let mut st = lock(&self.state);
+        if st.blocks.get(&key).is_some_and(|e| e.dirty) {
+            // A writer got there first; its data wins.
+            return Ok(());
+        }
+        self.insert_locked(&mut st, key, data.len() as u32, crc, false);
+        self.db.submit(vec![Mutation::PutBlock {
+            object: key.0,
+            index: key.1,
+            len: data.len() as u32,
+            crc,
+        }]);
+        self.evict_if_needed(&mut st);
+        Ok(())
+    }
+
+    /// Write new (dirty) data into `object` at `offset`. Blocks touched become present and dirty; the caller
+    /// guarantees that a partially written block was present or lies wholly beyond home's data.
+    pub fn write(&self, object: u64, offset: u64, data: &[u8]) -> CacheResult<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let file = self.file(object)?;
+        file.write_all_at(data, offset).map_err(io_err)?;
+        let bs = self.cfg.block_size;
+        let end = offset + data.len() as u64;
+        let mut st = lock(&self.state);
+        for index in (offset / bs)..=((end - 1) / bs) {
+            let key = (object, index as u32);
+            let block_end = (end - index * bs).min(bs) as u32;
+            let len = st.blocks.get(&key).map_or(0, |e| e.len).max(block_end);
+            self.insert_locked(&mut st, key, len, 0, true);
+        }
+        self.evict_if_needed(&mut st);
+        Ok(())
+    }
+
+    /// Mark blocks of `object` clean again after their data reached home; `size` is the file's size.
+    pub fn mark_clean(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
+        let file = self.file(object)?;
+        let bs = self.cfg.block_size;
+        let mut mutations = Vec::new();
+        let mut st = lock(&self.state);
+        for index in indexes {
+            let key = (object, index);
+            if !st.blocks.contains_key(&key) {
+                continue;
+            }
+            let start = index as u64 * bs;
+            let len = size.saturating_sub(start).min(bs) as usize;
+            if len == 0 {
+                self.remove_locked(&mut st, key);
+                continue;
+            }
+            let mut buf = vec![0u8; len];
+            read_full(&file, &mut buf, start).map_err(io_err)?;
+            let crc = crc32c::crc32c(&buf);
+            self.insert_locked(&mut st, key, len as u32, crc, false);
+            mutations.push(Mutation::PutBlock {
+                object,
+                index,
+                len: len as u32,
+                crc,
+            });
+        }
+        drop(st);
+        self.db.submit(mutations);
+        Ok(())
+    }
+
+    /// Cut `object` to `size` bytes: later blocks are dropped, a partial last block keeps its prefix.
+    pub fn truncate(&self, object: u64, size: u64) -> CacheResult<()> {
+        let file = self.file(object)?;
+        file.set_len(size).map_err(io_err)?;
+        let bs = self.cfg.block_size;
+        let mut st = lock(&self.state);
+        let doomed: Vec<BlockKey> = st
+            .blocks
+            .keys()
+            .filter(|(o, i)| *o == object && *i as u64 * bs >= size)
+            .copied()
+            .collect();
+        for key in doomed {
+            self.remove_locked(&mut st, key);
+            self.db.submit(vec![Mutation::DelBlock {
+                object: key.0,
+                index: key.1,
+            }]);
+        }
+        if size % bs != 0 {
+            let key = (object, (size / bs) as u32);
+            if let Some(e) = st.blocks.get(&key) {
+                let dirty = e.dirty;
+                drop(st);
+                if dirty {
+                    let mut st = lock(&self.state);
+                    let new_len = (size % bs) as u32;
+                    if let Some(e) = st.blocks.get_mut(&key) {
+                        let old = std::mem::replace(&mut e.len, new_len);
+                        st.used = st.used - old as u64 + new_len as u64;
+                        st.dirty = st.dirty - old as u64 + new_len as u64;
+                    }
+                } else {
+                    self.mark_clean(object, [key.1], size)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget every block of `object` and delete its file.
+    pub fn remove_object(&self, object: u64) {
+        {
+            let mut st = lock(&self.state);
+            if st.per_object.contains_key(&object) {
+                let keys: Vec<BlockKey> = st.blocks.keys().filter(|(o, _)| *o == object).copied().collect();
+                for key in keys {
+                    self.remove_locked(&mut st, key);
+                }
+            }
+        }
+        lock(&self.fds).files.remove(&object);
+        self.db.submit(vec![Mutation::DelObject(object)]);
+        let _ = std::fs::remove_file(self.path_of(object));
+    }
+
+    /// Drop every object not in `live` (left behind by a crash or an old version), files included.
+    pub fn retain_objects(&self, live: &HashSet<u64>) {
+        let stale: Vec<u64> = lock(&self.state)
+            .per_object
+            .keys()
+            .filter(|o| !live.contains(o))
+            .copied()
+            .collect();
+        for object in stale {
+            self.remove_object(object);
+        }
+        let Ok(dirs) = std::fs::read_dir(&self.cfg.dir) else {
+            return;
+        };
+        for dir in dirs.flatten() {
+            let Ok(files) = std::fs::read_dir(dir.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let keep = f
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| u64::from_str_radix(n, 16).ok())
+                    .is_some_and(|o| live.contains(&o));
+                if !keep {
+                    let _ = std::fs::remove_file(f.path());
+                }
+            }
+        }
+    }
+
+    /// Whether `object` has any block cached.
+    pub fn has_object(&self, object: u64) -> bool {
+        lock(&self.state).per_object.contains_key(&object)
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> StoreStats {
+        let st = lock(&self.state);
+        StoreStats {
+            bytes_used: st.used,
+            bytes_limit: self.cfg.limit,
+            bytes_dirty: st.dirty,
+            blocks: st.blocks.len() as u64,
+            objects: st.per_object.len() as u64,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            corrupt_blocks: self.corrupt.load(Ordering::Relaxed),
+        }
+    }
+
+    fn insert_locked(&self, st: &mut State, key: BlockKey, len: u32, crc: u32, dirty: bool) {
+        st.tick += 1;
+        let tick = st.tick;
+        if let Some(old) = st.blocks.insert(
+            key,
+            BlockEntry {
+                len,
+                crc,
+                tick,
+                verified: true,
+                dirty,
+            },
+        ) {
+            st.lru.remove(&old.tick);
+            st.used -= old.len as u64;
+            if old.dirty {
+                st.dirty -= old.len as u64;
+            }
+        } else {
+            *st.per_object.entry(key.0).or_default() += 1;
+        }
+        st.used += len as u64;
+        if dirty {
+            st.dirty += len as u64;
+        } else {
+            st.lru.insert(tick, key);
+        }
+    }
+
+    fn remove_locked(&self, st: &mut State, key: BlockKey) {
+        let Some(old) = st.blocks.remove(&key) else { return };
+        st.lru.remove(&old.tick);
+        st.used -= old.len as u64;
+        if old.dirty {
+            st.dirty -= old.len as u64;
+        }
+        if let Some(n) = st.per_object.get_mut(&key.0) {
+            *n -= 1;
+            if *n == 0 {
+                st.per_object.remove(&key.0);
+            }
+        }
+        if let Ok(file) = self.file(key.0) {
+            punch_hole(&file, key.1 as u64 * self.cfg.block_size, old.len as u64);
+        }
+    }
+
+    /// Evict least recently used clean blocks once usage passes the high watermark, down to the low one.
+    fn evict_if_needed(&self, st: &mut State) {
+        let high = (self.cfg.limit as f64 * self.cfg.high_watermark) as u64;
+        if st.used <= high {
+            return;
+        }
+        let low = (self.cfg.limit as f64 * self.cfg.low_watermark) as u64;
+        let mut mutations = Vec::new();
+        while st.used > low {
+            let Some((_, key)) = st.lru.pop_first() else { break };
+            if let Some(e) = st.blocks.get_mut(&key) {
+                // Already out of the LRU; make remove_locked's lookup a no-op.
+                e.tick = u64::MAX;
+            }
+            self.remove_locked(st, key);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            mutations.push(Mutation::DelBlock {
+                object: key.0,
+                index: key.1,
+            });
+        }
+        self.db.submit(mutations);
+    }
+}
+
+fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    file.read_exact_at(buf, offset)
+}
+
+fn read_upto(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn punch_hole(file: &File, offset: u64, len: u64) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: fallocate on a valid open descriptor with plain integer arguments.
+    let ret = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if ret != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "punching a hole in a cache file failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path, limit: u64) -> Store {
+        let db = Db::open(&dir.join("index.redb")).unwrap();
+        let cfg = StoreConfig {
+            dir: dir.join("objects"),
+            block_size: 4096,
+            limit,
+            high_watermark: 1.0,
+            low_watermark: 0.75,
+        };
+        Store::open(cfg, db).unwrap()
+    }
+
+    #[test]
+    fn fill_read_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = store(dir.path(), 1 << 20);
+            assert!(s.read((1, 0), 0, 10).unwrap().is_none());
+            s.fill((1, 0), &[7u8; 4096]).unwrap();
+            s.fill((1, 1), &[9u8; 100]).unwrap();
+            assert_eq!(s.read((1, 1), 10, 200).unwrap().unwrap(), vec![9u8; 90]);
+            s.db().sync().unwrap();
+        }
+        let s = store(dir.path(), 1 << 20);
+        assert_eq!(s.stats().bytes_used, 4196);
+        assert_eq!(s.read((1, 0), 4090, 100).unwrap().unwrap(), vec![7u8; 6]);
+    }
+
+    #[test]
+    fn corrupt_block_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = store(dir.path(), 1 << 20);
+            s.fill((5, 0), &[1u8; 4096]).unwrap();
+            s.db().sync().unwrap();
+        }
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("objects/05/0000000000000005"))
+            .unwrap();
+        f.write_all_at(b"garbage", 100).unwrap();
+        let s = store(dir.path(), 1 << 20);
+        assert!(s.read((5, 0), 0, 10).unwrap().is_none());
+        assert_eq!(s.stats().corrupt_blocks, 1);
+        assert_eq!(s.stats().bytes_used, 0);
+    }
+
+    #[test]
+    fn eviction_keeps_usage_under_limit_and_spares_dirty_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 10 * 4096);
+        s.write(99, 0, &[3u8; 4096]).unwrap();
+        for i in 0..40 {
+            s.fill((1, i), &[i as u8; 4096]).unwrap();
+            assert!(s.stats().bytes_used <= 10 * 4096);
+        }
+        assert!(s.contains((99, 0)), "dirty block was evicted");
+        assert!(s.contains((1, 39)) && !s.contains((1, 0)));
+        assert!(s.stats().evictions >= 30);
+    }
+
+    #[test]
+    fn truncate_keeps_the_prefix_of_the_last_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20);
+        s.fill((2, 0), &[1u8; 4096]).unwrap();
+        s.fill((2, 1), &[2u8; 4096]).unwrap();
+        s.truncate(2, 5000).unwrap();
+        assert_eq!(s.stats().bytes_used, 5000);
+        assert_eq!(s.read((2, 1), 0, 4096).unwrap().unwrap(), vec![2u8; 904]);
+        s.truncate(2, 100).unwrap();
+        assert!(!s.contains((2, 1)));
+        s.remove_object(2);
+        assert_eq!(s.stats().bytes_used, 0);
+    }
+}
