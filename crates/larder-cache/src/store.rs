@@ -283,17 +283,30 @@ impl Store {
             return Ok(());
         }
         let file = self.file(object)?;
-        file.write_all_at(data, offset).map_err(io_err)?;
         let bs = self.cfg.block_size;
         let end = offset + data.len() as u64;
-        let mut st = lock(&self.state);
-        for index in (offset / bs)..=((end - 1) / bs) {
-            let key = (object, index as u32);
-            let block_end = (end - index * bs).min(bs) as u32;
-            let len = st.blocks.get(&key).map_or(0, |e| e.len).max(block_end);
-            self.insert_locked(&mut st, key, len, 0, true);
+        // Mark the blocks dirty first: from then on eviction cannot punch them under the new bytes.
+        let mut added = Vec::new();
+        {
+            let mut st = lock(&self.state);
+            for index in (offset / bs)..=((end - 1) / bs) {
+                let key = (object, index as u32);
+                let block_end = (end - index * bs).min(bs) as u32;
+                let existing = st.blocks.get(&key).map(|e| e.len);
+                if existing.is_none() {
+                    added.push(key);
+                }
+                self.insert_locked(&mut st, key, existing.unwrap_or(0).max(block_end), 0, true);
+            }
+            self.evict_if_needed(&mut st);
         }
-        self.evict_if_needed(&mut st);
+        if let Err(e) = file.write_all_at(data, offset) {
+            let mut st = lock(&self.state);
+            for key in added {
+                self.remove_locked(&mut st, key);
+            }
+            return Err(io_err(e));
+        }
         Ok(())
     }
 

@@ -1,1 +1,30 @@
-//! placeholder
+//! larder's FUSE-free core: the namespace mirror of home, file handles, and the read and write paths.
+//!
+//! The FUSE adapter calls [`Fs`]; tests call it directly, without a mount.
+//!
+//! * **Namespace.** Local inode numbers, persistent, mapped to home paths by (parent inode, name). Listings
+//!   create placeholder entries (name and kind only); a lookup fills attributes. Attributes, listings and
+//!   negative entries are trusted for the validity lag, then revalidated (a directory whose home version
+//!   is unchanged is not listed again).
+//! * **Data.** Each version of a file's content has its own cache object, so a version change at home
+//!   makes the old cached data unreachable. Reads take blocks from the store or fetch them from home, one
+//!   fetch per block however many readers wait; sequential readers get a growing readahead window.
+//! * **Writes** land in the file's cache object (dirty ranges tracked) and are pushed to home on
+//!   `flush`/`fsync`/`release` (write-through: the call returns once home has them). The push is the seam
+//!   where a write-back journal slots in.
+//!
+//! Locks: `mutate` (serialises namespace changes at home) before `ns` (in-memory namespace and handles)
+//! before the store's own locks. No home call is made while `ns` is held.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod data;
+mod error;
+mod namespace;
+mod readahead;
+mod record;
+mod types;
+
+pub use error::{FsError, FsResult};
+pub use namespace::Fs;
+pub use types::{Attr, DirItem, Entry, FsConfig, FsStats, OpenReply};

@@ -7,7 +7,7 @@ use std::time::Duration;
 pub type HomeResult<T> = Result<T, HomeError>;
 
 /// What went wrong at home.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum HomeError {
     /// No such object.
     #[error("not found at home")]

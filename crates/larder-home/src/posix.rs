@@ -145,6 +145,7 @@ pub(crate) fn attr_of(m: &std::fs::Metadata) -> HomeAttr {
         gid: m.gid(),
         nlink: m.nlink() as u32,
         rdev: m.rdev(),
+        blocks: m.blocks(),
         atime: time_of(m.atime(), m.atime_nsec()),
         mtime: time_of(m.mtime(), m.mtime_nsec()),
         ctime: time_of(m.ctime(), m.ctime_nsec()),

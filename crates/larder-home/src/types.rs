@@ -48,6 +48,8 @@ pub struct HomeAttr {
     pub gid: u32,
     pub nlink: u32,
     pub rdev: u64,
+    /// Allocated 512-byte blocks.
+    pub blocks: u64,
     pub atime: SystemTime,
     pub mtime: SystemTime,
     pub ctime: SystemTime,

@@ -1,0 +1,403 @@
+//! The data path: open, read, write, and pushing written data to home.
+
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use larder_home::{FileKind, HomeError, SetAttr, Version};
+
+use crate::namespace::{Core, Fs, Handle, lock};
+use crate::readahead::Job;
+use crate::{Entry, FsError, FsResult, OpenReply};
+
+impl Core {
+    /// Block `index` of `object`, from the store or else from home (one fetch per block at a time), put
+    /// into the store beside the caller.
+    pub(crate) fn fetch(
+        &self,
+        object: u64,
+        index: u32,
+        path: &Path,
+        version: &Version,
+        file_size: u64,
+    ) -> Result<Arc<Vec<u8>>, HomeError> {
+        let bs = self.store.block_size();
+        self.flights.run((object, index), || {
+            if self.store.contains((object, index))
+                && let Ok(Some(d)) = self.store.read((object, index), 0, bs as usize)
+            {
+                return Ok(Arc::new(d));
+            }
+            let start = index as u64 * bs;
+            let len = file_size.saturating_sub(start).min(bs) as usize;
+            let data = self.home.read(path, version, start, len)?;
+            if let Err(e) = self.store.fill((object, index), &data) {
+                tracing::warn!(error = %e, path = %path.display(), "could not keep a fetched block in the cache");
+            }
+            Ok(Arc::new(data))
+        })
+    }
+}
+
+/// Insert `r` into a sorted list of disjoint ranges, merging neighbours.
+pub(crate) fn add_range(ranges: &mut Vec<Range<u64>>, r: Range<u64>) {
+    if r.is_empty() {
+        return;
+    }
+    ranges.push(r);
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for r in ranges.drain(..) {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    *ranges = merged;
+}
+
+fn blocks_of(r: &Range<u64>, bs: u64) -> Range<u32> {
+    if r.is_empty() {
+        return 0..0;
+    }
+    (r.start / bs) as u32..((r.end - 1) / bs) as u32 + 1
+}
+
+impl Fs {
+    /// Open a file. Its attributes are revalidated first once the validity lag has passed (always, with a
+    /// lag of 0), so a version changed at home is never served from the cache after the open.
+    pub fn open(&self, ino: u64, flags: i32) -> FsResult<OpenReply> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            if self.cfg.read_only {
+                return Err(FsError::ReadOnly);
+            }
+        }
+        let path = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.kind == FileKind::Dir && flags & libc::O_ACCMODE != libc::O_RDONLY {
+                return Err(FsError::IsDir);
+            }
+            let stale = node.attr.is_none() || !self.fresh(node.checked);
+            if stale && node.dirty.is_empty() && !node.removed {
+                Some(ns.path_of(ino)?)
+            } else {
+                None
+            }
+        };
+        if let Some(path) = path {
+            self.revalidate(ino, &path)?;
+        }
+        let mut ns = lock(&self.ns);
+        let node = ns.inode_mut(ino)?;
+        node.opens += 1;
+        let keep_cache = node.kernel_object == node.object && node.object != 0;
+        node.kernel_object = node.object;
+        let fh = ns.next_fh;
+        ns.next_fh += 1;
+        ns.handles.insert(
+            fh,
+            Handle {
+                ino,
+                entries: None,
+                next_offset: 0,
+                window: 0,
+            },
+        );
+        Ok(OpenReply { fh, keep_cache })
+    }
+
+    /// Create and open a regular file. An existing file is opened instead unless `O_EXCL` is given.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<(Entry, OpenReply)> {
+        match self.create_file(parent, name, mode, uid, gid) {
+            Ok(entry) => {
+                let mut ns = lock(&self.ns);
+                let ino = entry.attr.ino;
+                let node = ns.inode_mut(ino)?;
+                node.opens += 1;
+                node.kernel_object = node.object;
+                let fh = ns.next_fh;
+                ns.next_fh += 1;
+                ns.handles.insert(
+                    fh,
+                    Handle {
+                        ino,
+                        entries: None,
+                        next_offset: 0,
+                        window: 0,
+                    },
+                );
+                Ok((entry, OpenReply { fh, keep_cache: false }))
+            }
+            Err(FsError::Home(HomeError::Exists)) if flags & libc::O_EXCL == 0 => {
+                let mut entry = self.lookup(parent, name)?;
+                if entry.attr.kind == FileKind::Dir {
+                    return Err(FsError::IsDir);
+                }
+                if flags & libc::O_TRUNC != 0 {
+                    entry = self.setattr(
+                        entry.attr.ino,
+                        &SetAttr {
+                            size: Some(0),
+                            ..SetAttr::default()
+                        },
+                    )?;
+                }
+                let reply = self.open(entry.attr.ino, flags)?;
+                Ok((entry, reply))
+            }
+            Err(FsError::Home(HomeError::Exists)) => Err(FsError::Exists),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Read up to `size` bytes at `offset`.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let bs = self.core.store.block_size();
+        let (ino, object, file_size, path, version, window) = {
+            let mut ns = lock(&self.ns);
+            let h = ns.handles.get_mut(&fh).ok_or(FsError::BadHandle)?;
+            let window = if offset == h.next_offset {
+                if h.window == 0 {
+                    bs
+                } else {
+                    (h.window * 2).min(self.cfg.readahead_max)
+                }
+            } else {
+                0
+            };
+            h.window = window;
+            h.next_offset = offset + size as u64;
+            let ino = h.ino;
+            let path = ns.path_of(ino)?;
+            let node = ns.inode(ino)?;
+            let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
+            (ino, node.object, attr.size, path, attr.version.clone(), window)
+        };
+        if offset >= file_size || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = (offset + size as u64).min(file_size);
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            let index = (pos / bs) as u32;
+            let within = pos % bs;
+            let want = (bs - within).min(end - pos) as usize;
+            let cached = match self.core.store.read((object, index), within, want) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading a cached block failed; fetching it again");
+                    None
+                }
+            };
+            let chunk = match cached {
+                Some(d) => d,
+                None => {
+                    let block = self
+                        .core
+                        .fetch(object, index, &path, &version, file_size)
+                        .map_err(|e| {
+                            if matches!(e, HomeError::Stale)
+                                && let Ok(node) = lock(&self.ns).inode_mut(ino)
+                            {
+                                node.checked = None;
+                            }
+                            FsError::Home(e)
+                        })?;
+                    let from = (within as usize).min(block.len());
+                    let to = (within as usize + want).min(block.len());
+                    block[from..to].to_vec()
+                }
+            };
+            let got = chunk.len();
+            out.extend_from_slice(&chunk);
+            if got < want {
+                // A hole at the end of the cached copy reads as zeros.
+                out.resize(out.len() + want - got, 0);
+            }
+            pos += want as u64;
+        }
+        if window > 0 {
+            let first = end.div_ceil(bs);
+            let last = (end + window).min(file_size).div_ceil(bs);
+            for index in first..last {
+                self.readahead.submit(Job {
+                    object,
+                    index: index as u32,
+                    path: path.clone(),
+                    version: version.clone(),
+                    file_size,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        if self.cfg.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let bs = self.core.store.block_size();
+        let (ino, object, size, path, version) = {
+            let ns = lock(&self.ns);
+            let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
+            let node = ns.inode(ino)?;
+            let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
+            (ino, node.object, attr.size, ns.path_of(ino)?, attr.version.clone())
+        };
+        let end = offset + data.len() as u64;
+        let edges: BTreeSet<u64> = [offset / bs, (end - 1) / bs].into_iter().collect();
+        for index in edges {
+            let start = index * bs;
+            let existing_end = (start + bs).min(size);
+            if start >= size
+                || (offset <= start && end >= existing_end)
+                || self.core.store.contains((object, index as u32))
+            {
+                continue;
+            }
+            // A partly written block that holds home data: bring it in first, as dirty, so eviction cannot
+            // take it before the new bytes land.
+            let block = self.core.fetch(object, index as u32, &path, &version, size)?;
+            self.core.store.write(object, start, &block)?;
+        }
+        self.core.store.write(object, offset, data)?;
+        let mut ns = lock(&self.ns);
+        let node = ns.inode_mut(ino)?;
+        add_range(&mut node.dirty, offset..end);
+        if let Some(a) = node.attr.as_mut() {
+            a.size = a.size.max(end);
+            let now = SystemTime::now();
+            a.mtime = now;
+            a.ctime = now;
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// Push pending writes of the file behind `fh` to home (close and fsync).
+    pub fn flush(&self, fh: u64) -> FsResult<()> {
+        let ino = lock(&self.ns).handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
+        self.push(ino)
+    }
+
+    /// Make the file behind `fh` durable at home.
+    pub fn fsync(&self, fh: u64) -> FsResult<()> {
+        self.flush(fh)
+    }
+
+    /// Close a handle: push what is pending, and drop an unlinked file's data once nothing uses it.
+    pub fn release(&self, fh: u64) -> FsResult<()> {
+        let Some(h) = lock(&self.ns).handles.remove(&fh) else {
+            return Err(FsError::BadHandle);
+        };
+        let result = if h.entries.is_none() { self.push(h.ino) } else { Ok(()) };
+        if let Err(e) = &result {
+            tracing::error!(error = %e, ino = h.ino, "pushing a closed file to home failed; its changes stay cached");
+        }
+        let mut ns = lock(&self.ns);
+        if let Some(node) = ns.inodes.get_mut(&h.ino) {
+            node.opens = node.opens.saturating_sub(1);
+            if node.removed && node.opens == 0 {
+                let (object, lookups) = (node.object, node.lookups);
+                node.dirty.clear();
+                if object != 0 {
+                    self.core.store.remove_object(object);
+                }
+                self.core
+                    .store
+                    .db()
+                    .submit(vec![larder_cache::Mutation::DelInode(h.ino)]);
+                if lookups == 0 {
+                    ns.inodes.remove(&h.ino);
+                }
+            }
+        }
+        result
+    }
+
+    pub(crate) fn push(&self, ino: u64) -> FsResult<()> {
+        let flush_lock = lock(&self.ns).inode(ino)?.flush_lock.clone();
+        let _f = lock(&flush_lock);
+        self.push_locked(ino)
+    }
+
+    /// Push the dirty ranges of `ino` to home; the caller holds the inode's flush lock. On failure the
+    /// ranges stay dirty for the next attempt.
+    pub(crate) fn push_locked(&self, ino: u64) -> FsResult<()> {
+        let (ranges, size, object, path) = {
+            let mut ns = lock(&self.ns);
+            let path = ns.path_of(ino)?;
+            let node = ns.inode_mut(ino)?;
+            if node.dirty.is_empty() {
+                return Ok(());
+            }
+            if node.removed {
+                // Unlinked: its data has nowhere to go.
+                node.dirty.clear();
+                return Ok(());
+            }
+            let size = node.attr.as_ref().map_or(0, |a| a.size);
+            (std::mem::take(&mut node.dirty), size, node.object, path)
+        };
+        let file = self.core.store.file(object)?;
+        match self.core.home.write(&path, &file, &ranges, size, None) {
+            Ok(attr) => {
+                let mut ns = lock(&self.ns);
+                let bs = self.core.store.block_size();
+                let node = ns.inode(ino)?;
+                let still_dirty: BTreeSet<u32> = node.dirty.iter().flat_map(|r| blocks_of(r, bs)).collect();
+                let clean: BTreeSet<u32> = ranges
+                    .iter()
+                    .flat_map(|r| blocks_of(r, bs))
+                    .filter(|b| !still_dirty.contains(b))
+                    .collect();
+                let cur_size = node.attr.as_ref().map_or(size, |a| a.size);
+                self.core.store.mark_clean(object, clean, cur_size)?;
+                self.adopt_attr(&mut ns, ino, attr);
+                Ok(())
+            }
+            Err(e) => {
+                let mut ns = lock(&self.ns);
+                if let Ok(node) = ns.inode_mut(ino) {
+                    for r in ranges {
+                        add_range(&mut node.dirty, r);
+                    }
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge() {
+        let mut v = Vec::new();
+        add_range(&mut v, 10..20);
+        add_range(&mut v, 30..40);
+        add_range(&mut v, 20..30);
+        add_range(&mut v, 0..5);
+        assert_eq!(v, vec![0..5, 10..40]);
+        assert_eq!(blocks_of(&(4095..4097), 4096), 0..2);
+        assert_eq!(blocks_of(&(0..4096), 4096), 0..1);
+    }
+}

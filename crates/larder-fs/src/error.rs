@@ -1,0 +1,34 @@
+//! Errors of the core. The FUSE adapter turns them into errno, in one exhaustive match.
+
+use larder_cache::CacheError;
+use larder_home::HomeError;
+
+/// Result of a core call.
+pub type FsResult<T> = Result<T, FsError>;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error(transparent)]
+    Home(#[from] HomeError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("file exists")]
+    Exists,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("name too long")]
+    NameTooLong,
+    #[error("unknown inode or file handle")]
+    BadHandle,
+    #[error("the mount is read-only")]
+    ReadOnly,
+    #[error("invalid argument")]
+    Invalid,
+}

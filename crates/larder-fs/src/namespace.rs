@@ -1,0 +1,985 @@
+//! The namespace mirror: inodes, lookups, listings and the calls that change names at home.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use larder_cache::{Mutation, SingleFlight, Store};
+use larder_home::{FileKind, Home, HomeAttr, HomeError, Owner, RenameFlags, SetAttr, StatFs, Version};
+
+use crate::readahead::Readahead;
+use crate::record::{AttrRecord, InodeRecord};
+use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats};
+
+pub(crate) const ROOT: u64 = 1;
+const NAME_MAX: usize = 255;
+
+/// One inode as the core knows it.
+pub(crate) struct Inode {
+    pub parent: u64,
+    pub name: OsString,
+    pub kind: FileKind,
+    /// `None` for a placeholder made by a listing: kind known, attributes not yet fetched.
+    pub attr: Option<HomeAttr>,
+    /// Cache object of the current content version (files only).
+    pub object: u64,
+    pub symlink: Option<Vec<u8>>,
+    /// When `attr` was last confirmed by home.
+    pub checked: Option<Instant>,
+    /// Known children by name (directories).
+    pub children: HashMap<OsString, u64>,
+    /// When the children were last listed completely, and home's directory version then.
+    pub listed: Option<(Instant, Version)>,
+    /// Names home said do not exist, and when.
+    pub negatives: HashMap<OsString, Instant>,
+    pub lookups: u64,
+    pub opens: u32,
+    /// Byte ranges written locally and not yet pushed to home.
+    pub dirty: Vec<Range<u64>>,
+    /// Gone from home; kept while the kernel or a handle refers to it.
+    pub removed: bool,
+    /// Object whose pages the kernel's page cache holds for this inode.
+    pub kernel_object: u64,
+    /// Serialises pushes of this file to home.
+    pub flush_lock: Arc<Mutex<()>>,
+}
+
+impl Inode {
+    fn new(parent: u64, name: OsString, kind: FileKind, object: u64) -> Inode {
+        Inode {
+            parent,
+            name,
+            kind,
+            attr: None,
+            object,
+            symlink: None,
+            checked: None,
+            children: HashMap::new(),
+            listed: None,
+            negatives: HashMap::new(),
+            lookups: 0,
+            opens: 0,
+            dirty: Vec::new(),
+            removed: false,
+            kernel_object: 0,
+            flush_lock: Arc::new(Mutex::new(())),
+        }
+    }
+
+    fn record(&self) -> InodeRecord {
+        InodeRecord {
+            parent: self.parent,
+            name: self.name.as_bytes().to_vec(),
+            kind: self.kind,
+            attr: self.attr.as_ref().map(AttrRecord::from_attr),
+            object: self.object,
+            symlink: self.symlink.clone(),
+        }
+    }
+}
+
+/// An open file or directory.
+pub(crate) struct Handle {
+    pub ino: u64,
+    /// Directory handles: the listing as it was at opendir.
+    pub entries: Option<Arc<Vec<DirItem>>>,
+    /// Where the next sequential read would start, and the readahead window.
+    pub next_offset: u64,
+    pub window: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Namespace {
+    pub inodes: HashMap<u64, Inode>,
+    pub handles: HashMap<u64, Handle>,
+    pub next_ino: u64,
+    pub next_object: u64,
+    pub next_fh: u64,
+}
+
+/// Shared by the file system and its readahead workers.
+pub(crate) struct Core {
+    pub home: Arc<dyn Home>,
+    pub store: Arc<Store>,
+    pub flights: SingleFlight<(u64, u32), Result<Arc<Vec<u8>>, HomeError>>,
+}
+
+/// The caching file system, without FUSE.
+pub struct Fs {
+    pub(crate) cfg: FsConfig,
+    pub(crate) core: Arc<Core>,
+    pub(crate) ns: Mutex<Namespace>,
+    pub(crate) mutate: Mutex<()>,
+    pub(crate) readahead: Readahead,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn check_name(name: &OsStr) -> FsResult<()> {
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if name.is_empty() || name == "." || name == ".." || name.as_bytes().iter().any(|b| *b == b'/' || *b == 0) {
+        return Err(FsError::Invalid);
+    }
+    Ok(())
+}
+
+impl Namespace {
+    pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
+        self.inodes.get(&ino).ok_or(FsError::BadHandle)
+    }
+
+    pub fn inode_mut(&mut self, ino: u64) -> FsResult<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(FsError::BadHandle)
+    }
+
+    /// The home path of `ino`, from its chain of parents.
+    pub fn path_of(&self, ino: u64) -> FsResult<PathBuf> {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT {
+            let node = self.inode(cur)?;
+            parts.push(node.name.clone());
+            cur = node.parent;
+            if parts.len() > 4096 {
+                return Err(FsError::Invalid);
+            }
+        }
+        Ok(parts.iter().rev().collect())
+    }
+
+    fn child_path(&self, parent: u64, name: &OsStr) -> FsResult<PathBuf> {
+        Ok(self.path_of(parent)?.join(name))
+    }
+}
+
+impl Fs {
+    /// A file system over `home`, caching in `store`. Loads the persisted namespace, drops cache objects
+    /// nothing refers to, and checks that home's root is reachable.
+    pub fn new(home: Arc<dyn Home>, store: Arc<Store>, cfg: FsConfig) -> FsResult<Fs> {
+        let db = store.db().clone();
+        let mut ns = Namespace {
+            next_ino: db.meta("next_ino")?.unwrap_or(ROOT + 1),
+            next_object: db.meta("next_object")?.unwrap_or(1),
+            next_fh: 1,
+            ..Namespace::default()
+        };
+        let live = collect_live(&db)?;
+        store.retain_objects(&live);
+        let root_attr = home.stat(std::path::Path::new(""))?;
+        if root_attr.kind != FileKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let mut root = Inode::new(ROOT, OsString::new(), FileKind::Dir, 0);
+        if let Some(rec) = db.inode(ROOT)?.and_then(|b| InodeRecord::decode(&b)) {
+            root.attr = rec.attr.map(|a| a.to_attr());
+        }
+        root.attr = Some(root_attr);
+        root.checked = Some(Instant::now());
+        root.lookups = 1;
+        db.submit(vec![Mutation::PutInode(ROOT, root.record().encode())]);
+        ns.inodes.insert(ROOT, root);
+        let core = Arc::new(Core {
+            home,
+            store,
+            flights: SingleFlight::default(),
+        });
+        let readahead = Readahead::new(core.clone(), cfg.readahead_threads);
+        Ok(Fs {
+            cfg,
+            core,
+            ns: Mutex::new(ns),
+            mutate: Mutex::new(()),
+            readahead,
+        })
+    }
+
+    /// The home this file system caches.
+    pub fn home(&self) -> &Arc<dyn Home> {
+        &self.core.home
+    }
+
+    /// The local store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.core.store
+    }
+
+    /// The validity lag, which is also the kernel's attribute and entry timeout.
+    pub fn validity_lag(&self) -> std::time::Duration {
+        self.cfg.validity_lag
+    }
+
+    pub(crate) fn fresh(&self, at: Option<Instant>) -> bool {
+        !self.cfg.validity_lag.is_zero() && at.is_some_and(|t| t.elapsed() < self.cfg.validity_lag)
+    }
+
+    fn writable(&self) -> FsResult<()> {
+        if self.cfg.read_only {
+            Err(FsError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn persist(&self, ns: &Namespace, ino: u64) {
+        if let Some(node) = ns.inodes.get(&ino) {
+            self.core
+                .store
+                .db()
+                .submit(vec![Mutation::PutInode(ino, node.record().encode())]);
+        }
+    }
+
+    pub(crate) fn attr_of(&self, ns: &Namespace, ino: u64) -> FsResult<Attr> {
+        let node = ns.inode(ino)?;
+        let a = node.attr.as_ref().ok_or(FsError::NotFound)?;
+        Ok(Attr {
+            ino,
+            kind: node.kind,
+            size: a.size,
+            blocks: if node.dirty.is_empty() {
+                a.blocks
+            } else {
+                a.blocks.max(a.size.div_ceil(512))
+            },
+            perm: a.perm,
+            nlink: if node.removed && node.kind != FileKind::Dir {
+                0
+            } else {
+                a.nlink
+            },
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        })
+    }
+
+    fn entry(&self, ns: &Namespace, ino: u64) -> FsResult<Entry> {
+        Ok(Entry {
+            attr: self.attr_of(ns, ino)?,
+            ttl: self.cfg.validity_lag,
+        })
+    }
+
+    fn alloc_object(&self, ns: &mut Namespace) -> u64 {
+        let object = ns.next_object;
+        ns.next_object += 1;
+        self.core
+            .store
+            .db()
+            .submit(vec![Mutation::PutMeta("next_object", ns.next_object)]);
+        object
+    }
+
+    /// Record what home said about `ino`. A content version other than the cached one makes the cached
+    /// data unreachable (a new object), unless local changes are pending: those are never dropped.
+    pub(crate) fn update_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
+        let now = Instant::now();
+        let mut new_object = None;
+        {
+            let Some(node) = ns.inodes.get(&ino) else { return };
+            if node.kind == FileKind::File
+                && node.dirty.is_empty()
+                && node.attr.as_ref().is_some_and(|a| a.version != attr.version)
+            {
+                new_object = Some(node.object);
+            }
+        }
+        if let Some(old) = new_object {
+            self.core.store.remove_object(old);
+            let object = self.alloc_object(ns);
+            if let Some(node) = ns.inodes.get_mut(&ino) {
+                node.object = object;
+            }
+        }
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        node.checked = Some(now);
+        if node.attr.as_ref().is_some_and(|a| a.version != attr.version) {
+            node.symlink = None;
+        }
+        let mut attr = attr;
+        if !node.dirty.is_empty()
+            && let Some(local) = &node.attr
+        {
+            attr.size = local.size;
+            attr.mtime = local.mtime;
+        }
+        if node.attr.as_ref() != Some(&attr) || new_object.is_some() {
+            node.attr = Some(attr);
+            self.persist(ns, ino);
+        }
+    }
+
+    /// Record attributes that result from this node's own change at home: the cached data stays valid.
+    pub(crate) fn adopt_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
+        if let Some(node) = ns.inodes.get_mut(&ino) {
+            let mut attr = attr;
+            if !node.dirty.is_empty()
+                && let Some(local) = &node.attr
+            {
+                attr.size = local.size;
+                attr.mtime = local.mtime;
+            }
+            node.attr = Some(attr);
+            node.checked = Some(Instant::now());
+            self.persist(ns, ino);
+        }
+    }
+
+    /// The inode for `name` in `parent`, creating it (or reloading its persisted record) if needed.
+    fn bind_child(
+        &self,
+        ns: &mut Namespace,
+        parent: u64,
+        name: &OsStr,
+        kind: FileKind,
+        attr: Option<HomeAttr>,
+    ) -> FsResult<u64> {
+        if let Some(&ino) = ns.inode(parent)?.children.get(name) {
+            if ns.inodes.get(&ino).is_some_and(|n| n.kind == kind) {
+                if let Some(attr) = attr {
+                    self.update_attr(ns, ino, attr);
+                }
+                return Ok(ino);
+            }
+            self.detach(ns, parent, name);
+        }
+        let db = self.core.store.db().clone();
+        let mut ino = None;
+        if let Some(old) = db.dentry(parent, name.as_bytes())?
+            && !ns.inodes.contains_key(&old)
+            && let Some(rec) = db.inode(old)?.and_then(|b| InodeRecord::decode(&b))
+            && rec.kind == kind
+            && rec.parent == parent
+        {
+            let mut node = Inode::new(parent, name.to_os_string(), kind, rec.object);
+            node.attr = rec.attr.map(|a| a.to_attr());
+            node.symlink = rec.symlink;
+            ns.inodes.insert(old, node);
+            ino = Some(old);
+        }
+        let ino = match ino {
+            Some(ino) => ino,
+            None => {
+                let ino = ns.next_ino;
+                ns.next_ino += 1;
+                let object = if kind == FileKind::File {
+                    self.alloc_object(ns)
+                } else {
+                    0
+                };
+                ns.inodes
+                    .insert(ino, Inode::new(parent, name.to_os_string(), kind, object));
+                db.submit(vec![
+                    Mutation::PutMeta("next_ino", ns.next_ino),
+                    Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino),
+                ]);
+                self.persist(ns, ino);
+                ino
+            }
+        };
+        let p = ns.inode_mut(parent)?;
+        p.children.insert(name.to_os_string(), ino);
+        p.negatives.remove(name);
+        if let Some(attr) = attr {
+            self.update_attr(ns, ino, attr);
+        }
+        Ok(ino)
+    }
+
+    /// `name` left `parent` at home: forget it, dropping its data once nothing refers to it.
+    fn detach(&self, ns: &mut Namespace, parent: u64, name: &OsStr) {
+        let Some(ino) = ns.inodes.get_mut(&parent).and_then(|p| p.children.remove(name)) else {
+            return;
+        };
+        self.core
+            .store
+            .db()
+            .submit(vec![Mutation::DelDentry(parent, name.as_bytes().to_vec())]);
+        self.forget_subtree(ns, ino);
+    }
+
+    fn forget_subtree(&self, ns: &mut Namespace, ino: u64) {
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        node.removed = true;
+        let children: Vec<(OsString, u64)> = node.children.drain().collect();
+        let (opens, lookups, object) = (node.opens, node.lookups, node.object);
+        let db = self.core.store.db().clone();
+        for (name, child) in children {
+            db.submit(vec![Mutation::DelDentry(ino, name.as_bytes().to_vec())]);
+            self.forget_subtree(ns, child);
+        }
+        if opens == 0 {
+            if object != 0 {
+                self.core.store.remove_object(object);
+            }
+            db.submit(vec![Mutation::DelInode(ino)]);
+            if lookups == 0 {
+                ns.inodes.remove(&ino);
+            }
+        }
+    }
+
+    /// Look `name` up in `parent`; counts one kernel reference on success.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        check_name(name)?;
+        let path = {
+            let mut ns = lock(&self.ns);
+            let p = ns.inode(parent)?;
+            if p.kind != FileKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            if let Some(&child) = p.children.get(name) {
+                let c = ns.inode(child)?;
+                if c.attr.is_some() && (self.fresh(c.checked) || !c.dirty.is_empty()) {
+                    ns.inode_mut(child)?.lookups += 1;
+                    return self.entry(&ns, child);
+                }
+            } else if self.fresh(p.listed.as_ref().map(|l| l.0)) || self.fresh(p.negatives.get(name).copied()) {
+                return Err(FsError::NotFound);
+            }
+            ns.child_path(parent, name)?
+        };
+        match self.core.home.stat(&path) {
+            Ok(attr) => {
+                let mut ns = lock(&self.ns);
+                let ino = self.bind_child(&mut ns, parent, name, attr.kind, Some(attr))?;
+                ns.inode_mut(ino)?.lookups += 1;
+                self.entry(&ns, ino)
+            }
+            Err(HomeError::NotFound) => {
+                let mut ns = lock(&self.ns);
+                self.detach(&mut ns, parent, name);
+                if let Ok(p) = ns.inode_mut(parent) {
+                    p.negatives.insert(name.to_os_string(), Instant::now());
+                }
+                Err(FsError::NotFound)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut ns = lock(&self.ns);
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 && node.opens == 0 && node.removed && ino != ROOT {
+            ns.inodes.remove(&ino);
+        }
+    }
+
+    /// Attributes of `ino`, revalidated against home once the validity lag has passed.
+    pub fn getattr(&self, ino: u64) -> FsResult<Entry> {
+        let path = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.attr.is_some() && (self.fresh(node.checked) || node.removed || !node.dirty.is_empty()) {
+                return self.entry(&ns, ino);
+            }
+            ns.path_of(ino)?
+        };
+        self.revalidate(ino, &path)
+    }
+
+    /// Ask home for the attributes of `ino` at `path` and record them.
+    pub(crate) fn revalidate(&self, ino: u64, path: &std::path::Path) -> FsResult<Entry> {
+        match self.core.home.stat(path) {
+            Ok(attr) => {
+                let mut ns = lock(&self.ns);
+                if ns.inode(ino)?.kind != attr.kind {
+                    return Err(FsError::NotFound);
+                }
+                self.update_attr(&mut ns, ino, attr);
+                self.entry(&ns, ino)
+            }
+            Err(HomeError::NotFound) => {
+                let mut ns = lock(&self.ns);
+                let node = ns.inode(ino)?;
+                if node.opens > 0 && node.attr.is_some() {
+                    // Still open here: keep serving what we have.
+                    return self.entry(&ns, ino);
+                }
+                let (parent, name) = (node.parent, node.name.clone());
+                if ino != ROOT {
+                    self.detach(&mut ns, parent, &name);
+                }
+                Err(FsError::NotFound)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Read the target of a symlink.
+    pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let path = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.kind != FileKind::Symlink {
+                return Err(FsError::Invalid);
+            }
+            if let Some(t) = &node.symlink
+                && self.fresh(node.checked)
+            {
+                return Ok(t.clone());
+            }
+            ns.path_of(ino)?
+        };
+        self.revalidate(ino, &path)?;
+        let target = self.core.home.readlink(&path)?;
+        let mut ns = lock(&self.ns);
+        if let Ok(node) = ns.inode_mut(ino) {
+            node.symlink = Some(target.clone());
+        }
+        self.persist(&ns, ino);
+        Ok(target)
+    }
+
+    fn owner(&self, ns: &Namespace, parent: u64, uid: u32, gid: u32) -> Owner {
+        if !self.cfg.set_owner {
+            return Owner::default();
+        }
+        let setgid = ns
+            .inodes
+            .get(&parent)
+            .and_then(|p| p.attr.as_ref())
+            .is_some_and(|a| a.perm & 0o2000 != 0);
+        Owner {
+            uid: Some(uid),
+            gid: if setgid { None } else { Some(gid) },
+        }
+    }
+
+    /// Run a call that creates `name` in `parent` at home, then record the new child.
+    fn make(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        uid: u32,
+        gid: u32,
+        call: impl FnOnce(&dyn Home, &std::path::Path, Owner) -> Result<HomeAttr, HomeError>,
+    ) -> FsResult<Entry> {
+        self.writable()?;
+        check_name(name)?;
+        let _m = lock(&self.mutate);
+        let (path, owner) = {
+            let ns = lock(&self.ns);
+            let p = ns.inode(parent)?;
+            if p.kind != FileKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            (ns.child_path(parent, name)?, self.owner(&ns, parent, uid, gid))
+        };
+        let attr = call(self.core.home.as_ref(), &path, owner)?;
+        let mut ns = lock(&self.ns);
+        let kind = attr.kind;
+        let version = attr.version.clone();
+        let ino = self.bind_child(&mut ns, parent, name, kind, None)?;
+        self.adopt_attr(&mut ns, ino, attr);
+        if kind == FileKind::Dir {
+            ns.inode_mut(ino)?.listed = Some((Instant::now(), version));
+        }
+        ns.inode_mut(ino)?.lookups += 1;
+        ns.inode_mut(parent)?.checked = None;
+        self.entry(&ns, ino)
+    }
+
+    /// Create a directory.
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+        self.make(parent, name, uid, gid, |h, p, o| h.mkdir(p, mode, o))
+    }
+
+    /// Create a special or regular file.
+    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, uid: u32, gid: u32) -> FsResult<Entry> {
+        self.make(parent, name, uid, gid, |h, p, o| h.mknod(p, mode, rdev, o))
+    }
+
+    /// Create a symlink.
+    pub fn symlink(&self, parent: u64, name: &OsStr, target: &[u8], uid: u32, gid: u32) -> FsResult<Entry> {
+        let entry = self.make(parent, name, uid, gid, |h, p, o| h.symlink(target, p, o))?;
+        let mut ns = lock(&self.ns);
+        ns.inode_mut(entry.attr.ino)?.symlink = Some(target.to_vec());
+        self.persist(&ns, entry.attr.ino);
+        Ok(entry)
+    }
+
+    /// Create an empty regular file (the caller opens it).
+    pub(crate) fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+        self.make(parent, name, uid, gid, |h, p, o| h.create(p, mode, o))
+    }
+
+    /// Hard-link `ino` as `name` in `parent`.
+    pub fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        self.writable()?;
+        check_name(name)?;
+        let _m = lock(&self.mutate);
+        let (from, to) = {
+            let ns = lock(&self.ns);
+            if ns.inode(parent)?.kind != FileKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            (ns.path_of(ino)?, ns.child_path(parent, name)?)
+        };
+        let attr = self.core.home.link(&from, &to)?;
+        let mut ns = lock(&self.ns);
+        self.adopt_attr(&mut ns, ino, attr.clone());
+        let new = self.bind_child(&mut ns, parent, name, attr.kind, None)?;
+        self.adopt_attr(&mut ns, new, attr);
+        ns.inode_mut(new)?.lookups += 1;
+        ns.inode_mut(parent)?.checked = None;
+        self.entry(&ns, new)
+    }
+
+    fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
+        self.writable()?;
+        check_name(name)?;
+        let _m = lock(&self.mutate);
+        let path = lock(&self.ns).child_path(parent, name)?;
+        if dir {
+            self.core.home.rmdir(&path)?;
+        } else {
+            self.core.home.unlink(&path)?;
+        }
+        let mut ns = lock(&self.ns);
+        self.detach(&mut ns, parent, name);
+        let p = ns.inode_mut(parent)?;
+        p.negatives.insert(name.to_os_string(), Instant::now());
+        p.checked = None;
+        Ok(())
+    }
+
+    /// Remove a file.
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, false)
+    }
+
+    /// Remove an empty directory.
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, true)
+    }
+
+    /// Rename `name` in `parent` to `new_name` in `new_parent`.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        self.writable()?;
+        check_name(name)?;
+        check_name(new_name)?;
+        let _m = lock(&self.mutate);
+        let (from, to) = {
+            let ns = lock(&self.ns);
+            (ns.child_path(parent, name)?, ns.child_path(new_parent, new_name)?)
+        };
+        self.core.home.rename(&from, &to, flags)?;
+        let mut ns = lock(&self.ns);
+        let src = ns.inode_mut(parent)?.children.remove(name);
+        let dst = ns.inode_mut(new_parent)?.children.remove(new_name);
+        let db = self.core.store.db().clone();
+        db.submit(vec![
+            Mutation::DelDentry(parent, name.as_bytes().to_vec()),
+            Mutation::DelDentry(new_parent, new_name.as_bytes().to_vec()),
+        ]);
+        let place = |ns: &mut Namespace, ino: u64, dir: u64, n: &OsStr| -> FsResult<()> {
+            let node = ns.inode_mut(ino)?;
+            node.parent = dir;
+            node.name = n.to_os_string();
+            node.checked = None;
+            ns.inode_mut(dir)?.children.insert(n.to_os_string(), ino);
+            ns.inode_mut(dir)?.negatives.remove(n);
+            db.submit(vec![Mutation::PutDentry(dir, n.as_bytes().to_vec(), ino)]);
+            self.persist(ns, ino);
+            Ok(())
+        };
+        if flags.exchange {
+            if let Some(s) = src {
+                place(&mut ns, s, new_parent, new_name)?;
+            }
+            if let Some(d) = dst {
+                place(&mut ns, d, parent, name)?;
+            }
+        } else {
+            if let Some(d) = dst {
+                // Replaced at home: put it back under its old name only to detach it properly.
+                ns.inode_mut(new_parent)?.children.insert(new_name.to_os_string(), d);
+                self.detach(&mut ns, new_parent, new_name);
+            }
+            match src {
+                Some(s) => place(&mut ns, s, new_parent, new_name)?,
+                // Not known here: forget any negative entry so the next lookup asks home.
+                None => {
+                    ns.inode_mut(new_parent)?.negatives.remove(new_name);
+                }
+            }
+            ns.inode_mut(parent)?
+                .negatives
+                .insert(name.to_os_string(), Instant::now());
+        }
+        ns.inode_mut(parent)?.checked = None;
+        ns.inode_mut(new_parent)?.checked = None;
+        Ok(())
+    }
+
+    /// Change attributes. A size change first pushes pending writes, then truncates home and the cache.
+    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
+        self.writable()?;
+        let (path, kind, flush_lock) = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            (ns.path_of(ino)?, node.kind, node.flush_lock.clone())
+        };
+        let _f = lock(&flush_lock);
+        if changes.size.is_some() {
+            if kind == FileKind::Dir {
+                return Err(FsError::IsDir);
+            }
+            self.push_locked(ino)?;
+        }
+        let attr = self.core.home.setattr(&path, changes)?;
+        let mut ns = lock(&self.ns);
+        if let Some(size) = changes.size {
+            let object = ns.inode(ino)?.object;
+            self.core.store.truncate(object, size)?;
+        }
+        self.adopt_attr(&mut ns, ino, attr);
+        self.entry(&ns, ino)
+    }
+
+    /// Capacity of home.
+    pub fn statfs(&self) -> FsResult<StatFs> {
+        Ok(self.core.home.statfs()?)
+    }
+
+    /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let entries = Arc::new(self.listing(ino)?);
+        let mut ns = lock(&self.ns);
+        let fh = ns.next_fh;
+        ns.next_fh += 1;
+        ns.handles.insert(
+            fh,
+            crate::namespace::Handle {
+                ino,
+                entries: Some(entries),
+                next_offset: 0,
+                window: 0,
+            },
+        );
+        Ok(fh)
+    }
+
+    /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
+    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
+        let ns = lock(&self.ns);
+        let h = ns.handles.get(&fh).ok_or(FsError::BadHandle)?;
+        let entries = h.entries.clone().ok_or(FsError::NotDir)?;
+        Ok(entries
+            .iter()
+            .enumerate()
+            .skip(offset as usize)
+            .map(|(i, e)| (i as u64 + 1, e.clone()))
+            .collect())
+    }
+
+    /// Close an open directory.
+    pub fn releasedir(&self, fh: u64) {
+        lock(&self.ns).handles.remove(&fh);
+    }
+
+    /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh.
+    fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
+        let (path, listed) = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.kind != FileKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            if self.fresh(node.listed.as_ref().map(|l| l.0)) {
+                return self.snapshot(&ns, ino);
+            }
+            (ns.path_of(ino)?, node.listed.as_ref().map(|l| l.1.clone()))
+        };
+        let _m = lock(&self.mutate);
+        let dir_attr = match self.core.home.stat(&path) {
+            Ok(a) => a,
+            Err(HomeError::NotFound) => {
+                let mut ns = lock(&self.ns);
+                let node = ns.inode(ino)?;
+                let (parent, name) = (node.parent, node.name.clone());
+                if ino != ROOT {
+                    self.detach(&mut ns, parent, &name);
+                }
+                return Err(FsError::NotFound);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if listed.as_ref() == Some(&dir_attr.version) {
+            // Unchanged at home since the last full listing.
+            let mut ns = lock(&self.ns);
+            self.update_attr(&mut ns, ino, dir_attr.clone());
+            ns.inode_mut(ino)?.listed = Some((Instant::now(), dir_attr.version));
+            return self.snapshot(&ns, ino);
+        }
+        let listed = self.core.home.list(&path)?;
+        let mut ns = lock(&self.ns);
+        let mut seen = HashSet::new();
+        for e in listed {
+            self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr)?;
+            seen.insert(e.name);
+        }
+        let gone: Vec<OsString> = ns
+            .inode(ino)?
+            .children
+            .keys()
+            .filter(|n| !seen.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.detach(&mut ns, ino, &name);
+        }
+        let version = dir_attr.version.clone();
+        self.update_attr(&mut ns, ino, dir_attr);
+        let node = ns.inode_mut(ino)?;
+        node.listed = Some((Instant::now(), version));
+        node.negatives.clear();
+        self.snapshot(&ns, ino)
+    }
+
+    fn snapshot(&self, ns: &Namespace, ino: u64) -> FsResult<Vec<DirItem>> {
+        let node = ns.inode(ino)?;
+        let mut out = Vec::with_capacity(node.children.len() + 2);
+        out.push(DirItem {
+            ino,
+            kind: FileKind::Dir,
+            name: ".".into(),
+        });
+        out.push(DirItem {
+            ino: if ino == ROOT { ROOT } else { node.parent },
+            kind: FileKind::Dir,
+            name: "..".into(),
+        });
+        let mut children: Vec<_> = node.children.iter().collect();
+        children.sort();
+        for (name, &child) in children {
+            if let Some(c) = ns.inodes.get(&child) {
+                out.push(DirItem {
+                    ino: child,
+                    kind: c.kind,
+                    name: name.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Figures for status output.
+    pub fn stats(&self) -> FsStats {
+        let ns = lock(&self.ns);
+        FsStats {
+            inodes: ns.inodes.len() as u64,
+            open_handles: ns.handles.len() as u64,
+            dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
+            readahead_blocks: self.readahead.submitted(),
+        }
+    }
+
+    /// Make everything durable before the process exits.
+    pub fn shutdown(&self) -> FsResult<()> {
+        let handles: Vec<u64> = lock(&self.ns).handles.keys().copied().collect();
+        for fh in handles {
+            let _ = self.release(fh);
+        }
+        self.core.store.db().close()?;
+        Ok(())
+    }
+}
+
+/// The cache objects referred to by persisted inodes reachable from the root; records not reachable (a
+/// crash between removing a directory and its children) are dropped.
+fn collect_live(db: &larder_cache::Db) -> FsResult<HashSet<u64>> {
+    let mut parents = HashMap::new();
+    let mut objects = HashMap::new();
+    let mut names = HashMap::new();
+    db.for_each_inode(|ino, bytes| {
+        if let Some(rec) = InodeRecord::decode(bytes) {
+            parents.insert(ino, rec.parent);
+            names.insert(ino, rec.name);
+            if rec.object != 0 {
+                objects.insert(ino, rec.object);
+            }
+        }
+    })?;
+    let mut reachable: HashMap<u64, bool> = HashMap::new();
+    reachable.insert(ROOT, true);
+    let inos: Vec<u64> = parents.keys().copied().collect();
+    for ino in inos {
+        let mut chain = Vec::new();
+        let mut cur = ino;
+        let ok = loop {
+            if let Some(&r) = reachable.get(&cur) {
+                break r;
+            }
+            if chain.len() > 4096 || chain.contains(&cur) {
+                break false;
+            }
+            chain.push(cur);
+            match parents.get(&cur) {
+                Some(&p) => cur = p,
+                None => break false,
+            }
+        };
+        for c in chain {
+            reachable.insert(c, ok);
+        }
+    }
+    let mut dead = Vec::new();
+    for (ino, ok) in &reachable {
+        if !ok {
+            dead.push(Mutation::DelInode(*ino));
+            if let (Some(p), Some(n)) = (parents.get(ino), names.get(ino)) {
+                dead.push(Mutation::DelDentry(*p, n.clone()));
+            }
+        }
+    }
+    db.submit(dead);
+    Ok(objects
+        .iter()
+        .filter(|(ino, _)| reachable.get(ino) == Some(&true))
+        .map(|(_, o)| *o)
+        .collect())
+}
+
+impl Fs {
+    /// Name of `ino` within its parent, for logs.
+    pub fn name_of(&self, ino: u64) -> OsString {
+        lock(&self.ns)
+            .inodes
+            .get(&ino)
+            .map(|n| n.name.clone())
+            .unwrap_or_default()
+    }
+
+    /// The home path of `ino`.
+    pub fn path_of(&self, ino: u64) -> FsResult<PathBuf> {
+        lock(&self.ns).path_of(ino)
+    }
+
+    /// Whether `ino` names a directory known to the core.
+    pub fn is_dir(&self, ino: u64) -> bool {
+        lock(&self.ns).inodes.get(&ino).is_some_and(|n| n.kind == FileKind::Dir)
+    }
+}

@@ -1,0 +1,128 @@
+//! The persistent form of an inode.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use larder_home::{FileKind, HomeAttr, Version};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct AttrRecord {
+    kind: FileKind,
+    size: u64,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    rdev: u64,
+    blocks: u64,
+    atime_ns: i128,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    version: String,
+}
+
+/// What survives a restart of one inode.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct InodeRecord {
+    pub parent: u64,
+    pub name: Vec<u8>,
+    pub kind: FileKind,
+    pub attr: Option<AttrRecord>,
+    pub object: u64,
+    pub symlink: Option<Vec<u8>>,
+}
+
+fn to_ns(t: SystemTime) -> i128 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    }
+}
+
+fn from_ns(ns: i128) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs() as u64)
+    }
+}
+
+impl AttrRecord {
+    pub fn from_attr(a: &HomeAttr) -> AttrRecord {
+        AttrRecord {
+            kind: a.kind,
+            size: a.size,
+            perm: a.perm,
+            uid: a.uid,
+            gid: a.gid,
+            nlink: a.nlink,
+            rdev: a.rdev,
+            blocks: a.blocks,
+            atime_ns: to_ns(a.atime),
+            mtime_ns: to_ns(a.mtime),
+            ctime_ns: to_ns(a.ctime),
+            version: a.version.0.clone(),
+        }
+    }
+
+    pub fn to_attr(&self) -> HomeAttr {
+        HomeAttr {
+            kind: self.kind,
+            size: self.size,
+            perm: self.perm,
+            uid: self.uid,
+            gid: self.gid,
+            nlink: self.nlink,
+            rdev: self.rdev,
+            blocks: self.blocks,
+            atime: from_ns(self.atime_ns),
+            mtime: from_ns(self.mtime_ns),
+            ctime: from_ns(self.ctime_ns),
+            version: Version(self.version.clone()),
+        }
+    }
+}
+
+impl InodeRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<InodeRecord> {
+        postcard::from_bytes(bytes).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_including_times_before_1970() {
+        let attr = HomeAttr {
+            kind: FileKind::File,
+            size: 5,
+            perm: 0o644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            rdev: 0,
+            blocks: 8,
+            atime: UNIX_EPOCH - Duration::from_secs(86400 * 365),
+            mtime: UNIX_EPOCH + Duration::new(1_700_000_000, 123),
+            ctime: UNIX_EPOCH,
+            version: Version("1:5:7".into()),
+        };
+        let rec = InodeRecord {
+            parent: 1,
+            name: b"f".to_vec(),
+            kind: FileKind::File,
+            attr: Some(AttrRecord::from_attr(&attr)),
+            object: 9,
+            symlink: None,
+        };
+        let back = InodeRecord::decode(&rec.encode()).unwrap();
+        assert_eq!(back.attr.unwrap().to_attr(), attr);
+        assert_eq!(back.object, 9);
+    }
+}
