@@ -362,7 +362,7 @@ impl Store {
                 index: key.1,
             }]);
         }
-        if size % bs != 0 {
+        if !size.is_multiple_of(bs) {
             let key = (object, (size / bs) as u32);
             if let Some(e) = st.blocks.get(&key) {
                 let dirty = e.dirty;

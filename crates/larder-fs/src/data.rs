@@ -9,21 +9,14 @@ use std::time::SystemTime;
 
 use larder_home::{FileKind, HomeError, SetAttr, Version};
 
-use crate::namespace::{Core, Fs, Handle, lock};
+use crate::namespace::{Core, FetchResult, Fs, Handle, lock};
 use crate::readahead::Job;
 use crate::{Entry, FsError, FsResult, OpenReply};
 
 impl Core {
     /// Block `index` of `object`, from the store or else from home (one fetch per block at a time), put
     /// into the store beside the caller.
-    pub(crate) fn fetch(
-        &self,
-        object: u64,
-        index: u32,
-        path: &Path,
-        version: &Version,
-        file_size: u64,
-    ) -> Result<Arc<Vec<u8>>, HomeError> {
+    pub(crate) fn fetch(&self, object: u64, index: u32, path: &Path, version: &Version, file_size: u64) -> FetchResult {
         let bs = self.store.block_size();
         self.flights.run((object, index), || {
             if self.store.contains((object, index))
@@ -70,10 +63,8 @@ impl Fs {
     /// Open a file. Its attributes are revalidated first once the validity lag has passed (always, with a
     /// lag of 0), so a version changed at home is never served from the cache after the open.
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<OpenReply> {
-        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
-            if self.cfg.read_only {
-                return Err(FsError::ReadOnly);
-            }
+        if (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && self.cfg.read_only {
+            return Err(FsError::ReadOnly);
         }
         let path = {
             let ns = lock(&self.ns);

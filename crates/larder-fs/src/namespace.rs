@@ -101,11 +101,14 @@ pub(crate) struct Namespace {
     pub next_fh: u64,
 }
 
+/// A fetched block, or why home could not give it; shared by everyone waiting for the same block.
+pub(crate) type FetchResult = Result<Arc<Vec<u8>>, HomeError>;
+
 /// Shared by the file system and its readahead workers.
 pub(crate) struct Core {
     pub home: Arc<dyn Home>,
     pub store: Arc<Store>,
-    pub flights: SingleFlight<(u64, u32), Result<Arc<Vec<u8>>, HomeError>>,
+    pub flights: SingleFlight<(u64, u32), FetchResult>,
 }
 
 /// The caching file system, without FUSE.

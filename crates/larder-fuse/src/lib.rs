@@ -1,1 +1,417 @@
-//! placeholder
+//! The thin FUSE adapter: forwards each request to the core ([`larder_fs::Fs`]), turns results into
+//! replies and errors into errno (in [`errno`], one exhaustive match), and records one span per request.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use larder_cache::CacheError;
+use larder_fs::{Attr, Entry, Fs, FsError, OpenReply};
+use larder_home::{FileKind, HomeError, RenameFlags, SetAttr, TimeSet};
+
+/// The errno a core error becomes at the mount.
+pub fn errno(e: &FsError) -> Errno {
+    let code = match e {
+        FsError::Home(h) => match h {
+            HomeError::NotFound => libc::ENOENT,
+            HomeError::Exists => libc::EEXIST,
+            HomeError::NotEmpty => libc::ENOTEMPTY,
+            HomeError::PermissionDenied => libc::EACCES,
+            HomeError::NoSpace => libc::ENOSPC,
+            HomeError::NameTooLong => libc::ENAMETOOLONG,
+            HomeError::InvalidName(_) => libc::EINVAL,
+            HomeError::Stale => libc::ESTALE,
+            HomeError::Conflict => libc::EIO,
+            HomeError::TimedOut(_) => libc::EIO,
+            HomeError::Unavailable(_) => libc::EIO,
+            HomeError::Unsupported(_) => libc::EOPNOTSUPP,
+            HomeError::Os(code) => *code,
+        },
+        FsError::Cache(c) => match c {
+            CacheError::NoSpace => libc::ENOSPC,
+            CacheError::Io(_) => libc::EIO,
+            CacheError::Index(_) => libc::EIO,
+        },
+        FsError::NotFound => libc::ENOENT,
+        FsError::NotDir => libc::ENOTDIR,
+        FsError::IsDir => libc::EISDIR,
+        FsError::Exists => libc::EEXIST,
+        FsError::NotEmpty => libc::ENOTEMPTY,
+        FsError::NameTooLong => libc::ENAMETOOLONG,
+        FsError::BadHandle => libc::EBADF,
+        FsError::ReadOnly => libc::EROFS,
+        FsError::Invalid => libc::EINVAL,
+    };
+    Errno::from_i32(code)
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.ctime,
+        kind: file_type(a.kind),
+        perm: (a.perm & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
+    t.map(|t| match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(t),
+    })
+}
+
+fn reply_entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
+    match r {
+        Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn open_flags(r: &OpenReply) -> FopenFlags {
+    if r.keep_cache {
+        FopenFlags::FOPEN_KEEP_CACHE
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+/// Serves a core over FUSE.
+pub struct LarderFuse {
+    fs: Arc<Fs>,
+}
+
+impl LarderFuse {
+    /// An adapter for `fs`.
+    pub fn new(fs: Arc<Fs>) -> LarderFuse {
+        LarderFuse { fs }
+    }
+}
+
+macro_rules! span {
+    ($op:expr, $ino:expr) => {
+        tracing::trace_span!("req", op = $op, ino = $ino).entered()
+    };
+}
+
+impl Filesystem for LarderFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.fs.shutdown() {
+            tracing::error!(error = %e, "shutting the core down failed");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _s = span!("lookup", parent.0);
+        reply_entry(reply, self.fs.lookup(parent.0, name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _s = span!("getattr", ino.0);
+        match self.fs.getattr(ino.0) {
+            Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let _s = span!("setattr", ino.0);
+        let changes = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: time_set(atime),
+            mtime: time_set(mtime),
+        };
+        match self.fs.setattr(ino.0, &changes) {
+            Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _s = span!("readlink", ino.0);
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let _s = span!("mknod", parent.0);
+        reply_entry(
+            reply,
+            self.fs.mknod(parent.0, name, mode, rdev as u64, req.uid(), req.gid()),
+        );
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let _s = span!("mkdir", parent.0);
+        reply_entry(reply, self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = span!("unlink", parent.0);
+        reply_empty(reply, self.fs.unlink(parent.0, name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = span!("rmdir", parent.0);
+        reply_empty(reply, self.fs.rmdir(parent.0, name));
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _s = span!("symlink", parent.0);
+        reply_entry(
+            reply,
+            self.fs
+                .symlink(parent.0, link_name, target.as_os_str().as_bytes(), req.uid(), req.gid()),
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let _s = span!("rename", parent.0);
+        let flags = RenameFlags {
+            no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        reply_empty(reply, self.fs.rename(parent.0, name, newparent.0, newname, flags));
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _s = span!("link", ino.0);
+        reply_entry(reply, self.fs.link(ino.0, newparent.0, newname));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _s = span!("open", ino.0);
+        match self.fs.open(ino.0, flags.0) {
+            Ok(r) => reply.opened(FileHandle(r.fh), open_flags(&r)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let _s = span!("read", ino.0);
+        match self.fs.read(fh.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let _s = span!("write", ino.0);
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let _s = span!("flush", ino.0);
+        reply_empty(reply, self.fs.flush(fh.0));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let _s = span!("release", ino.0);
+        reply_empty(reply, self.fs.release(fh.0));
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let _s = span!("fsync", ino.0);
+        reply_empty(reply, self.fs.fsync(fh.0));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _s = span!("opendir", ino.0);
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let _s = span!("readdir", ino.0);
+        match self.fs.readdir(fh.0, offset) {
+            Ok(items) => {
+                for (next, item) in items {
+                    if reply.add(INodeNo(item.ino), next, file_type(item.kind), &item.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Namespace changes reach home before they return.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_available,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permission checks are the kernel's (default_permissions), against the attributes we report.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let _s = span!("create", parent.0);
+        match self.fs.create(parent.0, name, mode, flags, req.uid(), req.gid()) {
+            Ok((e, r)) => reply.created(
+                &e.ttl,
+                &file_attr(&e.attr),
+                Generation(0),
+                FileHandle(r.fh),
+                open_flags(&r),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}

@@ -487,10 +487,19 @@ mod tests {
             .write(Path::new("f"), &src, &[2..5, 8..10], 12, Some(&attr.version))
             .unwrap();
         assert_eq!(after.size, 12);
-        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"\0\0234\0\0\089\0\0");
+        assert_eq!(
+            std::fs::read(dir.path().join("f")).unwrap(),
+            b"\x00\x00234\x00\x00\x0089\x00\x00"
+        );
         // A write based on the old version is a conflict now.
         assert!(matches!(
-            home.write(Path::new("f"), &src, &[0..1], 12, Some(&attr.version)),
+            home.write(
+                Path::new("f"),
+                &src,
+                std::slice::from_ref(&(0..1)),
+                12,
+                Some(&attr.version)
+            ),
             Err(HomeError::Conflict)
         ));
     }

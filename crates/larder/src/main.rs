@@ -1,1 +1,33 @@
-fn main() {}
+//! The `larder` command: mount a caching file system, query it, unmount it, run the demo.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod cli;
+mod control;
+mod daemon;
+mod demo;
+mod metrics;
+mod mounts;
+mod preflight;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match cli.command {
+        cli::Command::Mount(args) => daemon::mount(args),
+        cli::Command::Status(args) => status::run(args),
+        cli::Command::Unmount(args) => mounts::unmount(args),
+        cli::Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("larder: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The command line: a view of the configuration, with a sane default for every knob.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use larder_home::{WanSpec, parse_duration, parse_size};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "larder",
+    version,
+    about = "A persistent caching file system in front of slow or distant storage"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Mount HOME (a directory or file:// URL) at MOUNTPOINT, cached on local disk.
+    Mount(MountArgs),
+    /// Show a mount's counters (a table, or JSON with --json).
+    Status(StatusArgs),
+    /// Unmount and wait for the daemon to exit.
+    Unmount(UnmountArgs),
+    /// Build a demo home, mount it behind an emulated slow link, read it cold then warm.
+    Demo(DemoArgs),
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+fn block_size(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if !(4096..=(64 << 20)).contains(&v) || !v.is_power_of_two() {
+        return Err(format!(
+            "block size must be a power of two between 4KiB and 64MiB, not '{s}'"
+        ));
+    }
+    Ok(v)
+}
+
+fn wan(s: &str) -> Result<WanSpec, String> {
+    s.parse()
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    /// The home: a directory path or file:// URL.
+    pub home: String,
+    /// Where to mount (an empty directory).
+    pub mountpoint: PathBuf,
+    /// Cache directory [default: $XDG_CACHE_HOME/larder/<hash>, or /var/cache/larder/<hash> for root].
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Most bytes of file data to keep cached.
+    #[arg(long, default_value = "10GiB", value_parser = size)]
+    pub cache_size: u64,
+    /// How long cached attributes and listings are trusted before home is asked again (0: every open).
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    pub validity_lag: Duration,
+    /// Unit of fetching and eviction for large files.
+    #[arg(long, default_value = "1MiB", value_parser = block_size)]
+    pub block_size: u64,
+    /// Largest readahead window for sequential readers.
+    #[arg(long, default_value = "16MiB", value_parser = size)]
+    pub readahead: u64,
+    /// Emulate a slow link to home, e.g. latency=20ms,bandwidth=50MiB/s.
+    #[arg(long, value_parser = wan)]
+    pub emulate_wan: Option<WanSpec>,
+    /// Give up on a home call after this long (the caller gets EIO).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub home_timeout: Duration,
+    /// Serve Prometheus metrics at this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Refuse all changes.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Threads serving FUSE requests.
+    #[arg(long, default_value_t = 16)]
+    pub threads: usize,
+    /// Stay attached to the terminal instead of running as a daemon.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Log filter (error, warn, info, debug, trace or a tracing directive).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct UnmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// How long to wait for the daemon to exit.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Working directory for the demo home, mount point and cache.
+    #[arg(long, default_value = "/tmp/larder-demo")]
+    pub dir: PathBuf,
+    /// Number of small files in the demo home.
+    #[arg(long, default_value_t = 400)]
+    pub small_files: usize,
+    /// Size of the large file.
+    #[arg(long, default_value = "256MiB", value_parser = size)]
+    pub big_size: u64,
+    /// The emulated link to the demo home.
+    #[arg(long, default_value = "latency=5ms,bandwidth=100MiB/s", value_parser = wan)]
+    pub wan: WanSpec,
+}

@@ -1,0 +1,238 @@
+//! `larder mount`: check, start the daemon, wait until it serves (or print why it could not).
+//!
+//! Without `--foreground` the command re-runs itself as a detached daemon whose standard output is a pipe
+//! back to the command: the daemon writes `READY` once the kernel mount is live, or `error: ...`. Its logs
+//! go to `larder.log` in the cache directory.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use fuser::{Config, MountOption, Session, SessionACL};
+use larder_cache::{Db, Store, StoreConfig};
+use larder_fs::{Fs, FsConfig};
+use larder_fuse::LarderFuse;
+
+use crate::cli::MountArgs;
+use crate::status::StatusSource;
+use crate::{control, metrics, mounts, preflight};
+
+const NOTIFY_ENV: &str = "LARDER_NOTIFY";
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `larder mount`.
+pub fn mount(args: MountArgs) -> Result<()> {
+    if args.foreground {
+        let notify = std::env::var(NOTIFY_ENV).as_deref() == Ok("1");
+        let result = serve(&args, notify);
+        if let Err(e) = &result
+            && notify
+        {
+            println!("error: {e:#}");
+        }
+        return result;
+    }
+    let prepared = preflight::check(&args)?;
+    let log_path = prepared.cache_dir.join("larder.log");
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open the log {}", log_path.display()))?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(std::env::args_os().skip(1)).arg("--foreground");
+    if args.cache_dir.is_none() {
+        cmd.arg("--cache-dir").arg(&prepared.cache_dir);
+    }
+    cmd.env(NOTIFY_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log));
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    drop(prepared);
+    let mut child = cmd.spawn().context("cannot start the larder daemon")?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("daemon has no output pipe"))?;
+    let mut errors = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        if line == "READY" {
+            let mnt = mounts::absolute(&args.mountpoint)?;
+            println!(
+                "larder: serving {} at {} (pid {})",
+                args.home,
+                mnt.display(),
+                child.id()
+            );
+            return Ok(());
+        }
+        if let Some(e) = line.strip_prefix("error: ") {
+            errors.push(e.to_string());
+        }
+    }
+    let status = child.wait()?;
+    match errors.first() {
+        Some(e) => bail!("{e}"),
+        None => bail!(
+            "the daemon exited ({status}) before the mount was ready; see {}",
+            log_path.display()
+        ),
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local, zero-initialised set; pthread_sigmask on the current thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// On SIGTERM, SIGINT or SIGHUP: detach the mount so the session ends once no file is open.
+fn watch_signals(set: libc::sigset_t, mountpoint: PathBuf) {
+    let _ = std::thread::Builder::new()
+        .name("larder-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid signal set and `sig` a valid out-pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                tracing::info!(signal = sig, "signal received; unmounting");
+                if let Err(e) = mounts::kernel_unmount(&mountpoint, true) {
+                    tracing::error!(error = %e, "unmount on signal failed");
+                }
+            }
+        });
+}
+
+fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
+    let path = dir.join("lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    // SAFETY: flock on a valid open descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        bail!(
+            "cache dir {} is in use by another larder (pid {})",
+            dir.display(),
+            holder.trim()
+        );
+    }
+    file.set_len(0)?;
+    (&file).write_all(std::process::id().to_string().as_bytes())?;
+    Ok(file)
+}
+
+/// Run the daemon in this process until the mount goes away.
+fn serve(args: &MountArgs, notify: bool) -> Result<()> {
+    init_logging(&args.log_level);
+    // SAFETY: umask has no preconditions; created objects get exactly the modes callers ask for.
+    unsafe { libc::umask(0) };
+    let signals = block_signals();
+    let p = preflight::check(args)?;
+    let _lock = lock_cache_dir(&p.cache_dir)?;
+    let db = Db::open(&p.cache_dir.join("index.redb"))
+        .map_err(|e| anyhow!("cache index in {}: {e}", p.cache_dir.display()))?;
+    let store_cfg = StoreConfig {
+        dir: p.cache_dir.join("objects"),
+        block_size: args.block_size,
+        limit: args.cache_size,
+        high_watermark: 0.95,
+        low_watermark: 0.90,
+    };
+    let store = Arc::new(Store::open(store_cfg, db).map_err(|e| anyhow!("cache in {}: {e}", p.cache_dir.display()))?);
+    let fs_cfg = FsConfig {
+        validity_lag: args.validity_lag,
+        readahead_max: args.readahead,
+        readahead_threads: 4,
+        read_only: args.read_only,
+        set_owner: is_root(),
+    };
+    let home_url = p.home.describe();
+    let fs = Arc::new(Fs::new(p.home.clone(), store, fs_cfg).map_err(|e| anyhow!("home {home_url}: {e}"))?);
+    let source = Arc::new(StatusSource {
+        fs: fs.clone(),
+        counters: p.counters.clone(),
+        started: Instant::now(),
+        mountpoint: p.mountpoint.clone(),
+        home: home_url.clone(),
+        cache_dir: p.cache_dir.clone(),
+        block_size: args.block_size,
+    });
+    let socket = mounts::socket_path(&p.mountpoint);
+    control::serve(&socket, source.clone())?;
+    if let Some(addr) = args.metrics_addr {
+        metrics::serve(addr, source.clone())?;
+    }
+
+    let mut options = vec![
+        MountOption::FSName(format!("{}{home_url}", mounts::SOURCE_PREFIX)),
+        MountOption::Subtype("larder".into()),
+        MountOption::DefaultPermissions,
+    ];
+    options.push(if args.read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
+    let mut config = Config::default();
+    config.mount_options = options;
+    config.acl = if is_root() { SessionACL::All } else { SessionACL::Owner };
+    config.n_threads = Some(args.threads.max(1));
+    config.clone_fd = true;
+    let session = Session::new(LarderFuse::new(fs.clone()), &p.mountpoint, &config)
+        .map_err(|e| anyhow!("cannot mount at {}: {e}", p.mountpoint.display()))?;
+    watch_signals(signals, p.mountpoint.clone());
+    tracing::info!(home = %home_url, mountpoint = %p.mountpoint.display(), cache = %p.cache_dir.display(), "serving");
+    if notify {
+        println!("READY");
+        let _ = std::io::stdout().flush();
+        if let Ok(null) = OpenOptions::new().write(true).open("/dev/null") {
+            // SAFETY: dup2 onto stdout of a valid descriptor; nothing else holds a reference to fd 1's state.
+            unsafe { libc::dup2(null.as_raw_fd(), 1) };
+        }
+    }
+    let result = session.run();
+    if let Err(e) = fs.shutdown() {
+        tracing::error!(error = %e, "shutting down the cache failed");
+    }
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!("unmounted; exiting");
+    result.map_err(|e| anyhow!("the FUSE session failed: {e}"))
+}

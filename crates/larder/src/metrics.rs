@@ -1,0 +1,134 @@
+//! Prometheus text exposition of the status snapshot, on a small HTTP endpoint.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::status::StatusSource;
+
+pub const HOME_OPS: &str = "larder_home_ops_total";
+pub const HOME_ERRORS: &str = "larder_home_errors_total";
+pub const HOME_BYTES_READ: &str = "larder_home_bytes_read_total";
+pub const HOME_BYTES_WRITTEN: &str = "larder_home_bytes_written_total";
+pub const CACHE_HITS: &str = "larder_cache_hits_total";
+pub const CACHE_MISSES: &str = "larder_cache_misses_total";
+pub const CACHE_BYTES_USED: &str = "larder_cache_bytes_used";
+pub const CACHE_BYTES_LIMIT: &str = "larder_cache_bytes_limit";
+pub const CACHE_BYTES_DIRTY: &str = "larder_cache_bytes_dirty";
+pub const CACHE_EVICTIONS: &str = "larder_cache_evictions_total";
+pub const CACHE_CORRUPT: &str = "larder_cache_corrupt_blocks_total";
+pub const FILES_CACHED: &str = "larder_files_cached";
+
+/// The snapshot `v` in Prometheus text format.
+pub fn render(v: &Value) -> String {
+    let u = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+    };
+    metric(
+        HOME_ERRORS,
+        "counter",
+        "Home operations that failed.",
+        u("/home/errors"),
+    );
+    metric(
+        HOME_BYTES_READ,
+        "counter",
+        "Bytes of file data read from home.",
+        u("/home/bytes_read"),
+    );
+    metric(
+        HOME_BYTES_WRITTEN,
+        "counter",
+        "Bytes of file data written to home.",
+        u("/home/bytes_written"),
+    );
+    metric(
+        CACHE_HITS,
+        "counter",
+        "Block reads served from the local cache.",
+        u("/cache/hits"),
+    );
+    metric(
+        CACHE_MISSES,
+        "counter",
+        "Block reads that missed the local cache.",
+        u("/cache/misses"),
+    );
+    metric(
+        CACHE_BYTES_USED,
+        "gauge",
+        "Bytes of cached file data.",
+        u("/cache/bytes_used"),
+    );
+    metric(
+        CACHE_BYTES_LIMIT,
+        "gauge",
+        "Most bytes of file data the cache keeps.",
+        u("/cache/bytes_limit"),
+    );
+    metric(
+        CACHE_BYTES_DIRTY,
+        "gauge",
+        "Bytes written locally and not yet at home.",
+        u("/cache/bytes_dirty"),
+    );
+    metric(
+        CACHE_EVICTIONS,
+        "counter",
+        "Blocks evicted from the cache.",
+        u("/cache/evictions"),
+    );
+    metric(
+        CACHE_CORRUPT,
+        "counter",
+        "Cached blocks that failed their checksum.",
+        u("/cache/corrupt_blocks"),
+    );
+    metric(
+        FILES_CACHED,
+        "gauge",
+        "Files with data in the cache.",
+        u("/files_cached"),
+    );
+    out.push_str(&format!(
+        "# HELP {HOME_OPS} Home operations by kind.\n# TYPE {HOME_OPS} counter\n"
+    ));
+    if let Some(kinds) = v.pointer("/home/ops_by_kind").and_then(Value::as_object) {
+        for (k, n) in kinds {
+            out.push_str(&format!("{HOME_OPS}{{op=\"{k}\"}} {}\n", n.as_u64().unwrap_or(0)));
+        }
+    }
+    out
+}
+
+/// Serve `/metrics` (any path, in fact) at `addr`.
+pub fn serve(addr: SocketAddr, source: Arc<StatusSource>) -> Result<()> {
+    let listener = TcpListener::bind(addr).with_context(|| format!("cannot serve metrics at {addr}"))?;
+    std::thread::Builder::new().name("larder-metrics".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut reader = BufReader::new(match conn.try_clone() {
+                Ok(c) => c,
+                Err(_) => continue,
+            });
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let body = render(&source.snapshot());
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    })?;
+    Ok(())
+}

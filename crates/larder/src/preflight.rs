@@ -1,0 +1,120 @@
+//! Checks before mounting, each failing with one line that names what is wrong.
+
+use std::fs::OpenOptions;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Result, bail};
+use larder_home::{Home, HomeCounters, HomeSpec, open_home};
+
+use crate::cli::MountArgs;
+use crate::{control, mounts};
+
+/// What the checks produced.
+pub struct Prepared {
+    pub home: Arc<dyn Home>,
+    pub counters: Arc<HomeCounters>,
+    pub mountpoint: PathBuf,
+    pub cache_dir: PathBuf,
+}
+
+/// The cache directory used when none is given.
+pub fn default_cache_dir(home: &str, mountpoint: &Path) -> PathBuf {
+    let mut key = home.as_bytes().to_vec();
+    key.push(0);
+    key.extend_from_slice(mountpoint.as_os_str().as_bytes());
+    let name = format!("{:016x}", mounts::fnv64(&key));
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(x).join("larder").join(name);
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/cache/larder").join(name);
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".cache/larder").join(name),
+        None => PathBuf::from("/var/tmp/larder").join(name),
+    }
+}
+
+/// Check the home, the mount point, the cache directory and FUSE; create the cache directory.
+pub fn check(args: &MountArgs) -> Result<Prepared> {
+    let spec = HomeSpec {
+        url: args.home.clone(),
+        op_timeout: Some(args.home_timeout),
+        wan: args.emulate_wan,
+    };
+    let (home, counters) = open_home(&spec).map_err(anyhow::Error::msg)?;
+    let mnt = mounts::absolute(&args.mountpoint)?;
+
+    if mounts::mounted_at(&mnt) == mounts::Mounted::Larder {
+        if let Ok(v) = control::request(&mounts::socket_path(&mnt), "status") {
+            bail!("another larder (pid {}) already serves {}", v["pid"], mnt.display());
+        }
+        // A daemon that died without unmounting leaves a dead mount: clear it.
+        mounts::kernel_unmount(&mnt, true).map_err(|e| {
+            anyhow::anyhow!(
+                "{} holds a dead larder mount that cannot be cleared: {e}",
+                mnt.display()
+            )
+        })?;
+        tracing::warn!(mountpoint = %mnt.display(), "cleared a dead larder mount left by a previous daemon");
+    }
+    match std::fs::metadata(&mnt) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("mount point {} is not a directory", mnt.display()),
+        Err(e) => bail!("mount point {} is not usable: {e}", mnt.display()),
+    }
+    let mnt = std::fs::canonicalize(&mnt)?;
+    if std::fs::read_dir(&mnt)?.next().is_some() {
+        bail!("mount point {} is not empty", mnt.display());
+    }
+    let home_root = home.describe();
+    let home_path = Path::new(home_root.strip_prefix("file://").unwrap_or(&home_root));
+    if mnt.starts_with(home_path) {
+        bail!(
+            "mount point {} is inside the home {}: larder would read itself",
+            mnt.display(),
+            home_path.display()
+        );
+    }
+
+    let cache_dir = match &args.cache_dir {
+        Some(d) => mounts::absolute(d)?,
+        None => default_cache_dir(&home_root, &mnt),
+    };
+    if cache_dir.starts_with(&mnt) {
+        bail!(
+            "cache dir {} is inside the mount point {}",
+            cache_dir.display(),
+            mnt.display()
+        );
+    }
+    if let Err(e) = std::fs::create_dir_all(&cache_dir) {
+        bail!("cache dir {} cannot be created: {e}", cache_dir.display());
+    }
+    let cache_dir = std::fs::canonicalize(&cache_dir)?;
+    if cache_dir.starts_with(&mnt) {
+        bail!(
+            "cache dir {} is inside the mount point {}",
+            cache_dir.display(),
+            mnt.display()
+        );
+    }
+    let probe = cache_dir.join(".larder-probe");
+    if let Err(e) = std::fs::write(&probe, b"ok") {
+        bail!("cache dir {} is not writable: {e}", cache_dir.display());
+    }
+    let _ = std::fs::remove_file(&probe);
+
+    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        bail!("FUSE is not available (/dev/fuse: {e}); install fuse3 and load the fuse module");
+    }
+    Ok(Prepared {
+        home,
+        counters,
+        mountpoint: mnt,
+        cache_dir,
+    })
+}

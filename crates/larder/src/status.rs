@@ -1,0 +1,170 @@
+//! `larder status`, and the snapshot the daemon serves on its control socket and metrics endpoint.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use larder_fs::Fs;
+use larder_home::{HomeCounters, OpKind};
+use serde_json::{Value, json};
+
+use crate::cli::StatusArgs;
+use crate::{control, mounts};
+
+/// Everything a status snapshot is made of.
+pub struct StatusSource {
+    pub fs: Arc<Fs>,
+    pub counters: Arc<HomeCounters>,
+    pub started: Instant,
+    pub mountpoint: PathBuf,
+    pub home: String,
+    pub cache_dir: PathBuf,
+    pub block_size: u64,
+}
+
+impl StatusSource {
+    /// The status document. The fields of the published schema (`home.ops`, `home.bytes_read`,
+    /// `home.bytes_written`, `cache.hits`, `cache.misses`, `cache.bytes_used`, `cache.bytes_limit`,
+    /// `files_cached`) keep their names.
+    pub fn snapshot(&self) -> Value {
+        let c = &self.counters;
+        let store = self.fs.store().stats();
+        let fs = self.fs.stats();
+        let by_kind: serde_json::Map<String, Value> = OpKind::ALL
+            .iter()
+            .map(|k| (k.as_str().to_string(), json!(c.ops_of(*k))))
+            .collect();
+        json!({
+            "mountpoint": self.mountpoint,
+            "pid": std::process::id(),
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "validity_lag_seconds": self.fs.validity_lag().as_secs_f64(),
+            "home": {
+                "url": self.home,
+                "state": "online",
+                "ops": c.ops(),
+                "errors": c.errors(),
+                "bytes_read": c.bytes_read(),
+                "bytes_written": c.bytes_written(),
+                "ops_by_kind": by_kind,
+            },
+            "cache": {
+                "dir": self.cache_dir,
+                "hits": store.hits,
+                "misses": store.misses,
+                "bytes_used": store.bytes_used,
+                "bytes_limit": store.bytes_limit,
+                "bytes_dirty": store.bytes_dirty,
+                "blocks": store.blocks,
+                "block_size": self.block_size,
+                "evictions": store.evictions,
+                "corrupt_blocks": store.corrupt_blocks,
+            },
+            "files_cached": store.objects,
+            "fs": {
+                "inodes": fs.inodes,
+                "open_handles": fs.open_handles,
+                "dirty_files": fs.dirty_files,
+                "readahead_blocks": fs.readahead_blocks,
+            },
+        })
+    }
+}
+
+impl control::Handler for StatusSource {
+    fn handle(&self, cmd: &str) -> Value {
+        match cmd {
+            "status" => self.snapshot(),
+            other => json!({ "error": format!("unknown command '{other}'") }),
+        }
+    }
+}
+
+/// Bytes as a short human figure.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Ask the daemon serving `mountpoint` for its status.
+pub fn fetch(mountpoint: &std::path::Path) -> Result<Value> {
+    let mnt = mounts::absolute(mountpoint)?;
+    if mounts::mounted_at(&mnt) != mounts::Mounted::Larder {
+        bail!("{} is not a larder mount", mnt.display());
+    }
+    control::request(&mounts::socket_path(&mnt), "status")
+}
+
+/// `larder status`.
+pub fn run(args: StatusArgs) -> Result<()> {
+    let v = fetch(&args.mountpoint)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let u = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let (hits, misses) = (u("/cache/hits"), u("/cache/misses"));
+    let rate = if hits + misses == 0 {
+        0.0
+    } else {
+        100.0 * hits as f64 / (hits + misses) as f64
+    };
+    let limit = u("/cache/bytes_limit").max(1);
+    let rows = [
+        (
+            "mount",
+            format!(
+                "{} (pid {}, up {:.0}s)",
+                v["mountpoint"].as_str().unwrap_or("?"),
+                v["pid"],
+                v["uptime_seconds"].as_f64().unwrap_or(0.0)
+            ),
+        ),
+        (
+            "home",
+            format!(
+                "{} ({})",
+                v["home"]["url"].as_str().unwrap_or("?"),
+                v["home"]["state"].as_str().unwrap_or("?")
+            ),
+        ),
+        ("home ops", format!("{} ({} failed)", u("/home/ops"), u("/home/errors"))),
+        (
+            "home bytes",
+            format!(
+                "{} read, {} written",
+                human_bytes(u("/home/bytes_read")),
+                human_bytes(u("/home/bytes_written"))
+            ),
+        ),
+        (
+            "cache",
+            format!(
+                "{} of {} ({:.1}%), {} dirty",
+                human_bytes(u("/cache/bytes_used")),
+                human_bytes(u("/cache/bytes_limit")),
+                100.0 * u("/cache/bytes_used") as f64 / limit as f64,
+                human_bytes(u("/cache/bytes_dirty"))
+            ),
+        ),
+        ("files cached", u("/files_cached").to_string()),
+        ("hits / misses", format!("{hits} / {misses} ({rate:.1}% hits)")),
+        ("evictions", u("/cache/evictions").to_string()),
+        ("cache dir", v["cache"]["dir"].as_str().unwrap_or("?").to_string()),
+    ];
+    for (k, val) in rows {
+        println!("{k:<14} {val}");
+    }
+    Ok(())
+}
