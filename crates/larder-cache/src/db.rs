@@ -50,7 +50,8 @@ enum Msg {
 
 /// The index database and its committer.
 pub struct Db {
-    db: Arc<Database>,
+    /// `None` once closed.
+    db: Mutex<Option<Arc<Database>>>,
     sender: Mutex<Option<Sender<Msg>>>,
     committer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -82,7 +83,7 @@ impl Db {
             .spawn(move || committer(worker_db, rx))
             .map_err(CacheError::Io)?;
         Ok(Arc::new(Db {
-            db,
+            db: Mutex::new(Some(db)),
             sender: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
         }))
@@ -116,38 +117,50 @@ impl Db {
 
     /// Make everything durable and stop the committer.
     pub fn close(&self) -> CacheResult<()> {
+        if self.sender.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            return Ok(());
+        }
         let result = self.sync();
         self.sender.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(handle) = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = handle.join();
         }
+        self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
         result
+    }
+
+    fn database(&self) -> CacheResult<Arc<Database>> {
+        self.db
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| CacheError::Index("index is closed".into()))
     }
 
     /// A counter or setting stored under `key`.
     pub fn meta(&self, key: &str) -> CacheResult<Option<u64>> {
-        let tx = self.db.begin_read().map_err(idx_err)?;
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(META).map_err(idx_err)?;
         Ok(table.get(key).map_err(idx_err)?.map(|v| v.value()))
     }
 
     /// The stored record of inode `ino`.
     pub fn inode(&self, ino: u64) -> CacheResult<Option<Vec<u8>>> {
-        let tx = self.db.begin_read().map_err(idx_err)?;
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(INODES).map_err(idx_err)?;
         Ok(table.get(ino).map_err(idx_err)?.map(|v| v.value().to_vec()))
     }
 
     /// The inode stored for `name` in directory `parent`.
     pub fn dentry(&self, parent: u64, name: &[u8]) -> CacheResult<Option<u64>> {
-        let tx = self.db.begin_read().map_err(idx_err)?;
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         Ok(table.get((parent, name)).map_err(idx_err)?.map(|v| v.value()))
     }
 
     /// Visit every inode record.
     pub fn for_each_inode(&self, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
-        let tx = self.db.begin_read().map_err(idx_err)?;
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(INODES).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;
@@ -158,7 +171,7 @@ impl Db {
 
     /// Visit every block: (object, index, length, crc).
     pub fn for_each_block(&self, mut f: impl FnMut(u64, u32, u32, u32)) -> CacheResult<()> {
-        let tx = self.db.begin_read().map_err(idx_err)?;
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(BLOCKS).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;

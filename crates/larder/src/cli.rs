@@ -125,6 +125,6 @@ pub struct DemoArgs {
     #[arg(long, default_value = "256MiB", value_parser = size)]
     pub big_size: u64,
     /// The emulated link to the demo home.
-    #[arg(long, default_value = "latency=5ms,bandwidth=100MiB/s", value_parser = wan)]
+    #[arg(long, default_value = "latency=20ms,bandwidth=50MiB/s", value_parser = wan)]
     pub wan: WanSpec,
 }

@@ -47,6 +47,13 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
     };
     let (home, counters) = open_home(&spec).map_err(anyhow::Error::msg)?;
     let mnt = mounts::absolute(&args.mountpoint)?;
+    if args.cache_size < 4 * args.block_size {
+        bail!(
+            "--cache-size {} is too small: it must hold at least 4 blocks of --block-size {}",
+            args.cache_size,
+            args.block_size
+        );
+    }
 
     if mounts::mounted_at(&mnt) == mounts::Mounted::Larder {
         if let Ok(v) = control::request(&mounts::socket_path(&mnt), "status") {
@@ -108,6 +115,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
     }
     let _ = std::fs::remove_file(&probe);
 
+    warn_if_small_disk(&cache_dir, args.cache_size);
     if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
         bail!("FUSE is not available (/dev/fuse: {e}); install fuse3 and load the fuse module");
     }
@@ -117,4 +125,25 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         mountpoint: mnt,
         cache_dir,
     })
+}
+
+fn warn_if_small_disk(dir: &Path, cache_size: u64) {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: statvfs is plain data; zeroed is a valid initial value.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid path and `s` a valid out-pointer for the duration of the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return;
+    }
+    let free = s.f_bavail.saturating_mul(s.f_frsize);
+    if free < cache_size {
+        tracing::warn!(
+            cache_dir = %dir.display(),
+            free_bytes = free,
+            cache_size,
+            "the cache disk has less free space than --cache-size; a full disk stops caching (reads still work) and fails writes with ENOSPC"
+        );
+    }
 }

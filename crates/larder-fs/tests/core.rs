@@ -1,0 +1,274 @@
+//! The core without a mount: a real POSIX home in a temporary directory, counted by the metrics layer.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use larder_cache::{Db, Store, StoreConfig};
+use larder_fs::{Fs, FsConfig, FsError};
+use larder_home::{FileKind, Home, HomeCounters, Layered, MetricsLayer, OpKind, PosixHome, SetAttr};
+
+const BS: u64 = 64 << 10;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    home_dir: PathBuf,
+    cache_dir: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let home_dir = dir.path().join("home");
+        let cache_dir = dir.path().join("cache");
+        std::fs::create_dir_all(&home_dir).unwrap();
+        std::fs::create_dir_all(&cache_dir).unwrap();
+        Setup {
+            _dir: dir,
+            home_dir,
+            cache_dir,
+        }
+    }
+
+    fn home(&self, rel: &str) -> PathBuf {
+        self.home_dir.join(rel)
+    }
+
+    /// A file system over the home, with its counters.
+    fn fs(&self, lag: Duration) -> (Fs, Arc<HomeCounters>) {
+        let counters = Arc::new(HomeCounters::default());
+        let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&self.home_dir, Some(Duration::from_secs(10))));
+        let home: Arc<dyn Home> = Arc::new(Layered::new(posix, MetricsLayer(counters.clone())));
+        let db = Db::open(&self.cache_dir.join("index.redb")).unwrap();
+        let cfg = StoreConfig {
+            dir: self.cache_dir.join("objects"),
+            block_size: BS,
+            limit: 64 << 20,
+            high_watermark: 0.95,
+            low_watermark: 0.9,
+        };
+        let store = Arc::new(Store::open(cfg, db).unwrap());
+        let cfg = FsConfig {
+            validity_lag: lag,
+            readahead_threads: 2,
+            ..FsConfig::default()
+        };
+        (Fs::new(home, store, cfg).unwrap(), counters)
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Resolve a relative path to an inode through lookups.
+fn resolve(fs: &Fs, path: &str) -> Result<u64, FsError> {
+    let mut ino = 1;
+    for part in Path::new(path).iter() {
+        ino = fs.lookup(ino, part)?.attr.ino;
+    }
+    Ok(ino)
+}
+
+fn read_file(fs: &Fs, ino: u64) -> Vec<u8> {
+    let reply = fs.open(ino, libc::O_RDONLY).unwrap();
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs.read(reply.fh, out.len() as u64, 100_000).unwrap();
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend(chunk);
+    }
+    fs.release(reply.fh).unwrap();
+    out
+}
+
+#[test]
+fn listing_makes_placeholders_without_a_stat_per_child() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    for i in 0..50 {
+        std::fs::write(s.home(&format!("d/f{i}")), b"x").unwrap();
+    }
+    let (fs, c) = s.fs(Duration::from_secs(3600));
+    let d = resolve(&fs, "d").unwrap();
+    let stats_before = c.ops_of(OpKind::Stat);
+    let fh = fs.opendir(d).unwrap();
+    let items = fs.readdir(fh, 0).unwrap();
+    assert_eq!(items.len(), 52, ". and .. and 50 children");
+    assert!(items.iter().skip(2).all(|(_, e)| e.kind == FileKind::File));
+    assert_eq!(c.ops_of(OpKind::List), 1);
+    assert_eq!(
+        c.ops_of(OpKind::Stat) - stats_before,
+        1,
+        "one stat of the directory, none per child"
+    );
+    // A lookup of a listed child fills its attributes with one stat; a missing name needs none.
+    let e = fs.lookup(d, OsStr::new("f7")).unwrap();
+    assert_eq!(e.attr.size, 1);
+    let stats = c.ops_of(OpKind::Stat);
+    assert!(matches!(fs.lookup(d, OsStr::new("nope")), Err(FsError::NotFound)));
+    assert_eq!(
+        c.ops_of(OpKind::Stat),
+        stats,
+        "negative answered from the fresh listing"
+    );
+    // Listing again within the lag asks home nothing.
+    let ops = c.ops();
+    fs.releasedir(fh);
+    let fh = fs.opendir(d).unwrap();
+    assert_eq!(fs.readdir(fh, 10).unwrap().len(), 42);
+    assert_eq!(c.ops(), ops);
+}
+
+#[test]
+fn cold_then_warm_reads_are_exact_and_warm_reads_stay_local() {
+    let s = Setup::new();
+    let data = pattern(5 * BS as usize + 123, 7);
+    std::fs::write(s.home("big"), &data).unwrap();
+    let (fs, c) = s.fs(Duration::from_secs(3600));
+    let ino = resolve(&fs, "big").unwrap();
+    assert_eq!(read_file(&fs, ino), data);
+    assert_eq!(c.bytes_read(), data.len() as u64);
+    let reads = c.ops_of(OpKind::Read);
+    assert_eq!(read_file(&fs, ino), data);
+    assert_eq!(c.ops_of(OpKind::Read), reads, "warm reads make no home reads");
+    // A range across a block boundary.
+    let r = fs.open(ino, libc::O_RDONLY).unwrap();
+    let start = BS - 10;
+    assert_eq!(
+        fs.read(r.fh, start, 20).unwrap(),
+        data[start as usize..start as usize + 20]
+    );
+}
+
+#[test]
+fn changes_at_home_wait_for_the_validity_lag_then_show() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), b"old content").unwrap();
+    let (fs, _) = s.fs(Duration::from_millis(400));
+    let ino = resolve(&fs, "f").unwrap();
+    assert_eq!(read_file(&fs, ino), b"old content");
+    std::fs::write(s.home("f"), b"NEW CONTENT").unwrap();
+    assert_eq!(
+        read_file(&fs, ino),
+        b"old content",
+        "within the lag the cached version is served"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(read_file(&fs, ino), b"NEW CONTENT");
+}
+
+#[test]
+fn lag_zero_revalidates_every_open() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), b"one").unwrap();
+    let (fs, c) = s.fs(Duration::ZERO);
+    let ino = resolve(&fs, "f").unwrap();
+    assert_eq!(read_file(&fs, ino), b"one");
+    std::fs::write(s.home("f"), b"two!").unwrap();
+    assert_eq!(read_file(&fs, ino), b"two!");
+    let reads = c.ops_of(OpKind::Read);
+    assert_eq!(read_file(&fs, ino), b"two!");
+    assert_eq!(c.ops_of(OpKind::Read), reads, "unchanged version: cached data reused");
+}
+
+#[test]
+fn writes_reach_home_on_flush_and_partial_blocks_keep_home_data() {
+    let s = Setup::new();
+    let data = pattern(3 * BS as usize, 1);
+    std::fs::write(s.home("f"), &data).unwrap();
+    let (fs, _) = s.fs(Duration::from_secs(3600));
+    let ino = resolve(&fs, "f").unwrap();
+    let r = fs.open(ino, libc::O_RDWR).unwrap();
+    // Uncached block 1, written in the middle: the rest of the block must survive.
+    fs.write(r.fh, BS + 100, b"HELLO").unwrap();
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), data, "not at home before flush");
+    fs.flush(r.fh).unwrap();
+    let mut expect = data.clone();
+    expect[BS as usize + 100..BS as usize + 105].copy_from_slice(b"HELLO");
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), expect);
+    // Extend past the end with a hole.
+    fs.write(r.fh, 5 * BS, b"tail").unwrap();
+    fs.release(r.fh).unwrap();
+    expect.resize(5 * BS as usize, 0);
+    expect.extend_from_slice(b"tail");
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), expect);
+    assert_eq!(read_file(&fs, ino), expect);
+    // Truncate through setattr.
+    fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(10),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), expect[..10]);
+    assert_eq!(read_file(&fs, ino), expect[..10]);
+}
+
+#[test]
+fn concurrent_misses_make_one_home_read() {
+    let s = Setup::new();
+    let data = pattern(BS as usize, 3);
+    std::fs::write(s.home("f"), &data).unwrap();
+    let (fs, c) = s.fs(Duration::from_secs(3600));
+    let ino = resolve(&fs, "f").unwrap();
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| assert_eq!(read_file(&fs, ino), data));
+        }
+    });
+    assert_eq!(c.ops_of(OpKind::Read), 1);
+}
+
+#[test]
+fn a_restart_keeps_inode_numbers_and_cached_data() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    let data = pattern(2 * BS as usize, 9);
+    std::fs::write(s.home("d/f"), &data).unwrap();
+    let ino = {
+        let (fs, _) = s.fs(Duration::from_secs(3600));
+        let ino = resolve(&fs, "d/f").unwrap();
+        assert_eq!(read_file(&fs, ino), data);
+        fs.shutdown().unwrap();
+        ino
+    };
+    let (fs, c) = s.fs(Duration::from_secs(3600));
+    assert_eq!(resolve(&fs, "d/f").unwrap(), ino, "same path, same inode number");
+    assert_eq!(read_file(&fs, ino), data);
+    assert_eq!(c.ops_of(OpKind::Read), 0, "served from the persistent cache");
+}
+
+#[test]
+fn namespace_changes_go_to_home() {
+    let s = Setup::new();
+    let (fs, _) = s.fs(Duration::from_secs(3600));
+    let d = fs.mkdir(1, OsStr::new("d"), 0o755, 0, 0).unwrap().attr.ino;
+    let (e, r) = fs.create(d, OsStr::new("f"), 0o640, libc::O_WRONLY, 0, 0).unwrap();
+    fs.write(r.fh, 0, b"abc").unwrap();
+    fs.release(r.fh).unwrap();
+    assert_eq!(std::fs::read(s.home("d/f")).unwrap(), b"abc");
+    assert!(matches!(
+        fs.create(d, OsStr::new("f"), 0o640, libc::O_EXCL, 0, 0),
+        Err(FsError::Exists)
+    ));
+    fs.rename(1, OsStr::new("d"), 1, OsStr::new("e"), Default::default())
+        .unwrap();
+    assert_eq!(std::fs::read(s.home("e/f")).unwrap(), b"abc");
+    assert_eq!(read_file(&fs, e.attr.ino), b"abc", "the renamed file keeps its inode");
+    fs.symlink(d, OsStr::new("l"), b"f", 0, 0).unwrap();
+    assert_eq!(std::fs::read_link(s.home("e/l")).unwrap(), Path::new("f"));
+    assert!(matches!(fs.rmdir(1, OsStr::new("e")), Err(FsError::Home(_))));
+    fs.unlink(d, OsStr::new("f")).unwrap();
+    fs.unlink(d, OsStr::new("l")).unwrap();
+    fs.rmdir(1, OsStr::new("e")).unwrap();
+    assert!(!s.home("e").exists());
+    assert!(matches!(fs.lookup(1, OsStr::new("e")), Err(FsError::NotFound)));
+}
