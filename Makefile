@@ -1,0 +1,8 @@
+# Shorthands for the scripts, which are the documented entry points.
+.PHONY: demo test build
+demo:
+	./scripts/demo.sh
+test:
+	./scripts/test.sh
+build:
+	cargo build --release -p larder

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install what building, demonstrating and testing larder needs on Debian 12 (run as root).
+# Idempotent: installs only what is missing.
+set -euo pipefail
+
+need_apt=()
+command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
+[ -e /usr/include/fuse3/fuse.h ] || need_apt+=(libfuse3-dev)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to install: ${need_apt[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -e /dev/fuse ]; then
+  modprobe fuse 2>/dev/null || true
+fi
+if [ ! -e /dev/fuse ]; then
+  echo "setup: /dev/fuse is missing; FUSE is not available on this machine" >&2
+  exit 1
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: Rust (cargo >= 1.85) is required; install it with rustup (https://rustup.rs)" >&2
+  exit 1
+fi

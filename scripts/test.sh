@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit tests, integration tests on real FUSE mounts, and the
+# POSIX conformance suite (pjdfstest) against a larder mount. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "test: the integration tests mount FUSE file systems and need root" >&2
+  exit 1
+fi
+
+echo "== format and lints"
+cargo fmt --all -- --check
+cargo clippy --all-targets -- -D warnings
+
+echo "== unit and integration tests"
+cargo test --workspace -- --test-threads=2
+
+if [ "${SKIP_PJDFSTEST:-0}" != 1 ] && [ -x scripts/pjdfstest.sh ]; then
+  echo "== POSIX conformance (pjdfstest)"
+  STRICT=1 ./scripts/pjdfstest.sh
+fi
