@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use larder_cache::{Db, Store, StoreConfig};
 use larder_fs::{Fs, FsConfig, FsError};
-use larder_home::{FileKind, Home, HomeCounters, Layered, MetricsLayer, OpKind, PosixHome, SetAttr};
+use larder_home::{
+    Fault, FaultLayer, FileKind, Home, HomeCounters, HomeError, Layered, MetricsLayer, OpKind, PosixHome, SetAttr,
+};
 
 const BS: u64 = 64 << 10;
 
@@ -37,9 +39,15 @@ impl Setup {
 
     /// A file system over the home, with its counters.
     fn fs(&self, lag: Duration) -> (Fs, Arc<HomeCounters>) {
+        self.fs_with_faults(lag, Arc::new(FaultLayer::default()))
+    }
+
+    /// The same, with a fault layer between the core and home.
+    fn fs_with_faults(&self, lag: Duration, faults: Arc<FaultLayer>) -> (Fs, Arc<HomeCounters>) {
         let counters = Arc::new(HomeCounters::default());
         let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&self.home_dir, Some(Duration::from_secs(10))));
-        let home: Arc<dyn Home> = Arc::new(Layered::new(posix, MetricsLayer(counters.clone())));
+        let faulty: Arc<dyn Home> = Arc::new(Layered::new(posix, faults));
+        let home: Arc<dyn Home> = Arc::new(Layered::new(faulty, MetricsLayer(counters.clone())));
         let db = Db::open(&self.cache_dir.join("index.redb")).unwrap();
         let cfg = StoreConfig {
             dir: self.cache_dir.join("objects"),
@@ -271,4 +279,57 @@ fn namespace_changes_go_to_home() {
     fs.rmdir(1, OsStr::new("e")).unwrap();
     assert!(!s.home("e").exists());
     assert!(matches!(fs.lookup(1, OsStr::new("e")), Err(FsError::NotFound)));
+}
+
+#[test]
+fn a_failed_push_keeps_the_data_and_the_next_flush_delivers_it() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), b"0123456789").unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let (fs, _) = s.fs_with_faults(Duration::from_secs(3600), faults.clone());
+    let ino = resolve(&fs, "f").unwrap();
+    let r = fs.open(ino, libc::O_RDWR).unwrap();
+    fs.write(r.fh, 2, b"ab").unwrap();
+    faults.inject(Fault {
+        op: OpKind::Write,
+        error: HomeError::NoSpace,
+        count: 1,
+    });
+    assert!(
+        matches!(fs.flush(r.fh), Err(FsError::Home(HomeError::NoSpace))),
+        "the error reaches close/fsync"
+    );
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), b"0123456789");
+    assert_eq!(
+        fs.read(r.fh, 0, 100).unwrap(),
+        b"01ab456789",
+        "read-your-writes while home refuses"
+    );
+    fs.flush(r.fh).unwrap();
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), b"01ab456789");
+    fs.release(r.fh).unwrap();
+}
+
+#[test]
+fn a_failing_home_read_is_an_error_not_a_cached_hole() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), pattern(1000, 5)).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let (fs, _) = s.fs_with_faults(Duration::from_secs(3600), faults.clone());
+    let ino = resolve(&fs, "f").unwrap();
+    faults.inject(Fault {
+        op: OpKind::Read,
+        error: HomeError::TimedOut(Duration::from_secs(1)),
+        count: 1,
+    });
+    let r = fs.open(ino, libc::O_RDONLY).unwrap();
+    assert!(matches!(
+        fs.read(r.fh, 0, 100),
+        Err(FsError::Home(HomeError::TimedOut(_)))
+    ));
+    assert_eq!(
+        fs.read(r.fh, 0, 1000).unwrap(),
+        pattern(1000, 5),
+        "nothing wrong was cached"
+    );
 }

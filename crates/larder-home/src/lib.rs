@@ -8,6 +8,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod error;
+#[cfg(feature = "mock")]
+mod fault;
 mod layer;
 mod metrics;
 mod posix;
@@ -16,6 +18,8 @@ mod url;
 mod wan;
 
 pub use error::{HomeError, HomeResult};
+#[cfg(feature = "mock")]
+pub use fault::{Fault, FaultLayer};
 pub use layer::{Layer, Layered, OpKind};
 pub use metrics::{HomeCounters, MetricsLayer};
 pub use posix::PosixHome;

@@ -1,0 +1,56 @@
+//! Fault injection: a layer that makes chosen operations fail, for tests of what the layers above do
+//! when home misbehaves.
+
+use std::sync::Mutex;
+
+use crate::{HomeError, HomeResult, Layer, OpKind};
+
+/// Fails the next `count` operations of a kind with `error`.
+#[derive(Clone, Debug)]
+pub struct Fault {
+    pub op: OpKind,
+    pub error: HomeError,
+    pub count: usize,
+}
+
+/// The layer; rules are consumed in order as matching operations arrive.
+#[derive(Default)]
+pub struct FaultLayer {
+    faults: Mutex<Vec<Fault>>,
+}
+
+impl FaultLayer {
+    /// Add a rule.
+    pub fn inject(&self, fault: Fault) {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner()).push(fault);
+    }
+
+    /// Remove every rule.
+    pub fn clear(&self) {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+impl Layer for FaultLayer {
+    fn before(&self, op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = faults.iter().position(|f| f.op == op && f.count > 0) {
+            faults[i].count -= 1;
+            let error = faults[i].error.clone();
+            if faults[i].count == 0 {
+                faults.remove(i);
+            }
+            return Err(error);
+        }
+        Ok(())
+    }
+}
+
+impl<T: Layer> Layer for std::sync::Arc<T> {
+    fn before(&self, op: OpKind, bytes_out: u64) -> HomeResult<()> {
+        (**self).before(op, bytes_out)
+    }
+    fn after(&self, op: OpKind, bytes_in: u64, ok: bool) {
+        (**self).after(op, bytes_in, ok)
+    }
+}
