@@ -333,7 +333,6 @@ impl Fs {
     pub(crate) fn push_locked(&self, ino: u64) -> FsResult<()> {
         let (ranges, size, object, path) = {
             let mut ns = lock(&self.ns);
-            let path = ns.path_of(ino)?;
             let node = ns.inode_mut(ino)?;
             if node.dirty.is_empty() {
                 return Ok(());
@@ -344,7 +343,14 @@ impl Fs {
                 return Ok(());
             }
             let size = node.attr.as_ref().map_or(0, |a| a.size);
-            (std::mem::take(&mut node.dirty), size, node.object, path)
+            let (ranges, object) = (std::mem::take(&mut node.dirty), node.object);
+            match ns.path_of(ino) {
+                Ok(path) => (ranges, size, object, path),
+                Err(e) => {
+                    ns.inode_mut(ino)?.dirty = ranges;
+                    return Err(e);
+                }
+            }
         };
         let file = self.core.store.file(object)?;
         match self.core.home.write(&path, &file, &ranges, size, None) {

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::ops::Range;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -20,8 +20,11 @@ const NAME_MAX: usize = 255;
 
 /// One inode as the core knows it.
 pub(crate) struct Inode {
+    /// The name home operations use: (parent inode, name).
     pub parent: u64,
     pub name: OsString,
+    /// Further names of the same object at home (hard links).
+    pub aliases: Vec<(u64, OsString)>,
     pub kind: FileKind,
     /// `None` for a placeholder made by a listing: kind known, attributes not yet fetched.
     pub attr: Option<HomeAttr>,
@@ -53,6 +56,7 @@ impl Inode {
         Inode {
             parent,
             name,
+            aliases: Vec::new(),
             kind,
             attr: None,
             object,
@@ -78,6 +82,21 @@ impl Inode {
             attr: self.attr.as_ref().map(AttrRecord::from_attr),
             object: self.object,
             symlink: self.symlink.clone(),
+            aliases: self.aliases.iter().map(|(p, n)| (*p, n.as_bytes().to_vec())).collect(),
+        }
+    }
+
+    fn has_name(&self, parent: u64, name: &OsStr) -> bool {
+        (self.parent == parent && self.name == name) || self.aliases.iter().any(|(p, n)| *p == parent && n == name)
+    }
+
+    /// Rename one of this inode's names.
+    fn rename_name(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
+        if self.parent == from.0 && self.name == from.1 {
+            self.parent = to.0;
+            self.name = to.1.to_os_string();
+        } else if let Some(a) = self.aliases.iter_mut().find(|(p, n)| *p == from.0 && n == from.1) {
+            *a = (to.0, to.1.to_os_string());
         }
     }
 }
@@ -95,6 +114,8 @@ pub(crate) struct Handle {
 #[derive(Default)]
 pub(crate) struct Namespace {
     pub inodes: HashMap<u64, Inode>,
+    /// Home identity -> inode, for objects with several names (hard links).
+    pub by_id: HashMap<u64, u64>,
     pub handles: HashMap<u64, Handle>,
     pub next_ino: u64,
     pub next_object: u64,
@@ -321,6 +342,7 @@ impl Fs {
             node.attr = Some(attr);
             self.persist(ns, ino);
         }
+        note_identity(ns, ino);
     }
 
     /// Record attributes that result from this node's own change at home: the cached data stays valid.
@@ -336,6 +358,7 @@ impl Fs {
             node.attr = Some(attr);
             node.checked = Some(Instant::now());
             self.persist(ns, ino);
+            note_identity(ns, ino);
         }
     }
 
@@ -358,18 +381,47 @@ impl Fs {
             self.detach(ns, parent, name);
         }
         let db = self.core.store.db().clone();
-        let mut ino = None;
-        if let Some(old) = db.dentry(parent, name.as_bytes())?
-            && !ns.inodes.contains_key(&old)
-            && let Some(rec) = db.inode(old)?.and_then(|b| InodeRecord::decode(&b))
-            && rec.kind == kind
-            && rec.parent == parent
+        // Another name of an object already known here (a hard link made at home).
+        if let Some(a) = &attr
+            && let Some(ino) = linked_inode(ns, kind, a)
         {
-            let mut node = Inode::new(parent, name.to_os_string(), kind, rec.object);
-            node.attr = rec.attr.map(|a| a.to_attr());
-            node.symlink = rec.symlink;
-            ns.inodes.insert(old, node);
-            ino = Some(old);
+            let node = ns.inode_mut(ino)?;
+            node.aliases.push((parent, name.to_os_string()));
+            let p = ns.inode_mut(parent)?;
+            p.children.insert(name.to_os_string(), ino);
+            p.negatives.remove(name);
+            db.submit(vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)]);
+            self.persist(ns, ino);
+            if let Some(attr) = attr {
+                self.update_attr(ns, ino, attr);
+            }
+            return Ok(ino);
+        }
+        let mut ino = None;
+        if let Some(old) = db.dentry(parent, name.as_bytes())? {
+            if let Some(node) = ns.inodes.get_mut(&old) {
+                if node.kind == kind && !node.removed {
+                    if !node.has_name(parent, name) {
+                        node.aliases.push((parent, name.to_os_string()));
+                    }
+                    ino = Some(old);
+                }
+            } else if let Some(rec) = db.inode(old)?.and_then(|b| InodeRecord::decode(&b))
+                && rec.kind == kind
+            {
+                let mut node = Inode::new(rec.parent, OsString::from_vec(rec.name), kind, rec.object);
+                node.attr = rec.attr.map(|a| a.to_attr());
+                node.symlink = rec.symlink;
+                node.aliases = rec
+                    .aliases
+                    .into_iter()
+                    .map(|(p, n)| (p, OsString::from_vec(n)))
+                    .collect();
+                if node.has_name(parent, name) {
+                    ns.inodes.insert(old, node);
+                    ino = Some(old);
+                }
+            }
         }
         let ino = match ino {
             Some(ino) => ino,
@@ -409,6 +461,25 @@ impl Fs {
             .store
             .db()
             .submit(vec![Mutation::DelDentry(parent, name.as_bytes().to_vec())]);
+        self.drop_name(ns, parent, name, ino);
+    }
+
+    /// One name of `ino` is gone: if it has others (hard links), it lives on under them.
+    fn drop_name(&self, ns: &mut Namespace, parent: u64, name: &OsStr, ino: u64) {
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        if !node.aliases.is_empty() {
+            if node.parent == parent && node.name == name {
+                let (p, n) = node.aliases.remove(0);
+                node.parent = p;
+                node.name = n;
+            } else {
+                node.aliases.retain(|(p, n)| !(*p == parent && n == name));
+            }
+            // Its link count and ctime changed at home.
+            node.checked = None;
+            self.persist(ns, ino);
+            return;
+        }
         self.forget_subtree(ns, ino);
     }
 
@@ -417,10 +488,14 @@ impl Fs {
         node.removed = true;
         let children: Vec<(OsString, u64)> = node.children.drain().collect();
         let (opens, lookups, object) = (node.opens, node.lookups, node.object);
+        let id = node.attr.as_ref().map_or(0, |a| a.id);
+        if ns.by_id.get(&id) == Some(&ino) {
+            ns.by_id.remove(&id);
+        }
         let db = self.core.store.db().clone();
         for (name, child) in children {
             db.submit(vec![Mutation::DelDentry(ino, name.as_bytes().to_vec())]);
-            self.forget_subtree(ns, child);
+            self.drop_name(ns, ino, &name, child);
         }
         if opens == 0 {
             if object != 0 {
@@ -635,12 +710,20 @@ impl Fs {
         };
         let attr = self.core.home.link(&from, &to)?;
         let mut ns = lock(&self.ns);
-        self.adopt_attr(&mut ns, ino, attr.clone());
-        let new = self.bind_child(&mut ns, parent, name, attr.kind, None)?;
-        self.adopt_attr(&mut ns, new, attr);
-        ns.inode_mut(new)?.lookups += 1;
-        ns.inode_mut(parent)?.checked = None;
-        self.entry(&ns, new)
+        self.detach(&mut ns, parent, name);
+        let node = ns.inode_mut(ino)?;
+        node.aliases.push((parent, name.to_os_string()));
+        node.lookups += 1;
+        let p = ns.inode_mut(parent)?;
+        p.children.insert(name.to_os_string(), ino);
+        p.negatives.remove(name);
+        p.checked = None;
+        self.core
+            .store
+            .db()
+            .submit(vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)]);
+        self.adopt_attr(&mut ns, ino, attr);
+        self.entry(&ns, ino)
     }
 
     fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
@@ -697,10 +780,19 @@ impl Fs {
             Mutation::DelDentry(parent, name.as_bytes().to_vec()),
             Mutation::DelDentry(new_parent, new_name.as_bytes().to_vec()),
         ]);
-        let place = |ns: &mut Namespace, ino: u64, dir: u64, n: &OsStr| -> FsResult<()> {
+        if src.is_some() && src == dst {
+            // Two names of one object: POSIX says nothing happens.
+            ns.inode_mut(parent)?
+                .children
+                .insert(name.to_os_string(), src.unwrap_or_default());
+            ns.inode_mut(new_parent)?
+                .children
+                .insert(new_name.to_os_string(), src.unwrap_or_default());
+            return Ok(());
+        }
+        let place = |ns: &mut Namespace, ino: u64, from: (u64, &OsStr), dir: u64, n: &OsStr| -> FsResult<()> {
             let node = ns.inode_mut(ino)?;
-            node.parent = dir;
-            node.name = n.to_os_string();
+            node.rename_name(from, (dir, n));
             node.checked = None;
             ns.inode_mut(dir)?.children.insert(n.to_os_string(), ino);
             ns.inode_mut(dir)?.negatives.remove(n);
@@ -710,10 +802,10 @@ impl Fs {
         };
         if flags.exchange {
             if let Some(s) = src {
-                place(&mut ns, s, new_parent, new_name)?;
+                place(&mut ns, s, (parent, name), new_parent, new_name)?;
             }
             if let Some(d) = dst {
-                place(&mut ns, d, parent, name)?;
+                place(&mut ns, d, (new_parent, new_name), parent, name)?;
             }
         } else {
             if let Some(d) = dst {
@@ -722,7 +814,7 @@ impl Fs {
                 self.detach(&mut ns, new_parent, new_name);
             }
             match src {
-                Some(s) => place(&mut ns, s, new_parent, new_name)?,
+                Some(s) => place(&mut ns, s, (parent, name), new_parent, new_name)?,
                 // Not known here: forget any negative entry so the next lookup asks home.
                 None => {
                     ns.inode_mut(new_parent)?.negatives.remove(new_name);
@@ -985,4 +1077,27 @@ impl Fs {
     pub fn is_dir(&self, ino: u64) -> bool {
         lock(&self.ns).inodes.get(&ino).is_some_and(|n| n.kind == FileKind::Dir)
     }
+}
+
+/// Remember which inode holds a home object that has several names.
+fn note_identity(ns: &mut Namespace, ino: u64) {
+    let Some(node) = ns.inodes.get(&ino) else { return };
+    if let Some(a) = &node.attr
+        && node.kind != FileKind::Dir
+        && a.id != 0
+        && (a.nlink > 1 || !node.aliases.is_empty())
+    {
+        ns.by_id.insert(a.id, ino);
+    }
+}
+
+/// The inode already holding the home object `attr` describes, if it is a hard link known here.
+fn linked_inode(ns: &Namespace, kind: FileKind, attr: &HomeAttr) -> Option<u64> {
+    if kind == FileKind::Dir || attr.id == 0 || attr.nlink < 2 {
+        return None;
+    }
+    let ino = *ns.by_id.get(&attr.id)?;
+    let node = ns.inodes.get(&ino)?;
+    let same = node.kind == kind && !node.removed && node.attr.as_ref().is_some_and(|a| a.id == attr.id);
+    same.then_some(ino)
 }

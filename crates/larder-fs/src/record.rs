@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Serialize, Deserialize)]
 pub(crate) struct AttrRecord {
     kind: FileKind,
+    id: u64,
     size: u64,
     perm: u32,
     uid: u32,
@@ -30,6 +31,8 @@ pub(crate) struct InodeRecord {
     pub attr: Option<AttrRecord>,
     pub object: u64,
     pub symlink: Option<Vec<u8>>,
+    /// Further (parent, name) pairs of the same object (hard links).
+    pub aliases: Vec<(u64, Vec<u8>)>,
 }
 
 fn to_ns(t: SystemTime) -> i128 {
@@ -51,6 +54,7 @@ impl AttrRecord {
     pub fn from_attr(a: &HomeAttr) -> AttrRecord {
         AttrRecord {
             kind: a.kind,
+            id: a.id,
             size: a.size,
             perm: a.perm,
             uid: a.uid,
@@ -68,6 +72,7 @@ impl AttrRecord {
     pub fn to_attr(&self) -> HomeAttr {
         HomeAttr {
             kind: self.kind,
+            id: self.id,
             size: self.size,
             perm: self.perm,
             uid: self.uid,
@@ -101,6 +106,7 @@ mod tests {
     fn records_round_trip_including_times_before_1970() {
         let attr = HomeAttr {
             kind: FileKind::File,
+            id: 42,
             size: 5,
             perm: 0o644,
             uid: 1,
@@ -120,6 +126,7 @@ mod tests {
             attr: Some(AttrRecord::from_attr(&attr)),
             object: 9,
             symlink: None,
+            aliases: vec![(3, b"g".to_vec())],
         };
         let back = InodeRecord::decode(&rec.encode()).unwrap();
         assert_eq!(back.attr.unwrap().to_attr(), attr);

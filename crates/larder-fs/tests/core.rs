@@ -45,7 +45,7 @@ impl Setup {
     /// The same, with a fault layer between the core and home.
     fn fs_with_faults(&self, lag: Duration, faults: Arc<FaultLayer>) -> (Fs, Arc<HomeCounters>) {
         let counters = Arc::new(HomeCounters::default());
-        let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&self.home_dir, Some(Duration::from_secs(10))));
+        let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&self.home_dir, Some(Duration::from_secs(10))).unwrap());
         let faulty: Arc<dyn Home> = Arc::new(Layered::new(posix, faults));
         let home: Arc<dyn Home> = Arc::new(Layered::new(faulty, MetricsLayer(counters.clone())));
         let db = Db::open(&self.cache_dir.join("index.redb")).unwrap();
@@ -332,4 +332,33 @@ fn a_failing_home_read_is_an_error_not_a_cached_hole() {
         pattern(1000, 5),
         "nothing wrong was cached"
     );
+}
+
+#[test]
+fn hard_links_are_one_inode_with_several_names() {
+    let s = Setup::new();
+    std::fs::write(s.home("a"), b"shared").unwrap();
+    std::fs::hard_link(s.home("a"), s.home("b")).unwrap();
+    let (fs, _) = s.fs(Duration::from_secs(3600));
+    let a = resolve(&fs, "a").unwrap();
+    assert_eq!(resolve(&fs, "b").unwrap(), a, "a link made at home is the same inode");
+    let c = fs.link(a, 1, OsStr::new("c")).unwrap();
+    assert_eq!(c.attr.ino, a);
+    assert_eq!(c.attr.nlink, 3);
+    fs.unlink(1, OsStr::new("a")).unwrap();
+    assert_eq!(
+        fs.getattr(a).unwrap().attr.nlink,
+        2,
+        "the remaining names see the new link count"
+    );
+    assert_eq!(read_file(&fs, a), b"shared");
+    fs.rename(1, OsStr::new("b"), 1, OsStr::new("d"), Default::default())
+        .unwrap();
+    assert_eq!(resolve(&fs, "d").unwrap(), a);
+    assert_eq!(resolve(&fs, "c").unwrap(), a);
+    fs.shutdown().unwrap();
+    drop(fs);
+    let (fs, _) = s.fs(Duration::from_secs(3600));
+    let c = resolve(&fs, "c").unwrap();
+    assert_eq!(resolve(&fs, "d").unwrap(), c, "still one inode after a restart");
 }

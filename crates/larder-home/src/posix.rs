@@ -5,12 +5,13 @@
 //! worker stuck in the kernel stays stuck; the pool grows up to `MAX_WORKERS` and then calls time out
 //! while queued.
 
-use std::ffi::{CString, OsString};
-use std::fs::{File, OpenOptions};
+use std::ffi::{CStr, CString, OsString};
+use std::fs::File;
 use std::io;
 use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -30,6 +31,7 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 /// A POSIX directory as home.
 pub struct PosixHome {
     root: PathBuf,
+    root_fd: Arc<OwnedFd>,
     op_timeout: Option<Duration>,
     pool: Option<Pool>,
 }
@@ -79,20 +81,34 @@ impl Pool {
 
 impl PosixHome {
     /// A home rooted at `root`, each call bounded by `op_timeout` (`None`: calls run inline, unbounded).
-    pub fn new(root: impl Into<PathBuf>, op_timeout: Option<Duration>) -> PosixHome {
-        PosixHome {
-            root: root.into(),
+    /// Every call works relative to a descriptor of `root`, so paths inside home may be as long as the
+    /// kernel allows whatever the root's own path.
+    pub fn new(root: impl Into<PathBuf>, op_timeout: Option<Duration>) -> HomeResult<PosixHome> {
+        let root = root.into();
+        let c = cpath(&root)?;
+        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(last_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let root_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        Ok(PosixHome {
+            root,
+            root_fd,
             op_timeout,
             pool: op_timeout.map(|_| Pool::new()),
-        }
+        })
     }
 
-    fn full(&self, path: &Path) -> PathBuf {
-        if path.as_os_str().is_empty() {
-            self.root.clone()
+    /// The root descriptor and the path relative to it (`.` for the root itself).
+    fn at(&self, path: &Path) -> HomeResult<(Arc<OwnedFd>, CString)> {
+        let rel = if path.as_os_str().is_empty() {
+            CString::new(".").unwrap_or_default()
         } else {
-            self.root.join(path)
-        }
+            cpath(path)?
+        };
+        Ok((self.root_fd.clone(), rel))
     }
 
     /// Run `f` on the pool with the deadline, or inline when there is none.
@@ -115,14 +131,12 @@ fn cpath(path: &Path) -> HomeResult<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| HomeError::InvalidName("name contains NUL".into()))
 }
 
+fn last_error() -> HomeError {
+    from_errno(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+}
+
 fn check(ret: libc::c_int) -> HomeResult<()> {
-    if ret < 0 {
-        Err(from_errno(
-            io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO),
-        ))
-    } else {
-        Ok(())
-    }
+    if ret < 0 { Err(last_error()) } else { Ok(()) }
 }
 
 fn time_of(secs: i64, nsecs: i64) -> SystemTime {
@@ -133,39 +147,64 @@ fn time_of(secs: i64, nsecs: i64) -> SystemTime {
     }
 }
 
-/// Attributes from `lstat`/`fstat` metadata. The content version is (inode, size, mtime): a chmod or chown
-/// keeps cached data, any content change or replacement does not.
-pub(crate) fn attr_of(m: &std::fs::Metadata) -> HomeAttr {
-    let kind = FileKind::from_mode(m.mode());
+/// Attributes from a `stat`. The content version is (inode, size, mtime): a chmod or chown keeps cached
+/// data, any content change or replacement does not.
+pub(crate) fn attr_of(st: &libc::stat) -> HomeAttr {
+    let mode = st.st_mode;
     HomeAttr {
-        kind,
-        size: m.size(),
-        perm: m.mode() & 0o7777,
-        uid: m.uid(),
-        gid: m.gid(),
-        nlink: m.nlink() as u32,
-        rdev: m.rdev(),
-        blocks: m.blocks(),
-        atime: time_of(m.atime(), m.atime_nsec()),
-        mtime: time_of(m.mtime(), m.mtime_nsec()),
-        ctime: time_of(m.ctime(), m.ctime_nsec()),
-        version: Version(format!("{}:{}:{}.{:09}", m.ino(), m.size(), m.mtime(), m.mtime_nsec())),
+        kind: FileKind::from_mode(mode),
+        id: st.st_ino,
+        size: st.st_size as u64,
+        perm: mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        nlink: st.st_nlink as u32,
+        rdev: st.st_rdev,
+        blocks: st.st_blocks as u64,
+        atime: time_of(st.st_atime, st.st_atime_nsec),
+        mtime: time_of(st.st_mtime, st.st_mtime_nsec),
+        ctime: time_of(st.st_ctime, st.st_ctime_nsec),
+        version: Version(format!(
+            "{}:{}:{}.{:09}",
+            st.st_ino, st.st_size, st.st_mtime, st.st_mtime_nsec
+        )),
     }
 }
 
-fn lstat(path: &Path) -> HomeResult<HomeAttr> {
-    Ok(attr_of(&std::fs::symlink_metadata(path)?))
+fn stat_at(dir: RawFd, path: &CStr) -> HomeResult<HomeAttr> {
+    // SAFETY: stat is plain data; zeroed is a valid initial value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `st` a valid out-pointer for the duration of the call.
+    check(unsafe { libc::fstatat(dir, path.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+    Ok(attr_of(&st))
 }
 
-fn apply_owner(path: &Path, owner: Owner) -> HomeResult<()> {
+fn stat_fd(file: &File) -> HomeResult<HomeAttr> {
+    // SAFETY: stat is plain data; zeroed is a valid initial value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `file` is an open descriptor and `st` a valid out-pointer for the duration of the call.
+    check(unsafe { libc::fstat(file.as_raw_fd(), &mut st) })?;
+    Ok(attr_of(&st))
+}
+
+fn open_at(dir: RawFd, path: &CStr, flags: libc::c_int, mode: u32) -> HomeResult<File> {
+    // SAFETY: `path` is NUL-terminated for the duration of the call.
+    let fd = unsafe { libc::openat(dir, path.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+fn chown_at(dir: RawFd, path: &CStr, owner: Owner) -> HomeResult<()> {
     if owner.uid.is_none() && owner.gid.is_none() {
         return Ok(());
     }
-    let c = cpath(path)?;
     let uid = owner.uid.unwrap_or(u32::MAX);
     let gid = owner.gid.unwrap_or(u32::MAX);
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    check(unsafe { libc::lchown(c.as_ptr(), uid, gid) })
+    // SAFETY: `path` is NUL-terminated for the duration of the call.
+    check(unsafe { libc::fchownat(dir, path.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
 }
 
 fn timespec(t: Option<TimeSet>) -> libc::timespec {
@@ -196,60 +235,88 @@ fn timespec(t: Option<TimeSet>) -> libc::timespec {
     }
 }
 
+fn kind_of_dtype(d_type: u8) -> Option<FileKind> {
+    Some(match d_type {
+        libc::DT_DIR => FileKind::Dir,
+        libc::DT_LNK => FileKind::Symlink,
+        libc::DT_FIFO => FileKind::Fifo,
+        libc::DT_SOCK => FileKind::Socket,
+        libc::DT_CHR => FileKind::CharDevice,
+        libc::DT_BLK => FileKind::BlockDevice,
+        libc::DT_REG => FileKind::File,
+        _ => return None,
+    })
+}
+
+fn list_at(dir: RawFd, path: &CStr) -> HomeResult<Vec<DirEntry>> {
+    let file = open_at(dir, path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` is an open directory descriptor; on success the DIR stream owns it.
+    let stream = unsafe { libc::fdopendir(fd) };
+    if stream.is_null() {
+        let e = last_error();
+        // SAFETY: fdopendir failed, so `fd` is still ours to close.
+        unsafe { libc::close(fd) };
+        return Err(e);
+    }
+    let mut out = Vec::new();
+    let result = loop {
+        // SAFETY: resetting errno of this thread, to tell the end of the stream from an error.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: `stream` is a valid, open DIR stream.
+        let ent = unsafe { libc::readdir64(stream) };
+        if ent.is_null() {
+            // SAFETY: reading errno of this thread.
+            let errno = unsafe { *libc::__errno_location() };
+            break if errno == 0 { Ok(()) } else { Err(from_errno(errno)) };
+        }
+        // SAFETY: `ent` points to a valid dirent until the next readdir on this stream.
+        let (name, d_type) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()).to_owned(), (*ent).d_type) };
+        let bytes = name.as_bytes();
+        if bytes == b"." || bytes == b".." {
+            continue;
+        }
+        let kind = match kind_of_dtype(d_type) {
+            Some(k) => k,
+            // SAFETY: `stream` is valid; dirfd gives its descriptor without transferring ownership.
+            None => match stat_at(unsafe { libc::dirfd(stream) }, &name) {
+                Ok(a) => a.kind,
+                // Gone between readdir and the type lookup: skip it.
+                Err(_) => continue,
+            },
+        };
+        out.push(DirEntry {
+            name: OsString::from_vec(bytes.to_vec()),
+            kind,
+            attr: None,
+        });
+    };
+    // SAFETY: `stream` is valid and closed exactly once.
+    unsafe { libc::closedir(stream) };
+    result.map(|()| out)
+}
+
 impl Home for PosixHome {
     fn describe(&self) -> String {
         format!("file://{}", self.root.display())
     }
 
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
-        let p = self.full(path);
-        self.run(move || lstat(&p))
+        let (root, p) = self.at(path)?;
+        self.run(move || stat_at(root.as_raw_fd(), &p))
     }
 
     fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
-        let p = self.full(path);
-        self.run(move || {
-            let mut out = Vec::new();
-            for entry in std::fs::read_dir(&p)? {
-                let entry = entry?;
-                let kind = match entry.file_type() {
-                    Ok(t) => {
-                        use std::os::unix::fs::FileTypeExt;
-                        if t.is_dir() {
-                            FileKind::Dir
-                        } else if t.is_symlink() {
-                            FileKind::Symlink
-                        } else if t.is_fifo() {
-                            FileKind::Fifo
-                        } else if t.is_socket() {
-                            FileKind::Socket
-                        } else if t.is_char_device() {
-                            FileKind::CharDevice
-                        } else if t.is_block_device() {
-                            FileKind::BlockDevice
-                        } else {
-                            FileKind::File
-                        }
-                    }
-                    // Gone between readdir and the type lookup: skip it.
-                    Err(_) => continue,
-                };
-                out.push(DirEntry {
-                    name: entry.file_name(),
-                    kind,
-                    attr: None,
-                });
-            }
-            Ok(out)
-        })
+        let (root, p) = self.at(path)?;
+        self.run(move || list_at(root.as_raw_fd(), &p))
     }
 
     fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
-        let p = self.full(path);
+        let (root, p) = self.at(path)?;
         let version = version.clone();
         self.run(move || {
-            let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&p)?;
-            if attr_of(&file.metadata()?).version != version {
+            let file = open_at(root.as_raw_fd(), &p, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
+            if stat_fd(&file)?.version != version {
                 return Err(HomeError::Stale);
             }
             let mut buf = vec![0u8; len];
@@ -263,7 +330,7 @@ impl Home for PosixHome {
                 }
             }
             buf.truncate(done);
-            if attr_of(&file.metadata()?).version != version {
+            if stat_fd(&file)?.version != version {
                 return Err(HomeError::Stale);
             }
             Ok(buf)
@@ -271,81 +338,94 @@ impl Home for PosixHome {
     }
 
     fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>> {
-        let p = self.full(path);
-        self.run(move || Ok(std::fs::read_link(&p)?.into_os_string().into_vec()))
+        let (root, p) = self.at(path)?;
+        self.run(move || {
+            let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+            // SAFETY: `p` is NUL-terminated and `buf` is writable for its whole length.
+            let n = unsafe { libc::readlinkat(root.as_raw_fd(), p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                return Err(last_error());
+            }
+            buf.truncate(n as usize);
+            Ok(buf)
+        })
     }
 
     fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        let p = self.full(path);
+        let (root, p) = self.at(path)?;
         self.run(move || {
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode & 0o7777)
-                .open(&p)?;
-            apply_owner(&p, owner)?;
-            // Owner changes clear setuid/setgid; put the requested bits back.
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+            let file = open_at(root.as_raw_fd(), &p, flags, mode & 0o7777)?;
             if owner.uid.is_some() || owner.gid.is_some() {
-                std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode & 0o7777))?;
+                let (uid, gid) = (owner.uid.unwrap_or(u32::MAX), owner.gid.unwrap_or(u32::MAX));
+                // SAFETY: `file` is an open descriptor.
+                check(unsafe { libc::fchown(file.as_raw_fd(), uid, gid) })?;
+                // An owner change clears setuid/setgid; put the requested bits back.
+                // SAFETY: `file` is an open descriptor.
+                check(unsafe { libc::fchmod(file.as_raw_fd(), mode & 0o7777) })?;
             }
-            Ok(attr_of(&file.metadata()?))
+            stat_fd(&file)
         })
     }
 
     fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        let p = self.full(path);
+        let (root, p) = self.at(path)?;
         self.run(move || {
-            let c = cpath(&p)?;
-            // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-            check(unsafe { libc::mkdir(c.as_ptr(), (mode & 0o7777) as libc::mode_t) })?;
-            apply_owner(&p, owner)?;
-            lstat(&p)
+            // SAFETY: `p` is NUL-terminated for the duration of the call.
+            check(unsafe { libc::mkdirat(root.as_raw_fd(), p.as_ptr(), (mode & 0o7777) as libc::mode_t) })?;
+            chown_at(root.as_raw_fd(), &p, owner)?;
+            stat_at(root.as_raw_fd(), &p)
         })
     }
 
     fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
-        let p = self.full(path);
+        let (root, p) = self.at(path)?;
         self.run(move || {
-            let c = cpath(&p)?;
-            // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-            check(unsafe { libc::mknod(c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })?;
-            apply_owner(&p, owner)?;
-            lstat(&p)
+            // SAFETY: `p` is NUL-terminated for the duration of the call.
+            check(unsafe { libc::mknodat(root.as_raw_fd(), p.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })?;
+            chown_at(root.as_raw_fd(), &p, owner)?;
+            stat_at(root.as_raw_fd(), &p)
         })
     }
 
     fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
-        let p = self.full(path);
-        let target = OsString::from_vec(target.to_vec());
+        let (root, p) = self.at(path)?;
+        let target = CString::new(target.to_vec()).map_err(|_| HomeError::InvalidName("target contains NUL".into()))?;
         self.run(move || {
-            std::os::unix::fs::symlink(&target, &p)?;
-            apply_owner(&p, owner)?;
-            lstat(&p)
+            // SAFETY: both strings are NUL-terminated for the duration of the call.
+            check(unsafe { libc::symlinkat(target.as_ptr(), root.as_raw_fd(), p.as_ptr()) })?;
+            chown_at(root.as_raw_fd(), &p, owner)?;
+            stat_at(root.as_raw_fd(), &p)
         })
     }
 
     fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
-        let (from, to) = (self.full(existing), self.full(new));
+        let (root, from) = self.at(existing)?;
+        let (_, to) = self.at(new)?;
         self.run(move || {
-            std::fs::hard_link(&from, &to)?;
-            lstat(&to)
+            let fd = root.as_raw_fd();
+            // SAFETY: both paths are NUL-terminated for the duration of the call.
+            check(unsafe { libc::linkat(fd, from.as_ptr(), fd, to.as_ptr(), 0) })?;
+            stat_at(fd, &to)
         })
     }
 
     fn unlink(&self, path: &Path) -> HomeResult<()> {
-        let p = self.full(path);
-        self.run(move || Ok(std::fs::remove_file(&p)?))
+        let (root, p) = self.at(path)?;
+        // SAFETY: `p` is NUL-terminated for the duration of the call.
+        self.run(move || check(unsafe { libc::unlinkat(root.as_raw_fd(), p.as_ptr(), 0) }))
     }
 
     fn rmdir(&self, path: &Path) -> HomeResult<()> {
-        let p = self.full(path);
-        self.run(move || Ok(std::fs::remove_dir(&p)?))
+        let (root, p) = self.at(path)?;
+        // SAFETY: `p` is NUL-terminated for the duration of the call.
+        self.run(move || check(unsafe { libc::unlinkat(root.as_raw_fd(), p.as_ptr(), libc::AT_REMOVEDIR) }))
     }
 
     fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
-        let (from, to) = (self.full(from), self.full(to));
+        let (root, from) = self.at(from)?;
+        let (_, to) = self.at(to)?;
         self.run(move || {
-            let (cf, ct) = (cpath(&from)?, cpath(&to)?);
             let mut raw = 0;
             if flags.no_replace {
                 raw |= libc::RENAME_NOREPLACE;
@@ -353,18 +433,20 @@ impl Home for PosixHome {
             if flags.exchange {
                 raw |= libc::RENAME_EXCHANGE;
             }
-            // SAFETY: both paths are valid NUL-terminated strings for the duration of the call.
-            check(unsafe { libc::renameat2(libc::AT_FDCWD, cf.as_ptr(), libc::AT_FDCWD, ct.as_ptr(), raw) })
+            let fd = root.as_raw_fd();
+            // SAFETY: both paths are NUL-terminated for the duration of the call.
+            check(unsafe { libc::renameat2(fd, from.as_ptr(), fd, to.as_ptr(), raw) })
         })
     }
 
     fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
-        let p = self.full(path);
+        let (root, p) = self.at(path)?;
         let changes = changes.clone();
         self.run(move || {
-            let c = cpath(&p)?;
+            let fd = root.as_raw_fd();
             if changes.uid.is_some() || changes.gid.is_some() {
-                apply_owner(
+                chown_at(
+                    fd,
                     &p,
                     Owner {
                         uid: changes.uid,
@@ -373,21 +455,19 @@ impl Home for PosixHome {
                 )?;
             }
             if let Some(perm) = changes.perm {
-                // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-                check(unsafe { libc::fchmodat(libc::AT_FDCWD, c.as_ptr(), perm & 0o7777, 0) })?;
+                // SAFETY: `p` is NUL-terminated for the duration of the call.
+                check(unsafe { libc::fchmodat(fd, p.as_ptr(), perm & 0o7777, 0) })?;
             }
             if let Some(size) = changes.size {
-                // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-                check(unsafe { libc::truncate(c.as_ptr(), size as libc::off_t) })?;
+                let file = open_at(fd, &p, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?;
+                file.set_len(size)?;
             }
             if changes.atime.is_some() || changes.mtime.is_some() {
                 let times = [timespec(changes.atime), timespec(changes.mtime)];
-                // SAFETY: `c` is a valid path and `times` an array of two timespecs, as utimensat requires.
-                check(unsafe {
-                    libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
-                })?;
+                // SAFETY: `p` is NUL-terminated and `times` two timespecs, as utimensat requires.
+                check(unsafe { libc::utimensat(fd, p.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
             }
-            lstat(&p)
+            stat_at(fd, &p)
         })
     }
 
@@ -399,14 +479,14 @@ impl Home for PosixHome {
         size: u64,
         base: Option<&Version>,
     ) -> HomeResult<HomeAttr> {
-        let p = self.full(path);
+        let (root, p) = self.at(path)?;
         let source = source.try_clone()?;
         let ranges = ranges.to_vec();
         let base = base.cloned();
         self.run(move || {
-            let file = OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(&p)?;
+            let file = open_at(root.as_raw_fd(), &p, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?;
             if let Some(base) = base
-                && attr_of(&file.metadata()?).version != base
+                && stat_fd(&file)?.version != base
             {
                 return Err(HomeError::Conflict);
             }
@@ -425,22 +505,21 @@ impl Home for PosixHome {
                     pos += got as u64;
                 }
             }
-            if file.metadata()?.size() != size {
+            if stat_fd(&file)?.size != size {
                 file.set_len(size)?;
             }
             file.sync_all()?;
-            Ok(attr_of(&file.metadata()?))
+            stat_fd(&file)
         })
     }
 
     fn statfs(&self) -> HomeResult<StatFs> {
-        let p = self.root.clone();
+        let root = self.root_fd.clone();
         self.run(move || {
-            let c = cpath(&p)?;
             // SAFETY: statvfs is plain data; zeroed is a valid initial value.
             let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-            // SAFETY: `c` is a valid path and `s` a valid out-pointer for the duration of the call.
-            check(unsafe { libc::statvfs(c.as_ptr(), &mut s) })?;
+            // SAFETY: `root` is an open descriptor and `s` a valid out-pointer for the duration of the call.
+            check(unsafe { libc::fstatvfs(root.as_raw_fd(), &mut s) })?;
             Ok(StatFs {
                 blocks: s.f_blocks,
                 blocks_free: s.f_bfree,
@@ -462,7 +541,7 @@ mod tests {
     fn read_detects_a_replaced_file() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), b"hello world").unwrap();
-        let home = PosixHome::new(dir.path(), Some(Duration::from_secs(5)));
+        let home = PosixHome::new(dir.path(), Some(Duration::from_secs(5))).unwrap();
         let attr = home.stat(Path::new("f")).unwrap();
         assert_eq!(attr.kind, FileKind::File);
         assert_eq!(home.read(Path::new("f"), &attr.version, 6, 100).unwrap(), b"world");
@@ -477,7 +556,7 @@ mod tests {
     #[test]
     fn write_pushes_ranges_and_size() {
         let dir = tempfile::tempdir().unwrap();
-        let home = PosixHome::new(dir.path(), None);
+        let home = PosixHome::new(dir.path(), None).unwrap();
         let attr = home.create(Path::new("f"), 0o644, Owner::default()).unwrap();
         assert_eq!(attr.size, 0);
         let src_path = dir.path().join("src");
@@ -507,7 +586,7 @@ mod tests {
     #[test]
     fn errors_are_classified() {
         let dir = tempfile::tempdir().unwrap();
-        let home = PosixHome::new(dir.path(), None);
+        let home = PosixHome::new(dir.path(), None).unwrap();
         assert!(matches!(home.stat(Path::new("missing")), Err(HomeError::NotFound)));
         home.mkdir(Path::new("d"), 0o755, Owner::default()).unwrap();
         home.create(Path::new("d/f"), 0o644, Owner::default()).unwrap();

@@ -41,6 +41,9 @@ pub struct Version(pub String);
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HomeAttr {
     pub kind: FileKind,
+    /// The object's identity at home where it has one (a POSIX inode number), else 0. Names with the same
+    /// non-zero id are hard links to one object.
+    pub id: u64,
     pub size: u64,
     /// Permission bits including setuid, setgid and sticky (`0o7777`).
     pub perm: u32,

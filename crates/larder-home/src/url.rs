@@ -40,7 +40,9 @@ pub fn open_home(spec: &HomeSpec) -> Result<(Arc<dyn Home>, Arc<HomeCounters>), 
     }
     std::fs::read_dir(&root).map_err(|e| format!("home '{}' cannot be read: {e}", root.display()))?;
     let counters = Arc::new(HomeCounters::default());
-    let mut home: Arc<dyn Home> = Arc::new(PosixHome::new(root, spec.op_timeout));
+    let posix = PosixHome::new(&root, spec.op_timeout)
+        .map_err(|e| format!("home '{}' cannot be opened: {e}", root.display()))?;
+    let mut home: Arc<dyn Home> = Arc::new(posix);
     if let Some(wan) = spec.wan {
         home = Arc::new(Layered::new(home, WanLayer::new(wan)));
     }
