@@ -372,7 +372,15 @@ impl Fs {
         attr: Option<HomeAttr>,
     ) -> FsResult<u64> {
         if let Some(&ino) = ns.inode(parent)?.children.get(name) {
-            if ns.inodes.get(&ino).is_some_and(|n| n.kind == kind) {
+            let node = ns.inode(ino)?;
+            // A placeholder from a listing that turns out to be another name of a known object.
+            let placeholder_of_link = node.attr.is_none()
+                && node.kind == kind
+                && attr
+                    .as_ref()
+                    .and_then(|a| linked_inode(ns, kind, a))
+                    .is_some_and(|other| other != ino);
+            if node.kind == kind && !placeholder_of_link {
                 if let Some(attr) = attr {
                     self.update_attr(ns, ino, attr);
                 }

@@ -340,6 +340,9 @@ fn hard_links_are_one_inode_with_several_names() {
     std::fs::write(s.home("a"), b"shared").unwrap();
     std::fs::hard_link(s.home("a"), s.home("b")).unwrap();
     let (fs, _) = s.fs(Duration::from_secs(3600));
+    // Listed first: both names are placeholders until looked up.
+    let fh = fs.opendir(1).unwrap();
+    assert_eq!(fs.readdir(fh, 2).unwrap().len(), 2);
     let a = resolve(&fs, "a").unwrap();
     assert_eq!(resolve(&fs, "b").unwrap(), a, "a link made at home is the same inode");
     let c = fs.link(a, 1, OsStr::new("c")).unwrap();

@@ -153,7 +153,8 @@ pub(crate) fn attr_of(st: &libc::stat) -> HomeAttr {
     let mode = st.st_mode;
     HomeAttr {
         kind: FileKind::from_mode(mode),
-        id: st.st_ino,
+        // Unique across the file systems a home directory may span.
+        id: st.st_ino ^ st.st_dev.wrapping_mul(0x9e37_79b9_7f4a_7c15),
         size: st.st_size as u64,
         perm: mode & 0o7777,
         uid: st.st_uid,
