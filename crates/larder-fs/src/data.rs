@@ -196,17 +196,7 @@ impl Fs {
             let chunk = match cached {
                 Some(d) => d,
                 None => {
-                    let block = self
-                        .core
-                        .fetch(object, index, &path, &version, file_size)
-                        .map_err(|e| {
-                            if matches!(e, HomeError::Stale)
-                                && let Ok(node) = lock(&self.ns).inode_mut(ino)
-                            {
-                                node.checked = None;
-                            }
-                            FsError::Home(e)
-                        })?;
+                    let block = self.fetch_block(ino, object, index, &path, &version, file_size)?;
                     let from = (within as usize).min(block.len());
                     let to = (within as usize + want).min(block.len());
                     block[from..to].to_vec()
@@ -265,7 +255,7 @@ impl Fs {
             }
             // A partly written block that holds home data: bring it in first, as dirty, so eviction cannot
             // take it before the new bytes land.
-            let block = self.core.fetch(object, index as u32, &path, &version, size)?;
+            let block = self.fetch_block(ino, object, index as u32, &path, &version, size)?;
             self.core.store.write(object, start, &block)?;
         }
         self.core.store.write(object, offset, data)?;
@@ -279,6 +269,46 @@ impl Fs {
             a.ctime = now;
         }
         Ok(data.len() as u32)
+    }
+
+    /// Fetch block `index` of `ino`'s current object. Our own push changes the version at home under a
+    /// fetch already in flight (any `close` of any descriptor pushes); the blocks it fetches are not the
+    /// ones pushed (those are cached, dirty), so once that push has been adopted the fetch is retried at
+    /// the new version. A version that moved behind our back is `ESTALE`.
+    fn fetch_block(
+        &self,
+        ino: u64,
+        object: u64,
+        index: u32,
+        path: &Path,
+        version: &Version,
+        file_size: u64,
+    ) -> FsResult<Arc<Vec<u8>>> {
+        let (mut path, mut version, mut file_size) = (path.to_path_buf(), version.clone(), file_size);
+        for _ in 0..4 {
+            match self.core.fetch(object, index, &path, &version, file_size) {
+                Err(HomeError::Stale) => {
+                    // Wait for a push of this file under way, then see whether it explains the change.
+                    let flush_lock = lock(&self.ns).inode(ino)?.flush_lock.clone();
+                    drop(lock(&flush_lock));
+                    let mut ns = lock(&self.ns);
+                    let node = ns.inode(ino)?;
+                    let current = node.attr.as_ref().map(|a| (a.version.clone(), a.size));
+                    match current {
+                        Some((v, size)) if node.object == object && v != version => {
+                            (version, file_size) = (v, size);
+                            path = ns.path_of(ino)?;
+                        }
+                        _ => {
+                            ns.inode_mut(ino)?.checked = None;
+                            return Err(FsError::Home(HomeError::Stale));
+                        }
+                    }
+                }
+                other => return other.map_err(FsError::Home),
+            }
+        }
+        Err(FsError::Home(HomeError::Stale))
     }
 
     /// Push pending writes of the file behind `fh` to home (close and fsync).

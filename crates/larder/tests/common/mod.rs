@@ -1,0 +1,524 @@
+//! The harness of the mount tests: a temporary home, mount point and cache dir per test, running the
+//! `larder` binary with deadlines, a [`Mount`] guard that always unmounts, status snapshots, and random
+//! file content from a small PRNG.
+
+// Each test binary that includes this module uses a subset of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The binary under test.
+pub const LARDER: &str = env!("CARGO_BIN_EXE_larder");
+
+/// How long any single `larder` command may take before the test fails.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Fail loudly (not skip) when the machine cannot run FUSE tests.
+pub fn require_fuse() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the larder mount tests must run as root (euid is {euid}): they mount FUSE file systems, chown and umount"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: the mount tests need FUSE (load the fuse module / pass the device to the container)"
+    );
+}
+
+/// The output of one finished command.
+#[derive(Debug)]
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+impl std::fmt::Display for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+    });
+    rx
+}
+
+/// Run `program args`, killing it and failing the test if it takes longer than `deadline`.
+pub fn run_cmd(program: &str, args: &[&str], deadline: Duration) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let out = drain(child.stdout.take().expect("stdout pipe"));
+    let err = drain(child.stderr.take().expect("stderr pipe"));
+    let until = Instant::now() + deadline;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for child") {
+            break s;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`{program} {}` did not finish within {deadline:?}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The pipes close when the child exits (the daemon larder starts does not inherit them).
+    let stdout = out.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    let stderr = err.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    Output {
+        code: status.code(),
+        stdout,
+        stderr,
+    }
+}
+
+/// Run `larder args`.
+pub fn larder(args: &[&str]) -> Output {
+    run_cmd(LARDER, args, COMMAND_DEADLINE)
+}
+
+/// `p` as a &str (all test paths are UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
+
+/// A fresh temporary directory under /tmp holding `home/`, `mnt/` and `cache/`.
+pub struct TestDir {
+    pub tmp: tempfile::TempDir,
+    pub home: PathBuf,
+    pub mnt: PathBuf,
+    pub cache: PathBuf,
+}
+
+impl TestDir {
+    pub fn new(name: &str) -> TestDir {
+        require_fuse();
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("larder-test-{name}-"))
+            .tempdir_in("/tmp")
+            .expect("create a temp dir under /tmp");
+        let root = tmp.path().to_path_buf();
+        let (home, mnt, cache) = (root.join("home"), root.join("mnt"), root.join("cache"));
+        for d in [&home, &mnt] {
+            std::fs::create_dir(d).expect("create test dir");
+        }
+        TestDir { tmp, home, mnt, cache }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// Mount this dir's home at its mount point with its cache dir and `extra` options.
+    pub fn mount(&self, extra: &[&str]) -> Mount {
+        Mount::new(&self.home, &self.mnt, &self.cache, extra)
+    }
+}
+
+/// Whether a mount of any kind is at `mnt` (from /proc/self/mountinfo; never touches the mount itself).
+pub fn is_mounted(mnt: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = mnt.to_string_lossy().replace(' ', "\\040");
+    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|f| f == want))
+}
+
+/// Whether process `pid` exists (zombies of our own children count; the daemons are not our children).
+pub fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// Whether `pid` is (still) a larder daemon, so cleanup never signals a process that reused its pid.
+pub fn is_larder_daemon(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+        args.first().is_some_and(|a| a.ends_with(b"larder")) && args.contains(&&b"--foreground"[..])
+    })
+}
+
+/// Send `sig` to `pid`.
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill has no memory preconditions.
+    let r = unsafe { libc::kill(pid, sig) };
+    assert_eq!(r, 0, "kill({pid}, {sig}) failed: {}", std::io::Error::last_os_error());
+}
+
+/// Poll `f` every 20 ms until it is true or `deadline` passes; returns whether it became true.
+pub fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + deadline;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn fnv64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// The control socket larder uses for `mnt` (root): removed after a forced cleanup.
+fn socket_path(mnt: &Path) -> PathBuf {
+    PathBuf::from("/run/larder").join(format!("{:016x}.sock", fnv64(mnt.as_os_str().as_bytes())))
+}
+
+/// A live larder mount. Dropping it unmounts (`larder unmount`, else a lazy unmount and SIGKILL of the
+/// daemon), so a failing test never leaves a mount behind.
+pub struct Mount {
+    pub mnt: PathBuf,
+    pub cache: PathBuf,
+    pub pid: i32,
+    done: bool,
+}
+
+fn parse_pid(stdout: &str) -> Option<i32> {
+    let start = stdout.rfind("(pid ")? + 5;
+    let end = stdout[start..].find(')')? + start;
+    stdout[start..end].trim().parse().ok()
+}
+
+impl Mount {
+    /// Mount `home` at `mnt` with `--cache-dir cache` and `extra`; fails the test with larder's message
+    /// and log if it cannot.
+    pub fn new(home: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        match Mount::try_new(home, mnt, cache, extra) {
+            Ok(m) => m,
+            Err(out) => panic!(
+                "larder mount {} {} failed:\n{out}\n--- daemon log ---\n{}",
+                home.display(),
+                mnt.display(),
+                log_tail(cache, 60)
+            ),
+        }
+    }
+
+    /// Like [`Mount::new`], returning the command's output on failure.
+    pub fn try_new(home: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Result<Mount, Output> {
+        let mut args: Vec<String> = vec![
+            "mount".into(),
+            s(home).into(),
+            s(mnt).into(),
+            "--cache-dir".into(),
+            s(cache).into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = larder(&argv);
+        if !out.success() {
+            return Err(out);
+        }
+        let mnt = std::fs::canonicalize(mnt).expect("canonical mount point");
+        let pid = parse_pid(&out.stdout)
+            .or_else(|| status(&mnt)["pid"].as_i64().map(|p| p as i32))
+            .unwrap_or_else(|| panic!("no daemon pid in `larder mount` output:\n{out}"));
+        assert!(
+            is_mounted(&mnt),
+            "larder mount succeeded but nothing is mounted at {}:\n{out}",
+            mnt.display()
+        );
+        Ok(Mount {
+            mnt,
+            cache: cache.to_path_buf(),
+            pid,
+            done: false,
+        })
+    }
+
+    /// `larder status --json` of this mount.
+    pub fn status(&self) -> Value {
+        status(&self.mnt)
+    }
+
+    /// A path inside the mount.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// The end of the daemon's log.
+    pub fn log(&self) -> String {
+        log_tail(&self.cache, 80)
+    }
+
+    /// `larder unmount`; fails the test if it does not succeed. The daemon must be gone afterwards.
+    pub fn unmount(mut self) {
+        let out = larder(&["unmount", s(&self.mnt), "--timeout", "20s"]);
+        assert!(
+            out.success(),
+            "larder unmount {} failed:\n{out}\n--- daemon log ---\n{}",
+            self.mnt.display(),
+            self.log()
+        );
+        self.done = true;
+        assert!(
+            wait_until(Duration::from_secs(10), || !alive(self.pid)),
+            "the daemon (pid {}) is still alive after larder unmount",
+            self.pid
+        );
+        assert!(
+            !is_mounted(&self.mnt),
+            "{} is still mounted after larder unmount",
+            self.mnt.display()
+        );
+    }
+
+    /// Forget this mount without unmounting (after the test has taken it down itself, e.g. by SIGKILL and
+    /// a new mount on the same mount point).
+    pub fn disarm(mut self) {
+        self.done = true;
+    }
+
+    /// Force the mount away: lazy unmount and SIGKILL.
+    pub fn force_cleanup(&self) {
+        if is_larder_daemon(self.pid) {
+            // SAFETY: signals to our own daemon.
+            unsafe {
+                libc::kill(self.pid, libc::SIGCONT);
+            }
+        }
+        if is_mounted(&self.mnt) {
+            let c = CString::new(self.mnt.as_os_str().as_bytes()).expect("path");
+            // SAFETY: valid NUL-terminated path.
+            unsafe {
+                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+            }
+        }
+        if is_larder_daemon(self.pid) {
+            // SAFETY: our own daemon.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
+            wait_until(Duration::from_secs(5), || !alive(self.pid));
+        }
+        let _ = std::fs::remove_file(socket_path(&self.mnt));
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- larder log of {} (pid {}) ---\n{}",
+                self.mnt.display(),
+                self.pid,
+                self.log()
+            );
+        }
+        // A stopped daemon (SIGSTOP in a test) must run again to unmount cleanly.
+        if is_larder_daemon(self.pid) {
+            // SAFETY: signal to our own daemon.
+            unsafe {
+                libc::kill(self.pid, libc::SIGCONT);
+            }
+        }
+        if is_mounted(&self.mnt) {
+            let out = run_cmd(
+                LARDER,
+                &["unmount", s(&self.mnt), "--timeout", "10s"],
+                Duration::from_secs(20),
+            );
+            if !out.success() {
+                eprintln!("larder unmount {} failed in cleanup: {out}", self.mnt.display());
+            }
+        }
+        if is_mounted(&self.mnt) || is_larder_daemon(self.pid) {
+            self.force_cleanup();
+        }
+    }
+}
+
+/// `larder status MNT --json`, parsed; fails the test if the command fails.
+pub fn status(mnt: &Path) -> Value {
+    let out = larder(&["status", s(mnt), "--json"]);
+    assert!(out.success(), "larder status {} --json failed:\n{out}", mnt.display());
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status is not JSON ({e}):\n{}", out.stdout))
+}
+
+/// The unsigned number at JSON `pointer` of a status, failing the test if it is missing.
+pub fn num(v: &Value, pointer: &str) -> u64 {
+    v.pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("status has no number at {pointer}: {v}"))
+}
+
+/// The last `lines` lines of the daemon log in `cache`.
+pub fn log_tail(cache: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(cache.join("larder.log")) {
+        Ok(t) => {
+            let all: Vec<&str> = t.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(no log: {e})"),
+    }
+}
+
+/// xorshift64*: deterministic pseudo-random numbers for file contents, sizes and offsets.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Between `lo` and `hi` (inclusive) random bytes.
+    pub fn bytes_between(&mut self, lo: usize, hi: usize) -> Vec<u8> {
+        let n = lo + self.below((hi - lo) as u64 + 1) as usize;
+        self.bytes(n)
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+}
+
+/// Write `size` random bytes to `path` (creating parents); returns the content.
+pub fn write_random(path: &Path, size: usize, rng: &mut Rng) -> Vec<u8> {
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).expect("create parent dirs");
+    }
+    let data = rng.bytes(size);
+    std::fs::write(path, &data).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    data
+}
+
+/// Every regular file, directory and symlink under `root`, by relative path (sorted).
+pub fn walk(root: &Path) -> BTreeMap<PathBuf, std::fs::Metadata> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display())) {
+            let e = e.expect("dir entry");
+            let r = rel.join(e.file_name());
+            let m = std::fs::symlink_metadata(root.join(&r))
+                .unwrap_or_else(|err| panic!("lstat {}: {err}", root.join(&r).display()));
+            if m.is_dir() {
+                stack.push(r.clone());
+            }
+            out.insert(r, m);
+        }
+    }
+    out
+}
+
+/// Names in directory `dir`, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Read a whole file, failing the test with the path on error.
+pub fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Assert two byte strings are equal without printing megabytes: names the first difference.
+#[track_caller]
+pub fn assert_same_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got == want {
+        return;
+    }
+    let first = got.iter().zip(want).position(|(a, b)| a != b);
+    panic!(
+        "{what}: content differs (got {} bytes, want {} bytes; first differing offset {:?})",
+        got.len(),
+        want.len(),
+        first.or(Some(got.len().min(want.len())))
+    );
+}
+
+/// Run `f` on a thread; fail the test if it does not finish within `deadline` (the thread is left behind).
+pub fn with_deadline<T: Send + 'static>(deadline: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(v) => v,
+        Err(_) => panic!("{what} did not finish within {deadline:?} (it hangs)"),
+    }
+}
+
+/// Set the mtime of `path` to `secs` after the epoch (atime likewise).
+pub fn set_mtime(path: &Path, secs: i64) {
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(secs as u64);
+    let f = std::fs::File::options()
+        .write(true)
+        .open(path)
+        .expect("open for set_times");
+    f.set_times(std::fs::FileTimes::new().set_accessed(t).set_modified(t))
+        .expect("set_times");
+}
+
+/// The mtime of `path` in whole seconds.
+pub fn mtime_secs(path: &Path) -> i64 {
+    std::fs::metadata(path).expect("stat").mtime()
+}
