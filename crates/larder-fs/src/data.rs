@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use larder_home::{FileKind, HomeError, SetAttr, Version};
 
-use crate::namespace::{Core, FetchResult, Fs, Handle, lock};
+use crate::namespace::{Core, FetchResult, Fs, lock};
 use crate::readahead::Job;
 use crate::{Entry, FsError, FsResult, OpenReply};
 
@@ -82,23 +82,7 @@ impl Fs {
         if let Some(path) = path {
             self.revalidate(ino, &path)?;
         }
-        let mut ns = lock(&self.ns);
-        let node = ns.inode_mut(ino)?;
-        node.opens += 1;
-        let keep_cache = node.kernel_object == node.object && node.object != 0;
-        node.kernel_object = node.object;
-        let fh = ns.next_fh;
-        ns.next_fh += 1;
-        ns.handles.insert(
-            fh,
-            Handle {
-                ino,
-                entries: None,
-                next_offset: 0,
-                window: 0,
-            },
-        );
-        Ok(OpenReply { fh, keep_cache })
+        lock(&self.ns).open_handle(ino)
     }
 
     /// Create and open a regular file. An existing file is opened instead unless `O_EXCL` is given.
@@ -113,23 +97,8 @@ impl Fs {
     ) -> FsResult<(Entry, OpenReply)> {
         match self.create_file(parent, name, mode, uid, gid) {
             Ok(entry) => {
-                let mut ns = lock(&self.ns);
-                let ino = entry.attr.ino;
-                let node = ns.inode_mut(ino)?;
-                node.opens += 1;
-                node.kernel_object = node.object;
-                let fh = ns.next_fh;
-                ns.next_fh += 1;
-                ns.handles.insert(
-                    fh,
-                    Handle {
-                        ino,
-                        entries: None,
-                        next_offset: 0,
-                        window: 0,
-                    },
-                );
-                Ok((entry, OpenReply { fh, keep_cache: false }))
+                let reply = lock(&self.ns).open_handle(entry.attr.ino)?;
+                Ok((entry, reply))
             }
             Err(FsError::Home(HomeError::Exists)) if flags & libc::O_EXCL == 0 => {
                 let mut entry = self.lookup(parent, name)?;

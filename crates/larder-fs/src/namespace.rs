@@ -13,7 +13,7 @@ use larder_home::{FileKind, Home, HomeAttr, HomeError, Owner, RenameFlags, SetAt
 
 use crate::readahead::Readahead;
 use crate::record::{AttrRecord, InodeRecord};
-use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats};
+use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
 
 pub(crate) const ROOT: u64 = 1;
 const NAME_MAX: usize = 255;
@@ -177,6 +177,33 @@ impl Namespace {
             }
         }
         Ok(parts.iter().rev().collect())
+    }
+
+    /// Count an open of `ino` and give it a file handle. The kernel may keep its page cache for the file
+    /// when the pages it holds are of the version cached now.
+    pub fn open_handle(&mut self, ino: u64) -> FsResult<OpenReply> {
+        let node = self.inode_mut(ino)?;
+        node.opens += 1;
+        let keep_cache = node.kernel_object == node.object && node.object != 0;
+        node.kernel_object = node.object;
+        let fh = self.new_handle(ino, None);
+        Ok(OpenReply { fh, keep_cache })
+    }
+
+    /// A new handle of `ino`; directory handles carry the listing they were opened with.
+    pub fn new_handle(&mut self, ino: u64, entries: Option<Arc<Vec<DirItem>>>) -> u64 {
+        let fh = self.next_fh;
+        self.next_fh += 1;
+        self.handles.insert(
+            fh,
+            Handle {
+                ino,
+                entries,
+                next_offset: 0,
+                window: 0,
+            },
+        );
+        fh
     }
 
     fn child_path(&self, parent: u64, name: &OsStr) -> FsResult<PathBuf> {
@@ -870,19 +897,7 @@ impl Fs {
     /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let entries = Arc::new(self.listing(ino)?);
-        let mut ns = lock(&self.ns);
-        let fh = ns.next_fh;
-        ns.next_fh += 1;
-        ns.handles.insert(
-            fh,
-            crate::namespace::Handle {
-                ino,
-                entries: Some(entries),
-                next_offset: 0,
-                window: 0,
-            },
-        );
-        Ok(fh)
+        Ok(lock(&self.ns).new_handle(ino, Some(entries)))
     }
 
     /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).

@@ -18,15 +18,18 @@ pub struct WanSpec {
     pub bandwidth: Option<u64>,
 }
 
+/// A leading decimal number and the unit after it.
+fn split_number(s: &str) -> Option<(f64, &str)> {
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    Some((num.parse().ok()?, unit.trim()))
+}
+
 /// Parse a duration such as `20ms`, `1.5s`, `250us`, `2m` or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (try 20ms, 1.5s, 2m)"))?;
-    let secs = match unit.trim() {
+    let (value, unit) = split_number(s).ok_or_else(|| format!("'{s}' is not a duration (try 20ms, 1.5s, 2m)"))?;
+    let secs = match unit {
         "" | "s" | "sec" => value,
         "ms" => value / 1e3,
         "us" | "µs" => value / 1e6,
@@ -47,13 +50,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Parse a size such as `10GiB`, `512MiB`, `4k`, `1.5G` or a bare number of bytes (binary multiples).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (try 10GiB, 512MiB, 4KiB)"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let (value, unit) =
+        split_number(s.trim()).ok_or_else(|| format!("'{s}' is not a size (try 10GiB, 512MiB, 4KiB)"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
