@@ -80,7 +80,8 @@ struct BlockEntry {
 
 #[derive(Default)]
 struct State {
-    blocks: HashMap<BlockKey, BlockEntry>,
+    /// Ordered by key, so the blocks of one object are one range.
+    blocks: BTreeMap<BlockKey, BlockEntry>,
     /// Clean blocks by last use: tick -> key.
     lru: BTreeMap<u64, BlockKey>,
     per_object: HashMap<u64, u32>,
@@ -349,12 +350,15 @@ impl Store {
         file.set_len(size).map_err(io_err)?;
         let bs = self.cfg.block_size;
         let mut st = lock(&self.state);
-        let doomed: Vec<BlockKey> = st
-            .blocks
-            .keys()
-            .filter(|(o, i)| *o == object && *i as u64 * bs >= size)
-            .copied()
-            .collect();
+        let first_gone = size.div_ceil(bs).min(u32::MAX as u64 + 1);
+        let doomed: Vec<BlockKey> = if first_gone > u32::MAX as u64 {
+            Vec::new()
+        } else {
+            st.blocks
+                .range((object, first_gone as u32)..=(object, u32::MAX))
+                .map(|(k, _)| *k)
+                .collect()
+        };
         for key in doomed {
             self.remove_locked(&mut st, key);
             self.db.submit(vec![Mutation::DelBlock {
@@ -388,7 +392,11 @@ impl Store {
         {
             let mut st = lock(&self.state);
             if st.per_object.contains_key(&object) {
-                let keys: Vec<BlockKey> = st.blocks.keys().filter(|(o, _)| *o == object).copied().collect();
+                let keys: Vec<BlockKey> = st
+                    .blocks
+                    .range((object, 0)..=(object, u32::MAX))
+                    .map(|(k, _)| *k)
+                    .collect();
                 for key in keys {
                     self.remove_locked(&mut st, key);
                 }

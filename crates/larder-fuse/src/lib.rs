@@ -135,7 +135,8 @@ macro_rules! span {
 
 impl Filesystem for LarderFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // AUTO_INVAL_DATA: when revalidated attributes show a new mtime or size, the kernel drops its pages.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_AUTO_INVAL_DATA);
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         Ok(())

@@ -50,7 +50,7 @@ impl<T: Layer> Layer for std::sync::Arc<T> {
     fn before(&self, op: OpKind, bytes_out: u64) -> HomeResult<()> {
         (**self).before(op, bytes_out)
     }
-    fn after(&self, op: OpKind, bytes_in: u64, ok: bool) {
-        (**self).after(op, bytes_in, ok)
+    fn after(&self, op: OpKind, bytes_in: u64, error: Option<&HomeError>) {
+        (**self).after(op, bytes_in, error)
     }
 }

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::{DirEntry, Home, HomeAttr, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version};
+use crate::{DirEntry, Home, HomeAttr, HomeError, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version};
 
 /// The kinds of home operation, for counters and emulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -80,8 +80,8 @@ pub trait Layer: Send + Sync + 'static {
     fn before(&self, _op: OpKind, _bytes_out: u64) -> HomeResult<()> {
         Ok(())
     }
-    /// Called after the operation with the bytes it brought back and whether it succeeded.
-    fn after(&self, _op: OpKind, _bytes_in: u64, _ok: bool) {}
+    /// Called after the operation with the bytes it brought back and its error, if it failed.
+    fn after(&self, _op: OpKind, _bytes_in: u64, _error: Option<&HomeError>) {}
 }
 
 /// A home wrapped in a layer.
@@ -106,8 +106,8 @@ impl<L: Layer> Layered<L> {
         self.layer.before(op, out)?;
         let result = f(self.inner.as_ref());
         match &result {
-            Ok(v) => self.layer.after(op, bytes_in(v), true),
-            Err(_) => self.layer.after(op, 0, false),
+            Ok(v) => self.layer.after(op, bytes_in(v), None),
+            Err(e) => self.layer.after(op, 0, Some(e)),
         }
         result
     }

@@ -141,7 +141,7 @@ impl Layer for WanLayer {
         self.transfer(bytes_out);
         Ok(())
     }
-    fn after(&self, _op: OpKind, bytes_in: u64, _ok: bool) {
+    fn after(&self, _op: OpKind, bytes_in: u64, _error: Option<&crate::HomeError>) {
         self.transfer(bytes_in);
     }
 }
@@ -173,7 +173,7 @@ mod tests {
         let start = Instant::now();
         std::thread::scope(|s| {
             for _ in 0..2 {
-                s.spawn(|| layer.after(OpKind::Read, 1 << 20, true));
+                s.spawn(|| layer.after(OpKind::Read, 1 << 20, None));
             }
         });
         // Two 1 MiB transfers over a 10 MiB/s link take at least 0.2 s together.

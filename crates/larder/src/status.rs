@@ -42,7 +42,7 @@ impl StatusSource {
             "validity_lag_seconds": self.fs.validity_lag().as_secs_f64(),
             "home": {
                 "url": self.home,
-                "state": "online",
+                "state": if c.unreachable() { "unreachable" } else { "online" },
                 "ops": c.ops(),
                 "errors": c.errors(),
                 "bytes_read": c.bytes_read(),

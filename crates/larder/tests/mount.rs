@@ -1041,12 +1041,24 @@ fn stopped_home_gives_eio_not_a_hang() {
     )
     .expect("cached y.bin must be served while home is stopped");
     assert_same_bytes(&got, &y, "cached y.bin while home is stopped");
+    assert_eq!(
+        outer.status()["home"]["state"],
+        "unreachable",
+        "status must say home stopped answering"
+    );
 
     drop(resume);
     assert!(
         wait_until(Duration::from_secs(5), || process_state(inner_pid) != Some('T')),
         "the inner daemon did not resume"
     );
+    // Once home answers again, the state says so.
+    let xp = outer.path("x.bin");
+    with_deadline(Duration::from_secs(10), "reading x.bin after home resumed", move || {
+        std::fs::read(&xp)
+    })
+    .expect("x.bin must be readable once home answers again");
+    assert_eq!(outer.status()["home"]["state"], "online");
     outer.unmount();
     inner.unmount();
 }
