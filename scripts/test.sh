@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit tests, integration tests on real FUSE mounts, and the
-# POSIX conformance suite (pjdfstest) against a larder mount. Run as root.
+# The whole test suite: formatting, lints, unit tests, integration tests on real FUSE mounts, data
+# integrity under random operations (fsx) and the POSIX conformance suite (pjdfstest) against larder
+# mounts. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -17,6 +18,9 @@ cargo clippy --all-targets -- -D warnings
 
 echo "== unit and integration tests"
 cargo test --workspace -- --test-threads=2
+
+echo "== data integrity under random operations (fsx)"
+./scripts/fsx.sh
 
 if [ "${SKIP_PJDFSTEST:-0}" != 1 ] && [ -x scripts/pjdfstest.sh ]; then
   echo "== POSIX conformance (pjdfstest)"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Data integrity of larder under random operations: run fsx (crates.io `fsx`, the file system exerciser:
+# reads, writes, truncates, mmap reads and writes, each checked against a model) on larder mounts, once
+# with default settings and once with a cache so small (4 KiB blocks, 16 KiB) that nearly every block is
+# evicted and fetched again. Bounded: fixed seeds and operation counts.
+#
+#   scripts/fsx.sh            prints "fsx: N passed, M failed" and exits non-zero on any failure
+#
+# Environment: LARDER_BIN (default: cargo build, target/debug/larder), FSX_OPS (default 3000 per run),
+# FSX_VERSION (installed when fsx is missing, default 0.3.2).
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+ops=${FSX_OPS:-3000}
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+
+say() { echo "fsx.sh: $*" >&2; }
+
+if ! command -v fsx >/dev/null 2>&1; then
+  say "installing fsx ${FSX_VERSION:-0.3.2}"
+  cargo install --locked fsx --version "${FSX_VERSION:-0.3.2}" >/dev/null 2>&1 || { say "cannot install fsx"; exit 2; }
+fi
+if [ -z "${LARDER_BIN:-}" ]; then
+  (cd "$root" && cargo build -p larder >/dev/null 2>&1) || { say "cannot build larder"; exit 2; }
+  LARDER_BIN=$root/target/debug/larder
+fi
+
+work=$(mktemp -d /var/tmp/larder-fsx.XXXXXX)
+cleanup() {
+  for m in "$work"/mnt*; do
+    [ -d "$m" ] && { "$LARDER_BIN" unmount "$m" >/dev/null 2>&1 || umount -l "$m" 2>/dev/null; }
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+passed=0 failed=0
+run_config() {
+  local name=$1; shift
+  mkdir -p "$work/home-$name" "$work/mnt-$name"
+  if ! "$LARDER_BIN" mount "$work/home-$name" "$work/mnt-$name" --cache-dir "$work/cache-$name" "$@" >/dev/null; then
+    say "cannot mount ($name)"; exit 2
+  fi
+  for seed in 1 2 3; do
+    if timeout 600 fsx -N "$ops" -S "$seed" -P "$work" "$work/mnt-$name/fsx-$seed.bin" >"$work/$name-$seed.log" 2>&1; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1))
+      say "fsx failed ($name, seed $seed):"; tail -20 "$work/$name-$seed.log" >&2
+      tail -20 "$work/cache-$name/larder.log" >&2
+    fi
+  done
+  "$LARDER_BIN" unmount "$work/mnt-$name" >/dev/null || { say "unmount failed ($name)"; failed=$((failed + 1)); }
+}
+
+run_config default
+run_config tiny-cache --block-size 4KiB --cache-size 16KiB
+
+echo "fsx: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
