@@ -438,11 +438,6 @@ impl Store {
         }
     }
 
-    /// Whether `object` has any block cached.
-    pub fn has_object(&self, object: u64) -> bool {
-        lock(&self.state).per_object.contains_key(&object)
-    }
-
     /// Current figures.
     pub fn stats(&self) -> StoreStats {
         let st = lock(&self.state);

@@ -252,11 +252,6 @@ impl Fs {
         })
     }
 
-    /// The home this file system caches.
-    pub fn home(&self) -> &Arc<dyn Home> {
-        &self.core.home
-    }
-
     /// The local store.
     pub fn store(&self) -> &Arc<Store> {
         &self.core.store
@@ -1079,27 +1074,6 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<HashSet<u64>> {
         .filter(|(ino, _)| reachable.get(ino) == Some(&true))
         .map(|(_, o)| *o)
         .collect())
-}
-
-impl Fs {
-    /// Name of `ino` within its parent, for logs.
-    pub fn name_of(&self, ino: u64) -> OsString {
-        lock(&self.ns)
-            .inodes
-            .get(&ino)
-            .map(|n| n.name.clone())
-            .unwrap_or_default()
-    }
-
-    /// The home path of `ino`.
-    pub fn path_of(&self, ino: u64) -> FsResult<PathBuf> {
-        lock(&self.ns).path_of(ino)
-    }
-
-    /// Whether `ino` names a directory known to the core.
-    pub fn is_dir(&self, ino: u64) -> bool {
-        lock(&self.ns).inodes.get(&ino).is_some_and(|n| n.kind == FileKind::Dir)
-    }
 }
 
 /// Remember which inode holds a home object that has several names.
