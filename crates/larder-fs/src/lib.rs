@@ -19,7 +19,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod data;
+mod dirs;
 mod error;
+mod mutations;
 mod namespace;
 mod readahead;
 mod record;

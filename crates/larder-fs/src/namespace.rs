@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use larder_cache::{Mutation, SingleFlight, Store};
-use larder_home::{FileKind, Home, HomeAttr, HomeError, Owner, RenameFlags, SetAttr, StatFs, Version};
+use larder_home::{FileKind, Home, HomeAttr, HomeError, StatFs, Version};
 
 use crate::readahead::Readahead;
 use crate::record::{AttrRecord, InodeRecord};
@@ -91,7 +91,7 @@ impl Inode {
     }
 
     /// Rename one of this inode's names.
-    fn rename_name(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
+    pub(crate) fn rename_name(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
         if self.parent == from.0 && self.name == from.1 {
             self.parent = to.0;
             self.name = to.1.to_os_string();
@@ -145,7 +145,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn check_name(name: &OsStr) -> FsResult<()> {
+pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
     if name.len() > NAME_MAX {
         return Err(FsError::NameTooLong);
     }
@@ -206,7 +206,7 @@ impl Namespace {
         fh
     }
 
-    fn child_path(&self, parent: u64, name: &OsStr) -> FsResult<PathBuf> {
+    pub(crate) fn child_path(&self, parent: u64, name: &OsStr) -> FsResult<PathBuf> {
         Ok(self.path_of(parent)?.join(name))
     }
 }
@@ -266,7 +266,7 @@ impl Fs {
         !self.cfg.validity_lag.is_zero() && at.is_some_and(|t| t.elapsed() < self.cfg.validity_lag)
     }
 
-    fn writable(&self) -> FsResult<()> {
+    pub(crate) fn writable(&self) -> FsResult<()> {
         if self.cfg.read_only {
             Err(FsError::ReadOnly)
         } else {
@@ -274,7 +274,7 @@ impl Fs {
         }
     }
 
-    fn persist(&self, ns: &Namespace, ino: u64) {
+    pub(crate) fn persist(&self, ns: &Namespace, ino: u64) {
         if let Some(node) = ns.inodes.get(&ino) {
             self.core
                 .store
@@ -310,7 +310,7 @@ impl Fs {
         })
     }
 
-    fn entry(&self, ns: &Namespace, ino: u64) -> FsResult<Entry> {
+    pub(crate) fn entry(&self, ns: &Namespace, ino: u64) -> FsResult<Entry> {
         Ok(Entry {
             attr: self.attr_of(ns, ino)?,
             ttl: self.cfg.validity_lag,
@@ -385,7 +385,7 @@ impl Fs {
     }
 
     /// The inode for `name` in `parent`, creating it (or reloading its persisted record) if needed.
-    fn bind_child(
+    pub(crate) fn bind_child(
         &self,
         ns: &mut Namespace,
         parent: u64,
@@ -483,7 +483,7 @@ impl Fs {
     }
 
     /// `name` left `parent` at home: forget it, dropping its data once nothing refers to it.
-    fn detach(&self, ns: &mut Namespace, parent: u64, name: &OsStr) {
+    pub(crate) fn detach(&self, ns: &mut Namespace, parent: u64, name: &OsStr) {
         let Some(ino) = ns.inodes.get_mut(&parent).and_then(|p| p.children.remove(name)) else {
             return;
         };
@@ -653,350 +653,9 @@ impl Fs {
         Ok(target)
     }
 
-    fn owner(&self, ns: &Namespace, parent: u64, uid: u32, gid: u32) -> Owner {
-        if !self.cfg.set_owner {
-            return Owner::default();
-        }
-        let setgid = ns
-            .inodes
-            .get(&parent)
-            .and_then(|p| p.attr.as_ref())
-            .is_some_and(|a| a.perm & 0o2000 != 0);
-        Owner {
-            uid: Some(uid),
-            gid: if setgid { None } else { Some(gid) },
-        }
-    }
-
-    /// Run a call that creates `name` in `parent` at home, then record the new child.
-    fn make(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        uid: u32,
-        gid: u32,
-        call: impl FnOnce(&dyn Home, &std::path::Path, Owner) -> Result<HomeAttr, HomeError>,
-    ) -> FsResult<Entry> {
-        self.writable()?;
-        check_name(name)?;
-        let _m = lock(&self.mutate);
-        let (path, owner) = {
-            let ns = lock(&self.ns);
-            let p = ns.inode(parent)?;
-            if p.kind != FileKind::Dir {
-                return Err(FsError::NotDir);
-            }
-            (ns.child_path(parent, name)?, self.owner(&ns, parent, uid, gid))
-        };
-        let attr = call(self.core.home.as_ref(), &path, owner)?;
-        let mut ns = lock(&self.ns);
-        let kind = attr.kind;
-        let version = attr.version.clone();
-        let ino = self.bind_child(&mut ns, parent, name, kind, None)?;
-        self.adopt_attr(&mut ns, ino, attr);
-        if kind == FileKind::Dir {
-            ns.inode_mut(ino)?.listed = Some((Instant::now(), version));
-        }
-        ns.inode_mut(ino)?.lookups += 1;
-        ns.inode_mut(parent)?.checked = None;
-        self.entry(&ns, ino)
-    }
-
-    /// Create a directory.
-    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
-        self.make(parent, name, uid, gid, |h, p, o| h.mkdir(p, mode, o))
-    }
-
-    /// Create a special or regular file.
-    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, uid: u32, gid: u32) -> FsResult<Entry> {
-        self.make(parent, name, uid, gid, |h, p, o| h.mknod(p, mode, rdev, o))
-    }
-
-    /// Create a symlink.
-    pub fn symlink(&self, parent: u64, name: &OsStr, target: &[u8], uid: u32, gid: u32) -> FsResult<Entry> {
-        let entry = self.make(parent, name, uid, gid, |h, p, o| h.symlink(target, p, o))?;
-        let mut ns = lock(&self.ns);
-        ns.inode_mut(entry.attr.ino)?.symlink = Some(target.to_vec());
-        self.persist(&ns, entry.attr.ino);
-        Ok(entry)
-    }
-
-    /// Create an empty regular file (the caller opens it).
-    pub(crate) fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
-        self.make(parent, name, uid, gid, |h, p, o| h.create(p, mode, o))
-    }
-
-    /// Hard-link `ino` as `name` in `parent`.
-    pub fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
-        self.writable()?;
-        check_name(name)?;
-        let _m = lock(&self.mutate);
-        let (from, to) = {
-            let ns = lock(&self.ns);
-            if ns.inode(parent)?.kind != FileKind::Dir {
-                return Err(FsError::NotDir);
-            }
-            (ns.path_of(ino)?, ns.child_path(parent, name)?)
-        };
-        let attr = self.core.home.link(&from, &to)?;
-        let mut ns = lock(&self.ns);
-        self.detach(&mut ns, parent, name);
-        let node = ns.inode_mut(ino)?;
-        node.aliases.push((parent, name.to_os_string()));
-        node.lookups += 1;
-        let p = ns.inode_mut(parent)?;
-        p.children.insert(name.to_os_string(), ino);
-        p.negatives.remove(name);
-        p.checked = None;
-        self.core
-            .store
-            .db()
-            .submit(vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)]);
-        self.adopt_attr(&mut ns, ino, attr);
-        self.entry(&ns, ino)
-    }
-
-    fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
-        self.writable()?;
-        check_name(name)?;
-        let _m = lock(&self.mutate);
-        let path = lock(&self.ns).child_path(parent, name)?;
-        if dir {
-            self.core.home.rmdir(&path)?;
-        } else {
-            self.core.home.unlink(&path)?;
-        }
-        let mut ns = lock(&self.ns);
-        self.detach(&mut ns, parent, name);
-        let p = ns.inode_mut(parent)?;
-        p.negatives.insert(name.to_os_string(), Instant::now());
-        p.checked = None;
-        Ok(())
-    }
-
-    /// Remove a file.
-    pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.remove(parent, name, false)
-    }
-
-    /// Remove an empty directory.
-    pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.remove(parent, name, true)
-    }
-
-    /// Rename `name` in `parent` to `new_name` in `new_parent`.
-    pub fn rename(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        new_parent: u64,
-        new_name: &OsStr,
-        flags: RenameFlags,
-    ) -> FsResult<()> {
-        self.writable()?;
-        check_name(name)?;
-        check_name(new_name)?;
-        let _m = lock(&self.mutate);
-        let (from, to) = {
-            let ns = lock(&self.ns);
-            (ns.child_path(parent, name)?, ns.child_path(new_parent, new_name)?)
-        };
-        self.core.home.rename(&from, &to, flags)?;
-        let mut ns = lock(&self.ns);
-        let src = ns.inode_mut(parent)?.children.remove(name);
-        let dst = ns.inode_mut(new_parent)?.children.remove(new_name);
-        let db = self.core.store.db().clone();
-        db.submit(vec![
-            Mutation::DelDentry(parent, name.as_bytes().to_vec()),
-            Mutation::DelDentry(new_parent, new_name.as_bytes().to_vec()),
-        ]);
-        if src.is_some() && src == dst {
-            // Two names of one object: POSIX says nothing happens.
-            ns.inode_mut(parent)?
-                .children
-                .insert(name.to_os_string(), src.unwrap_or_default());
-            ns.inode_mut(new_parent)?
-                .children
-                .insert(new_name.to_os_string(), src.unwrap_or_default());
-            return Ok(());
-        }
-        let place = |ns: &mut Namespace, ino: u64, from: (u64, &OsStr), dir: u64, n: &OsStr| -> FsResult<()> {
-            let node = ns.inode_mut(ino)?;
-            node.rename_name(from, (dir, n));
-            node.checked = None;
-            ns.inode_mut(dir)?.children.insert(n.to_os_string(), ino);
-            ns.inode_mut(dir)?.negatives.remove(n);
-            db.submit(vec![Mutation::PutDentry(dir, n.as_bytes().to_vec(), ino)]);
-            self.persist(ns, ino);
-            Ok(())
-        };
-        if flags.exchange {
-            if let Some(s) = src {
-                place(&mut ns, s, (parent, name), new_parent, new_name)?;
-            }
-            if let Some(d) = dst {
-                place(&mut ns, d, (new_parent, new_name), parent, name)?;
-            }
-        } else {
-            if let Some(d) = dst {
-                // Replaced at home: put it back under its old name only to detach it properly.
-                ns.inode_mut(new_parent)?.children.insert(new_name.to_os_string(), d);
-                self.detach(&mut ns, new_parent, new_name);
-            }
-            match src {
-                Some(s) => place(&mut ns, s, (parent, name), new_parent, new_name)?,
-                // Not known here: forget any negative entry so the next lookup asks home.
-                None => {
-                    ns.inode_mut(new_parent)?.negatives.remove(new_name);
-                }
-            }
-            ns.inode_mut(parent)?
-                .negatives
-                .insert(name.to_os_string(), Instant::now());
-        }
-        ns.inode_mut(parent)?.checked = None;
-        ns.inode_mut(new_parent)?.checked = None;
-        Ok(())
-    }
-
-    /// Change attributes. A size change first pushes pending writes, then truncates home and the cache.
-    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
-        self.writable()?;
-        let (path, kind, flush_lock) = {
-            let ns = lock(&self.ns);
-            let node = ns.inode(ino)?;
-            (ns.path_of(ino)?, node.kind, node.flush_lock.clone())
-        };
-        let _f = lock(&flush_lock);
-        if changes.size.is_some() {
-            if kind == FileKind::Dir {
-                return Err(FsError::IsDir);
-            }
-            self.push_locked(ino)?;
-        }
-        let attr = self.core.home.setattr(&path, changes)?;
-        let mut ns = lock(&self.ns);
-        if let Some(size) = changes.size {
-            let object = ns.inode(ino)?.object;
-            self.core.store.truncate(object, size)?;
-        }
-        self.adopt_attr(&mut ns, ino, attr);
-        self.entry(&ns, ino)
-    }
-
     /// Capacity of home.
     pub fn statfs(&self) -> FsResult<StatFs> {
         Ok(self.core.home.statfs()?)
-    }
-
-    /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
-    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
-        let entries = Arc::new(self.listing(ino)?);
-        Ok(lock(&self.ns).new_handle(ino, Some(entries)))
-    }
-
-    /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
-    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
-        let ns = lock(&self.ns);
-        let h = ns.handles.get(&fh).ok_or(FsError::BadHandle)?;
-        let entries = h.entries.clone().ok_or(FsError::NotDir)?;
-        Ok(entries
-            .iter()
-            .enumerate()
-            .skip(offset as usize)
-            .map(|(i, e)| (i as u64 + 1, e.clone()))
-            .collect())
-    }
-
-    /// Close an open directory.
-    pub fn releasedir(&self, fh: u64) {
-        lock(&self.ns).handles.remove(&fh);
-    }
-
-    /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh.
-    fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
-        let (path, listed) = {
-            let ns = lock(&self.ns);
-            let node = ns.inode(ino)?;
-            if node.kind != FileKind::Dir {
-                return Err(FsError::NotDir);
-            }
-            if self.fresh(node.listed.as_ref().map(|l| l.0)) {
-                return self.snapshot(&ns, ino);
-            }
-            (ns.path_of(ino)?, node.listed.as_ref().map(|l| l.1.clone()))
-        };
-        let _m = lock(&self.mutate);
-        let dir_attr = match self.core.home.stat(&path) {
-            Ok(a) => a,
-            Err(HomeError::NotFound) => {
-                let mut ns = lock(&self.ns);
-                let node = ns.inode(ino)?;
-                let (parent, name) = (node.parent, node.name.clone());
-                if ino != ROOT {
-                    self.detach(&mut ns, parent, &name);
-                }
-                return Err(FsError::NotFound);
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if listed.as_ref() == Some(&dir_attr.version) {
-            // Unchanged at home since the last full listing.
-            let mut ns = lock(&self.ns);
-            self.update_attr(&mut ns, ino, dir_attr.clone());
-            ns.inode_mut(ino)?.listed = Some((Instant::now(), dir_attr.version));
-            return self.snapshot(&ns, ino);
-        }
-        let listed = self.core.home.list(&path)?;
-        let mut ns = lock(&self.ns);
-        let mut seen = HashSet::new();
-        for e in listed {
-            self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr)?;
-            seen.insert(e.name);
-        }
-        let gone: Vec<OsString> = ns
-            .inode(ino)?
-            .children
-            .keys()
-            .filter(|n| !seen.contains(*n))
-            .cloned()
-            .collect();
-        for name in gone {
-            self.detach(&mut ns, ino, &name);
-        }
-        let version = dir_attr.version.clone();
-        self.update_attr(&mut ns, ino, dir_attr);
-        let node = ns.inode_mut(ino)?;
-        node.listed = Some((Instant::now(), version));
-        node.negatives.clear();
-        self.snapshot(&ns, ino)
-    }
-
-    fn snapshot(&self, ns: &Namespace, ino: u64) -> FsResult<Vec<DirItem>> {
-        let node = ns.inode(ino)?;
-        let mut out = Vec::with_capacity(node.children.len() + 2);
-        out.push(DirItem {
-            ino,
-            kind: FileKind::Dir,
-            name: ".".into(),
-        });
-        out.push(DirItem {
-            ino: if ino == ROOT { ROOT } else { node.parent },
-            kind: FileKind::Dir,
-            name: "..".into(),
-        });
-        let mut children: Vec<_> = node.children.iter().collect();
-        children.sort();
-        for (name, &child) in children {
-            if let Some(c) = ns.inodes.get(&child) {
-                out.push(DirItem {
-                    ino: child,
-                    kind: c.kind,
-                    name: name.clone(),
-                });
-            }
-        }
-        Ok(out)
     }
 
     /// Figures for status output.

@@ -1,0 +1,124 @@
+//! Directory listings: opendir fixes a snapshot of the children for the handle; a listing is taken from
+//! home only when the cached one is past the validity lag and home's directory version has changed.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::Instant;
+
+use larder_home::{FileKind, HomeError};
+
+use crate::namespace::{Fs, Namespace, ROOT, lock};
+use crate::{DirItem, FsError, FsResult};
+
+impl Fs {
+    /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let entries = Arc::new(self.listing(ino)?);
+        Ok(lock(&self.ns).new_handle(ino, Some(entries)))
+    }
+
+    /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
+    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
+        let ns = lock(&self.ns);
+        let h = ns.handles.get(&fh).ok_or(FsError::BadHandle)?;
+        let entries = h.entries.clone().ok_or(FsError::NotDir)?;
+        Ok(entries
+            .iter()
+            .enumerate()
+            .skip(offset as usize)
+            .map(|(i, e)| (i as u64 + 1, e.clone()))
+            .collect())
+    }
+
+    /// Close an open directory.
+    pub fn releasedir(&self, fh: u64) {
+        lock(&self.ns).handles.remove(&fh);
+    }
+
+    /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh.
+    fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
+        let (path, listed) = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.kind != FileKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            if self.fresh(node.listed.as_ref().map(|l| l.0)) {
+                return self.snapshot(&ns, ino);
+            }
+            (ns.path_of(ino)?, node.listed.as_ref().map(|l| l.1.clone()))
+        };
+        let _m = lock(&self.mutate);
+        let dir_attr = match self.core.home.stat(&path) {
+            Ok(a) => a,
+            Err(HomeError::NotFound) => {
+                let mut ns = lock(&self.ns);
+                let node = ns.inode(ino)?;
+                let (parent, name) = (node.parent, node.name.clone());
+                if ino != ROOT {
+                    self.detach(&mut ns, parent, &name);
+                }
+                return Err(FsError::NotFound);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if listed.as_ref() == Some(&dir_attr.version) {
+            // Unchanged at home since the last full listing.
+            let mut ns = lock(&self.ns);
+            self.update_attr(&mut ns, ino, dir_attr.clone());
+            ns.inode_mut(ino)?.listed = Some((Instant::now(), dir_attr.version));
+            return self.snapshot(&ns, ino);
+        }
+        let listed = self.core.home.list(&path)?;
+        let mut ns = lock(&self.ns);
+        let mut seen = HashSet::new();
+        for e in listed {
+            self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr)?;
+            seen.insert(e.name);
+        }
+        let gone: Vec<OsString> = ns
+            .inode(ino)?
+            .children
+            .keys()
+            .filter(|n| !seen.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.detach(&mut ns, ino, &name);
+        }
+        let version = dir_attr.version.clone();
+        self.update_attr(&mut ns, ino, dir_attr);
+        let node = ns.inode_mut(ino)?;
+        node.listed = Some((Instant::now(), version));
+        node.negatives.clear();
+        self.snapshot(&ns, ino)
+    }
+
+    fn snapshot(&self, ns: &Namespace, ino: u64) -> FsResult<Vec<DirItem>> {
+        let node = ns.inode(ino)?;
+        let mut out = Vec::with_capacity(node.children.len() + 2);
+        out.push(DirItem {
+            ino,
+            kind: FileKind::Dir,
+            name: ".".into(),
+        });
+        out.push(DirItem {
+            ino: if ino == ROOT { ROOT } else { node.parent },
+            kind: FileKind::Dir,
+            name: "..".into(),
+        });
+        let mut children: Vec<_> = node.children.iter().collect();
+        children.sort();
+        for (name, &child) in children {
+            if let Some(c) = ns.inodes.get(&child) {
+                out.push(DirItem {
+                    ino: child,
+                    kind: c.kind,
+                    name: name.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
