@@ -100,6 +100,13 @@ fn reply_entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
     }
 }
 
+fn reply_data(reply: ReplyData, r: Result<Vec<u8>, FsError>) {
+    match r {
+        Ok(data) => reply.data(&data),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 fn reply_empty(reply: ReplyEmpty, r: Result<(), FsError>) {
     match r {
         Ok(()) => reply.ok(),
@@ -200,10 +207,7 @@ impl Filesystem for LarderFuse {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let _s = span!("readlink", ino.0);
-        match self.fs.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        }
+        reply_data(reply, self.fs.readlink(ino.0));
     }
 
     fn mknod(
@@ -290,10 +294,7 @@ impl Filesystem for LarderFuse {
         reply: ReplyData,
     ) {
         let _s = span!("read", ino.0);
-        match self.fs.read(fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(&e)),
-        }
+        reply_data(reply, self.fs.read(fh.0, offset, size));
     }
 
     fn write(
