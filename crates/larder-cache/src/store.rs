@@ -74,6 +74,9 @@ struct BlockEntry {
     len: u32,
     crc: u32,
     tick: u64,
+    /// Set when the entry is inserted, never changed: a read that finds the same generation after its
+    /// unlocked `pread` read bytes that were not evicted or replaced meanwhile.
+    generation: u64,
     verified: bool,
     dirty: bool,
 }
@@ -85,6 +88,9 @@ struct State {
     /// Clean blocks by last use: tick -> key.
     lru: BTreeMap<u64, BlockKey>,
     per_object: HashMap<u64, u32>,
+    /// Bumped by every local change of an object (write, truncate, removal): a fill fetched before the
+    /// change must not land after it.
+    epochs: HashMap<u64, u64>,
     used: u64,
     dirty: u64,
     tick: u64,
@@ -128,6 +134,7 @@ impl Store {
                     len,
                     crc,
                     tick,
+                    generation: tick,
                     verified: false,
                     dirty: false,
                 },
@@ -212,60 +219,96 @@ impl Store {
     pub fn read(&self, key: BlockKey, offset: u64, len: usize) -> CacheResult<Option<Vec<u8>>> {
         let file = self.file(key.0)?;
         let start = key.1 as u64 * self.cfg.block_size;
-        {
-            let mut st = lock(&self.state);
-            let Some(entry) = st.blocks.get(&key) else {
-                self.misses.fetch_add(1, Ordering::Relaxed);
-                return Ok(None);
-            };
-            if !entry.verified && !entry.dirty {
-                let (blen, crc) = (entry.len as usize, entry.crc);
-                let mut whole = vec![0u8; blen];
-                let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
-                if !ok {
-                    tracing::warn!(
-                        object = key.0,
-                        block = key.1,
-                        "cached block failed its checksum; refetching"
-                    );
-                    self.corrupt.fetch_add(1, Ordering::Relaxed);
-                    self.remove_locked(&mut st, key);
+        let len = len.min(self.cfg.block_size.saturating_sub(offset) as usize);
+        // The bytes are read without the lock; if the block was evicted (or evicted and filled again)
+        // meanwhile, they may be a punched hole: read again, or call it a miss.
+        for _ in 0..8 {
+            let generation = {
+                let mut st = lock(&self.state);
+                let Some(entry) = st.blocks.get(&key) else {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
+                };
+                if !entry.verified && !entry.dirty {
+                    let (blen, crc) = (entry.len as usize, entry.crc);
+                    let mut whole = vec![0u8; blen];
+                    let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
+                    if !ok {
+                        tracing::warn!(
+                            object = key.0,
+                            block = key.1,
+                            "cached block failed its checksum; refetching"
+                        );
+                        self.corrupt.fetch_add(1, Ordering::Relaxed);
+                        self.remove_locked(&mut st, key);
+                        self.misses.fetch_add(1, Ordering::Relaxed);
+                        return Ok(None);
+                    }
+                    if let Some(e) = st.blocks.get_mut(&key) {
+                        e.verified = true;
+                    }
                 }
-                if let Some(e) = st.blocks.get_mut(&key) {
-                    e.verified = true;
-                }
-            }
-            st.tick += 1;
-            let tick = st.tick;
-            if let Some(e) = st.blocks.get_mut(&key) {
+                st.tick += 1;
+                let tick = st.tick;
+                let Some(e) = st.blocks.get_mut(&key) else {
+                    return Ok(None);
+                };
                 let old = std::mem::replace(&mut e.tick, tick);
-                if !e.dirty && st.lru.remove(&old).is_some() {
+                let (generation, dirty) = (e.generation, e.dirty);
+                if !dirty && st.lru.remove(&old).is_some() {
                     st.lru.insert(tick, key);
                 }
+                generation
+            };
+            let mut buf = vec![0u8; len];
+            let n = read_upto(&file, &mut buf, start + offset).map_err(io_err)?;
+            buf.truncate(n);
+            if lock(&self.state).blocks.get(&key).map(|e| e.generation) == Some(generation) {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(buf));
             }
         }
-        self.hits.fetch_add(1, Ordering::Relaxed);
-        let len = len.min(self.cfg.block_size.saturating_sub(offset) as usize);
-        let mut buf = vec![0u8; len];
-        let n = read_upto(&file, &mut buf, start + offset).map_err(io_err)?;
-        buf.truncate(n);
-        Ok(Some(buf))
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
     }
 
-    /// Store a clean block fetched from home. A full cache disk is not an error here: the data still goes
-    /// to the reader, the block is simply not kept.
-    pub fn fill(&self, key: BlockKey, data: &[u8]) -> CacheResult<()> {
-        let file = self.file(key.0)?;
+    /// Mark block `key` dirty if it is present, so that eviction can no longer take it; the caller is about
+    /// to write part of it. `false`: not present (the caller must bring the block in first).
+    pub fn claim(&self, key: BlockKey) -> bool {
+        let mut st = lock(&self.state);
+        let Some(e) = st.blocks.get(&key) else { return false };
+        if !e.dirty {
+            let (len, crc) = (e.len, e.crc);
+            Self::bump_epoch(&mut st, key.0);
+            self.insert_locked(&mut st, key, len, crc, true);
+        }
+        true
+    }
+
+    /// The change epoch of `object`; take it before fetching a block to `fill`.
+    pub fn epoch(&self, object: u64) -> u64 {
+        lock(&self.state).epochs.get(&object).copied().unwrap_or(0)
+    }
+
+    fn bump_epoch(st: &mut State, object: u64) {
+        let e = st.epochs.entry(object).or_insert(0);
+        *e = e.wrapping_add(1);
+    }
+
+    /// Store a clean block fetched from home at change epoch `epoch` of its object. Nothing is stored if
+    /// the object changed locally since (a write, truncate or removal: their data wins) or the block is
+    /// present already. A full cache disk is not an error here: the data still goes to the reader, the
+    /// block is simply not kept.
+    pub fn fill(&self, key: BlockKey, data: &[u8], epoch: u64) -> CacheResult<()> {
         let start = key.1 as u64 * self.cfg.block_size;
-        file.write_all_at(data, start).map_err(io_err)?;
         let crc = crc32c::crc32c(data);
         let mut st = lock(&self.state);
-        if st.blocks.get(&key).is_some_and(|e| e.dirty) {
-            // A writer got there first; its data wins.
+        if st.epochs.get(&key.0).copied().unwrap_or(0) != epoch || st.blocks.contains_key(&key) {
             return Ok(());
         }
+        let file = self.file(key.0)?;
+        // Written under the lock, so no local change of the object can interleave with it.
+        file.write_all_at(data, start).map_err(io_err)?;
         self.insert_locked(&mut st, key, data.len() as u32, crc, false);
         self.db.submit(vec![Mutation::PutBlock {
             object: key.0,
@@ -290,6 +333,7 @@ impl Store {
         let mut added = Vec::new();
         {
             let mut st = lock(&self.state);
+            Self::bump_epoch(&mut st, object);
             for index in (offset / bs)..=((end - 1) / bs) {
                 let key = (object, index as u32);
                 let block_end = (end - index * bs).min(bs) as u32;
@@ -347,6 +391,8 @@ impl Store {
     /// Cut `object` to `size` bytes: later blocks are dropped, a partial last block keeps its prefix.
     pub fn truncate(&self, object: u64, size: u64) -> CacheResult<()> {
         let file = self.file(object)?;
+        // Fills fetched before this point must not write old bytes past the new end.
+        Self::bump_epoch(&mut lock(&self.state), object);
         file.set_len(size).map_err(io_err)?;
         let bs = self.cfg.block_size;
         let mut st = lock(&self.state);
@@ -391,6 +437,8 @@ impl Store {
     pub fn remove_object(&self, object: u64) {
         {
             let mut st = lock(&self.state);
+            // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
+            Self::bump_epoch(&mut st, object);
             if st.per_object.contains_key(&object) {
                 let keys: Vec<BlockKey> = st
                     .blocks
@@ -457,12 +505,15 @@ impl Store {
     fn insert_locked(&self, st: &mut State, key: BlockKey, len: u32, crc: u32, dirty: bool) {
         st.tick += 1;
         let tick = st.tick;
+        // Rewriting a present block in place keeps its generation; a new entry gets a new one.
+        let generation = st.blocks.get(&key).map_or(tick, |e| e.generation);
         if let Some(old) = st.blocks.insert(
             key,
             BlockEntry {
                 len,
                 crc,
                 tick,
+                generation,
                 verified: true,
                 dirty,
             },
@@ -583,8 +634,8 @@ mod tests {
         {
             let s = store(dir.path(), 1 << 20);
             assert!(s.read((1, 0), 0, 10).unwrap().is_none());
-            s.fill((1, 0), &[7u8; 4096]).unwrap();
-            s.fill((1, 1), &[9u8; 100]).unwrap();
+            s.fill((1, 0), &[7u8; 4096], 0).unwrap();
+            s.fill((1, 1), &[9u8; 100], 0).unwrap();
             assert_eq!(s.read((1, 1), 10, 200).unwrap().unwrap(), vec![9u8; 90]);
             s.db().sync().unwrap();
         }
@@ -598,7 +649,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let s = store(dir.path(), 1 << 20);
-            s.fill((5, 0), &[1u8; 4096]).unwrap();
+            s.fill((5, 0), &[1u8; 4096], 0).unwrap();
             s.db().sync().unwrap();
         }
         let f = OpenOptions::new()
@@ -618,7 +669,7 @@ mod tests {
         let s = store(dir.path(), 10 * 4096);
         s.write(99, 0, &[3u8; 4096]).unwrap();
         for i in 0..40 {
-            s.fill((1, i), &[i as u8; 4096]).unwrap();
+            s.fill((1, i), &[i as u8; 4096], 0).unwrap();
             assert!(s.stats().bytes_used <= 10 * 4096);
         }
         assert!(s.contains((99, 0)), "dirty block was evicted");
@@ -627,11 +678,36 @@ mod tests {
     }
 
     #[test]
+    fn a_fill_fetched_before_a_local_change_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20);
+        let before = s.epoch(3);
+        s.write(3, 0, &[8u8; 100]).unwrap();
+        s.fill((3, 0), &[1u8; 4096], before).unwrap();
+        assert_eq!(
+            s.read((3, 0), 0, 100).unwrap().unwrap(),
+            vec![8u8; 100],
+            "the local write wins"
+        );
+        let before = s.epoch(4);
+        s.truncate(4, 0).unwrap();
+        s.fill((4, 0), &[1u8; 4096], before).unwrap();
+        assert!(!s.contains((4, 0)), "no stale block after a truncate");
+        let before = s.epoch(6);
+        s.remove_object(6);
+        s.fill((6, 0), &[1u8; 4096], before).unwrap();
+        assert!(
+            !dir.path().join("objects/06/0000000000000006").exists(),
+            "a removed object stays removed"
+        );
+    }
+
+    #[test]
     fn truncate_keeps_the_prefix_of_the_last_block() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path(), 1 << 20);
-        s.fill((2, 0), &[1u8; 4096]).unwrap();
-        s.fill((2, 1), &[2u8; 4096]).unwrap();
+        s.fill((2, 0), &[1u8; 4096], 0).unwrap();
+        s.fill((2, 1), &[2u8; 4096], 0).unwrap();
         s.truncate(2, 5000).unwrap();
         assert_eq!(s.stats().bytes_used, 5000);
         assert_eq!(s.read((2, 1), 0, 4096).unwrap().unwrap(), vec![2u8; 904]);

@@ -13,6 +13,9 @@ use crate::namespace::{Core, FetchResult, Fs, lock};
 use crate::readahead::Job;
 use crate::{Entry, FsError, FsResult, OpenReply};
 
+/// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
+const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Core {
     /// Block `index` of `object`, from the store or else from home (one fetch per block at a time), put
     /// into the store beside the caller.
@@ -26,8 +29,9 @@ impl Core {
             }
             let start = index as u64 * bs;
             let len = file_size.saturating_sub(start).min(bs) as usize;
+            let epoch = self.store.epoch(object);
             let data = self.home.read(path, version, start, len)?;
-            if let Err(e) = self.store.fill((object, index), &data) {
+            if let Err(e) = self.store.fill((object, index), &data, epoch) {
                 tracing::warn!(error = %e, path = %path.display(), "could not keep a fetched block in the cache");
             }
             Ok(Arc::new(data))
@@ -204,6 +208,14 @@ impl Fs {
             return Ok(0);
         }
         let bs = self.core.store.block_size();
+        let write_lock = {
+            let ns = lock(&self.ns);
+            let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
+            ns.inode(ino)?.write_lock.clone()
+        };
+        // One write of a file at a time: two writers completing the same partial block from home must not
+        // undo each other, and a push must see each write whole.
+        let _w = lock(&write_lock);
         let (ino, object, size, path, version) = {
             let ns = lock(&self.ns);
             let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
@@ -212,30 +224,61 @@ impl Fs {
             (ino, node.object, attr.size, ns.path_of(ino)?, attr.version.clone())
         };
         let end = offset + data.len() as u64;
+        // The range is dirty before anything else: a push finishing meanwhile will not mark its blocks clean.
+        let before = {
+            let mut ns = lock(&self.ns);
+            let node = ns.inode_mut(ino)?;
+            let before = (node.dirty.clone(), node.attr.clone());
+            add_range(&mut node.dirty, offset..end);
+            if let Some(a) = node.attr.as_mut() {
+                a.size = a.size.max(end);
+                let now = SystemTime::now();
+                a.mtime = now;
+                a.ctime = now;
+            }
+            before
+        };
+        let restore = |before: (Vec<std::ops::Range<u64>>, Option<larder_home::HomeAttr>)| -> FsResult<()> {
+            let mut ns = lock(&self.ns);
+            let node = ns.inode_mut(ino)?;
+            (node.dirty, node.attr) = before;
+            Ok(())
+        };
         let edges: BTreeSet<u64> = [offset / bs, (end - 1) / bs].into_iter().collect();
+        let mut completions = Vec::new();
         for index in edges {
             let start = index * bs;
             let existing_end = (start + bs).min(size);
+            // A partly written block that holds home data must be whole in the cache: claim it if present
+            // (eviction can no longer take it), else bring its home bytes in with the new ones.
             if start >= size
                 || (offset <= start && end >= existing_end)
-                || self.core.store.contains((object, index as u32))
+                || self.core.store.claim((object, index as u32))
             {
                 continue;
             }
-            // A partly written block that holds home data: bring it in first, as dirty, so eviction cannot
-            // take it before the new bytes land.
-            let block = self.fetch_block(ino, object, index as u32, &path, &version, size)?;
-            self.core.store.write(object, start, &block)?;
+            match self.fetch_block(ino, object, index as u32, &path, &version, size) {
+                Ok(block) => completions.push((start, block)),
+                Err(e) => {
+                    restore(before)?;
+                    return Err(e);
+                }
+            }
         }
-        self.core.store.write(object, offset, data)?;
-        let mut ns = lock(&self.ns);
-        let node = ns.inode_mut(ino)?;
-        add_range(&mut node.dirty, offset..end);
-        if let Some(a) = node.attr.as_mut() {
-            a.size = a.size.max(end);
-            let now = SystemTime::now();
-            a.mtime = now;
-            a.ctime = now;
+        if !completions.is_empty() {
+            let mut ns = lock(&self.ns);
+            let node = ns.inode_mut(ino)?;
+            for (start, block) in &completions {
+                add_range(&mut node.dirty, *start..*start + block.len() as u64);
+            }
+        }
+        let landed = completions
+            .iter()
+            .try_for_each(|(start, block)| self.core.store.write(object, *start, block))
+            .and_then(|()| self.core.store.write(object, offset, data));
+        if let Err(e) = landed {
+            restore(before)?;
+            return Err(e.into());
         }
         Ok(data.len() as u32)
     }
@@ -257,21 +300,29 @@ impl Fs {
         for _ in 0..4 {
             match self.core.fetch(object, index, &path, &version, file_size) {
                 Err(HomeError::Stale) => {
-                    // Wait for a push of this file under way, then see whether it explains the change.
-                    let flush_lock = lock(&self.ns).inode(ino)?.flush_lock.clone();
-                    drop(lock(&flush_lock));
-                    let mut ns = lock(&self.ns);
-                    let node = ns.inode(ino)?;
-                    let current = node.attr.as_ref().map(|a| (a.version.clone(), a.size));
-                    match current {
-                        Some((v, size)) if node.object == object && v != version => {
-                            (version, file_size) = (v, size);
-                            path = ns.path_of(ino)?;
+                    // Wait for a push of this file under way to be adopted, then see whether it explains
+                    // the change. (Polling, not the flush lock: a writer calls this holding its write lock,
+                    // which a push takes after the flush lock.)
+                    let deadline = std::time::Instant::now() + PUSH_WAIT;
+                    loop {
+                        let mut ns = lock(&self.ns);
+                        let node = ns.inode(ino)?;
+                        if node.pushing > 0 && std::time::Instant::now() < deadline {
+                            drop(ns);
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                            continue;
                         }
-                        _ => {
-                            ns.inode_mut(ino)?.checked = None;
-                            return Err(FsError::Home(HomeError::Stale));
+                        match node.attr.as_ref().map(|a| (a.version.clone(), a.size)) {
+                            Some((v, size)) if node.object == object && v != version => {
+                                (version, file_size) = (v, size);
+                                path = ns.path_of(ino)?;
+                            }
+                            _ => {
+                                ns.inode_mut(ino)?.checked = None;
+                                return Err(FsError::Home(HomeError::Stale));
+                            }
                         }
+                        break;
                     }
                 }
                 other => return other.map_err(FsError::Home),
@@ -330,7 +381,10 @@ impl Fs {
     /// Push the dirty ranges of `ino` to home; the caller holds the inode's flush lock. On failure the
     /// ranges stay dirty for the next attempt.
     pub(crate) fn push_locked(&self, ino: u64) -> FsResult<()> {
+        let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
         let (ranges, size, object, path) = {
+            // Under the write lock: every range taken has all its bytes in the cache file.
+            let _w = lock(&write_lock);
             let mut ns = lock(&self.ns);
             let node = ns.inode_mut(ino)?;
             if node.dirty.is_empty() {
@@ -344,17 +398,27 @@ impl Fs {
             let size = node.attr.as_ref().map_or(0, |a| a.size);
             let (ranges, object) = (std::mem::take(&mut node.dirty), node.object);
             match ns.path_of(ino) {
-                Ok(path) => (ranges, size, object, path),
+                Ok(path) => {
+                    ns.inode_mut(ino)?.pushing += 1;
+                    (ranges, size, object, path)
+                }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
                     return Err(e);
                 }
             }
         };
-        let file = self.core.store.file(object)?;
-        match self.core.home.write(&path, &file, &ranges, size, None) {
+        let result = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
+            self.core
+                .home
+                .write(&path, &file, &ranges, size, None)
+                .map_err(FsError::from)
+        });
+        let mut ns = lock(&self.ns);
+        ns.inode_mut(ino)?.pushing -= 1;
+        match result {
             Ok(attr) => {
-                let mut ns = lock(&self.ns);
+                // Blocks written again since the ranges were taken stay dirty.
                 let bs = self.core.store.block_size();
                 let node = ns.inode(ino)?;
                 let still_dirty: BTreeSet<u32> = node.dirty.iter().flat_map(|r| blocks_of(r, bs)).collect();
@@ -369,13 +433,11 @@ impl Fs {
                 Ok(())
             }
             Err(e) => {
-                let mut ns = lock(&self.ns);
-                if let Ok(node) = ns.inode_mut(ino) {
-                    for r in ranges {
-                        add_range(&mut node.dirty, r);
-                    }
+                let node = ns.inode_mut(ino)?;
+                for r in ranges {
+                    add_range(&mut node.dirty, r);
                 }
-                Err(e.into())
+                Err(e)
             }
         }
     }

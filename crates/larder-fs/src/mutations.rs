@@ -222,17 +222,25 @@ impl Fs {
     /// Change attributes. A size change first pushes pending writes, then truncates home and the cache.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
         self.writable()?;
-        let (path, kind, flush_lock) = {
+        let (path, kind, flush_lock, write_lock) = {
             let ns = lock(&self.ns);
             let node = ns.inode(ino)?;
-            (ns.path_of(ino)?, node.kind, node.flush_lock.clone())
+            (
+                ns.path_of(ino)?,
+                node.kind,
+                node.flush_lock.clone(),
+                node.write_lock.clone(),
+            )
         };
         let _f = lock(&flush_lock);
+        let mut _w = None;
         if changes.size.is_some() {
             if kind == FileKind::Dir {
                 return Err(FsError::IsDir);
             }
             self.push_locked(ino)?;
+            // No write may land between the push and the truncate of home and cache.
+            _w = Some(lock(&write_lock));
         }
         let attr = self.core.home.setattr(&path, changes)?;
         let mut ns = lock(&self.ns);

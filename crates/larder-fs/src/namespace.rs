@@ -47,8 +47,12 @@ pub(crate) struct Inode {
     pub removed: bool,
     /// Object whose pages the kernel's page cache holds for this inode.
     pub kernel_object: u64,
-    /// Serialises pushes of this file to home.
+    /// Serialises pushes of this file to home. Taken before `write_lock`.
     pub flush_lock: Arc<Mutex<()>>,
+    /// Serialises writes of this file, and a push's taking of dirty ranges with them.
+    pub write_lock: Arc<Mutex<()>>,
+    /// Pushes of this file under way (between taking the dirty ranges and adopting home's new version).
+    pub pushing: u32,
 }
 
 impl Inode {
@@ -71,6 +75,8 @@ impl Inode {
             removed: false,
             kernel_object: 0,
             flush_lock: Arc::new(Mutex::new(())),
+            write_lock: Arc::new(Mutex::new(())),
+            pushing: 0,
         }
     }
 
