@@ -12,6 +12,10 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
+# Tests talk to S3 servers on loopback only: never let the AWS credential chain probe the EC2 metadata
+# address when a test runs without credentials.
+export AWS_EC2_METADATA_DISABLED=true
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings

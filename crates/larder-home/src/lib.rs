@@ -13,6 +13,8 @@ mod fault;
 mod layer;
 mod metrics;
 mod posix;
+#[cfg(feature = "s3")]
+mod s3;
 mod types;
 mod url;
 mod wan;
@@ -23,6 +25,8 @@ pub use fault::{Fault, FaultLayer};
 pub use layer::{Layer, Layered, OpKind};
 pub use metrics::{HomeCounters, MetricsLayer};
 pub use posix::PosixHome;
+#[cfg(feature = "s3")]
+pub use s3::{MAX_KEY, S3Home, S3Spec};
 pub use types::{DirEntry, FileKind, HomeAttr, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version};
 pub use url::{HomeSpec, open_home};
 pub use wan::{WanLayer, WanSpec, parse_duration, parse_size};

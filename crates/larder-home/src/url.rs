@@ -9,43 +9,80 @@ use crate::{Home, HomeCounters, Layered, MetricsLayer, PosixHome, WanLayer, WanS
 /// How to open a home.
 #[derive(Clone, Debug, Default)]
 pub struct HomeSpec {
-    /// A directory path or `file://` URL.
+    /// A directory path, a `file://` URL or an `s3://bucket/prefix` URL.
     pub url: String,
     /// Deadline of each home call (`None`: unbounded).
     pub op_timeout: Option<Duration>,
     /// Emulate a slow link in front of the home.
     pub wan: Option<WanSpec>,
+    /// S3 endpoint (for S3-compatible servers), e.g. `http://127.0.0.1:9000`.
+    pub s3_endpoint: Option<String>,
+    /// S3 region.
+    pub s3_region: Option<String>,
 }
 
 /// Open the home `spec` names, after checking that it exists and can be read. Returns the layered home and
 /// its counters.
 pub fn open_home(spec: &HomeSpec) -> Result<(Arc<dyn Home>, Arc<HomeCounters>), String> {
     let url = spec.url.as_str();
-    let root = if let Some(rest) = url.strip_prefix("file://") {
-        if !rest.starts_with('/') {
-            return Err(format!("home URL '{url}' must be absolute (file:///path)"));
-        }
-        PathBuf::from(rest)
-    } else if let Some((scheme, _)) = url.split_once("://") {
-        return Err(format!(
-            "home URL scheme '{scheme}://' is not supported (use a directory path or file://)"
-        ));
+    let mut home: Arc<dyn Home> = if let Some(rest) = url.strip_prefix("s3://") {
+        open_s3(rest, spec)?
     } else {
-        PathBuf::from(url)
+        let root = if let Some(rest) = url.strip_prefix("file://") {
+            if !rest.starts_with('/') {
+                return Err(format!("home URL '{url}' must be absolute (file:///path)"));
+            }
+            PathBuf::from(rest)
+        } else if let Some((scheme, _)) = url.split_once("://") {
+            return Err(format!(
+                "home URL scheme '{scheme}://' is not supported (use a directory path, file:// or s3://)"
+            ));
+        } else {
+            PathBuf::from(url)
+        };
+        let root = std::fs::canonicalize(&root).map_err(|e| format!("home '{}' is not usable: {e}", root.display()))?;
+        let meta = std::fs::metadata(&root).map_err(|e| format!("home '{}' is not usable: {e}", root.display()))?;
+        if !meta.is_dir() {
+            return Err(format!("home '{}' is not a directory", root.display()));
+        }
+        std::fs::read_dir(&root).map_err(|e| format!("home '{}' cannot be read: {e}", root.display()))?;
+        let posix = PosixHome::new(&root, spec.op_timeout)
+            .map_err(|e| format!("home '{}' cannot be opened: {e}", root.display()))?;
+        Arc::new(posix)
     };
-    let root = std::fs::canonicalize(&root).map_err(|e| format!("home '{}' is not usable: {e}", root.display()))?;
-    let meta = std::fs::metadata(&root).map_err(|e| format!("home '{}' is not usable: {e}", root.display()))?;
-    if !meta.is_dir() {
-        return Err(format!("home '{}' is not a directory", root.display()));
-    }
-    std::fs::read_dir(&root).map_err(|e| format!("home '{}' cannot be read: {e}", root.display()))?;
     let counters = Arc::new(HomeCounters::default());
-    let posix = PosixHome::new(&root, spec.op_timeout)
-        .map_err(|e| format!("home '{}' cannot be opened: {e}", root.display()))?;
-    let mut home: Arc<dyn Home> = Arc::new(posix);
     if let Some(wan) = spec.wan {
         home = Arc::new(Layered::new(home, WanLayer::new(wan)));
     }
     home = Arc::new(Layered::new(home, MetricsLayer(counters.clone())));
     Ok((home, counters))
+}
+
+#[cfg(feature = "s3")]
+fn open_s3(rest: &str, spec: &HomeSpec) -> Result<Arc<dyn Home>, String> {
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(format!("home URL 's3://{rest}' names no bucket (s3://bucket/prefix)"));
+    }
+    if prefix.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err(format!(
+            "home URL 's3://{rest}' has a '.' or '..' segment in its prefix"
+        ));
+    }
+    let s3 = crate::S3Home::new(crate::S3Spec {
+        bucket: bucket.to_string(),
+        prefix: prefix.trim_matches('/').to_string(),
+        endpoint: spec.s3_endpoint.clone(),
+        region: spec.s3_region.clone(),
+        op_timeout: spec.op_timeout.unwrap_or(Duration::from_secs(30)),
+    })
+    .map_err(|e| format!("home 's3://{rest}' is not usable: {e}"))?;
+    s3.check()
+        .map_err(|e| format!("home 's3://{rest}' is not usable: {e}"))?;
+    Ok(Arc::new(s3))
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(rest: &str, _spec: &HomeSpec) -> Result<Arc<dyn Home>, String> {
+    Err(format!("home 's3://{rest}': this larder was built without S3 support"))
 }

@@ -19,8 +19,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Mount HOME (a directory or file:// URL) at MOUNTPOINT, cached on local disk.
-    Mount(MountArgs),
+    /// Mount HOME (a directory, file:// or s3://bucket/prefix URL) at MOUNTPOINT, cached on local disk.
+    Mount(Box<MountArgs>),
     /// Show a mount's counters (a table, or JSON with --json).
     Status(StatusArgs),
     /// Unmount and wait for the daemon to exit.
@@ -53,7 +53,7 @@ fn wan(s: &str) -> Result<WanSpec, String> {
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
-    /// The home: a directory path or file:// URL.
+    /// The home: a directory path, file:// URL or s3://bucket/prefix URL.
     pub home: String,
     /// Where to mount (an empty directory).
     pub mountpoint: PathBuf,
@@ -78,6 +78,12 @@ pub struct MountArgs {
     /// Give up on a home call after this long (the caller gets EIO).
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub home_timeout: Duration,
+    /// S3 endpoint for s3:// homes on S3-compatible servers, e.g. http://127.0.0.1:9000.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// S3 region for s3:// homes [default: us-east-1].
+    #[arg(long)]
+    pub s3_region: Option<String>,
     /// Serve Prometheus metrics at this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,

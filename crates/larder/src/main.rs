@@ -18,7 +18,7 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
-        cli::Command::Mount(args) => daemon::mount(args),
+        cli::Command::Mount(args) => daemon::mount(*args),
         cli::Command::Status(args) => status::run(args),
         cli::Command::Unmount(args) => mounts::unmount(args),
         cli::Command::Demo(args) => demo::run(args),

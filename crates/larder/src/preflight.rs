@@ -44,6 +44,8 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         url: args.home.clone(),
         op_timeout: Some(args.home_timeout),
         wan: args.emulate_wan,
+        s3_endpoint: args.s3_endpoint.clone(),
+        s3_region: args.s3_region.clone(),
     };
     let (home, counters) = open_home(&spec).map_err(anyhow::Error::msg)?;
     let mnt = mounts::absolute(&args.mountpoint)?;
@@ -79,7 +81,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
     }
     let home_root = home.describe();
     let home_path = Path::new(home_root.strip_prefix("file://").unwrap_or(&home_root));
-    if mnt.starts_with(home_path) {
+    if home_root.starts_with("file://") && mnt.starts_with(home_path) {
         bail!(
             "mount point {} is inside the home {}: larder would read itself",
             mnt.display(),

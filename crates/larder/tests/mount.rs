@@ -780,8 +780,22 @@ fn bad_cli_input_gives_clear_errors() {
     let out = larder(&["mount", s(&file_home), mnt, "--cache-dir", cache]);
     assert_cli_error(&out, &[s(&file_home), "not a directory"]);
 
-    let out = larder(&["mount", "s3://bucket/x", mnt, "--cache-dir", cache]);
-    assert_cli_error(&out, &["home URL scheme 's3://' is not supported"]);
+    let out = larder(&["mount", "ftp://host/x", mnt, "--cache-dir", cache]);
+    assert_cli_error(&out, &["home URL scheme 'ftp://' is not supported"]);
+
+    // An S3 endpoint where nothing listens: refused within the home timeout, naming the home.
+    let out = larder(&[
+        "mount",
+        "s3://bucket/x",
+        mnt,
+        "--cache-dir",
+        cache,
+        "--s3-endpoint",
+        "http://127.0.0.1:9",
+        "--home-timeout",
+        "3s",
+    ]);
+    assert_cli_error(&out, &["home 's3://bucket/x' is not usable"]);
 
     let no_mnt = root.join("no-such-mnt");
     let out = larder(&["mount", home, s(&no_mnt), "--cache-dir", cache]);

@@ -522,3 +522,71 @@ pub fn set_mtime(path: &Path, secs: i64) {
 pub fn mtime_secs(path: &Path) -> i64 {
     std::fs::metadata(path).expect("stat").mtime()
 }
+
+/// Like [`run_cmd`], with `env` added to the child's environment (e.g. credentials of an S3 home).
+pub fn run_cmd_env(program: &str, args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let out = drain(child.stdout.take().expect("stdout pipe"));
+    let err = drain(child.stderr.take().expect("stderr pipe"));
+    let until = Instant::now() + deadline;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for child") {
+            break s;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`{program} {}` did not finish within {deadline:?}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stdout = out.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    let stderr = err.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    Output {
+        code: status.code(),
+        stdout,
+        stderr,
+    }
+}
+
+impl Mount {
+    /// Mount the home URL `home` (e.g. `s3://bucket/prefix`) at `mnt` with `--cache-dir cache` and
+    /// `extra`, the `larder mount` command (and so the daemon) running with `env` added to its
+    /// environment; returns the command's output on failure.
+    pub fn try_new_env(
+        home: &str,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Mount, Output> {
+        let mut args: Vec<&str> = vec!["mount", home, s(mnt), "--cache-dir", s(cache)];
+        args.extend_from_slice(extra);
+        let out = run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE);
+        if !out.success() {
+            return Err(out);
+        }
+        let mnt = std::fs::canonicalize(mnt).expect("canonical mount point");
+        let pid = parse_pid(&out.stdout)
+            .or_else(|| status(&mnt)["pid"].as_i64().map(|p| p as i32))
+            .unwrap_or_else(|| panic!("no daemon pid in `larder mount` output:\n{out}"));
+        assert!(
+            is_mounted(&mnt),
+            "larder mount succeeded but nothing is mounted at {}:\n{out}",
+            mnt.display()
+        );
+        Ok(Mount {
+            mnt,
+            cache: cache.to_path_buf(),
+            pid,
+            done: false,
+        })
+    }
+}

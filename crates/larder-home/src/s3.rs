@@ -1,0 +1,589 @@
+//! A home that is an S3-compatible bucket (or a prefix of one), through Apache OpenDAL.
+//!
+//! **Layout.** A file `a/b.txt` is the object `PREFIX/a/b.txt`, byte for byte: any S3 client sees
+//! ordinary objects. Directories are common prefixes; a directory made through larder is also a zero-byte
+//! marker object `PREFIX/dir/`, so that an empty directory survives. A listing is one ListObjectsV2
+//! request per 1000 entries and carries each object's size, mtime and ETag, so the cache knows them
+//! without a request per file.
+//!
+//! **Versions** are ETags. Reads ask for the version they expect (`If-Match`); an object replaced
+//! meanwhile answers "precondition failed", which is [`HomeError::Stale`]. Writes are conditional too:
+//! `If-None-Match: *` for creates, `If-Match: <base ETag>` for rewrites; a change at home in between is
+//! [`HomeError::Conflict`], never overwritten.
+//!
+//! **Writes** rewrite the whole object (S3 has no partial update): dirty ranges come from the cache copy,
+//! the rest from the object as it was (ranged reads at the base ETag), streamed through a multipart upload
+//! in 8 MiB parts. OpenDAL has no UploadPartCopy, so unchanged parts travel through larder; see
+//! docs/design/006-object-store-home.md.
+//!
+//! **What S3 cannot do**: modes, owners and times are not stored (chmod, chown and utimens succeed and
+//! change nothing; files show 0644, directories 0755, owned by the daemon's user); no symlinks, hard links
+//! or special files (`EOPNOTSUPP`); rename is copy + delete, object by object, not atomic.
+
+use std::fs::File;
+use std::future::Future;
+use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Component, Path};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use opendal::layers::{RetryLayer, TimeoutLayer};
+use opendal::{ErrorKind, Operator};
+
+use crate::{DirEntry, FileKind, Home, HomeAttr, HomeError, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version};
+
+/// S3 refuses keys longer than this many bytes.
+pub const MAX_KEY: usize = 1024;
+const PART: usize = 8 << 20;
+
+/// Where and how to reach a bucket.
+#[derive(Clone, Debug, Default)]
+pub struct S3Spec {
+    pub bucket: String,
+    /// Key prefix under which the home lives ("" for the whole bucket).
+    pub prefix: String,
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Deadline of each home call, retries included.
+    pub op_timeout: Duration,
+}
+
+/// An S3 bucket as home.
+pub struct S3Home {
+    spec: S3Spec,
+    op: Operator,
+    rt: tokio::runtime::Runtime,
+    uid: u32,
+    gid: u32,
+    started: SystemTime,
+    /// Directories have no version at S3; each stat gives a new one, so listings are refreshed after the
+    /// validity lag.
+    dir_version: AtomicU64,
+}
+
+impl S3Home {
+    /// Connect to the bucket `spec` names. Credentials come from the standard AWS environment variables
+    /// and files.
+    pub fn new(spec: S3Spec) -> HomeResult<S3Home> {
+        // Default features are off: install the HTTP transport (reqwest) explicitly.
+        opendal::install_default();
+        let root = format!("/{}", spec.prefix.trim_matches('/'));
+        let mut builder = opendal::services::S3::default().bucket(&spec.bucket).root(&root);
+        if let Some(e) = &spec.endpoint {
+            builder = builder.endpoint(e);
+        }
+        builder = builder.region(spec.region.as_deref().unwrap_or("us-east-1"));
+        let attempt = (spec.op_timeout / 3).max(Duration::from_millis(500));
+        let op = Operator::new(builder)
+            .map_err(|e| HomeError::Unavailable(format!("S3 configuration: {e}")))?
+            .layer(
+                RetryLayer::new()
+                    .with_jitter()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_delay(Duration::from_secs(2))
+                    .with_max_times(6),
+            )
+            .layer(TimeoutLayer::new().with_timeout(attempt).with_io_timeout(attempt));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("larder-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| HomeError::Unavailable(format!("cannot start the S3 runtime: {e}")))?;
+        // SAFETY: getuid and getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Ok(S3Home {
+            spec,
+            op,
+            rt,
+            uid,
+            gid,
+            started: SystemTime::now(),
+            dir_version: AtomicU64::new(0),
+        })
+    }
+
+    /// Check that the bucket answers (a listing of the prefix).
+    pub fn check(&self) -> HomeResult<()> {
+        self.run(async {
+            self.op
+                .list_with("/")
+                .limit(1)
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(e, false))
+        })
+    }
+
+    /// Run `f` on the runtime with the call deadline.
+    fn run<T>(&self, f: impl Future<Output = HomeResult<T>>) -> HomeResult<T> {
+        let timeout = self.spec.op_timeout;
+        self.rt.block_on(async move {
+            match tokio::time::timeout(timeout, f).await {
+                Ok(r) => r,
+                Err(_) => Err(HomeError::TimedOut(timeout)),
+            }
+        })
+    }
+
+    /// The key of `path` ("a/b" or, for a directory, "a/b/"), checked against what S3 can store.
+    fn key(&self, path: &Path, dir: bool) -> HomeResult<String> {
+        let mut key = String::new();
+        for c in path.components() {
+            let Component::Normal(name) = c else {
+                return Err(HomeError::InvalidName(format!(
+                    "'{}' is not a plain path",
+                    path.display()
+                )));
+            };
+            let name = std::str::from_utf8(name.as_bytes())
+                .map_err(|_| HomeError::InvalidName("S3 keys must be UTF-8".into()))?;
+            if !key.is_empty() {
+                key.push('/');
+            }
+            key.push_str(name);
+        }
+        if dir && !key.is_empty() {
+            key.push('/');
+        }
+        let full = self.spec.prefix.trim_matches('/').len() + 1 + key.len() + 1;
+        if full > MAX_KEY {
+            return Err(HomeError::NameTooLong);
+        }
+        Ok(key)
+    }
+
+    fn file_attr(&self, meta: &opendal::Metadata) -> HomeAttr {
+        let mtime = meta.last_modified().map(SystemTime::from).unwrap_or(UNIX_EPOCH);
+        let size = meta.content_length();
+        HomeAttr {
+            kind: FileKind::File,
+            id: 0,
+            size,
+            perm: 0o644,
+            uid: self.uid,
+            gid: self.gid,
+            nlink: 1,
+            rdev: 0,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            version: Version(meta.etag().unwrap_or_default().to_string()),
+        }
+    }
+
+    fn dir_attr(&self) -> HomeAttr {
+        let n = self.dir_version.fetch_add(1, Ordering::Relaxed);
+        HomeAttr {
+            kind: FileKind::Dir,
+            id: 0,
+            size: 0,
+            perm: 0o755,
+            uid: self.uid,
+            gid: self.gid,
+            nlink: 2,
+            rdev: 0,
+            blocks: 0,
+            atime: self.started,
+            mtime: self.started,
+            ctime: self.started,
+            version: Version(format!("dir:{n}")),
+        }
+    }
+
+    async fn stat_file(&self, key: &str) -> HomeResult<Option<HomeAttr>> {
+        match self.op.stat(key).await {
+            Ok(meta) if meta.is_file() => Ok(Some(self.file_attr(&meta))),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(classify(e, false)),
+        }
+    }
+
+    /// Whether the directory `dir_key` ("a/b/") exists: a marker or anything under it.
+    async fn dir_exists(&self, dir_key: &str) -> HomeResult<bool> {
+        match self.op.list_with(dir_key).limit(1).await {
+            Ok(entries) => Ok(!entries.is_empty()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(classify(e, false)),
+        }
+    }
+
+    async fn stat_any(&self, path: &Path) -> HomeResult<HomeAttr> {
+        if path.as_os_str().is_empty() {
+            return Ok(self.dir_attr());
+        }
+        let key = self.key(path, false)?;
+        if let Some(a) = self.stat_file(&key).await? {
+            return Ok(a);
+        }
+        if self.dir_exists(&self.key(path, true)?).await? {
+            return Ok(self.dir_attr());
+        }
+        Err(HomeError::NotFound)
+    }
+
+    /// Children of `dir_key`, recursively or not, without the marker itself.
+    async fn entries(&self, dir_key: &str, recursive: bool) -> HomeResult<Vec<opendal::Entry>> {
+        let list = if dir_key.is_empty() { "/" } else { dir_key };
+        match self.op.list_with(list).recursive(recursive).await {
+            Ok(v) => Ok(v
+                .into_iter()
+                .filter(|e| e.path() != dir_key && e.path() != "/")
+                .collect()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(classify(e, false)),
+        }
+    }
+
+    /// Rewrite `key` as `size` bytes: `ranges` from `source`, the rest from the object at `base` (bytes
+    /// past its old end are zeros). Conditional on `base` when given.
+    async fn rewrite(
+        &self,
+        key: &str,
+        source: Option<&File>,
+        ranges: &[Range<u64>],
+        size: u64,
+        base: Option<(&str, u64)>,
+    ) -> HomeResult<()> {
+        let mut writer = {
+            let w = self.op.writer_with(key).chunk(PART).concurrent(4);
+            let w = match base {
+                Some((etag, _)) if !etag.is_empty() => w.if_match(etag),
+                _ => w,
+            };
+            w.await.map_err(|e| classify(e, true))?
+        };
+        let old_size = base.map_or(0, |b| b.1);
+        let mut pos = 0u64;
+        while pos < size {
+            let end = (pos + PART as u64).min(size);
+            let mut part = vec![0u8; (end - pos) as usize];
+            // The bytes of the old object this part keeps.
+            let keep_end = end.min(old_size);
+            if pos < keep_end
+                && let Some((etag, _)) = base
+            {
+                let mut read = self.op.read_with(key).range(pos..keep_end);
+                if !etag.is_empty() {
+                    read = read.if_match(etag);
+                }
+                let old = read.await.map_err(|e| classify(e, true))?.to_vec();
+                part[..old.len()].copy_from_slice(&old);
+            }
+            if let Some(source) = source {
+                for r in ranges {
+                    let (s, e) = (r.start.max(pos), r.end.min(end));
+                    if s < e {
+                        let slice = &mut part[(s - pos) as usize..(e - pos) as usize];
+                        let mut done = 0;
+                        while done < slice.len() {
+                            let n = source.read_at(&mut slice[done..], s + done as u64)?;
+                            if n == 0 {
+                                // The cache copy ends in a hole: zeros.
+                                slice[done..].fill(0);
+                                break;
+                            }
+                            done += n;
+                        }
+                    }
+                }
+            }
+            writer.write(part).await.map_err(|e| classify(e, true))?;
+            pos = end;
+        }
+        writer.close().await.map_err(|e| classify(e, true))?;
+        Ok(())
+    }
+
+    async fn rename_file(&self, from: &str, to: &str) -> HomeResult<()> {
+        self.op.copy(from, to).await.map_err(|e| classify(e, false))?;
+        self.op.delete(from).await.map_err(|e| classify(e, false))?;
+        self.keep_parent(from).await
+    }
+
+    /// After `key` went away: a directory that existed only as a common prefix would vanish with its last
+    /// child, which a file system does not do; give it a marker.
+    async fn keep_parent(&self, key: &str) -> HomeResult<()> {
+        let trimmed = key.trim_end_matches('/');
+        let Some(cut) = trimmed.rfind('/') else { return Ok(()) };
+        let parent = &trimmed[..=cut];
+        if !self.dir_exists(parent).await? {
+            self.op.create_dir(parent).await.map_err(|e| classify(e, false))?;
+        }
+        Ok(())
+    }
+}
+
+/// Turn an OpenDAL error into a home error. `write`: a failed precondition means home changed since the
+/// base version (conflict) rather than during a read (stale).
+fn classify(e: opendal::Error, write: bool) -> HomeError {
+    match e.kind() {
+        ErrorKind::NotFound => HomeError::NotFound,
+        ErrorKind::PermissionDenied => HomeError::PermissionDenied,
+        ErrorKind::AlreadyExists => HomeError::Exists,
+        ErrorKind::ConditionNotMatch if write => HomeError::Conflict,
+        ErrorKind::ConditionNotMatch => HomeError::Stale,
+        ErrorKind::IsADirectory => HomeError::Os(libc::EISDIR),
+        ErrorKind::NotADirectory => HomeError::Os(libc::ENOTDIR),
+        ErrorKind::Unsupported => HomeError::Unsupported("this operation on S3"),
+        ErrorKind::RateLimited => HomeError::Unavailable(e.to_string()),
+        _ if e.is_temporary() => HomeError::Unavailable(e.to_string()),
+        _ => HomeError::Unavailable(e.to_string()),
+    }
+}
+
+impl Home for S3Home {
+    fn describe(&self) -> String {
+        let prefix = self.spec.prefix.trim_matches('/');
+        if prefix.is_empty() {
+            format!("s3://{}", self.spec.bucket)
+        } else {
+            format!("s3://{}/{prefix}", self.spec.bucket)
+        }
+    }
+
+    fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
+        self.run(self.stat_any(path))
+    }
+
+    fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
+        let dir_key = self.key(path, true)?;
+        self.run(async {
+            let entries = self.entries(&dir_key, false).await?;
+            if entries.is_empty() && !dir_key.is_empty() && !self.dir_exists(&dir_key).await? {
+                return Err(HomeError::NotFound);
+            }
+            let mut out = Vec::with_capacity(entries.len());
+            for e in entries {
+                let rel = &e.path()[dir_key.len().min(e.path().len())..];
+                let (name, dir) = match rel.strip_suffix('/') {
+                    Some(n) => (n, true),
+                    None => (rel, false),
+                };
+                // Keys S3 allows but a file system cannot show ("a//b", "a/./b").
+                if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+                    continue;
+                }
+                let meta = e.metadata();
+                let attr = if dir {
+                    None
+                } else {
+                    meta.etag().is_some().then(|| self.file_attr(meta))
+                };
+                let kind = if dir { FileKind::Dir } else { FileKind::File };
+                out.push(DirEntry {
+                    name: name.into(),
+                    kind,
+                    attr,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let key = self.key(path, false)?;
+        self.run(async {
+            let mut read = self.op.read_with(&key).range(offset..offset + len as u64);
+            if !version.0.is_empty() {
+                read = read.if_match(&version.0);
+            }
+            Ok(read.await.map_err(|e| classify(e, false))?.to_vec())
+        })
+    }
+
+    fn readlink(&self, _path: &Path) -> HomeResult<Vec<u8>> {
+        Err(HomeError::Unsupported("symlinks on S3"))
+    }
+
+    fn create(&self, path: &Path, _mode: u32, _owner: Owner) -> HomeResult<HomeAttr> {
+        let key = self.key(path, false)?;
+        self.run(async {
+            if self.dir_exists(&self.key(path, true)?).await? {
+                return Err(HomeError::Exists);
+            }
+            match self.op.write_with(&key, Vec::<u8>::new()).if_not_exists(true).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::ConditionNotMatch => return Err(HomeError::Exists),
+                Err(e) => return Err(classify(e, true)),
+            }
+            self.stat_file(&key).await?.ok_or(HomeError::NotFound)
+        })
+    }
+
+    fn mkdir(&self, path: &Path, _mode: u32, _owner: Owner) -> HomeResult<HomeAttr> {
+        let dir_key = self.key(path, true)?;
+        let key = self.key(path, false)?;
+        self.run(async {
+            if self.stat_file(&key).await?.is_some() || self.dir_exists(&dir_key).await? {
+                return Err(HomeError::Exists);
+            }
+            self.op.create_dir(&dir_key).await.map_err(|e| classify(e, true))?;
+            Ok(self.dir_attr())
+        })
+    }
+
+    fn mknod(&self, _path: &Path, _mode: u32, _rdev: u64, _owner: Owner) -> HomeResult<HomeAttr> {
+        Err(HomeError::Unsupported("special files on S3"))
+    }
+
+    fn symlink(&self, _target: &[u8], _path: &Path, _owner: Owner) -> HomeResult<HomeAttr> {
+        Err(HomeError::Unsupported("symlinks on S3"))
+    }
+
+    fn link(&self, _existing: &Path, _new: &Path) -> HomeResult<HomeAttr> {
+        Err(HomeError::Unsupported("hard links on S3"))
+    }
+
+    fn unlink(&self, path: &Path) -> HomeResult<()> {
+        let key = self.key(path, false)?;
+        self.run(async {
+            if self.stat_file(&key).await?.is_none() {
+                return Err(if self.dir_exists(&self.key(path, true)?).await? {
+                    HomeError::Os(libc::EISDIR)
+                } else {
+                    HomeError::NotFound
+                });
+            }
+            self.op.delete(&key).await.map_err(|e| classify(e, false))?;
+            self.keep_parent(&key).await
+        })
+    }
+
+    fn rmdir(&self, path: &Path) -> HomeResult<()> {
+        let dir_key = self.key(path, true)?;
+        self.run(async {
+            if !self.entries(&dir_key, false).await?.is_empty() {
+                return Err(HomeError::NotEmpty);
+            }
+            if !self.dir_exists(&dir_key).await? {
+                return Err(HomeError::NotFound);
+            }
+            self.op.delete(&dir_key).await.map_err(|e| classify(e, false))?;
+            self.keep_parent(&dir_key).await
+        })
+    }
+
+    fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
+        if flags.exchange {
+            return Err(HomeError::Unsupported("atomic exchange on S3"));
+        }
+        let (from_file, from_dir) = (self.key(from, false)?, self.key(from, true)?);
+        let (to_file, to_dir) = (self.key(to, false)?, self.key(to, true)?);
+        self.run(async {
+            let to_is_file = self.stat_file(&to_file).await?.is_some();
+            let to_is_dir = !to_is_file && self.dir_exists(&to_dir).await?;
+            if flags.no_replace && (to_is_file || to_is_dir) {
+                return Err(HomeError::Exists);
+            }
+            if self.stat_file(&from_file).await?.is_some() {
+                if to_is_dir {
+                    return Err(HomeError::Os(libc::EISDIR));
+                }
+                return self.rename_file(&from_file, &to_file).await;
+            }
+            if !self.dir_exists(&from_dir).await? {
+                return Err(HomeError::NotFound);
+            }
+            if to_is_file {
+                return Err(HomeError::Os(libc::ENOTDIR));
+            }
+            if to_is_dir {
+                if !self.entries(&to_dir, false).await?.is_empty() {
+                    return Err(HomeError::NotEmpty);
+                }
+                self.op.delete(&to_dir).await.map_err(|e| classify(e, false))?;
+            }
+            // Copy everything under the prefix (markers included), then delete the originals: a crash in
+            // between leaves both copies, never neither.
+            let mut keys: Vec<String> = self
+                .entries(&from_dir, true)
+                .await?
+                .into_iter()
+                .map(|e| e.path().to_string())
+                .collect();
+            keys.push(from_dir.clone());
+            for key in &keys {
+                let target = format!("{to_dir}{}", &key[from_dir.len()..]);
+                if key.ends_with('/') {
+                    self.op.create_dir(&target).await.map_err(|e| classify(e, false))?;
+                } else {
+                    self.op.copy(key, &target).await.map_err(|e| classify(e, false))?;
+                }
+            }
+            for key in &keys {
+                match self.op.delete(key).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(classify(e, false)),
+                }
+            }
+            self.keep_parent(&from_dir).await
+        })
+    }
+
+    fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
+        let key = self.key(path, false)?;
+        self.run(async {
+            let Some(size) = changes.size else {
+                // Modes, owners and times are not stored on S3.
+                return self.stat_any(path).await;
+            };
+            let current = self.stat_file(&key).await?.ok_or(HomeError::NotFound)?;
+            if current.size != size {
+                self.rewrite(&key, None, &[], size, Some((&current.version.0, current.size)))
+                    .await?;
+            }
+            self.stat_file(&key).await?.ok_or(HomeError::NotFound)
+        })
+    }
+
+    fn write(
+        &self,
+        path: &Path,
+        source: &File,
+        ranges: &[Range<u64>],
+        size: u64,
+        base: Option<&Version>,
+    ) -> HomeResult<HomeAttr> {
+        let key = self.key(path, false)?;
+        self.run(async {
+            let current = self.stat_file(&key).await?.ok_or(HomeError::NotFound)?;
+            if let Some(base) = base
+                && !base.0.is_empty()
+                && base.0 != current.version.0
+            {
+                return Err(HomeError::Conflict);
+            }
+            self.rewrite(
+                &key,
+                Some(source),
+                ranges,
+                size,
+                Some((&current.version.0, current.size)),
+            )
+            .await?;
+            self.stat_file(&key).await?.ok_or(HomeError::NotFound)
+        })
+    }
+
+    fn statfs(&self) -> HomeResult<StatFs> {
+        // A bucket has no capacity to speak of; report a large, mostly free file system.
+        Ok(StatFs {
+            blocks: 1 << 40,
+            blocks_free: 1 << 40,
+            blocks_available: 1 << 40,
+            files: 1 << 40,
+            files_free: 1 << 40,
+            block_size: 4096,
+            name_max: 255,
+        })
+    }
+}

@@ -1,0 +1,1086 @@
+//! Integration tests of larder's S3 home against a local S3 server (moto), through real FUSE mounts:
+//! run as root with /dev/fuse and python3 (`scripts/s3-server.sh` installs moto[server] with pip if it
+//! is missing).
+//!
+//! Every test starts its own moto server (`scripts/s3-server.sh` with a state dir of its own, so on a
+//! port of its own) and its own bucket, mounts `s3://BUCKET/PREFIX` with its own cache dir, and checks
+//! the objects with `scripts/s3tool.py`. Guards unmount and kill the server even when a test fails;
+//! daemon logs are printed then (`<cache>/larder.log`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::{AsRawFd, IntoRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The repository's root (for the scripts).
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+/// The credentials and region every S3 client here uses (moto accepts any).
+const CREDENTIALS: [(&str, &str); 3] = [
+    ("AWS_ACCESS_KEY_ID", "test"),
+    ("AWS_SECRET_ACCESS_KEY", "test"),
+    ("AWS_DEFAULT_REGION", "us-east-1"),
+];
+
+/// How long one s3tool or s3-server.sh command may take (pip may install moto on first use).
+const TOOL_DEADLINE: Duration = Duration::from_secs(300);
+
+fn script(name: &str) -> String {
+    format!("{REPO}/scripts/{name}")
+}
+
+/// Whether `pid` is (still) a moto server, so cleanup never signals a process that reused its pid.
+fn is_moto(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(4).any(|w| w == b"moto"))
+}
+
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+// The server ---------------------------------------------------------------------------------------------
+
+/// A moto server started by `scripts/s3-server.sh` with a state dir of its own. Dropping it kills it.
+struct S3Server {
+    state: PathBuf,
+    endpoint: String,
+    pid: i32,
+}
+
+impl S3Server {
+    fn start(state: &Path) -> S3Server {
+        let out = run_cmd_env(
+            "bash",
+            &[&script("s3-server.sh"), "start"],
+            &[("S3_STATE_DIR", s(state))],
+            TOOL_DEADLINE,
+        );
+        assert!(out.success(), "scripts/s3-server.sh start failed:\n{out}");
+        let endpoint = out
+            .stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("S3_ENDPOINT="))
+            .unwrap_or_else(|| panic!("no S3_ENDPOINT in the output of s3-server.sh start:\n{out}"))
+            .to_string();
+        let pid: i32 = std::fs::read_to_string(state.join("pid"))
+            .expect("s3-server.sh writes a pid file")
+            .trim()
+            .parse()
+            .expect("a pid in the pid file");
+        assert!(is_moto(pid), "pid {pid} of the pid file is not a moto server");
+        S3Server {
+            state: state.to_path_buf(),
+            endpoint,
+            pid,
+        }
+    }
+
+    /// The environment of s3tool and larder: the endpoint and the credentials.
+    fn env(&self) -> Vec<(&str, &str)> {
+        let mut env = vec![("S3_ENDPOINT", self.endpoint.as_str())];
+        env.extend(CREDENTIALS);
+        env
+    }
+
+    /// SIGKILL the server and wait until it is gone.
+    fn kill(&self) {
+        if is_moto(self.pid) {
+            signal(self.pid, libc::SIGKILL);
+        }
+        assert!(
+            wait_until(Duration::from_secs(10), || !is_moto(self.pid)),
+            "moto (pid {}) survived SIGKILL",
+            self.pid
+        );
+    }
+
+    fn stop_process(&self) {
+        signal(self.pid, libc::SIGSTOP);
+        assert!(
+            wait_until(Duration::from_secs(5), || process_state(self.pid) == Some('T')),
+            "moto (pid {}) did not stop",
+            self.pid
+        );
+    }
+
+    fn continue_process(&self) {
+        signal(self.pid, libc::SIGCONT);
+        assert!(
+            wait_until(Duration::from_secs(5), || process_state(self.pid) != Some('T')),
+            "moto (pid {}) did not resume",
+            self.pid
+        );
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        // Never panics: signals only a process that still is a moto server.
+        if is_moto(self.pid) {
+            // SAFETY: kill has no memory preconditions; the pid is our moto server.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
+            wait_until(Duration::from_secs(5), || !is_moto(self.pid));
+        }
+        let _ = std::fs::remove_file(self.state.join("pid"));
+        let _ = std::fs::remove_file(self.state.join("port"));
+    }
+}
+
+// One test's world ---------------------------------------------------------------------------------------
+
+/// A test's server, bucket, prefix, mount point and cache dir. Fields drop in order: the server is
+/// killed before the temporary directory goes (a test's [`Mount`] is a local declared later, so it is
+/// unmounted first).
+struct S3Test {
+    srv: S3Server,
+    t: TestDir,
+    bucket: String,
+    prefix: String,
+    /// Names of scratch files for s3tool.
+    scratch: AtomicU64,
+}
+
+impl S3Test {
+    /// A new server with bucket `larder-NAME`; the mount's home is `s3://larder-NAME/PREFIX`.
+    fn new(name: &str, prefix: &str) -> S3Test {
+        let t = TestDir::new(name);
+        let srv = S3Server::start(&t.root().join("s3-state"));
+        let st = S3Test {
+            srv,
+            t,
+            bucket: format!("larder-{name}"),
+            prefix: prefix.to_string(),
+            scratch: AtomicU64::new(0),
+        };
+        st.tool_ok(&["mb", &st.bucket]);
+        st
+    }
+
+    fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.prefix)
+    }
+
+    /// The object key of `rel` in the mount.
+    fn key(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.prefix)
+    }
+
+    fn scratch_path(&self) -> PathBuf {
+        let n = self.scratch.fetch_add(1, Ordering::Relaxed);
+        self.t.root().join(format!("scratch-{n}"))
+    }
+
+    /// Run `s3tool.py args`.
+    fn tool(&self, args: &[&str]) -> Output {
+        let mut argv = vec![script("s3tool.py")];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        run_cmd_env("python3", &argv, &self.srv.env(), TOOL_DEADLINE)
+    }
+
+    /// Run `s3tool.py args`, failing the test if it fails; returns its stdout.
+    fn tool_ok(&self, args: &[&str]) -> String {
+        let out = self.tool(args);
+        assert!(out.success(), "s3tool.py {} failed:\n{out}", args.join(" "));
+        out.stdout
+    }
+
+    fn put(&self, key: &str, data: &[u8]) {
+        let p = self.scratch_path();
+        std::fs::write(&p, data).expect("write scratch file");
+        self.tool_ok(&["put", &self.bucket, key, s(&p)]);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// The object's bytes, or None if there is no such object.
+    fn try_get(&self, key: &str) -> Option<Vec<u8>> {
+        let p = self.scratch_path();
+        let out = self.tool(&["get", &self.bucket, key, s(&p)]);
+        if out.code == Some(2) && out.stderr.contains("NoSuchKey") {
+            return None;
+        }
+        assert!(out.success(), "s3tool.py get {key} failed:\n{out}");
+        let v = std::fs::read(&p).expect("read scratch file");
+        let _ = std::fs::remove_file(&p);
+        Some(v)
+    }
+
+    fn get(&self, key: &str) -> Vec<u8> {
+        self.try_get(key)
+            .unwrap_or_else(|| panic!("there is no object {key}: {:?}", self.ls("")))
+    }
+
+    /// Every object whose key starts with `prefix`: key -> (size, etag).
+    fn ls(&self, prefix: &str) -> BTreeMap<String, (u64, String)> {
+        self.tool_ok(&["ls", &self.bucket, prefix])
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                assert_eq!(f.len(), 3, "bad s3tool ls line {l:?}");
+                (f[0].to_string(), (f[1].parse().expect("size"), f[2].to_string()))
+            })
+            .collect()
+    }
+
+    /// Keys and sizes under this test's prefix, relative to it (`PREFIX/a/b` is `a/b`).
+    fn objects(&self) -> BTreeMap<String, u64> {
+        let p = format!("{}/", self.prefix);
+        self.ls(&p)
+            .into_iter()
+            .map(|(k, (size, _))| (k[p.len()..].to_string(), size))
+            .collect()
+    }
+
+    fn mount_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["--s3-endpoint", self.srv.endpoint.as_str(), "--s3-region", "us-east-1"];
+        args.extend_from_slice(extra);
+        args
+    }
+
+    /// Mount this test's home at `mnt` with cache dir `cache`.
+    fn mount_at(&self, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        let args = self.mount_args(extra);
+        match Mount::try_new_env(&self.url(), mnt, cache, &args, &self.srv.env()) {
+            Ok(m) => m,
+            Err(out) => panic!(
+                "larder mount {} {} failed:\n{out}\n--- daemon log ---\n{}",
+                self.url(),
+                mnt.display(),
+                log_tail(cache, 60)
+            ),
+        }
+    }
+
+    fn mount(&self, extra: &[&str]) -> Mount {
+        self.mount_at(&self.t.mnt, &self.t.cache, extra)
+    }
+}
+
+// Helpers ------------------------------------------------------------------------------------------------
+
+/// Read `path` after dropping the kernel's page cache of it, so the read reaches the daemon.
+fn read_uncached(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = File::open(path)?;
+    // SAFETY: fadvise on a valid descriptor.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
+}
+
+fn read_uncached_ok(path: &Path) -> Vec<u8> {
+    read_uncached(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// `home.ops_by_kind.KIND` of a status.
+fn ops(v: &serde_json::Value, kind: &str) -> u64 {
+    num(v, &format!("/home/ops_by_kind/{kind}"))
+}
+
+/// Close `f` and fail the test if close(2) fails (write-through: close reports the upload).
+fn close_checked(f: File, what: &str) {
+    let fd = f.into_raw_fd();
+    // SAFETY: we own fd (taken from the File).
+    let r = unsafe { libc::close(fd) };
+    assert_eq!(r, 0, "close of {what} failed: {}", std::io::Error::last_os_error());
+}
+
+/// Write `data` to a new file `path` in the mount, checking write and close.
+fn create_with(path: &Path, data: &[u8]) {
+    let mut f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    f.write_all(data)
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    close_checked(f, &path.display().to_string());
+}
+
+/// The content s3tool put-many gives object `i`.
+fn put_many_body(i: usize, size: usize) -> Vec<u8> {
+    format!("{i:05}").bytes().cycle().take(size).collect()
+}
+
+/// Which of `v1` and `v2` `got` is, or a panic naming the mix.
+fn which_version(got: &[u8], v1: &[u8], v2: &[u8], what: &str) -> u8 {
+    if got == v1 {
+        return 1;
+    }
+    if got == v2 {
+        return 2;
+    }
+    let n = got.len().min(v1.len());
+    let old = (0..n).filter(|&i| got[i] == v1[i]).count();
+    let new = (0..n).filter(|&i| i < v2.len() && got[i] == v2[i]).count();
+    let first_old = (0..n).find(|&i| got[i] == v1[i]);
+    let first_new = (0..n).find(|&i| i < v2.len() && got[i] == v2[i]);
+    panic!(
+        "{what}: neither version: {} bytes (versions have {}), {old} bytes of the old version (first at \
+         {first_old:?}) and {new} of the new one (first at {first_new:?}): a mix of two versions",
+        got.len(),
+        v1.len()
+    );
+}
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+// a ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn cold_then_warm_reads_equal_objects() {
+    let st = S3Test::new("coldwarm", "deep/home");
+    let mut rng = Rng::new(101);
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for (rel, size) in [
+        ("top.bin", 1000),
+        ("empty.bin", 0),
+        ("a/x.txt", 12_345),
+        ("a/b/c/deep.bin", 300_000),
+        ("d/e/f/g.bin", 70_001),
+        ("big/five-mib.bin", 5 << 20),
+    ] {
+        let data = rng.bytes(size);
+        st.put(&st.key(rel), &data);
+        files.insert(rel.to_string(), data);
+    }
+    // Not in the home: outside the prefix, and a sibling whose key merely starts with the prefix.
+    st.put("deep/outside.bin", b"not in the home");
+    st.put("deep/home-sibling/y.bin", b"not in the home either");
+
+    let m = st.mount(&["--validity-lag", "1s"]);
+    let tree = walk(&m.mnt);
+    let mut want: BTreeMap<PathBuf, Option<u64>> = ["a", "a/b", "a/b/c", "d", "d/e", "d/e/f", "big"]
+        .into_iter()
+        .map(|d| (PathBuf::from(d), None))
+        .collect();
+    for (rel, data) in &files {
+        want.insert(PathBuf::from(rel), Some(data.len() as u64));
+    }
+    let got: BTreeMap<PathBuf, Option<u64>> = tree
+        .iter()
+        .map(|(p, md)| (p.clone(), if md.is_dir() { None } else { Some(md.len()) }))
+        .collect();
+    assert_eq!(got, want, "the mount's tree (None: a directory, Some: a file's size)");
+    for (p, md) in &tree {
+        assert!(
+            md.is_dir() || md.is_file(),
+            "{}: neither file nor directory",
+            p.display()
+        );
+    }
+    let listed = m.status();
+    assert_eq!(
+        (ops(&listed, "read"), num(&listed, "/home/bytes_read")),
+        (0, 0),
+        "listing and stat must not read file data"
+    );
+
+    for (rel, want) in &files {
+        assert_same_bytes(&read(&m.path(rel)), want, &format!("cold read of {rel}"));
+    }
+    let cold = m.status();
+    let total: u64 = files.values().map(|v| v.len() as u64).sum();
+    assert!(ops(&cold, "read") > 0, "cold reads made no home read: {cold}");
+    assert!(
+        num(&cold, "/home/bytes_read") >= total,
+        "cold reads of {total} bytes read only {} bytes from home",
+        num(&cold, "/home/bytes_read")
+    );
+
+    // Warm: the kernel's page cache is dropped, so the daemon serves the reads from its cache.
+    for (rel, want) in &files {
+        assert_same_bytes(&read_uncached_ok(&m.path(rel)), want, &format!("warm read of {rel}"));
+    }
+    let warm = m.status();
+    assert_eq!(
+        (ops(&warm, "read"), num(&warm, "/home/bytes_read")),
+        (ops(&cold, "read"), num(&cold, "/home/bytes_read")),
+        "warm reads went to home: (read ops, bytes read) changed"
+    );
+    assert!(
+        num(&warm, "/cache/hits") > num(&cold, "/cache/hits"),
+        "warm reads did not hit the cache: hits {} -> {}",
+        num(&cold, "/cache/hits"),
+        num(&warm, "/cache/hits")
+    );
+
+    // After the validity lag the cached data is checked against the objects' ETags, not fetched again.
+    std::thread::sleep(Duration::from_millis(1500));
+    for (rel, want) in &files {
+        assert_same_bytes(
+            &read_uncached_ok(&m.path(rel)),
+            want,
+            &format!("warm read of {rel} after the lag"),
+        );
+    }
+    let later = m.status();
+    assert_eq!(
+        ops(&later, "read"),
+        ops(&cold, "read"),
+        "unchanged objects were read again after the validity lag (revalidation must use the ETag): {}",
+        later["home"]
+    );
+    m.unmount();
+}
+
+// b ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn listing_10000_objects_costs_few_requests() {
+    const N: usize = 10_000;
+    const SIZE: usize = 37;
+    let st = S3Test::new("list10k", "home");
+    let t0 = Instant::now();
+    st.tool_ok(&[
+        "put-many",
+        &st.bucket,
+        &st.key("many"),
+        &N.to_string(),
+        &SIZE.to_string(),
+    ]);
+    eprintln!("put-many of {N} objects took {:?}", t0.elapsed());
+
+    let m = st.mount(&[]);
+    let before = m.status();
+    let t1 = Instant::now();
+    let mut entries: Vec<(String, u64, bool)> = Vec::new();
+    for e in std::fs::read_dir(m.path("many")).expect("read_dir many") {
+        let e = e.expect("dir entry");
+        let md =
+            std::fs::symlink_metadata(e.path()).unwrap_or_else(|err| panic!("lstat {}: {err}", e.path().display()));
+        entries.push((e.file_name().to_string_lossy().into_owned(), md.len(), md.is_file()));
+    }
+    let took = t1.elapsed();
+    let after = m.status();
+    let lists = ops(&after, "list") - ops(&before, "list");
+    let stats = ops(&after, "stat") - ops(&before, "stat");
+    eprintln!("ls -l of {N} entries: {lists} list + {stats} stat requests in {took:?}");
+    assert_eq!(entries.len(), N, "number of entries listed");
+    entries.sort();
+    for (i, (name, size, is_file)) in entries.iter().enumerate() {
+        assert_eq!(name, &format!("f{i:05}"), "entry {i}");
+        assert!(is_file, "{name} is not a regular file");
+        assert_eq!(*size, SIZE as u64, "size of {name}");
+    }
+    assert!(
+        lists + stats <= 20,
+        "ls -l of {N} objects cost {lists} list and {stats} stat requests (want about N/1000 + a few, at \
+         most 20): {}",
+        after["home"]
+    );
+    assert_eq!(ops(&after, "read"), 0, "listing read file data");
+    assert_same_bytes(&read(&m.path("many/f04242")), &put_many_body(4242, SIZE), "many/f04242");
+    m.unmount();
+}
+
+// c ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn replaced_object_seen_after_lag_never_mixed() {
+    let lag = Duration::from_secs(2);
+    let st = S3Test::new("replace", "home");
+    let mut rng = Rng::new(103);
+    // Two versions of equal size that differ in every byte, over several 1 MiB blocks.
+    let v1 = rng.bytes((3 << 20) + 12_345);
+    let v2: Vec<u8> = v1.iter().map(|b| !b).collect();
+    let names = ["whole.bin", "part.bin", "poll.bin"];
+    for n in names {
+        st.put(&st.key(&format!("r/{n}")), &v1);
+    }
+    let etag1 = st.tool_ok(&["etag", &st.bucket, &st.key("r/whole.bin")]);
+    let v2_dir = st.t.root().join("v2");
+    std::fs::create_dir(&v2_dir).unwrap();
+    for n in names {
+        std::fs::write(v2_dir.join(n), &v2).unwrap();
+    }
+
+    let m = st.mount(&["--validity-lag", "2s"]);
+    // part.bin: only its first 64 KiB are read (and so cached) before the change.
+    {
+        let f = File::open(m.path("r/part.bin")).unwrap();
+        let mut head = vec![0u8; 65_536];
+        f.read_exact_at(&mut head, 0).unwrap();
+        assert_same_bytes(&head, &v1[..65_536], "the head of part.bin");
+    }
+    assert_same_bytes(&read(&m.path("r/poll.bin")), &v1, "first read of poll.bin");
+    let first_look = Instant::now();
+    assert_same_bytes(&read(&m.path("r/whole.bin")), &v1, "first read of whole.bin");
+
+    // Replace all three behind larder's back, in one s3tool call.
+    st.tool_ok(&["put-dir", &st.bucket, &st.key("r"), s(&v2_dir)]);
+    let changed = Instant::now();
+    let etag2 = st.tool_ok(&["etag", &st.bucket, &st.key("r/whole.bin")]);
+    assert_ne!(etag1, etag2, "the replaced object has a new ETag");
+
+    // Within the lag: whole.bin (all cached) is the old version.
+    let within = Instant::now();
+    let got = read_uncached_ok(&m.path("r/whole.bin"));
+    let within_done = Instant::now();
+    assert!(
+        within_done < first_look + lag - Duration::from_millis(200),
+        "the machine is too slow for this test: the within-lag read ended {:?} after the first look (lag \
+         {lag:?}), so it proves nothing",
+        within_done - first_look
+    );
+    assert_eq!(
+        which_version(&got, &v1, &v2, "whole.bin within the lag"),
+        1,
+        "whole.bin read {:?} after its first look (within the {lag:?} lag) is not the old version",
+        within - first_look
+    );
+    // part.bin within the lag: its tail is not cached, and the object changed. Any whole version or an
+    // error is fine; a mix is not.
+    match read_uncached(&m.path("r/part.bin")) {
+        Ok(got) => {
+            let v = which_version(&got, &v1, &v2, "part.bin (partly cached) within the lag");
+            eprintln!("part.bin within the lag: version {v}");
+        }
+        Err(e) => eprintln!("part.bin within the lag: error {e}"),
+    }
+
+    // Poll poll.bin across the end of the lag: always one whole version, never old after new, and the
+    // new one once the lag (and a second of slack) is over.
+    let mut seen: Vec<(Duration, u8)> = Vec::new();
+    let end = changed + lag + Duration::from_secs(3);
+    while Instant::now() < end {
+        let started = Instant::now();
+        let got = read_uncached_ok(&m.path("r/poll.bin"));
+        let v = which_version(&got, &v1, &v2, "poll.bin");
+        let at = started - changed;
+        if let Some((prev_at, 2)) = seen.iter().rev().find(|(_, v)| *v == 2) {
+            assert_eq!(
+                v, 2,
+                "poll.bin went back to the old version at {at:?} after the new one at {prev_at:?}"
+            );
+        }
+        if started > changed + lag + Duration::from_secs(1) {
+            assert_eq!(
+                v, 2,
+                "poll.bin is still the old version {at:?} after the change (lag {lag:?}): {seen:?}"
+            );
+        }
+        seen.push((at, v));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("poll.bin versions by time after the change: {seen:?}");
+
+    assert_same_bytes(
+        &read_uncached_ok(&m.path("r/whole.bin")),
+        &v2,
+        "whole.bin after the lag",
+    );
+    let got = read_uncached_ok(&m.path("r/part.bin"));
+    which_version(&got, &v1, &v2, "part.bin after the lag");
+    assert_same_bytes(&got, &v2, "part.bin after the lag");
+    m.unmount();
+}
+
+// d ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn big_file_written_through_mount_reaches_object() {
+    let st = S3Test::new("bigwrite", "home");
+    let mut rng = Rng::new(104);
+    let local = st.t.root().join("local-64mib.bin");
+    let mut model = rng.bytes(64 << 20);
+    std::fs::write(&local, &model).unwrap();
+    let m = st.mount(&[]);
+
+    let t0 = Instant::now();
+    let out = run_cmd("cp", &[s(&local), s(&m.path("big.bin"))], Duration::from_secs(300));
+    assert!(out.success(), "cp of 64 MiB into the mount failed:\n{out}");
+    eprintln!("cp of 64 MiB took {:?}", t0.elapsed());
+    // Write-through: once cp has closed the file, the object is there.
+    assert_same_bytes(&st.get(&st.key("big.bin")), &model, "the object after cp");
+
+    // A 4 KiB write in the middle, without truncation.
+    let off = (32 << 20) + 3 * 4096 + 123;
+    let patch = rng.bytes(4096);
+    let f = OpenOptions::new().write(true).open(m.path("big.bin")).unwrap();
+    f.write_all_at(&patch, off as u64).unwrap();
+    close_checked(f, "big.bin after a 4 KiB pwrite");
+    model[off..off + 4096].copy_from_slice(&patch);
+    let objs = st.objects();
+    assert_eq!(
+        objs.get("big.bin"),
+        Some(&(64 << 20)),
+        "the object's size after the pwrite: {objs:?}"
+    );
+    assert_same_bytes(&st.get(&st.key("big.bin")), &model, "the object after a 4 KiB pwrite");
+    assert_same_bytes(
+        &read_uncached_ok(&m.path("big.bin")),
+        &model,
+        "big.bin through the mount",
+    );
+    assert_eq!(objs.len(), 1, "only big.bin is stored: {objs:?}");
+    m.unmount();
+}
+
+// e ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn directory_rename_moves_every_object() {
+    let st = S3Test::new("rename", "home");
+    let mut rng = Rng::new(105);
+    let src = st.t.root().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for i in 0..100 {
+        let name = format!("file-{i:03}.bin");
+        let data = rng.bytes_between(0, 20_000);
+        std::fs::write(src.join(&name), &data).unwrap();
+        files.insert(name, data);
+    }
+    st.tool_ok(&["put-dir", &st.bucket, &st.key("old"), s(&src)]);
+    let m = st.mount(&[]);
+    let want_names: Vec<String> = files.keys().cloned().collect();
+    assert_eq!(names(&m.path("old")), want_names, "old/ through the mount");
+
+    let (from, to) = (m.path("old"), m.path("new"));
+    with_deadline(
+        Duration::from_secs(120),
+        "rename of a directory of 100 files",
+        move || std::fs::rename(&from, &to),
+    )
+    .unwrap_or_else(|e| panic!("rename old -> new failed: {e}"));
+
+    assert_eq!(names(&m.path("new")), want_names, "new/ through the mount");
+    let e = std::fs::symlink_metadata(m.path("old")).expect_err("old/ is gone after the rename");
+    assert_eq!(errno(&e), libc::ENOENT, "old/ after the rename: {e}");
+
+    let objs = st.objects();
+    let stale: Vec<&String> = objs.keys().filter(|k| k.starts_with("old")).collect();
+    assert!(stale.is_empty(), "objects remain under the old prefix: {stale:?}");
+    let moved: BTreeMap<String, u64> = objs
+        .iter()
+        .filter_map(|(k, size)| Some((k.strip_prefix("new/")?.to_string(), *size)))
+        .filter(|(k, _)| !k.is_empty()) // a directory marker new/ may exist
+        .collect();
+    let want_sizes: BTreeMap<String, u64> = files.iter().map(|(k, v)| (k.clone(), v.len() as u64)).collect();
+    assert_eq!(moved, want_sizes, "objects under the new prefix (name -> size)");
+    assert_eq!(
+        objs.len() - moved.len(),
+        objs.contains_key("new/") as usize,
+        "other objects: {objs:?}"
+    );
+
+    let dest = st.t.root().join("fetched");
+    st.tool_ok(&["get-dir", &st.bucket, &st.key("new"), s(&dest)]);
+    for (name, data) in &files {
+        assert_same_bytes(&read(&dest.join(name)), data, &format!("object new/{name}"));
+    }
+    for name in ["file-000.bin", "file-050.bin", "file-099.bin"] {
+        assert_same_bytes(
+            &read(&m.path(&format!("new/{name}"))),
+            &files[name],
+            &format!("new/{name} in the mount"),
+        );
+    }
+    m.unmount();
+}
+
+// f ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn names_s3_cannot_store_are_refused() {
+    let st = S3Test::new("longnames", "home");
+    let m = st.mount(&[]);
+    // Four directories of 200 bytes: the key of a file in the last one starts with 5 + 4 * 201 = 809
+    // bytes ("home/" and "X…X/" four times).
+    let dirs: Vec<String> = ["a", "b", "c", "d"].iter().map(|c| c.repeat(200)).collect();
+    let rel_dir = dirs.join("/");
+    std::fs::create_dir_all(m.path(&rel_dir)).unwrap_or_else(|e| panic!("mkdir of 4 levels of 200-byte names: {e}"));
+    let dir_key_len = st.key(&rel_dir).len() + 1;
+    assert_eq!(dir_key_len, 809);
+
+    // Exactly 1024 bytes of key: allowed.
+    let fits = "f".repeat(1024 - dir_key_len);
+    create_with(&m.path(&format!("{rel_dir}/{fits}")), b"fits");
+    let fits_key = st.key(&format!("{rel_dir}/{fits}"));
+    assert_eq!(fits_key.len(), 1024);
+    assert_eq!(st.get(&fits_key), b"fits", "the object of a 1024-byte key");
+
+    // 1025 bytes and more: refused, and nothing is created.
+    let refused_ok = |what: &str, r: std::io::Result<()>| match r {
+        Ok(()) => panic!("{what} succeeded; want ENAMETOOLONG or EINVAL"),
+        Err(e) => assert!(
+            [libc::ENAMETOOLONG, libc::EINVAL].contains(&errno(&e)),
+            "{what}: want ENAMETOOLONG or EINVAL, got {e}"
+        ),
+    };
+    let long = "g".repeat(1025 - dir_key_len);
+    let long_path = m.path(&format!("{rel_dir}/{long}"));
+    refused_ok(
+        "creating a file with a 1025-byte key",
+        File::create(&long_path).map(drop),
+    );
+    let longer = "h".repeat(250);
+    let longer_path = m.path(&format!("{rel_dir}/{longer}"));
+    refused_ok(
+        "creating a file with a 1059-byte key",
+        File::create(&longer_path).map(drop),
+    );
+    refused_ok("mkdir with a 1060-byte marker key", std::fs::create_dir(&longer_path));
+    refused_ok(
+        "renaming a file to a 1025-byte key",
+        std::fs::rename(m.path(&format!("{rel_dir}/{fits}")), &long_path),
+    );
+    let moved_dir = m.path(&format!("{rel_dir}/{}", "i".repeat(250)));
+    std::fs::create_dir(m.path("short")).unwrap();
+    create_with(&m.path("short/x"), b"x");
+    refused_ok(
+        "renaming a directory so that its file's key is too long",
+        std::fs::rename(m.path("short"), &moved_dir),
+    );
+
+    for p in [&long_path, &longer_path, &moved_dir] {
+        let e = std::fs::symlink_metadata(p).expect_err("a refused name does not exist");
+        assert!(
+            [libc::ENOENT, libc::ENAMETOOLONG, libc::EINVAL].contains(&errno(&e)),
+            "lstat of a refused name: {e}"
+        );
+    }
+    assert_same_bytes(
+        &read(&m.path(&format!("{rel_dir}/{fits}"))),
+        b"fits",
+        "the file a refused rename left",
+    );
+    assert_same_bytes(&read(&m.path("short/x")), b"x", "short/x after a refused rename");
+
+    let objs = st.objects();
+    let too_long: Vec<usize> = objs
+        .keys()
+        .map(|k| st.prefix.len() + 1 + k.len())
+        .filter(|n| *n > 1024)
+        .collect();
+    assert!(
+        too_long.is_empty(),
+        "objects with keys longer than 1024 bytes: lengths {too_long:?}"
+    );
+    let mut want: Vec<String> = vec![format!("{rel_dir}/{fits}"), "short/x".into()];
+    want.sort();
+    let files: Vec<&String> = objs.keys().filter(|k| !k.ends_with('/')).collect();
+    assert_eq!(files, want.iter().collect::<Vec<_>>(), "the file objects");
+    m.unmount();
+}
+
+// g ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn short_outage_mid_read_is_retried() {
+    const SIZE: usize = 32 << 20;
+    const CHUNK: usize = 128 << 10;
+    let st = S3Test::new("outage", "home");
+    let mut rng = Rng::new(107);
+    let data = Arc::new(rng.bytes(SIZE));
+    st.put(&st.key("slow.bin"), &data);
+    let m = st.mount(&["--home-timeout", "10s", "--readahead", "1MiB"]);
+    let p = m.path("slow.bin");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), SIZE as u64);
+
+    // A slow reader: 128 KiB at a time with a pause, so 32 MiB take at least 256 * 20 ms.
+    let progress = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let progress = progress.clone();
+        std::thread::spawn(move || {
+            let r = (|| -> std::io::Result<Vec<u8>> {
+                let mut f = File::open(&p)?;
+                let mut v = Vec::with_capacity(SIZE);
+                let mut buf = vec![0u8; CHUNK];
+                loop {
+                    let n = f.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(v);
+                    }
+                    v.extend_from_slice(&buf[..n]);
+                    progress.store(v.len() as u64, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })();
+            let _ = tx.send(r);
+        });
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || progress.load(Ordering::SeqCst) >= 8 << 20),
+        "the reader did not get 8 MiB within 60 s (at {} bytes)",
+        progress.load(Ordering::SeqCst)
+    );
+    st.srv.stop_process();
+    let at_stop = progress.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_secs(2));
+    let at_cont = progress.load(Ordering::SeqCst);
+    st.srv.continue_process();
+    eprintln!("moto stopped for 2 s with the reader at {at_stop} bytes; it was at {at_cont} on SIGCONT");
+    assert!(
+        (at_cont as usize) < SIZE - (2 << 20),
+        "the read was (almost) done before the server came back ({at_cont} of {SIZE} bytes): the outage did not \
+         hit it, so this test proves nothing"
+    );
+    let got = match rx.recv_timeout(Duration::from_secs(90)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => panic!(
+            "the read across a 2 s outage failed after {} bytes: {e}",
+            progress.load(Ordering::SeqCst)
+        ),
+        Err(_) => panic!(
+            "the read across a 2 s outage did not finish within 90 s (at {} bytes)",
+            progress.load(Ordering::SeqCst)
+        ),
+    };
+    assert_same_bytes(&got, &data, "slow.bin read across the outage");
+    m.unmount();
+}
+
+// h ------------------------------------------------------------------------------------------------------
+
+/// Read `path` on a thread; fail the test if it takes longer than `deadline`. Returns the result and
+/// how long it took.
+fn timed_read(path: PathBuf, deadline: Duration, what: &str) -> (std::io::Result<Vec<u8>>, Duration) {
+    let t0 = Instant::now();
+    let r = with_deadline(deadline, what, move || std::fs::read(&path));
+    (r, t0.elapsed())
+}
+
+/// `larder status --json` must answer within 10 s.
+fn status_answers(m: &Mount) -> serde_json::Value {
+    let out = run_cmd(LARDER, &["status", s(&m.mnt), "--json"], Duration::from_secs(10));
+    assert!(out.success(), "larder status failed while the server is away:\n{out}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status is not JSON ({e}):\n{}", out.stdout))
+}
+
+#[test]
+fn stopped_server_gives_eio_within_home_timeout() {
+    let timeout = Duration::from_secs(5);
+    let st = S3Test::new("stopped", "home");
+    let mut rng = Rng::new(108);
+    let a = rng.bytes(1 << 20);
+    let b = rng.bytes(1 << 20);
+    st.put(&st.key("a.bin"), &a);
+    st.put(&st.key("b.bin"), &b);
+    let m = st.mount(&["--home-timeout", "5s", "--validity-lag", "60s"]);
+    assert_eq!(names(&m.mnt), ["a.bin", "b.bin"]);
+
+    st.srv.stop_process();
+    let (r, took) = timed_read(
+        m.path("a.bin"),
+        timeout + Duration::from_secs(20),
+        "reading a.bin while moto is stopped",
+    );
+    match r {
+        Ok(v) => panic!(
+            "reading uncached a.bin while the server is stopped returned {} bytes",
+            v.len()
+        ),
+        Err(e) => assert_eq!(errno(&e), libc::EIO, "want EIO, got {e}"),
+    }
+    eprintln!("a.bin failed with EIO after {took:?}");
+    assert!(
+        took <= timeout + Duration::from_secs(5),
+        "EIO came {took:?} after the read started (home timeout {timeout:?})"
+    );
+    let v = status_answers(&m);
+    assert_eq!(
+        v["home"]["state"], "unreachable",
+        "home.state while the server is stopped: {}",
+        v["home"]
+    );
+
+    st.srv.continue_process();
+    let (r, _) = timed_read(
+        m.path("b.bin"),
+        Duration::from_secs(30),
+        "reading b.bin after moto resumed",
+    );
+    assert_same_bytes(
+        &r.expect("b.bin once the server answers again"),
+        &b,
+        "b.bin after the outage",
+    );
+    let (r, _) = timed_read(
+        m.path("a.bin"),
+        Duration::from_secs(30),
+        "reading a.bin after moto resumed",
+    );
+    assert_same_bytes(
+        &r.expect("a.bin once the server answers again"),
+        &a,
+        "a.bin after the outage",
+    );
+    assert_eq!(m.status()["home"]["state"], "online");
+    m.unmount();
+}
+
+#[test]
+fn server_gone_gives_eio_and_status_answers() {
+    let timeout = Duration::from_secs(5);
+    let st = S3Test::new("gone", "home");
+    let mut rng = Rng::new(109);
+    let a = rng.bytes(1 << 20);
+    let c = rng.bytes(100_000);
+    st.put(&st.key("a.bin"), &a);
+    st.put(&st.key("c.bin"), &c);
+    let m = st.mount(&["--home-timeout", "5s"]);
+    assert_eq!(names(&m.mnt), ["a.bin", "c.bin"]);
+    assert_same_bytes(&read(&m.path("c.bin")), &c, "c.bin before the server goes");
+
+    st.srv.kill();
+    let (r, took) = timed_read(
+        m.path("a.bin"),
+        timeout + Duration::from_secs(20),
+        "reading a.bin with moto gone",
+    );
+    match r {
+        Ok(v) => panic!("reading uncached a.bin with the server gone returned {} bytes", v.len()),
+        Err(e) => assert_eq!(errno(&e), libc::EIO, "want EIO, got {e}"),
+    }
+    eprintln!("a.bin failed with EIO after {took:?}");
+    assert!(
+        took <= timeout + Duration::from_secs(5),
+        "EIO came {took:?} after the read started (home timeout {timeout:?})"
+    );
+    let v = status_answers(&m);
+    assert_eq!(
+        v["home"]["state"], "unreachable",
+        "home.state with the server gone: {}",
+        v["home"]
+    );
+    // Cached data is still served (the validity lag has not run out).
+    let (r, _) = timed_read(
+        m.path("c.bin"),
+        Duration::from_secs(20),
+        "reading cached c.bin with moto gone",
+    );
+    assert_same_bytes(
+        &r.expect("cached c.bin with the server gone"),
+        &c,
+        "cached c.bin with the server gone",
+    );
+    m.unmount();
+}
+
+// i ------------------------------------------------------------------------------------------------------
+
+#[test]
+fn changes_through_mount_reach_s3() {
+    let st = S3Test::new("changes", "home");
+    let mut rng = Rng::new(110);
+    let m = st.mount(&[]);
+    let objs = |want: &[(&str, u64)], what: &str| {
+        let want: BTreeMap<String, u64> = want.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+        assert_eq!(st.objects(), want, "objects under the prefix {what}");
+    };
+
+    // create + write, then append: the object follows each close.
+    create_with(&m.path("new.txt"), b"hello s3\n");
+    assert_eq!(st.get(&st.key("new.txt")), b"hello s3\n", "new.txt after create");
+    let mut f = OpenOptions::new().append(true).open(m.path("new.txt")).unwrap();
+    f.write_all(b"more\n").unwrap();
+    close_checked(f, "new.txt after append");
+    assert_eq!(st.get(&st.key("new.txt")), b"hello s3\nmore\n", "new.txt after append");
+
+    // An empty file is an empty object; an empty directory a marker.
+    create_with(&m.path("empty.txt"), b"");
+    std::fs::create_dir(m.path("emptydir")).unwrap();
+    std::fs::create_dir_all(m.path("m1/m2")).unwrap();
+    let fbin = rng.bytes(10_000);
+    create_with(&m.path("m1/m2/f.bin"), &fbin);
+    let all = st.objects();
+    assert_eq!(all.get("new.txt"), Some(&14), "{all:?}");
+    assert_eq!(all.get("empty.txt"), Some(&0), "empty.txt is an empty object: {all:?}");
+    assert_eq!(
+        all.get("emptydir/"),
+        Some(&0),
+        "an empty directory is a zero-byte marker: {all:?}"
+    );
+    assert_eq!(all.get("m1/m2/f.bin"), Some(&10_000), "{all:?}");
+    let extra: Vec<&String> = all
+        .keys()
+        .filter(|k| !["new.txt", "empty.txt", "emptydir/", "m1/m2/f.bin", "m1/", "m1/m2/"].contains(&k.as_str()))
+        .collect();
+    assert!(extra.is_empty(), "unexpected objects: {extra:?} in {all:?}");
+    assert_same_bytes(&st.get(&st.key("m1/m2/f.bin")), &fbin, "the object m1/m2/f.bin");
+
+    // A second mount with a cache of its own sees it all from S3.
+    {
+        let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
+        std::fs::create_dir(&mnt2).unwrap();
+        let m2 = st.mount_at(&mnt2, &cache2, &[]);
+        assert_eq!(
+            names(&m2.mnt),
+            ["empty.txt", "emptydir", "m1", "new.txt"],
+            "root of a second mount"
+        );
+        assert!(
+            std::fs::metadata(m2.path("emptydir")).unwrap().is_dir(),
+            "emptydir is a directory"
+        );
+        assert!(names(&m2.path("emptydir")).is_empty(), "emptydir is empty");
+        assert_eq!(names(&m2.path("m1/m2")), ["f.bin"]);
+        assert_same_bytes(&read(&m2.path("m1/m2/f.bin")), &fbin, "m1/m2/f.bin in a second mount");
+        assert_eq!(read(&m2.path("new.txt")), b"hello s3\nmore\n");
+        assert_eq!(std::fs::metadata(m2.path("empty.txt")).unwrap().len(), 0);
+        m2.unmount();
+    }
+
+    // rmdir of non-empty directories is refused.
+    for d in ["m1", "m1/m2"] {
+        let e = std::fs::remove_dir(m.path(d)).expect_err("rmdir of a non-empty directory");
+        assert_eq!(errno(&e), libc::ENOTEMPTY, "rmdir {d}: {e}");
+    }
+    // unlink removes the object; the now empty directory stays (as a marker).
+    std::fs::remove_file(m.path("m1/m2/f.bin")).unwrap();
+    let all = st.objects();
+    assert!(!all.contains_key("m1/m2/f.bin"), "m1/m2/f.bin after unlink: {all:?}");
+    assert!(
+        std::fs::metadata(m.path("m1/m2")).is_ok_and(|md| md.is_dir()),
+        "m1/m2 is gone after unlinking its only file"
+    );
+    assert_eq!(
+        all.get("m1/m2/"),
+        Some(&0),
+        "the emptied m1/m2 must keep a marker: {all:?}"
+    );
+
+    // rmdir removes markers.
+    std::fs::remove_dir(m.path("m1/m2")).unwrap();
+    std::fs::remove_dir(m.path("m1")).unwrap();
+    std::fs::remove_dir(m.path("emptydir")).unwrap();
+    std::fs::remove_file(m.path("new.txt")).unwrap();
+    objs(
+        &[("empty.txt", 0)],
+        "after rmdir m1/m2, m1, emptydir and unlink new.txt",
+    );
+
+    // Truncation, setattr size and rename of a file.
+    create_with(&m.path("t.bin"), &rng.bytes(5000));
+    let f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.path("t.bin"))
+        .unwrap();
+    f.write_all_at(b"0123456789", 0).unwrap();
+    close_checked(f, "t.bin after O_TRUNC and a write");
+    assert_eq!(st.get(&st.key("t.bin")), b"0123456789", "t.bin after O_TRUNC");
+    let f = OpenOptions::new().write(true).open(m.path("t.bin")).unwrap();
+    f.set_len(3).unwrap();
+    close_checked(f, "t.bin after ftruncate(3)");
+    assert_eq!(st.get(&st.key("t.bin")), b"012", "t.bin after ftruncate(3)");
+    std::fs::rename(m.path("t.bin"), m.path("renamed.bin")).unwrap();
+    objs(&[("empty.txt", 0), ("renamed.bin", 3)], "after the rename of t.bin");
+    assert_eq!(names(&m.mnt), ["empty.txt", "renamed.bin"]);
+    m.unmount();
+}
