@@ -19,6 +19,7 @@
 #   LARDER_BIN      larder binary to test (default: `cargo build` in the workspace, target/debug/larder)
 #   LAG             --validity-lag for the mount (default: larder's default); LAG=0 revalidates everything
 #   PLAIN=1         run against a plain directory instead of a larder mount (the machine's baseline)
+#   S3=1            the home is a bucket on a local S3 server (moto, scripts/s3-server.sh) instead of a directory
 #   TESTS           space-separated pjdfstest name filters (default: all tests)
 #   TMPBASE         where the temporary directories go (default /var/tmp; must not be tmpfs for a fair home)
 #   TIMEOUT         seconds allowed for the whole pjdfstest run (default 1200)
@@ -92,6 +93,7 @@ cleanup() {
         fi
     fi
     [ -f "$cache/larder.log" ] && cp "$cache/larder.log" "${log%.log}.larder.log" 2>/dev/null
+    [ "${S3:-0}" = 1 ] && S3_STATE_DIR=$work/s3 "$here/s3-server.sh" stop >/dev/null 2>&1
     if mountpoint -q "$mnt" 2>/dev/null; then
         say "$mnt is still mounted; leaving $work in place"
     else
@@ -117,7 +119,16 @@ if [ "${PLAIN:-0}" = 1 ]; then
 else
     lag_args=()
     [ -n "${LAG:-}" ] && lag_args=(--validity-lag "$LAG")
-    "$larder" mount "$home" "$mnt" --cache-dir "$cache" "${lag_args[@]}" >&2 || {
+    home_url=$home
+    if [ "${S3:-0}" = 1 ]; then
+        s3_env=$(S3_STATE_DIR=$work/s3 "$here/s3-server.sh" start) || die "cannot start the S3 server"
+        eval "$s3_env"
+        python3 "$here/s3tool.py" mb pjdfstest >&2 || die "cannot make the bucket"
+        home_url=s3://pjdfstest/home
+        home="$home_url at $S3_ENDPOINT"
+        lag_args+=(--s3-endpoint "$S3_ENDPOINT")
+    fi
+    "$larder" mount "$home_url" "$mnt" --cache-dir "$cache" "${lag_args[@]}" >&2 || {
         [ -f "$cache/larder.log" ] && tail -20 "$cache/larder.log" >&2
         die "larder mount failed"
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what building, demonstrating and testing larder needs on Debian 12 (run as root).
-# Idempotent: installs only what is missing.
+# Idempotent: installs only what is missing. `setup.sh --tests` also installs what the tests need: a
+# local S3 server (moto) and boto3 for the S3 tests.
 set -euo pipefail
 
 need_apt=()
@@ -8,6 +9,11 @@ command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 [ -e /usr/include/fuse3/fuse.h ] || need_apt+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+if [ "${1:-}" = --tests ]; then
+  command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+  command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+  command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -34,4 +40,10 @@ fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: Rust (cargo >= 1.85) is required; install it with rustup (https://rustup.rs)" >&2
   exit 1
+fi
+
+if [ "${1:-}" = --tests ] && ! python3 -c 'import moto, boto3, flask' >/dev/null 2>&1; then
+  echo "setup: installing moto[server] and boto3 for the S3 tests"
+  python3 -m pip install --quiet 'moto[server]' boto3 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages 'moto[server]' boto3
 fi

@@ -4,7 +4,7 @@
 # mounts. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh --tests
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -143,9 +143,13 @@ impl Fs {
             };
             h.window = window;
             h.next_offset = offset + size as u64;
-            let ino = h.ino;
+            let (ino, opened) = (h.ino, h.object);
             let path = ns.path_of(ino)?;
             let node = ns.inode(ino)?;
+            if node.object != opened {
+                // Home has another version now: this handle's version is gone, and mixing is not allowed.
+                return Err(FsError::Home(HomeError::Stale));
+            }
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
             (ino, node.object, attr.size, path, attr.version.clone(), window)
         };

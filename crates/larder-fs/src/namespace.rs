@@ -110,6 +110,9 @@ impl Inode {
 /// An open file or directory.
 pub(crate) struct Handle {
     pub ino: u64,
+    /// The cache object (content version) the file had when this handle opened it. A handle reads that
+    /// version only: once revalidation moves the file to another, its reads fail with `ESTALE`.
+    pub object: u64,
     /// Directory handles: the listing as it was at opendir.
     pub entries: Option<Arc<Vec<DirItem>>>,
     /// Where the next sequential read would start, and the readahead window.
@@ -200,10 +203,12 @@ impl Namespace {
     pub fn new_handle(&mut self, ino: u64, entries: Option<Arc<Vec<DirItem>>>) -> u64 {
         let fh = self.next_fh;
         self.next_fh += 1;
+        let object = self.inodes.get(&ino).map_or(0, |n| n.object);
         self.handles.insert(
             fh,
             Handle {
                 ino,
+                object,
                 entries,
                 next_offset: 0,
                 window: 0,

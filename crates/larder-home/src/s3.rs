@@ -148,11 +148,21 @@ impl S3Home {
         if dir && !key.is_empty() {
             key.push('/');
         }
-        let full = self.spec.prefix.trim_matches('/').len() + 1 + key.len() + 1;
+        let prefix = self.spec.prefix.trim_matches('/').len();
+        let full = if prefix == 0 { key.len() } else { prefix + 1 + key.len() };
         if full > MAX_KEY {
             return Err(HomeError::NameTooLong);
         }
         Ok(key)
+    }
+
+    /// The directory form of `path`, or `None` when it would be too long to exist at all.
+    fn dir_key(&self, path: &Path) -> HomeResult<Option<String>> {
+        match self.key(path, true) {
+            Ok(k) => Ok(Some(k)),
+            Err(HomeError::NameTooLong) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn file_attr(&self, meta: &opendal::Metadata) -> HomeAttr {
@@ -203,13 +213,35 @@ impl S3Home {
         }
     }
 
+    /// Up to `n` entries directly under `dir_key` (its marker included): one request, however large the
+    /// directory. (`list_with(..).limit(n)` would fetch every page of `n`.)
+    async fn first_entries(&self, dir_key: &str, n: usize) -> HomeResult<Vec<String>> {
+        use futures::StreamExt;
+        let mut lister = match self.op.lister_with(dir_key).limit(n.max(1)).await {
+            Ok(l) => l,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(classify(e, false)),
+        };
+        let mut out = Vec::new();
+        while out.len() < n {
+            match lister.next().await {
+                Some(Ok(e)) => out.push(e.path().to_string()),
+                Some(Err(e)) if e.kind() == ErrorKind::NotFound => break,
+                Some(Err(e)) => return Err(classify(e, false)),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether the directory `dir_key` ("a/b/") exists: a marker or anything under it.
     async fn dir_exists(&self, dir_key: &str) -> HomeResult<bool> {
-        match self.op.list_with(dir_key).limit(1).await {
-            Ok(entries) => Ok(!entries.is_empty()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(classify(e, false)),
-        }
+        Ok(!self.first_entries(dir_key, 1).await?.is_empty())
+    }
+
+    /// Whether the directory `dir_key` has entries besides its marker.
+    async fn has_children(&self, dir_key: &str) -> HomeResult<bool> {
+        Ok(self.first_entries(dir_key, 2).await?.iter().any(|p| p != dir_key))
     }
 
     async fn stat_any(&self, path: &Path) -> HomeResult<HomeAttr> {
@@ -220,7 +252,9 @@ impl S3Home {
         if let Some(a) = self.stat_file(&key).await? {
             return Ok(a);
         }
-        if self.dir_exists(&self.key(path, true)?).await? {
+        if let Some(dir_key) = self.dir_key(path)?
+            && self.dir_exists(&dir_key).await?
+        {
             return Ok(self.dir_attr());
         }
         Err(HomeError::NotFound)
@@ -406,7 +440,9 @@ impl Home for S3Home {
     fn create(&self, path: &Path, _mode: u32, _owner: Owner) -> HomeResult<HomeAttr> {
         let key = self.key(path, false)?;
         self.run(async {
-            if self.dir_exists(&self.key(path, true)?).await? {
+            if let Some(dir_key) = self.dir_key(path)?
+                && self.dir_exists(&dir_key).await?
+            {
                 return Err(HomeError::Exists);
             }
             match self.op.write_with(&key, Vec::<u8>::new()).if_not_exists(true).await {
@@ -446,7 +482,11 @@ impl Home for S3Home {
         let key = self.key(path, false)?;
         self.run(async {
             if self.stat_file(&key).await?.is_none() {
-                return Err(if self.dir_exists(&self.key(path, true)?).await? {
+                let dir = match self.dir_key(path)? {
+                    Some(d) => self.dir_exists(&d).await?,
+                    None => false,
+                };
+                return Err(if dir {
                     HomeError::Os(libc::EISDIR)
                 } else {
                     HomeError::NotFound
@@ -460,7 +500,7 @@ impl Home for S3Home {
     fn rmdir(&self, path: &Path) -> HomeResult<()> {
         let dir_key = self.key(path, true)?;
         self.run(async {
-            if !self.entries(&dir_key, false).await?.is_empty() {
+            if self.has_children(&dir_key).await? {
                 return Err(HomeError::NotEmpty);
             }
             if !self.dir_exists(&dir_key).await? {
@@ -496,7 +536,7 @@ impl Home for S3Home {
                 return Err(HomeError::Os(libc::ENOTDIR));
             }
             if to_is_dir {
-                if !self.entries(&to_dir, false).await?.is_empty() {
+                if self.has_children(&to_dir).await? {
                     return Err(HomeError::NotEmpty);
                 }
                 self.op.delete(&to_dir).await.map_err(|e| classify(e, false))?;

@@ -92,6 +92,27 @@ impl S3Server {
         env
     }
 
+    /// The HTTP requests the server has logged so far (werkzeug logs one line per request), by kind:
+    /// listings (ListObjectsV2), HEADs, other GETs, and the rest.
+    fn requests(&self) -> Requests {
+        // Python's stderr is line-buffered: give the last lines a moment to land.
+        std::thread::sleep(Duration::from_millis(300));
+        let log = std::fs::read_to_string(self.state.join("moto.log")).unwrap_or_default();
+        let mut r = Requests::default();
+        for l in log.lines().filter(|l| l.contains(" HTTP/1.")) {
+            if l.contains("\"GET ") && l.contains("list-type=2") {
+                r.list += 1;
+            } else if l.contains("\"HEAD ") {
+                r.head += 1;
+            } else if l.contains("\"GET ") {
+                r.get += 1;
+            } else {
+                r.other += 1;
+            }
+        }
+        r
+    }
+
     /// SIGKILL the server and wait until it is gone.
     fn kill(&self) {
         if is_moto(self.pid) {
@@ -135,6 +156,27 @@ impl Drop for S3Server {
         }
         let _ = std::fs::remove_file(self.state.join("pid"));
         let _ = std::fs::remove_file(self.state.join("port"));
+    }
+}
+
+/// Counts of HTTP requests a server has served.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Requests {
+    list: usize,
+    head: usize,
+    get: usize,
+    other: usize,
+}
+
+impl std::ops::Sub for Requests {
+    type Output = Requests;
+    fn sub(self, o: Requests) -> Requests {
+        Requests {
+            list: self.list - o.list,
+            head: self.head - o.head,
+            get: self.get - o.get,
+            other: self.other - o.other,
+        }
     }
 }
 
@@ -251,14 +293,20 @@ impl S3Test {
 
     /// Mount this test's home at `mnt` with cache dir `cache`.
     fn mount_at(&self, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        self.mount_url_at(&self.url(), mnt, cache, extra)
+    }
+
+    /// Mount the home `url` (of this test's server) at `mnt` with cache dir `cache`.
+    fn mount_url_at(&self, url: &str, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
         let args = self.mount_args(extra);
-        match Mount::try_new_env(&self.url(), mnt, cache, &args, &self.srv.env()) {
+        match Mount::try_new_env(url, mnt, cache, &args, &self.srv.env()) {
             Ok(m) => m,
             Err(out) => panic!(
-                "larder mount {} {} failed:\n{out}\n--- daemon log ---\n{}",
-                self.url(),
+                "larder mount {url} {} failed:\n{out}\n--- daemon log ---\n{}\n--- requests the server \
+                 served so far: {:?}",
                 mnt.display(),
-                log_tail(cache, 60)
+                log_tail(cache, 60),
+                self.srv.requests()
             ),
         }
     }
@@ -310,6 +358,29 @@ fn create_with(path: &Path, data: &[u8]) {
 /// The content s3tool put-many gives object `i`.
 fn put_many_body(i: usize, size: usize) -> Vec<u8> {
     format!("{i:05}").bytes().cycle().take(size).collect()
+}
+
+/// Read the rest of `f`, which gave `got` so far, and check that everything it gave is a prefix of `old`
+/// (an error may end the reading early, a switch to another version may not).
+fn read_on_old_version(mut f: File, mut got: Vec<u8>, old: &[u8], what: &str) {
+    let mut buf = vec![0u8; 64 << 10];
+    let end = loop {
+        match f.read(&mut buf) {
+            Ok(0) => break None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => break Some(e),
+        }
+    };
+    drop(f);
+    eprintln!("{what}: {} bytes, then {end:?}", got.len());
+    assert_same_bytes(
+        &got,
+        &old[..got.len().min(old.len())],
+        &format!("{what}: the bytes read"),
+    );
+    if end.is_none() {
+        assert_eq!(got.len(), old.len(), "{what}: the file ended early without an error");
+    }
 }
 
 /// Which of `v1` and `v2` `got` is, or a panic naming the mix.
@@ -455,9 +526,17 @@ fn listing_10000_objects_costs_few_requests() {
 
     let m = st.mount(&[]);
     let before = m.status();
+    let http_before = st.srv.requests();
     let t1 = Instant::now();
     let mut entries: Vec<(String, u64, bool)> = Vec::new();
-    for e in std::fs::read_dir(m.path("many")).expect("read_dir many") {
+    let dir = std::fs::read_dir(m.path("many")).unwrap_or_else(|e| {
+        panic!(
+            "opendir of many/ failed after {:?}: {e}; meanwhile the server served {:?}",
+            t1.elapsed(),
+            st.srv.requests() - http_before
+        )
+    });
+    for e in dir {
         let e = e.expect("dir entry");
         let md =
             std::fs::symlink_metadata(e.path()).unwrap_or_else(|err| panic!("lstat {}: {err}", e.path().display()));
@@ -465,9 +544,10 @@ fn listing_10000_objects_costs_few_requests() {
     }
     let took = t1.elapsed();
     let after = m.status();
+    let http = st.srv.requests() - http_before;
     let lists = ops(&after, "list") - ops(&before, "list");
     let stats = ops(&after, "stat") - ops(&before, "stat");
-    eprintln!("ls -l of {N} entries: {lists} list + {stats} stat requests in {took:?}");
+    eprintln!("ls -l of {N} entries: {lists} list + {stats} stat home ops, HTTP requests {http:?}, in {took:?}");
     assert_eq!(entries.len(), N, "number of entries listed");
     entries.sort();
     for (i, (name, size, is_file)) in entries.iter().enumerate() {
@@ -481,8 +561,38 @@ fn listing_10000_objects_costs_few_requests() {
          most 20): {}",
         after["home"]
     );
+    assert!(
+        http.list + http.head + http.get + http.other <= 20,
+        "ls -l of {N} objects made {http:?} HTTP requests to the server (want about N/1000 + a few, at most 20)"
+    );
     assert_eq!(ops(&after, "read"), 0, "listing read file data");
     assert_same_bytes(&read(&m.path("many/f04242")), &put_many_body(4242, SIZE), "many/f04242");
+    m.unmount();
+
+    // The same 10,000 objects at the root of a home: mounting (which checks the home answers) and
+    // listing the root are as cheap.
+    let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
+    std::fs::create_dir(&mnt2).unwrap();
+    let http_before = st.srv.requests();
+    let t2 = Instant::now();
+    let m = st.mount_url_at(
+        &format!("s3://{}/{}", st.bucket, st.key("many")),
+        &mnt2,
+        &cache2,
+        &["--home-timeout", "20s"],
+    );
+    let mounting = st.srv.requests() - http_before;
+    eprintln!(
+        "mounting a home of {N} objects took {:?} and {mounting:?}",
+        t2.elapsed()
+    );
+    let listed = names(&m.mnt);
+    let http = st.srv.requests() - http_before;
+    assert_eq!(listed.len(), N, "entries at the root of a home of {N} objects");
+    assert!(
+        http.list + http.head + http.get + http.other <= 20,
+        "mounting and listing a home of {N} objects at its root made {http:?} HTTP requests (at most 20)"
+    );
     m.unmount();
 }
 
@@ -496,18 +606,39 @@ fn replaced_object_seen_after_lag_never_mixed() {
     // Two versions of equal size that differ in every byte, over several 1 MiB blocks.
     let v1 = rng.bytes((3 << 20) + 12_345);
     let v2: Vec<u8> = v1.iter().map(|b| !b).collect();
-    let names = ["whole.bin", "part.bin", "poll.bin"];
-    for n in names {
-        st.put(&st.key(&format!("r/{n}")), &v1);
-    }
-    let etag1 = st.tool_ok(&["etag", &st.bucket, &st.key("r/whole.bin")]);
+    // mid.bin and late.bin: 8 MiB, replaced while a reader is in their middle.
+    let w1 = rng.bytes(8 << 20);
+    let w2: Vec<u8> = w1.iter().map(|b| !b).collect();
+    let v1_dir = st.t.root().join("v1");
     let v2_dir = st.t.root().join("v2");
-    std::fs::create_dir(&v2_dir).unwrap();
-    for n in names {
-        std::fs::write(v2_dir.join(n), &v2).unwrap();
+    for (dir, v, w) in [(&v1_dir, &v1, &w1), (&v2_dir, &v2, &w2)] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::write(dir.join("part.bin"), v).unwrap();
+        std::fs::write(dir.join("poll.bin"), v).unwrap();
+        std::fs::write(dir.join("mid.bin"), w).unwrap();
+        std::fs::write(dir.join("late.bin"), w).unwrap();
     }
+    st.tool_ok(&["put-dir", &st.bucket, &st.key("r"), s(&v1_dir)]);
+    // Objects for the within-the-lag check: one per try (a busy machine may miss the window).
+    const TRIES: usize = 3;
+    for i in 0..TRIES {
+        std::fs::create_dir_all(v1_dir.join(format!("w{i}"))).unwrap();
+        std::fs::write(v1_dir.join(format!("w{i}/whole.bin")), &v1).unwrap();
+    }
+    let v2_file = v2_dir.join("whole.bin");
+    std::fs::write(&v2_file, &v2).unwrap();
+    for i in 0..TRIES {
+        st.tool_ok(&[
+            "put-dir",
+            &st.bucket,
+            &st.key(&format!("w{i}")),
+            s(&v1_dir.join(format!("w{i}"))),
+        ]);
+    }
+    let etag1 = st.tool_ok(&["etag", &st.bucket, &st.key("r/poll.bin")]);
 
-    let m = st.mount(&["--validity-lag", "2s"]);
+    // A small readahead, so most of mid.bin is fetched after the change.
+    let m = st.mount(&["--validity-lag", "2s", "--readahead", "1MiB"]);
     // part.bin: only its first 64 KiB are read (and so cached) before the change.
     {
         let f = File::open(m.path("r/part.bin")).unwrap();
@@ -516,39 +647,31 @@ fn replaced_object_seen_after_lag_never_mixed() {
         assert_same_bytes(&head, &v1[..65_536], "the head of part.bin");
     }
     assert_same_bytes(&read(&m.path("r/poll.bin")), &v1, "first read of poll.bin");
-    let first_look = Instant::now();
-    assert_same_bytes(&read(&m.path("r/whole.bin")), &v1, "first read of whole.bin");
+    let mut mid = File::open(m.path("r/mid.bin")).unwrap();
+    let mut mid_got = vec![0u8; 1 << 20];
+    mid.read_exact(&mut mid_got).unwrap();
+    assert_same_bytes(&mid_got, &w1[..1 << 20], "the first MiB of mid.bin");
+    let mut late = File::open(m.path("r/late.bin")).unwrap();
+    let mut late_got = vec![0u8; 1 << 20];
+    late.read_exact(&mut late_got).unwrap();
+    assert_same_bytes(&late_got, &w1[..1 << 20], "the first MiB of late.bin");
 
-    // Replace all three behind larder's back, in one s3tool call.
+    // Replace the three behind larder's back, in one s3tool call.
     st.tool_ok(&["put-dir", &st.bucket, &st.key("r"), s(&v2_dir)]);
     let changed = Instant::now();
-    let etag2 = st.tool_ok(&["etag", &st.bucket, &st.key("r/whole.bin")]);
+    let etag2 = st.tool_ok(&["etag", &st.bucket, &st.key("r/poll.bin")]);
     assert_ne!(etag1, etag2, "the replaced object has a new ETag");
 
-    // Within the lag: whole.bin (all cached) is the old version.
-    let within = Instant::now();
-    let got = read_uncached_ok(&m.path("r/whole.bin"));
-    let within_done = Instant::now();
-    assert!(
-        within_done < first_look + lag - Duration::from_millis(200),
-        "the machine is too slow for this test: the within-lag read ended {:?} after the first look (lag \
-         {lag:?}), so it proves nothing",
-        within_done - first_look
-    );
-    assert_eq!(
-        which_version(&got, &v1, &v2, "whole.bin within the lag"),
-        1,
-        "whole.bin read {:?} after its first look (within the {lag:?} lag) is not the old version",
-        within - first_look
-    );
-    // part.bin within the lag: its tail is not cached, and the object changed. Any whole version or an
-    // error is fine; a mix is not.
+    // The reader of mid.bin goes on at once: it may fail, but what it got is the old version only.
+    read_on_old_version(mid, mid_got, &w1, "mid.bin, read on right after the change");
+    // part.bin: its tail is not cached, and the object changed. Any whole version or an error is fine;
+    // a mix is not.
     match read_uncached(&m.path("r/part.bin")) {
         Ok(got) => {
-            let v = which_version(&got, &v1, &v2, "part.bin (partly cached) within the lag");
-            eprintln!("part.bin within the lag: version {v}");
+            let v = which_version(&got, &v1, &v2, "part.bin (partly cached)");
+            eprintln!("part.bin {:?} after the change: version {v}", changed.elapsed());
         }
-        Err(e) => eprintln!("part.bin within the lag: error {e}"),
+        Err(e) => eprintln!("part.bin {:?} after the change: error {e}", changed.elapsed()),
     }
 
     // Poll poll.bin across the end of the lag: always one whole version, never old after new, and the
@@ -576,15 +699,49 @@ fn replaced_object_seen_after_lag_never_mixed() {
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("poll.bin versions by time after the change: {seen:?}");
-
-    assert_same_bytes(
-        &read_uncached_ok(&m.path("r/whole.bin")),
-        &v2,
-        "whole.bin after the lag",
-    );
+    // The reader of late.bin goes on after the lag: its descriptor still reads the version it started
+    // on (or fails), never the new one from the middle on.
+    read_on_old_version(late, late_got, &w1, "late.bin, read on after the lag");
     let got = read_uncached_ok(&m.path("r/part.bin"));
     which_version(&got, &v1, &v2, "part.bin after the lag");
     assert_same_bytes(&got, &v2, "part.bin after the lag");
+    assert_same_bytes(&read_uncached_ok(&m.path("r/mid.bin")), &w2, "mid.bin after the lag");
+
+    // Within the lag, a wholly cached file is the old version: read it (larder validates it), replace it,
+    // read it again before the lag has passed since the first read. A try whose replacement took too long
+    // (a busy machine) proves nothing and is made again on another object.
+    let mut checked = false;
+    for i in 0..TRIES {
+        let rel = format!("w{i}/whole.bin");
+        let first_look = Instant::now();
+        assert_same_bytes(&read(&m.path(&rel)), &v1, &format!("first read of {rel}"));
+        st.tool_ok(&["put", &st.bucket, &st.key(&rel), s(&v2_file)]);
+        let within = Instant::now();
+        let got = read_uncached_ok(&m.path(&rel));
+        let done = Instant::now();
+        let v = which_version(&got, &v1, &v2, &format!("{rel} within the lag"));
+        if done > first_look + lag - Duration::from_millis(200) {
+            eprintln!(
+                "{rel}: the within-lag read ended {:?} after the first look (lag {lag:?}): too late, trying again",
+                done - first_look
+            );
+            continue;
+        }
+        assert_eq!(
+            v,
+            1,
+            "{rel} read {:?} after its first look (within the {lag:?} lag) is not the old version",
+            within - first_look
+        );
+        std::thread::sleep((within + lag + Duration::from_secs(1)).saturating_duration_since(Instant::now()));
+        assert_same_bytes(&read_uncached_ok(&m.path(&rel)), &v2, &format!("{rel} after the lag"));
+        checked = true;
+        break;
+    }
+    assert!(
+        checked,
+        "the machine is too slow for this test: in {TRIES} tries, replacing an object took longer than the lag"
+    );
     m.unmount();
 }
 
@@ -705,13 +862,8 @@ fn names_s3_cannot_store_are_refused() {
     std::fs::create_dir_all(m.path(&rel_dir)).unwrap_or_else(|e| panic!("mkdir of 4 levels of 200-byte names: {e}"));
     let dir_key_len = st.key(&rel_dir).len() + 1;
     assert_eq!(dir_key_len, 809);
-
-    // Exactly 1024 bytes of key: allowed.
-    let fits = "f".repeat(1024 - dir_key_len);
-    create_with(&m.path(&format!("{rel_dir}/{fits}")), b"fits");
-    let fits_key = st.key(&format!("{rel_dir}/{fits}"));
-    assert_eq!(fits_key.len(), 1024);
-    assert_eq!(st.get(&fits_key), b"fits", "the object of a 1024-byte key");
+    let src = format!("{rel_dir}/src.txt");
+    create_with(&m.path(&src), b"src");
 
     // 1025 bytes and more: refused, and nothing is created.
     let refused_ok = |what: &str, r: std::io::Result<()>| match r {
@@ -721,22 +873,22 @@ fn names_s3_cannot_store_are_refused() {
             "{what}: want ENAMETOOLONG or EINVAL, got {e}"
         ),
     };
-    let long = "g".repeat(1025 - dir_key_len);
-    let long_path = m.path(&format!("{rel_dir}/{long}"));
+    let long_path = m.path(&format!("{rel_dir}/{}", "g".repeat(1025 - dir_key_len)));
     refused_ok(
         "creating a file with a 1025-byte key",
         File::create(&long_path).map(drop),
     );
-    let longer = "h".repeat(250);
-    let longer_path = m.path(&format!("{rel_dir}/{longer}"));
+    let longer_path = m.path(&format!("{rel_dir}/{}", "h".repeat(250)));
     refused_ok(
         "creating a file with a 1059-byte key",
         File::create(&longer_path).map(drop),
     );
     refused_ok("mkdir with a 1060-byte marker key", std::fs::create_dir(&longer_path));
+    let dir_1025 = m.path(&format!("{rel_dir}/{}", "j".repeat(1025 - dir_key_len - 1)));
+    refused_ok("mkdir with a 1025-byte marker key", std::fs::create_dir(&dir_1025));
     refused_ok(
         "renaming a file to a 1025-byte key",
-        std::fs::rename(m.path(&format!("{rel_dir}/{fits}")), &long_path),
+        std::fs::rename(m.path(&src), &long_path),
     );
     let moved_dir = m.path(&format!("{rel_dir}/{}", "i".repeat(250)));
     std::fs::create_dir(m.path("short")).unwrap();
@@ -745,19 +897,14 @@ fn names_s3_cannot_store_are_refused() {
         "renaming a directory so that its file's key is too long",
         std::fs::rename(m.path("short"), &moved_dir),
     );
-
-    for p in [&long_path, &longer_path, &moved_dir] {
+    for p in [&long_path, &longer_path, &moved_dir, &dir_1025] {
         let e = std::fs::symlink_metadata(p).expect_err("a refused name does not exist");
         assert!(
             [libc::ENOENT, libc::ENAMETOOLONG, libc::EINVAL].contains(&errno(&e)),
             "lstat of a refused name: {e}"
         );
     }
-    assert_same_bytes(
-        &read(&m.path(&format!("{rel_dir}/{fits}"))),
-        b"fits",
-        "the file a refused rename left",
-    );
+    assert_same_bytes(&read(&m.path(&src)), b"src", "the file a refused rename left");
     assert_same_bytes(&read(&m.path("short/x")), b"x", "short/x after a refused rename");
 
     let objs = st.objects();
@@ -770,10 +917,33 @@ fn names_s3_cannot_store_are_refused() {
         too_long.is_empty(),
         "objects with keys longer than 1024 bytes: lengths {too_long:?}"
     );
-    let mut want: Vec<String> = vec![format!("{rel_dir}/{fits}"), "short/x".into()];
+    let files: Vec<&str> = objs.keys().filter(|k| !k.ends_with('/')).map(String::as_str).collect();
+    let mut want = vec![src.as_str(), "short/x"];
     want.sort();
-    let files: Vec<&String> = objs.keys().filter(|k| !k.ends_with('/')).collect();
-    assert_eq!(files, want.iter().collect::<Vec<_>>(), "the file objects");
+    assert_eq!(files, want, "the file objects after the refusals");
+
+    // Exactly 1024 bytes of key: S3 stores them, so they are allowed (a file, and a directory's marker).
+    let fits = format!("{rel_dir}/{}", "f".repeat(1024 - dir_key_len));
+    assert_eq!(st.key(&fits).len(), 1024);
+    let r = File::create(m.path(&fits)).map(drop);
+    assert!(
+        r.is_ok(),
+        "creating a file whose key is exactly 1024 bytes failed: {r:?}"
+    );
+    create_with(&m.path(&fits), b"fits");
+    assert_eq!(st.get(&st.key(&fits)), b"fits", "the object of a 1024-byte key");
+    let fits_dir = format!("{rel_dir}/{}", "k".repeat(1024 - dir_key_len - 1));
+    assert_eq!(st.key(&fits_dir).len() + 1, 1024);
+    let r = std::fs::create_dir(m.path(&fits_dir));
+    assert!(
+        r.is_ok(),
+        "mkdir of a directory whose marker key is exactly 1024 bytes failed: {r:?}"
+    );
+    assert_eq!(
+        st.objects().get(&format!("{fits_dir}/")),
+        Some(&0),
+        "the 1024-byte marker"
+    );
     m.unmount();
 }
 
