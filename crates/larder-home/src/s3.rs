@@ -107,13 +107,14 @@ impl S3Home {
 
     /// Check that the bucket answers (a listing of the prefix).
     pub fn check(&self) -> HomeResult<()> {
+        // One HEAD of a key that is not there: "not found" when the bucket answers and the credentials
+        // are good, without listing anything (a listing of the root would page through all of it).
         self.run(async {
-            self.op
-                .list_with("/")
-                .limit(1)
-                .await
-                .map(|_| ())
-                .map_err(|e| classify(e, false))
+            match self.op.stat(".larder-probe").await {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(classify(e, false)),
+            }
         })
     }
 
