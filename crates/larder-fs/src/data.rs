@@ -220,18 +220,17 @@ impl Fs {
         // One write of a file at a time: two writers completing the same partial block from home must not
         // undo each other, and a push must see each write whole.
         let _w = lock(&write_lock);
-        let (ino, object, size, path, version) = {
-            let ns = lock(&self.ns);
-            let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
-            let node = ns.inode(ino)?;
-            let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
-            (ino, node.object, attr.size, ns.path_of(ino)?, attr.version.clone())
-        };
         let end = offset + data.len() as u64;
-        // The range is dirty before anything else: a push finishing meanwhile will not mark its blocks clean.
-        let before = {
+        // One critical section takes the file's state and records the range as dirty: from then on the
+        // object cannot change under this write (a new version is never taken while writes are pending),
+        // and a push finishing meanwhile will not mark these blocks clean.
+        let (ino, object, size, path, version, before) = {
             let mut ns = lock(&self.ns);
+            let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
+            let path = ns.path_of(ino)?;
             let node = ns.inode_mut(ino)?;
+            let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
+            let (size, version) = (attr.size, attr.version.clone());
             let before = (node.dirty.clone(), node.attr.clone());
             add_range(&mut node.dirty, offset..end);
             if let Some(a) = node.attr.as_mut() {
@@ -240,7 +239,7 @@ impl Fs {
                 a.mtime = now;
                 a.ctime = now;
             }
-            before
+            (ino, node.object, size, path, version, before)
         };
         let restore = |before: (Vec<std::ops::Range<u64>>, Option<larder_home::HomeAttr>)| -> FsResult<()> {
             let mut ns = lock(&self.ns);

@@ -50,6 +50,7 @@ impl Fs {
             (ns.path_of(ino)?, node.listed.as_ref().map(|l| l.1.clone()))
         };
         let _m = lock(&self.mutate);
+        let asked = Instant::now();
         let dir_attr = match self.core.home.stat(&path) {
             Ok(a) => a,
             Err(HomeError::NotFound) => {
@@ -66,7 +67,7 @@ impl Fs {
         if listed.as_ref() == Some(&dir_attr.version) {
             // Unchanged at home since the last full listing.
             let mut ns = lock(&self.ns);
-            self.update_attr(&mut ns, ino, dir_attr.clone());
+            self.update_attr(&mut ns, ino, dir_attr.clone(), asked);
             ns.inode_mut(ino)?.listed = Some((Instant::now(), dir_attr.version));
             return self.snapshot(&ns, ino);
         }
@@ -74,7 +75,7 @@ impl Fs {
         let mut ns = lock(&self.ns);
         let mut seen = HashSet::new();
         for e in listed {
-            self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr)?;
+            self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr, asked)?;
             seen.insert(e.name);
         }
         let gone: Vec<OsString> = ns
@@ -88,7 +89,7 @@ impl Fs {
             self.detach(&mut ns, ino, &name);
         }
         let version = dir_attr.version.clone();
-        self.update_attr(&mut ns, ino, dir_attr);
+        self.update_attr(&mut ns, ino, dir_attr, asked);
         let node = ns.inode_mut(ino)?;
         node.listed = Some((Instant::now(), version));
         node.negatives.clear();

@@ -52,7 +52,7 @@ impl Fs {
         let mut ns = lock(&self.ns);
         let kind = attr.kind;
         let version = attr.version.clone();
-        let ino = self.bind_child(&mut ns, parent, name, kind, None)?;
+        let ino = self.bind_child(&mut ns, parent, name, kind, None, Instant::now())?;
         self.adopt_attr(&mut ns, ino, attr);
         if kind == FileKind::Dir {
             ns.inode_mut(ino)?.listed = Some((Instant::now(), version));

@@ -338,13 +338,19 @@ impl Fs {
         object
     }
 
-    /// Record what home said about `ino`. A content version other than the cached one makes the cached
+    /// Record what home said about `ino` when asked at `asked`. A content version other than the cached one makes the cached
     /// data unreachable (a new object), unless local changes are pending: those are never dropped.
-    pub(crate) fn update_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
+    pub(crate) fn update_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr, asked: Instant) {
         let now = Instant::now();
         let mut new_object = None;
         {
             let Some(node) = ns.inodes.get(&ino) else { return };
+            // An answer home gave before our own latest change of this object must not undo it: the
+            // version it carries is older than the one we adopted.
+            if node.checked.is_some_and(|c| c > asked) && node.attr.as_ref().is_some_and(|a| a.version != attr.version)
+            {
+                return;
+            }
             if node.kind == FileKind::File
                 && node.dirty.is_empty()
                 && node.attr.as_ref().is_some_and(|a| a.version != attr.version)
@@ -403,6 +409,7 @@ impl Fs {
         name: &OsStr,
         kind: FileKind,
         attr: Option<HomeAttr>,
+        asked: Instant,
     ) -> FsResult<u64> {
         if let Some(&ino) = ns.inode(parent)?.children.get(name) {
             let node = ns.inode(ino)?;
@@ -415,7 +422,7 @@ impl Fs {
                     .is_some_and(|other| other != ino);
             if node.kind == kind && !placeholder_of_link {
                 if let Some(attr) = attr {
-                    self.update_attr(ns, ino, attr);
+                    self.update_attr(ns, ino, attr, asked);
                 }
                 return Ok(ino);
             }
@@ -434,7 +441,7 @@ impl Fs {
             db.submit(vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)]);
             self.persist(ns, ino);
             if let Some(attr) = attr {
-                self.update_attr(ns, ino, attr);
+                self.update_attr(ns, ino, attr, asked);
             }
             return Ok(ino);
         }
@@ -488,7 +495,7 @@ impl Fs {
         p.children.insert(name.to_os_string(), ino);
         p.negatives.remove(name);
         if let Some(attr) = attr {
-            self.update_attr(ns, ino, attr);
+            self.update_attr(ns, ino, attr, asked);
         }
         Ok(ino)
     }
@@ -569,10 +576,11 @@ impl Fs {
             }
             ns.child_path(parent, name)?
         };
+        let asked = Instant::now();
         match self.core.home.stat(&path) {
             Ok(attr) => {
                 let mut ns = lock(&self.ns);
-                let ino = self.bind_child(&mut ns, parent, name, attr.kind, Some(attr))?;
+                let ino = self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)?;
                 ns.inode_mut(ino)?.lookups += 1;
                 self.entry(&ns, ino)
             }
@@ -613,13 +621,14 @@ impl Fs {
 
     /// Ask home for the attributes of `ino` at `path` and record them.
     pub(crate) fn revalidate(&self, ino: u64, path: &std::path::Path) -> FsResult<Entry> {
+        let asked = Instant::now();
         match self.core.home.stat(path) {
             Ok(attr) => {
                 let mut ns = lock(&self.ns);
                 if ns.inode(ino)?.kind != attr.kind {
                     return Err(FsError::NotFound);
                 }
-                self.update_attr(&mut ns, ino, attr);
+                self.update_attr(&mut ns, ino, attr, asked);
                 self.entry(&ns, ino)
             }
             Err(HomeError::NotFound) => {
