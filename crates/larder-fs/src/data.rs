@@ -385,7 +385,7 @@ impl Fs {
     /// ranges stay dirty for the next attempt.
     pub(crate) fn push_locked(&self, ino: u64) -> FsResult<()> {
         let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
-        let (ranges, size, object, path) = {
+        let (ranges, size, object, path, base) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = lock(&self.ns);
@@ -399,11 +399,17 @@ impl Fs {
                 return Ok(());
             }
             let size = node.attr.as_ref().map_or(0, |a| a.size);
+            // The version these changes were made on: home must still be at it, or the push is a conflict.
+            let base = node
+                .attr
+                .as_ref()
+                .map(|a| a.version.clone())
+                .filter(|v| !v.0.is_empty());
             let (ranges, object) = (std::mem::take(&mut node.dirty), node.object);
             match ns.path_of(ino) {
                 Ok(path) => {
                     ns.inode_mut(ino)?.pushing += 1;
-                    (ranges, size, object, path)
+                    (ranges, size, object, path, base)
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -414,7 +420,7 @@ impl Fs {
         let result = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
             self.core
                 .home
-                .write(&path, &file, &ranges, size, None)
+                .write(&path, &file, &ranges, size, base.as_ref())
                 .map_err(FsError::from)
         });
         let mut ns = lock(&self.ns);

@@ -374,8 +374,11 @@ impl Fs {
         if !node.dirty.is_empty()
             && let Some(local) = &node.attr
         {
+            // Pending local changes keep the local size and mtime, and the version they were made on: a
+            // change at home meanwhile is then a conflict when they are pushed, not silently overwritten.
             attr.size = local.size;
             attr.mtime = local.mtime;
+            attr.version = local.version.clone();
         }
         if node.attr.as_ref() != Some(&attr) || new_object.is_some() {
             node.attr = Some(attr);

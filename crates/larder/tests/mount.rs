@@ -1218,3 +1218,23 @@ fn fsync_from_another_descriptor_does_not_fail_concurrent_reads() {
     pushes.expect("the writer failed");
     m.unmount();
 }
+
+/// A write made on the cached version must not overwrite a change made at home meanwhile: the push is
+/// conditional on the version the changes were made on, and fails (EIO for now) leaving home's version.
+#[test]
+fn change_at_home_under_pending_writes_is_a_conflict() {
+    let t = TestDir::new("conflict");
+    std::fs::write(t.home.join("f.txt"), b"original content").unwrap();
+    let m = t.mount(&["--validity-lag", "60s"]);
+    let p = m.path("f.txt");
+    assert_eq!(std::fs::read(&p).unwrap(), b"original content");
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(b"LOCAL", 0).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(t.home.join("f.txt"), b"theirs, changed at home").unwrap();
+    let err = f.sync_all().expect_err("fsync must report the conflict");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "want EIO, got {err}");
+    assert_eq!(std::fs::read(t.home.join("f.txt")).unwrap(), b"theirs, changed at home");
+    drop(f);
+    m.unmount();
+}

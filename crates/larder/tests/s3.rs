@@ -1254,3 +1254,27 @@ fn changes_through_mount_reach_s3() {
     assert_eq!(names(&m.mnt), ["empty.txt", "renamed.bin"]);
     m.unmount();
 }
+
+/// A write made on the cached version must not overwrite a change made at home meanwhile: the push is
+/// conditional on the version the changes were made on, and fails (EIO for now) leaving home's version.
+#[test]
+fn change_at_home_under_pending_writes_is_a_conflict() {
+    let t = S3Test::new("conflict", "home");
+    t.put(&t.key("f.txt"), b"original content");
+    let m = t.mount(&["--validity-lag", "60s"]);
+    let p = m.path("f.txt");
+    assert_eq!(std::fs::read(&p).unwrap(), b"original content");
+    // Changed at home while no descriptor is open (the helper runs a subprocess, and a fork closing a
+    // duplicate of an open descriptor would push first); the mount still trusts the cached version.
+    t.put(&t.key("f.txt"), b"theirs, changed at home");
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(b"LOCAL", 0).unwrap();
+    let err = f.sync_all().expect_err("fsync must report the conflict");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "want EIO, got {err}");
+    assert_eq!(
+        t.get(&t.key("f.txt")),
+        b"theirs, changed at home",
+        "home's version was overwritten"
+    );
+    drop(f);
+}
