@@ -1228,10 +1228,12 @@ fn change_at_home_under_pending_writes_is_a_conflict() {
     let m = t.mount(&["--validity-lag", "60s"]);
     let p = m.path("f.txt");
     assert_eq!(std::fs::read(&p).unwrap(), b"original content");
-    let f = OpenOptions::new().write(true).open(&p).unwrap();
-    f.write_all_at(b"LOCAL", 0).unwrap();
+    // Changed at home before the descriptor is opened: another test's fork closing a duplicate of an
+    // open descriptor would push first. The mount still trusts the cached version (lag 60 s).
     std::thread::sleep(Duration::from_millis(20));
     std::fs::write(t.home.join("f.txt"), b"theirs, changed at home").unwrap();
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(b"LOCAL", 0).unwrap();
     let err = f.sync_all().expect_err("fsync must report the conflict");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "want EIO, got {err}");
     assert_eq!(std::fs::read(t.home.join("f.txt")).unwrap(), b"theirs, changed at home");
