@@ -17,11 +17,12 @@ use crate::{Entry, FsError, FsResult, OpenReply};
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Core {
-    /// Block `index` of `object`, from the store or else from home (one fetch per block at a time), put
-    /// into the store beside the caller.
+    /// Block `index` of `object`, from the store or else from home (one fetch per block and version at a
+    /// time), put into the store beside the caller. Callers asking for another version of the block (our
+    /// own push moved home on) do not join a fetch of the older one: its answer would be `Stale` for them.
     pub(crate) fn fetch(&self, object: u64, index: u32, path: &Path, version: &Version, file_size: u64) -> FetchResult {
         let bs = self.store.block_size();
-        self.flights.run((object, index), || {
+        self.flights.run(flight_key(object, index, version), || {
             if self.store.contains((object, index))
                 && let Ok(Some(d)) = self.store.read((object, index), 0, bs as usize)
             {
@@ -37,6 +38,14 @@ impl Core {
             Ok(Arc::new(data))
         })
     }
+}
+
+/// The single-flight key of a block fetch: object, block and version.
+pub(crate) fn flight_key(object: u64, index: u32, version: &Version) -> (u64, u32, u64) {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    version.hash(&mut h);
+    (object, index, h.finish())
 }
 
 /// Insert `r` into a sorted list of disjoint ranges, merging neighbours.

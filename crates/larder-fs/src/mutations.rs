@@ -242,8 +242,13 @@ impl Fs {
             // No write may land between the push and the truncate of home and cache.
             _w = Some(lock(&write_lock));
         }
-        let attr = self.core.home.setattr(&path, changes)?;
+        // Home's version moves before we adopt it: a fetch that sees the new version meanwhile waits for
+        // this change to be adopted, as for a push.
+        lock(&self.ns).inode_mut(ino)?.pushing += 1;
+        let result = self.core.home.setattr(&path, changes);
         let mut ns = lock(&self.ns);
+        ns.inode_mut(ino)?.pushing -= 1;
+        let attr = result?;
         if let Some(size) = changes.size {
             let object = ns.inode(ino)?.object;
             self.core.store.truncate(object, size)?;

@@ -51,7 +51,8 @@ pub(crate) struct Inode {
     pub flush_lock: Arc<Mutex<()>>,
     /// Serialises writes of this file, and a push's taking of dirty ranges with them.
     pub write_lock: Arc<Mutex<()>>,
-    /// Pushes of this file under way (between taking the dirty ranges and adopting home's new version).
+    /// Changes of this file at home under way (pushes, setattr): between the call to home and the adoption
+    /// of the version it produces.
     pub pushing: u32,
 }
 
@@ -138,7 +139,7 @@ pub(crate) type FetchResult = Result<Arc<Vec<u8>>, HomeError>;
 pub(crate) struct Core {
     pub home: Arc<dyn Home>,
     pub store: Arc<Store>,
-    pub flights: SingleFlight<(u64, u32), FetchResult>,
+    pub flights: SingleFlight<(u64, u32, u64), FetchResult>,
 }
 
 /// The caching file system, without FUSE.

@@ -54,7 +54,12 @@ impl Readahead {
     /// Queue a block unless it is cached, being fetched, or the queue is full.
     pub fn submit(&self, job: Job) {
         let key = (job.object, job.index);
-        if self.core.store.contains(key) || self.core.flights.in_flight(&key) {
+        if self.core.store.contains(key)
+            || self
+                .core
+                .flights
+                .in_flight(&crate::data::flight_key(job.object, job.index, &job.version))
+        {
             return;
         }
         match lock(&self.sender).try_send(job) {

@@ -312,7 +312,10 @@ impl Filesystem for LarderFuse {
         let _s = span!("write", ino.0);
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => {
+                tracing::warn!(ino = ino.0, offset, len = data.len(), error = %e, "write failed");
+                reply.error(errno(&e))
+            }
         }
     }
 
