@@ -37,6 +37,8 @@ use crate::{DirEntry, FileKind, Home, HomeAttr, HomeError, HomeResult, Owner, Re
 /// S3 refuses keys longer than this many bytes.
 pub const MAX_KEY: usize = 1024;
 const PART: usize = 8 << 20;
+/// Slowest transfer rate a call that moves data is given time for, in bytes per second.
+const MIN_RATE: u64 = 4 << 20;
 
 /// Where and how to reach a bucket.
 #[derive(Clone, Debug, Default)]
@@ -78,6 +80,8 @@ impl S3Home {
         let attempt = (spec.op_timeout / 3).max(Duration::from_millis(500));
         let op = Operator::new(builder)
             .map_err(|e| HomeError::Unavailable(format!("S3 configuration: {e}")))?
+            // Errors (5xx, throttling, refused connections) are retried with backoff; an attempt that times
+            // out ends the call (outer timeout), so a server that stopped answering gives EIO quickly.
             .layer(
                 RetryLayer::new()
                     .with_jitter()
@@ -120,7 +124,16 @@ impl S3Home {
 
     /// Run `f` on the runtime with the call deadline.
     fn run<T>(&self, f: impl Future<Output = HomeResult<T>>) -> HomeResult<T> {
-        let timeout = self.spec.op_timeout;
+        self.run_for(self.spec.op_timeout, f)
+    }
+
+    /// The deadline of a call that moves `bytes`: the home timeout plus time for the bytes at a slow but
+    /// working link (4 MiB/s), so a large rewrite is not cut off while it makes progress.
+    fn deadline_for(&self, bytes: u64) -> Duration {
+        self.spec.op_timeout + Duration::from_secs_f64(bytes as f64 / MIN_RATE as f64)
+    }
+
+    fn run_for<T>(&self, timeout: Duration, f: impl Future<Output = HomeResult<T>>) -> HomeResult<T> {
         self.rt.block_on(async move {
             match tokio::time::timeout(timeout, f).await {
                 Ok(r) => r,
@@ -572,7 +585,8 @@ impl Home for S3Home {
 
     fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
         let key = self.key(path, false)?;
-        self.run(async {
+        // A truncate rewrites the object: up to twice its size crosses the link.
+        self.run_for(self.deadline_for(2 * changes.size.unwrap_or(0)), async {
             let Some(size) = changes.size else {
                 // Modes, owners and times are not stored on S3.
                 return self.stat_any(path).await;
@@ -595,7 +609,8 @@ impl Home for S3Home {
         base: Option<&Version>,
     ) -> HomeResult<HomeAttr> {
         let key = self.key(path, false)?;
-        self.run(async {
+        // The rewrite reads the unchanged parts and uploads the whole object: up to twice its size.
+        self.run_for(self.deadline_for(2 * size), async {
             let current = self.stat_file(&key).await?.ok_or(HomeError::NotFound)?;
             if let Some(base) = base
                 && !base.0.is_empty()
