@@ -56,6 +56,8 @@ pub struct S3Spec {
 pub struct S3Home {
     spec: S3Spec,
     op: Operator,
+    /// The same bucket, with a per-request timeout fit for whole-object transfers.
+    op_bulk: Operator,
     rt: tokio::runtime::Runtime,
     uid: u32,
     gid: u32,
@@ -72,24 +74,33 @@ impl S3Home {
         // Default features are off: install the HTTP transport (reqwest) explicitly.
         opendal::install_default();
         let root = format!("/{}", spec.prefix.trim_matches('/'));
-        let mut builder = opendal::services::S3::default().bucket(&spec.bucket).root(&root);
-        if let Some(e) = &spec.endpoint {
-            builder = builder.endpoint(e);
-        }
-        builder = builder.region(spec.region.as_deref().unwrap_or("us-east-1"));
+        let builder = || {
+            let mut b = opendal::services::S3::default().bucket(&spec.bucket).root(&root);
+            if let Some(e) = &spec.endpoint {
+                b = b.endpoint(e);
+            }
+            b.region(spec.region.as_deref().unwrap_or("us-east-1"))
+        };
         let attempt = (spec.op_timeout / 3).max(Duration::from_millis(500));
-        let op = Operator::new(builder)
-            .map_err(|e| HomeError::Unavailable(format!("S3 configuration: {e}")))?
-            // Errors (5xx, throttling, refused connections) are retried with backoff; an attempt that times
-            // out ends the call (outer timeout), so a server that stopped answering gives EIO quickly.
-            .layer(
-                RetryLayer::new()
-                    .with_jitter()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_delay(Duration::from_secs(2))
-                    .with_max_times(6),
-            )
-            .layer(TimeoutLayer::new().with_timeout(attempt).with_io_timeout(attempt));
+        let operator = |attempt: Duration| -> HomeResult<Operator> {
+            Ok(Operator::new(builder())
+                .map_err(|e| HomeError::Unavailable(format!("S3 configuration: {e}")))?
+                // Errors (5xx, throttling, refused connections) are retried with backoff; an attempt that
+                // times out ends the call (outer timeout), so a server that stopped answering gives EIO
+                // quickly.
+                .layer(
+                    RetryLayer::new()
+                        .with_jitter()
+                        .with_min_delay(Duration::from_millis(100))
+                        .with_max_delay(Duration::from_secs(2))
+                        .with_max_times(6),
+                )
+                .layer(TimeoutLayer::new().with_timeout(attempt).with_io_timeout(attempt)))
+        };
+        let op = operator(attempt)?;
+        // Rewrites move whole objects: completing a multipart upload of gigabytes may take a server longer
+        // than one ordinary request may; their calls are bounded by a deadline that grows with the size.
+        let op_bulk = operator(spec.op_timeout * 4)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("larder-s3")
@@ -101,6 +112,7 @@ impl S3Home {
         Ok(S3Home {
             spec,
             op,
+            op_bulk,
             rt,
             uid,
             gid,
@@ -298,7 +310,7 @@ impl S3Home {
         base: Option<(&str, u64)>,
     ) -> HomeResult<()> {
         let mut writer = {
-            let w = self.op.writer_with(key).chunk(PART).concurrent(4);
+            let w = self.op_bulk.writer_with(key).chunk(PART).concurrent(4);
             let w = match base {
                 Some((etag, _)) if !etag.is_empty() => w.if_match(etag),
                 _ => w,
@@ -315,7 +327,7 @@ impl S3Home {
             if pos < keep_end
                 && let Some((etag, _)) = base
             {
-                let mut read = self.op.read_with(key).range(pos..keep_end);
+                let mut read = self.op_bulk.read_with(key).range(pos..keep_end);
                 if !etag.is_empty() {
                     read = read.if_match(etag);
                 }
