@@ -73,35 +73,7 @@ fn drain(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
 
 /// Run `program args`, killing it and failing the test if it takes longer than `deadline`.
 pub fn run_cmd(program: &str, args: &[&str], deadline: Duration) -> Output {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    let out = drain(child.stdout.take().expect("stdout pipe"));
-    let err = drain(child.stderr.take().expect("stderr pipe"));
-    let until = Instant::now() + deadline;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait for child") {
-            break s;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`{program} {}` did not finish within {deadline:?}", args.join(" "));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    // The pipes close when the child exits (the daemon larder starts does not inherit them).
-    let stdout = out.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
-    let stderr = err.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
-    Output {
-        code: status.code(),
-        stdout,
-        stderr,
-    }
+    run_cmd_env(program, args, &[], deadline)
 }
 
 /// Run `larder args`.
@@ -547,6 +519,7 @@ pub fn run_cmd_env(program: &str, args: &[&str], env: &[(&str, &str)], deadline:
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    // The pipes close when the child exits (the daemon larder starts does not inherit them).
     let stdout = out.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
     let stderr = err.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
     Output {
