@@ -1045,29 +1045,7 @@ fn stopped_server_gives_eio_within_home_timeout() {
     assert_eq!(names(&m.mnt), ["a.bin", "b.bin"]);
 
     st.srv.stop_process();
-    let (r, took) = timed_read(
-        m.path("a.bin"),
-        timeout + Duration::from_secs(20),
-        "reading a.bin while moto is stopped",
-    );
-    match r {
-        Ok(v) => panic!(
-            "reading uncached a.bin while the server is stopped returned {} bytes",
-            v.len()
-        ),
-        Err(e) => assert_eq!(errno(&e), libc::EIO, "want EIO, got {e}"),
-    }
-    eprintln!("a.bin failed with EIO after {took:?}");
-    assert!(
-        took <= timeout + Duration::from_secs(5),
-        "EIO came {took:?} after the read started (home timeout {timeout:?})"
-    );
-    let v = status_answers(&m);
-    assert_eq!(
-        v["home"]["state"], "unreachable",
-        "home.state while the server is stopped: {}",
-        v["home"]
-    );
+    expect_eio_and_unreachable(&m, "a.bin", timeout, "reading a.bin while moto is stopped");
 
     st.srv.continue_process();
     let (r, _) = timed_read(
@@ -1108,26 +1086,7 @@ fn server_gone_gives_eio_and_status_answers() {
     assert_same_bytes(&read(&m.path("c.bin")), &c, "c.bin before the server goes");
 
     st.srv.kill();
-    let (r, took) = timed_read(
-        m.path("a.bin"),
-        timeout + Duration::from_secs(20),
-        "reading a.bin with moto gone",
-    );
-    match r {
-        Ok(v) => panic!("reading uncached a.bin with the server gone returned {} bytes", v.len()),
-        Err(e) => assert_eq!(errno(&e), libc::EIO, "want EIO, got {e}"),
-    }
-    eprintln!("a.bin failed with EIO after {took:?}");
-    assert!(
-        took <= timeout + Duration::from_secs(5),
-        "EIO came {took:?} after the read started (home timeout {timeout:?})"
-    );
-    let v = status_answers(&m);
-    assert_eq!(
-        v["home"]["state"], "unreachable",
-        "home.state with the server gone: {}",
-        v["home"]
-    );
+    expect_eio_and_unreachable(&m, "a.bin", timeout, "reading a.bin with moto gone");
     // Cached data is still served (the validity lag has not run out).
     let (r, _) = timed_read(
         m.path("c.bin"),
@@ -1253,6 +1212,23 @@ fn changes_through_mount_reach_s3() {
     objs(&[("empty.txt", 0), ("renamed.bin", 3)], "after the rename of t.bin");
     assert_eq!(names(&m.mnt), ["empty.txt", "renamed.bin"]);
     m.unmount();
+}
+
+/// Reading the uncached `name` fails with EIO within the home timeout (plus slack), not a hang, and the
+/// daemon still answers `status`, reporting home unreachable.
+fn expect_eio_and_unreachable(m: &Mount, name: &str, timeout: Duration, what: &str) {
+    let (r, took) = timed_read(m.path(name), timeout + Duration::from_secs(20), what);
+    match r {
+        Ok(v) => panic!("{what}: returned {} bytes instead of failing", v.len()),
+        Err(e) => assert_eq!(errno(&e), libc::EIO, "{what}: want EIO, got {e}"),
+    }
+    eprintln!("{name} failed with EIO after {took:?}");
+    assert!(
+        took <= timeout + Duration::from_secs(5),
+        "{what}: EIO came {took:?} after the read started (home timeout {timeout:?})"
+    );
+    let v = status_answers(m);
+    assert_eq!(v["home"]["state"], "unreachable", "{what}: home.state {}", v["home"]);
 }
 
 /// A write made on the cached version must not overwrite a change made at home meanwhile: the push is

@@ -209,34 +209,7 @@ impl Mount {
 
     /// Like [`Mount::new`], returning the command's output on failure.
     pub fn try_new(home: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Result<Mount, Output> {
-        let mut args: Vec<String> = vec![
-            "mount".into(),
-            s(home).into(),
-            s(mnt).into(),
-            "--cache-dir".into(),
-            s(cache).into(),
-        ];
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = larder(&argv);
-        if !out.success() {
-            return Err(out);
-        }
-        let mnt = std::fs::canonicalize(mnt).expect("canonical mount point");
-        let pid = parse_pid(&out.stdout)
-            .or_else(|| status(&mnt)["pid"].as_i64().map(|p| p as i32))
-            .unwrap_or_else(|| panic!("no daemon pid in `larder mount` output:\n{out}"));
-        assert!(
-            is_mounted(&mnt),
-            "larder mount succeeded but nothing is mounted at {}:\n{out}",
-            mnt.display()
-        );
-        Ok(Mount {
-            mnt,
-            cache: cache.to_path_buf(),
-            pid,
-            done: false,
-        })
+        Mount::try_new_env(s(home), mnt, cache, extra, &[])
     }
 
     /// `larder status --json` of this mount.
