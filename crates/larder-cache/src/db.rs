@@ -19,6 +19,8 @@ const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DENTRIES: TableDefinition<(u64, &[u8]), u64> = TableDefinition::new("dentries");
 /// (object, block index) -> (valid length, crc32c)
 const BLOCKS: TableDefinition<(u64, u32), (u32, u32)> = TableDefinition::new("blocks");
+/// Write-back journal: sequence number -> encoded operation.
+const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 
 const MAX_BATCH: usize = 16_384;
 
@@ -41,6 +43,8 @@ pub enum Mutation {
         index: u32,
     },
     DelObject(u64),
+    PutOp(u64, Vec<u8>),
+    DelOp(u64),
 }
 
 enum Msg {
@@ -73,6 +77,7 @@ impl Db {
             tx.open_table(INODES).map_err(idx_err)?;
             tx.open_table(DENTRIES).map_err(idx_err)?;
             tx.open_table(BLOCKS).map_err(idx_err)?;
+            tx.open_table(JOURNAL).map_err(idx_err)?;
             tx.commit().map_err(idx_err)?;
         }
         let db = Arc::new(db);
@@ -158,10 +163,38 @@ impl Db {
         Ok(table.get((parent, name)).map_err(idx_err)?.map(|v| v.value()))
     }
 
+    /// Every stored entry of directory `parent`: (name, inode).
+    pub fn dentries_of(&self, parent: u64) -> CacheResult<Vec<(Vec<u8>, u64)>> {
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let table = tx.open_table(DENTRIES).map_err(idx_err)?;
+        let mut out = Vec::new();
+        let lo: (u64, &[u8]) = (parent, &[]);
+        for row in table.range(lo..).map_err(idx_err)? {
+            let (k, v) = row.map_err(idx_err)?;
+            let (p, name) = k.value();
+            if p != parent {
+                break;
+            }
+            out.push((name.to_vec(), v.value()));
+        }
+        Ok(out)
+    }
+
     /// Visit every inode record.
     pub fn for_each_inode(&self, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(INODES).map_err(idx_err)?;
+        for row in table.iter().map_err(idx_err)? {
+            let (k, v) = row.map_err(idx_err)?;
+            f(k.value(), v.value());
+        }
+        Ok(())
+    }
+
+    /// Visit every journal record in sequence order.
+    pub fn for_each_op(&self, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let table = tx.open_table(JOURNAL).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;
             f(k.value(), v.value());
@@ -197,6 +230,7 @@ fn apply(db: &Database, batch: &[Mutation]) -> Result<(), redb::Error> {
         let mut inodes = tx.open_table(INODES)?;
         let mut dentries = tx.open_table(DENTRIES)?;
         let mut blocks = tx.open_table(BLOCKS)?;
+        let mut journal = tx.open_table(JOURNAL)?;
         for m in batch {
             match m {
                 Mutation::PutMeta(k, v) => {
@@ -227,6 +261,12 @@ fn apply(db: &Database, batch: &[Mutation]) -> Result<(), redb::Error> {
                 }
                 Mutation::DelObject(object) => {
                     blocks.retain_in((*object, 0u32)..=(*object, u32::MAX), |_, _| false)?;
+                }
+                Mutation::PutOp(seq, rec) => {
+                    journal.insert(*seq, rec.as_slice())?;
+                }
+                Mutation::DelOp(seq) => {
+                    journal.remove(*seq)?;
                 }
             }
         }

@@ -357,6 +357,23 @@ impl Store {
 
     /// Mark blocks of `object` clean again after their data reached home; `size` is the file's size.
     pub fn mark_clean(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
+        self.index_blocks(object, indexes, size, false)
+    }
+
+    /// Record dirty blocks of `object` in the persistent index (with their checksums) so that they are
+    /// found again after a restart; they stay dirty. Durable once the index is synced and the object file
+    /// is.
+    pub fn commit(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
+        self.index_blocks(object, indexes, size, true)
+    }
+
+    fn index_blocks(
+        &self,
+        object: u64,
+        indexes: impl IntoIterator<Item = u32>,
+        size: u64,
+        dirty: bool,
+    ) -> CacheResult<()> {
         let file = self.file(object)?;
         let bs = self.cfg.block_size;
         let mut mutations = Vec::new();
@@ -375,7 +392,7 @@ impl Store {
             let mut buf = vec![0u8; len];
             read_full(&file, &mut buf, start).map_err(io_err)?;
             let crc = crc32c::crc32c(&buf);
-            self.insert_locked(&mut st, key, len as u32, crc, false);
+            self.insert_locked(&mut st, key, len as u32, crc, dirty);
             mutations.push(Mutation::PutBlock {
                 object,
                 index,

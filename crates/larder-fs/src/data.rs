@@ -76,7 +76,7 @@ impl Fs {
     /// Open a file. Its attributes are revalidated first once the validity lag has passed (always, with a
     /// lag of 0), so a version changed at home is never served from the cache after the open.
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<OpenReply> {
-        if (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && self.cfg.read_only {
+        if (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && self.read_only() {
             return Err(FsError::ReadOnly);
         }
         let path = {
@@ -86,8 +86,8 @@ impl Fs {
                 return Err(FsError::IsDir);
             }
             let stale = node.attr.is_none() || !self.fresh(node.checked);
-            if stale && node.dirty.is_empty() && !node.removed {
-                Some(ns.path_of(ino)?)
+            if stale && node.dirty.is_empty() && !node.removed && !self.queued(ino) {
+                ns.home_path(ino)?
             } else {
                 None
             }
@@ -153,15 +153,29 @@ impl Fs {
             h.window = window;
             h.next_offset = offset + size as u64;
             let (ino, opened) = (h.ino, h.object);
-            let path = ns.path_of(ino)?;
+            let path = ns.home_path(ino)?;
             let node = ns.inode(ino)?;
             if node.object != opened {
                 // Home has another version now: this handle's version is gone, and mixing is not allowed.
                 return Err(FsError::Home(HomeError::Stale));
             }
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
-            (ino, node.object, attr.size, path, attr.version.clone(), window)
+            // Bytes past what home holds of this version exist only here: a gap there is a hole.
+            let home_size = if path.is_some() {
+                node.home_size.unwrap_or(u64::MAX)
+            } else {
+                0
+            };
+            (
+                ino,
+                node.object,
+                attr.size,
+                (path, home_size),
+                attr.version.clone(),
+                window,
+            )
         };
+        let (path, home_size) = path;
         if offset >= file_size || size == 0 {
             return Ok(Vec::new());
         }
@@ -179,10 +193,12 @@ impl Fs {
                     None
                 }
             };
-            let chunk = match cached {
-                Some(d) => d,
-                None => {
-                    let block = self.fetch_block(ino, object, index, &path, &version, file_size)?;
+            let chunk = match (cached, &path) {
+                (Some(d), _) => d,
+                (None, None) => Vec::new(),
+                (None, Some(_)) if index as u64 * bs >= home_size => Vec::new(),
+                (None, Some(path)) => {
+                    let block = self.fetch_block(ino, object, index, path, &version, file_size)?;
                     let from = (within as usize).min(block.len());
                     let to = (within as usize + want).min(block.len());
                     block[from..to].to_vec()
@@ -196,9 +212,11 @@ impl Fs {
             }
             pos += want as u64;
         }
-        if window > 0 {
+        if window > 0
+            && let Some(path) = path
+        {
             let first = end.div_ceil(bs);
-            let last = (end + window).min(file_size).div_ceil(bs);
+            let last = (end + window).min(file_size).min(home_size).div_ceil(bs);
             for index in first..last {
                 self.readahead.submit(Job {
                     object,
@@ -214,7 +232,7 @@ impl Fs {
 
     /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
-        if self.cfg.read_only {
+        if self.read_only() {
             return Err(FsError::ReadOnly);
         }
         if data.is_empty() {
@@ -233,13 +251,19 @@ impl Fs {
         // One critical section takes the file's state and records the range as dirty: from then on the
         // object cannot change under this write (a new version is never taken while writes are pending),
         // and a push finishing meanwhile will not mark these blocks clean.
+        self.make_room(data.len() as u64)?;
         let (ino, object, size, path, version, before) = {
             let mut ns = lock(&self.ns);
             let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
-            let path = ns.path_of(ino)?;
+            let path = ns.home_path(ino)?;
             let node = ns.inode_mut(ino)?;
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
-            let (size, version) = (attr.size, attr.version.clone());
+            // Past home's part of the content there is nothing to fetch.
+            let home_end = match &path {
+                Some(_) => node.home_size.unwrap_or(attr.size).min(attr.size),
+                None => 0,
+            };
+            let (size, version) = (home_end, attr.version.clone());
             let before = (node.dirty.clone(), node.attr.clone());
             add_range(&mut node.dirty, offset..end);
             if let Some(a) = node.attr.as_mut() {
@@ -269,7 +293,8 @@ impl Fs {
             {
                 continue;
             }
-            match self.fetch_block(ino, object, index as u32, &path, &version, size) {
+            let Some(path) = &path else { continue };
+            match self.fetch_block(ino, object, index as u32, path, &version, size) {
                 Ok(block) => completions.push((start, block)),
                 Err(e) => {
                     restore(before)?;
@@ -327,7 +352,7 @@ impl Fs {
                         match node.attr.as_ref().map(|a| (a.version.clone(), a.size)) {
                             Some((v, size)) if node.object == object && v != version => {
                                 (version, file_size) = (v, size);
-                                path = ns.path_of(ino)?;
+                                path = ns.home_path(ino)?.ok_or(FsError::Home(HomeError::Stale))?;
                             }
                             _ => {
                                 ns.inode_mut(ino)?.checked = None;
@@ -343,10 +368,19 @@ impl Fs {
         Err(FsError::Home(HomeError::Stale))
     }
 
-    /// Push pending writes of the file behind `fh` to home (close and fsync).
+    /// Make pending writes of the file behind `fh` safe (close and fsync): pushed to home (write-through)
+    /// or durable in the cache and queued (write-back).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let ino = lock(&self.ns).handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
-        self.push(ino)
+        self.settle(ino)
+    }
+
+    fn settle(&self, ino: u64) -> FsResult<()> {
+        if self.cfg.write_mode.journaled() {
+            self.commit_data(ino)
+        } else {
+            self.push(ino)
+        }
     }
 
     /// Make the file behind `fh` durable at home.
@@ -359,7 +393,11 @@ impl Fs {
         let Some(h) = lock(&self.ns).handles.remove(&fh) else {
             return Err(FsError::BadHandle);
         };
-        let result = if h.entries.is_none() { self.push(h.ino) } else { Ok(()) };
+        let result = if h.entries.is_none() {
+            self.settle(h.ino)
+        } else {
+            Ok(())
+        };
         if let Err(e) = &result {
             tracing::error!(error = %e, ino = h.ino, "pushing a closed file to home failed; its changes stay cached");
         }
@@ -393,19 +431,29 @@ impl Fs {
     /// Push the dirty ranges of `ino` to home; the caller holds the inode's flush lock. On failure the
     /// ranges stay dirty for the next attempt.
     pub(crate) fn push_locked(&self, ino: u64) -> FsResult<()> {
+        self.push_data(ino, None, false)
+    }
+
+    /// Push the local content of `ino` (dirty ranges, and size) to `at` (default: where home has it now).
+    /// With `force`, home's version is overwritten whatever it is; otherwise a version other than the one
+    /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
+    pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
         let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
         let (ranges, size, object, path, base) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = lock(&self.ns);
             let node = ns.inode_mut(ino)?;
-            if node.dirty.is_empty() {
-                return Ok(());
-            }
             if node.removed {
                 // Unlinked: its data has nowhere to go.
                 node.dirty.clear();
                 return Ok(());
+            }
+            if node.dirty.is_empty() && node.home_size.is_none() {
+                return Ok(());
+            }
+            if node.conflict && !force {
+                return Err(FsError::Home(HomeError::Conflict));
             }
             let size = node.attr.as_ref().map_or(0, |a| a.size);
             // The version these changes were made on: home must still be at it, or the push is a conflict.
@@ -413,9 +461,21 @@ impl Fs {
                 .attr
                 .as_ref()
                 .map(|a| a.version.clone())
-                .filter(|v| !v.0.is_empty());
-            let (ranges, object) = (std::mem::take(&mut node.dirty), node.object);
-            match ns.path_of(ino) {
+                .filter(|v| !v.0.is_empty() && !force);
+            let mut ranges = std::mem::take(&mut node.dirty);
+            let object = node.object;
+            if let Some(h) = node.home_size
+                && h < size
+            {
+                // Home's bytes past the local truncation point are gone here: the tail is ours (zeros
+                // where nothing was written since).
+                add_range(&mut ranges, h..size);
+            }
+            let path = match at {
+                Some(p) => Ok(p),
+                None => ns.home_path(ino).and_then(|p| p.ok_or(FsError::NotFound)),
+            };
+            match path {
                 Ok(path) => {
                     ns.inode_mut(ino)?.pushing += 1;
                     (ranges, size, object, path, base)
@@ -427,6 +487,10 @@ impl Fs {
             }
         };
         let result = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
+            if file.metadata().map(|m| m.len()).unwrap_or(0) < size {
+                file.set_len(size)
+                    .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+            }
             self.core
                 .home
                 .write(&path, &file, &ranges, size, base.as_ref())
@@ -446,7 +510,13 @@ impl Fs {
                     .filter(|b| !still_dirty.contains(b))
                     .collect();
                 let cur_size = node.attr.as_ref().map_or(size, |a| a.size);
+                let settled = node.dirty.is_empty() && cur_size == size;
                 self.core.store.mark_clean(object, clean, cur_size)?;
+                let node = ns.inode_mut(ino)?;
+                node.conflict = false;
+                // Truncations take the flush lock, so none happened during the push: home has `size` bytes
+                // of ours now.
+                node.home_size = if settled { None } else { Some(size) };
                 self.adopt_attr(&mut ns, ino, attr);
                 Ok(())
             }

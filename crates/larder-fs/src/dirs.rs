@@ -3,10 +3,11 @@
 
 use std::collections::HashSet;
 use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
 use std::time::Instant;
 
-use larder_home::{FileKind, HomeError};
+use larder_home::{FileKind, HomeError, unreachable};
 
 use crate::namespace::{Fs, Namespace, ROOT, lock};
 use crate::{DirItem, FsError, FsResult};
@@ -36,10 +37,11 @@ impl Fs {
         lock(&self.ns).handles.remove(&fh);
     }
 
-    /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh.
-    fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
+    /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh. Entries
+    /// with changes queued for home are the cache's; the rest come from home.
+    pub(crate) fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
         let (path, listed) = {
-            let ns = lock(&self.ns);
+            let mut ns = lock(&self.ns);
             let node = ns.inode(ino)?;
             if node.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
@@ -47,7 +49,15 @@ impl Fs {
             if self.fresh(node.listed.as_ref().map(|l| l.0)) {
                 return self.snapshot(&ns, ino);
             }
-            (ns.path_of(ino)?, node.listed.as_ref().map(|l| l.1.clone()))
+            let listed = node.listed.as_ref().map(|l| l.1.clone());
+            match ns.home_path(ino)? {
+                Some(p) => (p, listed),
+                None => {
+                    // Not at home yet: the cache holds all of it.
+                    self.load_pinned(&mut ns, ino)?;
+                    return self.snapshot(&ns, ino);
+                }
+            }
         };
         let _m = lock(&self.mutate);
         let asked = Instant::now();
@@ -57,11 +67,16 @@ impl Fs {
                 let mut ns = lock(&self.ns);
                 let node = ns.inode(ino)?;
                 let (parent, name) = (node.parent, node.name.clone());
+                if self.queued(ino) || self.local_name(&ns, parent, &name)? {
+                    self.load_pinned(&mut ns, ino)?;
+                    return self.snapshot(&ns, ino);
+                }
                 if ino != ROOT {
                     self.detach(&mut ns, parent, &name);
                 }
                 return Err(FsError::NotFound);
             }
+            Err(e) if unreachable(&e) => return self.offline_listing(ino, e),
             Err(e) => return Err(e.into()),
         };
         if listed.as_ref() == Some(&dir_attr.version) {
@@ -69,31 +84,73 @@ impl Fs {
             let mut ns = lock(&self.ns);
             self.update_attr(&mut ns, ino, dir_attr.clone(), asked);
             ns.inode_mut(ino)?.listed = Some((Instant::now(), dir_attr.version));
+            self.load_pinned(&mut ns, ino)?;
             return self.snapshot(&ns, ino);
         }
-        let listed = self.core.home.list(&path)?;
+        let listed = match self.core.home.list(&path) {
+            Ok(l) => l,
+            Err(e) if unreachable(&e) => return self.offline_listing(ino, e),
+            Err(e) => return Err(e.into()),
+        };
         let mut ns = lock(&self.ns);
+        let pinned = lock(&self.journal).pinned_in(ino);
         let mut seen = HashSet::new();
         for e in listed {
-            self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr, asked)?;
+            if !pinned.contains(e.name.as_bytes()) {
+                self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr, asked)?;
+            }
             seen.insert(e.name);
         }
         let gone: Vec<OsString> = ns
             .inode(ino)?
             .children
             .keys()
-            .filter(|n| !seen.contains(*n))
+            .filter(|n| !seen.contains(*n) && !pinned.contains(n.as_bytes()))
             .cloned()
             .collect();
         for name in gone {
             self.detach(&mut ns, ino, &name);
         }
+        self.load_pinned(&mut ns, ino)?;
         let version = dir_attr.version.clone();
         self.update_attr(&mut ns, ino, dir_attr, asked);
         let node = ns.inode_mut(ino)?;
         node.listed = Some((Instant::now(), version));
         node.negatives.clear();
         self.snapshot(&ns, ino)
+    }
+
+    /// Home is away: a directory listed before is served as cached.
+    fn offline_listing(&self, ino: u64, e: HomeError) -> FsResult<Vec<DirItem>> {
+        let mut ns = lock(&self.ns);
+        if ns.inode(ino)?.listed.is_none() {
+            return Err(e.into());
+        }
+        self.load_pinned(&mut ns, ino)?;
+        self.snapshot(&ns, ino)
+    }
+
+    /// Bind the entries of `ino` that have queued changes (or, for a directory not at home, all its
+    /// persisted entries) which are not in memory yet: after a restart, they are known only to the index.
+    fn load_pinned(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
+        let names: Vec<Vec<u8>> = if ns.home_path(ino)?.is_none() {
+            self.core
+                .store
+                .db()
+                .dentries_of(ino)?
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        } else {
+            lock(&self.journal).pinned_in(ino).into_iter().collect()
+        };
+        for n in names {
+            let name = OsString::from_vec(n);
+            if !ns.inode(ino)?.children.contains_key(&name) {
+                self.load_child(ns, ino, &name)?;
+            }
+        }
+        Ok(())
     }
 
     fn snapshot(&self, ns: &Namespace, ino: u64) -> FsResult<Vec<DirItem>> {

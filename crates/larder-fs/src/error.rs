@@ -31,4 +31,6 @@ pub enum FsError {
     ReadOnly,
     #[error("invalid argument")]
     Invalid,
+    #[error("the cache has no room for more changes not yet at home")]
+    NoSpace,
 }

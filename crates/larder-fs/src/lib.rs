@@ -21,12 +21,19 @@
 mod data;
 mod dirs;
 mod error;
+mod flusher;
+mod journal;
+#[cfg(test)]
+mod journal_model;
 mod mutations;
 mod namespace;
 mod readahead;
 mod record;
 mod types;
+mod writeback;
 
 pub use error::{FsError, FsResult};
 pub use namespace::Fs;
-pub use types::{Attr, DirItem, Entry, FsConfig, FsStats, OpenReply};
+pub use types::{
+    Attr, Conflict, ConflictPolicy, DirItem, Entry, FsConfig, FsStats, JournalStats, OpenReply, WriteMode,
+};

@@ -10,6 +10,7 @@ use larder_cache::Mutation;
 use larder_home::{FileKind, Home, HomeAttr, HomeError, Owner, RenameFlags, SetAttr};
 
 use crate::namespace::{Fs, Namespace, check_name, lock};
+use crate::writeback::NewKind;
 use crate::{Entry, FsError, FsResult};
 
 impl Fs {
@@ -64,16 +65,25 @@ impl Fs {
 
     /// Create a directory.
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+        if self.cfg.write_mode.journaled() {
+            return self.make_local(parent, name, mode, NewKind::Dir, uid, gid);
+        }
         self.make(parent, name, uid, gid, |h, p, o| h.mkdir(p, mode, o))
     }
 
     /// Create a special or regular file.
     pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, uid: u32, gid: u32) -> FsResult<Entry> {
+        if self.cfg.write_mode.journaled() {
+            return self.make_local(parent, name, mode, NewKind::Special { rdev }, uid, gid);
+        }
         self.make(parent, name, uid, gid, |h, p, o| h.mknod(p, mode, rdev, o))
     }
 
     /// Create a symlink.
     pub fn symlink(&self, parent: u64, name: &OsStr, target: &[u8], uid: u32, gid: u32) -> FsResult<Entry> {
+        if self.cfg.write_mode.journaled() {
+            return self.make_local(parent, name, 0o777, NewKind::Symlink { target }, uid, gid);
+        }
         let entry = self.make(parent, name, uid, gid, |h, p, o| h.symlink(target, p, o))?;
         let mut ns = lock(&self.ns);
         ns.inode_mut(entry.attr.ino)?.symlink = Some(target.to_vec());
@@ -83,11 +93,17 @@ impl Fs {
 
     /// Create an empty regular file (the caller opens it).
     pub(crate) fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+        if self.cfg.write_mode.journaled() {
+            return self.make_local(parent, name, mode, NewKind::File, uid, gid);
+        }
         self.make(parent, name, uid, gid, |h, p, o| h.create(p, mode, o))
     }
 
     /// Hard-link `ino` as `name` in `parent`.
     pub fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        if self.cfg.write_mode.journaled() {
+            return self.link_local(ino, parent, name);
+        }
         self.writable()?;
         check_name(name)?;
         let _m = lock(&self.mutate);
@@ -117,6 +133,9 @@ impl Fs {
     }
 
     fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
+        if self.cfg.write_mode.journaled() {
+            return self.remove_local(parent, name, dir);
+        }
         self.writable()?;
         check_name(name)?;
         let _m = lock(&self.mutate);
@@ -153,6 +172,9 @@ impl Fs {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> FsResult<()> {
+        if self.cfg.write_mode.journaled() {
+            return self.rename_local(parent, name, new_parent, new_name, flags);
+        }
         self.writable()?;
         check_name(name)?;
         check_name(new_name)?;
@@ -163,6 +185,22 @@ impl Fs {
         };
         self.core.home.rename(&from, &to, flags)?;
         let mut ns = lock(&self.ns);
+        self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags, true)
+    }
+
+    /// Apply a rename to the namespace mirror; `at_home`: home has it already (write-through), so the
+    /// moved objects' home locations move too.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rename_in_ns(
+        &self,
+        ns: &mut Namespace,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        at_home: bool,
+    ) -> FsResult<()> {
         let src = ns.inode_mut(parent)?.children.remove(name);
         let dst = ns.inode_mut(new_parent)?.children.remove(new_name);
         let db = self.core.store.db().clone();
@@ -183,7 +221,10 @@ impl Fs {
         let place = |ns: &mut Namespace, ino: u64, from: (u64, &OsStr), dir: u64, n: &OsStr| -> FsResult<()> {
             let node = ns.inode_mut(ino)?;
             node.rename_name(from, (dir, n));
-            node.checked = None;
+            if at_home {
+                node.home_loc = Some((dir, n.to_os_string()));
+                node.checked = None;
+            }
             ns.inode_mut(dir)?.children.insert(n.to_os_string(), ino);
             ns.inode_mut(dir)?.negatives.remove(n);
             db.submit(vec![Mutation::PutDentry(dir, n.as_bytes().to_vec(), ino)]);
@@ -192,19 +233,19 @@ impl Fs {
         };
         if flags.exchange {
             if let Some(s) = src {
-                place(&mut ns, s, (parent, name), new_parent, new_name)?;
+                place(ns, s, (parent, name), new_parent, new_name)?;
             }
             if let Some(d) = dst {
-                place(&mut ns, d, (new_parent, new_name), parent, name)?;
+                place(ns, d, (new_parent, new_name), parent, name)?;
             }
         } else {
             if let Some(d) = dst {
                 // Replaced at home: put it back under its old name only to detach it properly.
                 ns.inode_mut(new_parent)?.children.insert(new_name.to_os_string(), d);
-                self.detach(&mut ns, new_parent, new_name);
+                self.detach(ns, new_parent, new_name);
             }
             match src {
-                Some(s) => place(&mut ns, s, (parent, name), new_parent, new_name)?,
+                Some(s) => place(ns, s, (parent, name), new_parent, new_name)?,
                 // Not known here: forget any negative entry so the next lookup asks home.
                 None => {
                     ns.inode_mut(new_parent)?.negatives.remove(new_name);
@@ -221,6 +262,9 @@ impl Fs {
 
     /// Change attributes. A size change first pushes pending writes, then truncates home and the cache.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
+        if self.cfg.write_mode.journaled() {
+            return self.setattr_local(ino, changes);
+        }
         self.writable()?;
         let (path, kind, flush_lock, write_lock) = {
             let ns = lock(&self.ns);

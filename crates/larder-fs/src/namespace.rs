@@ -5,11 +5,14 @@ use std::ffi::{OsStr, OsString};
 use std::ops::Range;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use larder_cache::{Mutation, SingleFlight, Store};
-use larder_home::{FileKind, Home, HomeAttr, HomeError, StatFs, Version};
+use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, unreachable};
+
+use crate::journal::{Journal, Op};
 
 use crate::readahead::Readahead;
 use crate::record::{AttrRecord, InodeRecord};
@@ -54,13 +57,21 @@ pub(crate) struct Inode {
     /// Changes of this file at home under way (pushes, setattr): between the call to home and the adoption
     /// of the version it produces.
     pub pushing: u32,
+    /// Where home has this object now (parent inode, name): differs from `parent`/`name` while a rename
+    /// made here waits in the journal; `None` while its creation does.
+    pub home_loc: Option<(u64, OsString)>,
+    /// Size of the home version the cached content is based on; bytes past it exist only here (`None`:
+    /// all of it is at home as far as is known).
+    pub home_size: Option<u64>,
+    /// Home took this name for another object while ours waited to be created there.
+    pub conflict: bool,
 }
 
 impl Inode {
     fn new(parent: u64, name: OsString, kind: FileKind, object: u64) -> Inode {
         Inode {
             parent,
-            name,
+            name: name.clone(),
             aliases: Vec::new(),
             kind,
             attr: None,
@@ -78,10 +89,13 @@ impl Inode {
             flush_lock: Arc::new(Mutex::new(())),
             write_lock: Arc::new(Mutex::new(())),
             pushing: 0,
+            home_loc: Some((parent, name)),
+            home_size: None,
+            conflict: false,
         }
     }
 
-    fn record(&self) -> InodeRecord {
+    pub(crate) fn record(&self) -> InodeRecord {
         InodeRecord {
             parent: self.parent,
             name: self.name.as_bytes().to_vec(),
@@ -90,7 +104,36 @@ impl Inode {
             object: self.object,
             symlink: self.symlink.clone(),
             aliases: self.aliases.iter().map(|(p, n)| (*p, n.as_bytes().to_vec())).collect(),
+            home_loc: self.home_loc.as_ref().map(|(p, n)| (*p, n.as_bytes().to_vec())),
+            home_size: self.home_size,
+            dirty: self.dirty.iter().map(|r| (r.start, r.end)).collect(),
+            conflict: self.conflict,
         }
+    }
+
+    /// An inode made here, not at home yet.
+    pub(crate) fn new_local(parent: u64, name: &OsStr, kind: FileKind, object: u64) -> Inode {
+        let mut node = Inode::new(parent, name.to_os_string(), kind, object);
+        node.home_loc = None;
+        node.home_size = (kind == FileKind::File).then_some(0);
+        node
+    }
+
+    /// An inode from its persisted record.
+    pub(crate) fn from_record(rec: InodeRecord) -> Inode {
+        let mut node = Inode::new(rec.parent, OsString::from_vec(rec.name), rec.kind, rec.object);
+        node.attr = rec.attr.map(|a| a.to_attr());
+        node.symlink = rec.symlink;
+        node.aliases = rec
+            .aliases
+            .into_iter()
+            .map(|(p, n)| (p, OsString::from_vec(n)))
+            .collect();
+        node.home_loc = rec.home_loc.map(|(p, n)| (p, OsString::from_vec(n)));
+        node.home_size = rec.home_size;
+        node.dirty = rec.dirty.into_iter().map(|(a, b)| a..b).collect();
+        node.conflict = rec.conflict;
+        node
     }
 
     fn has_name(&self, parent: u64, name: &OsStr) -> bool {
@@ -149,6 +192,16 @@ pub struct Fs {
     pub(crate) ns: Mutex<Namespace>,
     pub(crate) mutate: Mutex<()>,
     pub(crate) readahead: Readahead,
+    /// Changes not yet at home. Taken after `ns` when both are needed.
+    pub(crate) journal: Mutex<Journal>,
+    /// Woken when the journal gains work, finishes an op, or home comes back.
+    pub(crate) journal_cv: Condvar,
+    pub(crate) health: Arc<Health>,
+    /// Drain requests under way: push regardless of the sync lag.
+    pub(crate) urgent: AtomicU64,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) conflicts: Mutex<Vec<crate::Conflict>>,
+    pub(crate) flushers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -218,6 +271,30 @@ impl Namespace {
         fh
     }
 
+    /// Where home has `ino` now, following each ancestor's home location; `None` if it (or an ancestor) is
+    /// not at home yet.
+    pub fn home_path(&self, ino: u64) -> FsResult<Option<PathBuf>> {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT {
+            let node = self.inode(cur)?;
+            let Some((p, n)) = &node.home_loc else {
+                return Ok(None);
+            };
+            parts.push(n.clone());
+            cur = *p;
+            if parts.len() > 4096 {
+                return Err(FsError::Invalid);
+            }
+        }
+        Ok(Some(parts.iter().rev().collect()))
+    }
+
+    /// Home path of `name` in `parent`, if `parent` is at home.
+    pub(crate) fn home_child_path(&self, parent: u64, name: &OsStr) -> FsResult<Option<PathBuf>> {
+        Ok(self.home_path(parent)?.map(|p| p.join(name)))
+    }
+
     pub(crate) fn child_path(&self, parent: u64, name: &OsStr) -> FsResult<PathBuf> {
         Ok(self.path_of(parent)?.join(name))
     }
@@ -227,6 +304,12 @@ impl Fs {
     /// A file system over `home`, caching in `store`. Loads the persisted namespace, drops cache objects
     /// nothing refers to, and checks that home's root is reachable.
     pub fn new(home: Arc<dyn Home>, store: Arc<Store>, cfg: FsConfig) -> FsResult<Fs> {
+        Fs::with_health(home, store, cfg, Health::new())
+    }
+
+    /// As [`Fs::new`], sharing `health` with the home's health layer: while it says home is offline, the
+    /// cached namespace is served and changes wait in the journal.
+    pub fn with_health(home: Arc<dyn Home>, store: Arc<Store>, cfg: FsConfig, health: Arc<Health>) -> FsResult<Fs> {
         let db = store.db().clone();
         let mut ns = Namespace {
             next_ino: db.meta("next_ino")?.unwrap_or(ROOT + 1),
@@ -236,16 +319,28 @@ impl Fs {
         };
         let live = collect_live(&db)?;
         store.retain_objects(&live);
-        let root_attr = home.stat(std::path::Path::new(""))?;
-        if root_attr.kind != FileKind::Dir {
-            return Err(FsError::NotDir);
-        }
+        let mut ops = Vec::new();
+        db.for_each_op(|seq, bytes| match Op::decode(bytes) {
+            Some(op) => ops.push((seq, op)),
+            None => tracing::error!(seq, "a journal record cannot be read; it is kept and skipped"),
+        })?;
+        let journal = Journal::load(ops);
         let mut root = Inode::new(ROOT, OsString::new(), FileKind::Dir, 0);
         if let Some(rec) = db.inode(ROOT)?.and_then(|b| InodeRecord::decode(&b)) {
             root.attr = rec.attr.map(|a| a.to_attr());
         }
-        root.attr = Some(root_attr);
-        root.checked = Some(Instant::now());
+        match home.stat(std::path::Path::new("")) {
+            Ok(a) if a.kind != FileKind::Dir => return Err(FsError::NotDir),
+            Ok(a) => {
+                root.attr = Some(a);
+                root.checked = Some(Instant::now());
+            }
+            // Changes are waiting and the cache knows the root: start offline and serve the cache.
+            Err(e) if unreachable(&e) && !journal.is_empty() && root.attr.is_some() => {
+                health.set_offline(&e);
+            }
+            Err(e) => return Err(e.into()),
+        }
         root.lookups = 1;
         db.submit(vec![Mutation::PutInode(ROOT, root.record().encode())]);
         ns.inodes.insert(ROOT, root);
@@ -255,13 +350,67 @@ impl Fs {
             flights: SingleFlight::default(),
         });
         let readahead = Readahead::new(core.clone(), cfg.readahead_threads);
+        let conflicts = crate::flusher::load_conflicts(&cfg.conflicts_dir);
         Ok(Fs {
             cfg,
             core,
             ns: Mutex::new(ns),
             mutate: Mutex::new(()),
             readahead,
+            journal: Mutex::new(journal),
+            journal_cv: Condvar::new(),
+            health,
+            urgent: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            conflicts: Mutex::new(conflicts),
+            flushers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Whether home is believed reachable.
+    pub fn home_online(&self) -> bool {
+        self.health.online()
+    }
+
+    /// How changes reach home.
+    pub fn write_mode(&self) -> crate::WriteMode {
+        self.cfg.write_mode
+    }
+
+    /// Wake the flushers (home came back).
+    pub fn wake(&self) {
+        self.journal_cv.notify_all();
+    }
+
+    /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them.
+    pub(crate) fn reclaim_dirty(&self, node: &Inode) {
+        let bs = self.core.store.block_size();
+        for r in &node.dirty {
+            if r.is_empty() {
+                continue;
+            }
+            for index in r.start / bs..=(r.end - 1) / bs {
+                self.core.store.claim((node.object, index as u32));
+            }
+        }
+    }
+
+    /// `ino`, reloaded from its record if it is not in memory (the flusher after a restart).
+    pub(crate) fn load_inode(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
+        if ns.inodes.contains_key(&ino) {
+            return Ok(());
+        }
+        let rec = self
+            .core
+            .store
+            .db()
+            .inode(ino)?
+            .and_then(|b| InodeRecord::decode(&b))
+            .ok_or(FsError::BadHandle)?;
+        let node = Inode::from_record(rec);
+        self.reclaim_dirty(&node);
+        ns.inodes.insert(ino, node);
+        Ok(())
     }
 
     /// The local store.
@@ -278,8 +427,12 @@ impl Fs {
         !self.cfg.validity_lag.is_zero() && at.is_some_and(|t| t.elapsed() < self.cfg.validity_lag)
     }
 
+    pub(crate) fn read_only(&self) -> bool {
+        self.cfg.write_mode == crate::WriteMode::ReadOnly
+    }
+
     pub(crate) fn writable(&self) -> FsResult<()> {
-        if self.cfg.read_only {
+        if self.read_only() {
             Err(FsError::ReadOnly)
         } else {
             Ok(())
@@ -329,6 +482,10 @@ impl Fs {
         })
     }
 
+    pub(crate) fn new_object(&self, ns: &mut Namespace) -> u64 {
+        self.alloc_object(ns)
+    }
+
     fn alloc_object(&self, ns: &mut Namespace) -> u64 {
         let object = ns.next_object;
         ns.next_object += 1;
@@ -344,6 +501,13 @@ impl Fs {
     pub(crate) fn update_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr, asked: Instant) {
         let now = Instant::now();
         let mut new_object = None;
+        if self.queued(ino) {
+            // Changes of it wait in the journal: the cache's attributes stand until they reached home.
+            if let Some(node) = ns.inodes.get_mut(&ino) {
+                node.checked = Some(now);
+            }
+            return;
+        }
         {
             let Some(node) = ns.inodes.get(&ino) else { return };
             // An answer home gave before our own latest change of this object must not undo it: the
@@ -364,6 +528,7 @@ impl Fs {
             let object = self.alloc_object(ns);
             if let Some(node) = ns.inodes.get_mut(&ino) {
                 node.object = object;
+                node.home_size = None;
             }
         }
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
@@ -461,14 +626,8 @@ impl Fs {
             } else if let Some(rec) = db.inode(old)?.and_then(|b| InodeRecord::decode(&b))
                 && rec.kind == kind
             {
-                let mut node = Inode::new(rec.parent, OsString::from_vec(rec.name), kind, rec.object);
-                node.attr = rec.attr.map(|a| a.to_attr());
-                node.symlink = rec.symlink;
-                node.aliases = rec
-                    .aliases
-                    .into_iter()
-                    .map(|(p, n)| (p, OsString::from_vec(n)))
-                    .collect();
+                let node = Inode::from_record(rec);
+                self.reclaim_dirty(&node);
                 if node.has_name(parent, name) {
                     ns.inodes.insert(old, node);
                     ino = Some(old);
@@ -560,41 +719,113 @@ impl Fs {
         }
     }
 
+    /// Whether the entry `name` of `parent` is answered here, not by home: it has queued changes, or
+    /// `parent` itself is not at home yet.
+    pub(crate) fn local_name(&self, ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<bool> {
+        if lock(&self.journal).pinned(parent, name.as_bytes()) {
+            return Ok(true);
+        }
+        Ok(ns.home_path(parent)?.is_none())
+    }
+
+    /// Whether `ino`'s attributes are the cache's to say: changes of it are queued.
+    pub(crate) fn queued(&self, ino: u64) -> bool {
+        lock(&self.journal).has(ino)
+    }
+
+    /// The child `name` of `parent` from the persisted namespace (after a restart, before anything looked
+    /// it up), bound in memory.
+    pub(crate) fn load_child(&self, ns: &mut Namespace, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
+        if let Some(&ino) = ns.inode(parent)?.children.get(name) {
+            return Ok(Some(ino));
+        }
+        let Some(ino) = self.core.store.db().dentry(parent, name.as_bytes())? else {
+            return Ok(None);
+        };
+        if !ns.inodes.contains_key(&ino) && self.load_inode(ns, ino).is_err() {
+            return Ok(None);
+        }
+        let node = ns.inode_mut(ino)?;
+        if node.removed {
+            return Ok(None);
+        }
+        if !node.has_name(parent, name) {
+            node.aliases.push((parent, name.to_os_string()));
+        }
+        ns.inode_mut(parent)?.children.insert(name.to_os_string(), ino);
+        Ok(Some(ino))
+    }
+
     /// Look `name` up in `parent`; counts one kernel reference on success.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        let ino = self.find(parent, name)?;
+        let mut ns = lock(&self.ns);
+        ns.inode_mut(ino)?.lookups += 1;
+        self.entry(&ns, ino)
+    }
+
+    /// The inode of `name` in `parent`, asking home when the cache cannot say; counts no reference.
+    pub(crate) fn find(&self, parent: u64, name: &OsStr) -> FsResult<u64> {
         check_name(name)?;
-        let path = {
+        let (path, known) = {
             let mut ns = lock(&self.ns);
             let p = ns.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
             }
+            let local = self.local_name(&ns, parent, name)?;
+            let p = ns.inode(parent)?;
+            let listed_fresh = self.fresh(p.listed.as_ref().map(|l| l.0));
+            let negative_fresh = self.fresh(p.negatives.get(name).copied());
             if let Some(&child) = p.children.get(name) {
                 let c = ns.inode(child)?;
-                if c.attr.is_some() && (self.fresh(c.checked) || !c.dirty.is_empty()) {
-                    ns.inode_mut(child)?.lookups += 1;
-                    return self.entry(&ns, child);
+                if c.attr.is_some() && (local || self.fresh(c.checked) || !c.dirty.is_empty() || self.queued(child)) {
+                    return Ok(child);
                 }
-            } else if self.fresh(p.listed.as_ref().map(|l| l.0)) || self.fresh(p.negatives.get(name).copied()) {
+            } else if local {
+                return self.load_child(&mut ns, parent, name)?.ok_or(FsError::NotFound);
+            } else if listed_fresh || negative_fresh {
                 return Err(FsError::NotFound);
             }
-            ns.child_path(parent, name)?
+            let known = ns.inode(parent)?.children.get(name).copied();
+            match ns.home_child_path(parent, name)? {
+                Some(path) => (path, known),
+                None => return Err(FsError::NotFound),
+            }
         };
         let asked = Instant::now();
         match self.core.home.stat(&path) {
             Ok(attr) => {
                 let mut ns = lock(&self.ns);
-                let ino = self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)?;
-                ns.inode_mut(ino)?.lookups += 1;
-                self.entry(&ns, ino)
+                if self.local_name(&ns, parent, name)? {
+                    // Changed here while home was asked: the cache's answer stands.
+                    return ns.inode(parent)?.children.get(name).copied().ok_or(FsError::NotFound);
+                }
+                self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)
             }
             Err(HomeError::NotFound) => {
                 let mut ns = lock(&self.ns);
+                if self.local_name(&ns, parent, name)? {
+                    return ns.inode(parent)?.children.get(name).copied().ok_or(FsError::NotFound);
+                }
                 self.detach(&mut ns, parent, name);
                 if let Ok(p) = ns.inode_mut(parent) {
                     p.negatives.insert(name.to_os_string(), Instant::now());
                 }
                 Err(FsError::NotFound)
+            }
+            Err(e) if unreachable(&e) => {
+                // Home away: what the cache knows is the answer.
+                let ns = lock(&self.ns);
+                if let Some(child) = known
+                    && ns.inodes.get(&child).is_some_and(|c| c.attr.is_some())
+                {
+                    return Ok(child);
+                }
+                if ns.inode(parent)?.listed.is_some() && known.is_none() {
+                    return Err(FsError::NotFound);
+                }
+                Err(e.into())
             }
             Err(e) => Err(e.into()),
         }
@@ -615,10 +846,15 @@ impl Fs {
         let path = {
             let ns = lock(&self.ns);
             let node = ns.inode(ino)?;
-            if node.attr.is_some() && (self.fresh(node.checked) || node.removed || !node.dirty.is_empty()) {
+            if node.attr.is_some()
+                && (self.fresh(node.checked) || node.removed || !node.dirty.is_empty() || self.queued(ino))
+            {
                 return self.entry(&ns, ino);
             }
-            ns.path_of(ino)?
+            match ns.home_path(ino)? {
+                Some(p) => p,
+                None => return self.entry(&ns, ino),
+            }
         };
         self.revalidate(ino, &path)
     }
@@ -643,10 +879,20 @@ impl Fs {
                     return self.entry(&ns, ino);
                 }
                 let (parent, name) = (node.parent, node.name.clone());
+                if self.queued(ino) || self.local_name(&ns, parent, &name)? {
+                    return self.entry(&ns, ino);
+                }
                 if ino != ROOT {
                     self.detach(&mut ns, parent, &name);
                 }
                 Err(FsError::NotFound)
+            }
+            Err(e) if unreachable(&e) => {
+                let ns = lock(&self.ns);
+                if ns.inode(ino)?.attr.is_some() {
+                    return self.entry(&ns, ino);
+                }
+                Err(e.into())
             }
             Err(e) => Err(e.into()),
         }
@@ -661,11 +907,14 @@ impl Fs {
                 return Err(FsError::Invalid);
             }
             if let Some(t) = &node.symlink
-                && self.fresh(node.checked)
+                && (self.fresh(node.checked) || self.queued(ino) || !self.health.online())
             {
                 return Ok(t.clone());
             }
-            ns.path_of(ino)?
+            match ns.home_path(ino)? {
+                Some(p) => p,
+                None => return node.symlink.clone().ok_or(FsError::NotFound),
+            }
         };
         self.revalidate(ino, &path)?;
         let target = self.core.home.readlink(&path)?;
@@ -695,6 +944,7 @@ impl Fs {
 
     /// Make everything durable before the process exits.
     pub fn shutdown(&self) -> FsResult<()> {
+        self.stop_flushers();
         let handles: Vec<u64> = lock(&self.ns).handles.keys().copied().collect();
         for fh in handles {
             let _ = self.release(fh);
@@ -757,6 +1007,11 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<HashSet<u64>> {
         .filter(|(ino, _)| reachable.get(ino) == Some(&true))
         .map(|(_, o)| *o)
         .collect())
+}
+
+/// The persisted form of `node`.
+pub(crate) fn encode_record(node: &Inode) -> Vec<u8> {
+    node.record().encode()
 }
 
 /// Remember which inode holds a home object that has several names.

@@ -33,6 +33,14 @@ pub(crate) struct InodeRecord {
     pub symlink: Option<Vec<u8>>,
     /// Further (parent, name) pairs of the same object (hard links).
     pub aliases: Vec<(u64, Vec<u8>)>,
+    /// Where home has the object now: (parent inode, name); `None` until a create made here reaches home.
+    pub home_loc: Option<(u64, Vec<u8>)>,
+    /// Size of the version at home the local content was based on: bytes past it exist only here.
+    pub home_size: Option<u64>,
+    /// Byte ranges not yet at home.
+    pub dirty: Vec<(u64, u64)>,
+    /// Home took the name for another object while this one waited to be created there.
+    pub conflict: bool,
 }
 
 fn to_ns(t: SystemTime) -> i128 {
@@ -127,9 +135,14 @@ mod tests {
             object: 9,
             symlink: None,
             aliases: vec![(3, b"g".to_vec())],
+            home_loc: Some((1, b"f".to_vec())),
+            home_size: Some(5),
+            dirty: vec![(0, 3)],
+            conflict: false,
         };
         let back = InodeRecord::decode(&rec.encode()).unwrap();
         assert_eq!(back.attr.unwrap().to_attr(), attr);
         assert_eq!(back.object, 9);
+        assert_eq!(back.dirty, vec![(0, 3)]);
     }
 }

@@ -1,6 +1,7 @@
 //! Values the core hands to its callers.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use larder_home::FileKind;
@@ -15,10 +16,93 @@ pub struct FsConfig {
     pub readahead_max: u64,
     /// Threads fetching readahead blocks from home.
     pub readahead_threads: usize,
-    /// Refuse every change.
-    pub read_only: bool,
+    /// How changes reach home.
+    pub write_mode: WriteMode,
+    /// How long a change waits in the journal before it is pushed (write-back).
+    pub sync_lag: Duration,
+    /// Threads pushing independent changes in parallel (write-back).
+    pub flush_threads: usize,
+    /// What happens when home changed an object that has local changes.
+    pub conflict_policy: ConflictPolicy,
+    /// Where `home-wins` keeps the cache's versions, and the list of conflicts lives.
+    pub conflicts_dir: PathBuf,
+    /// This node's name, used in conflict file names.
+    pub host: String,
     /// Give created objects the caller's uid/gid (needs a root daemon).
     pub set_owner: bool,
+}
+
+/// How changes reach home (per mount).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Every change is refused with `EROFS`.
+    ReadOnly,
+    /// A change returns once home has it.
+    WriteThrough,
+    /// A change returns once it is durable in the cache; it reaches home after the sync lag, in order.
+    WriteBack,
+    /// Changes stay in the cache and never reach home (scratch space).
+    Local,
+}
+
+impl WriteMode {
+    pub fn parse(s: &str) -> Result<WriteMode, String> {
+        match s {
+            "read-only" => Ok(WriteMode::ReadOnly),
+            "write-through" => Ok(WriteMode::WriteThrough),
+            "write-back" => Ok(WriteMode::WriteBack),
+            "local" => Ok(WriteMode::Local),
+            _ => Err(format!(
+                "unknown write mode {s:?}: use write-back, write-through, read-only or local"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteMode::ReadOnly => "read-only",
+            WriteMode::WriteThrough => "write-through",
+            WriteMode::WriteBack => "write-back",
+            WriteMode::Local => "local",
+        }
+    }
+
+    /// Changes go through the journal.
+    pub fn journaled(self) -> bool {
+        matches!(self, WriteMode::WriteBack | WriteMode::Local)
+    }
+}
+
+/// What a push does when home changed the object since the version the local changes were made on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictPolicy {
+    /// Home's version stays; the cache's is written beside it as `NAME.conflict-HOST-TIMESTAMP`.
+    KeepBoth,
+    /// The cache's version replaces home's.
+    CacheWins,
+    /// Home's version stays; the cache's is kept in the cache directory's conflicts area.
+    HomeWins,
+}
+
+impl ConflictPolicy {
+    pub fn parse(s: &str) -> Result<ConflictPolicy, String> {
+        match s {
+            "keep-both" => Ok(ConflictPolicy::KeepBoth),
+            "cache-wins" => Ok(ConflictPolicy::CacheWins),
+            "home-wins" => Ok(ConflictPolicy::HomeWins),
+            _ => Err(format!(
+                "unknown conflict policy {s:?}: use keep-both, cache-wins or home-wins"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictPolicy::KeepBoth => "keep-both",
+            ConflictPolicy::CacheWins => "cache-wins",
+            ConflictPolicy::HomeWins => "home-wins",
+        }
+    }
 }
 
 impl Default for FsConfig {
@@ -27,7 +111,12 @@ impl Default for FsConfig {
             validity_lag: Duration::from_secs(15),
             readahead_max: 16 << 20,
             readahead_threads: 4,
-            read_only: false,
+            write_mode: WriteMode::WriteThrough,
+            sync_lag: Duration::from_secs(5),
+            flush_threads: 8,
+            conflict_policy: ConflictPolicy::KeepBoth,
+            conflicts_dir: std::env::temp_dir().join("larder-conflicts"),
+            host: "localhost".into(),
             set_owner: false,
         }
     }
@@ -80,4 +169,31 @@ pub struct FsStats {
     pub open_handles: u64,
     pub dirty_files: u64,
     pub readahead_blocks: u64,
+}
+
+/// The write-back journal, for status output.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JournalStats {
+    pub pending_ops: u64,
+    pub dirty_bytes: u64,
+    pub oldest_age_seconds: f64,
+    pub conflicts: u64,
+    /// Ops waiting to retry after home refused them.
+    pub failed_ops: u64,
+    pub home_online: bool,
+}
+
+/// One conflict, as `larder conflicts` lists it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Conflict {
+    /// UTC time, RFC 3339.
+    pub time: String,
+    /// The home path whose change conflicted.
+    pub path: String,
+    pub policy: String,
+    /// Where the cache's version went: a home path (keep-both), a local file (home-wins), or home's path.
+    pub kept_at: String,
+    /// Whether every byte of the cache's version was in the cache (else missing blocks read as zeros).
+    pub complete: bool,
+    pub detail: String,
 }

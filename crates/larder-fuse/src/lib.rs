@@ -50,6 +50,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::BadHandle => libc::EBADF,
         FsError::ReadOnly => libc::EROFS,
         FsError::Invalid => libc::EINVAL,
+        FsError::NoSpace => libc::ENOSPC,
     };
     Errno::from_i32(code)
 }

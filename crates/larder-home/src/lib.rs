@@ -10,6 +10,7 @@
 mod error;
 #[cfg(feature = "mock")]
 mod fault;
+mod health;
 mod layer;
 mod metrics;
 mod posix;
@@ -22,6 +23,7 @@ mod wan;
 pub use error::{HomeError, HomeResult};
 #[cfg(feature = "mock")]
 pub use fault::{Fault, FaultLayer};
+pub use health::{Health, HealthLayer, unreachable};
 pub use layer::{Layer, Layered, OpKind};
 pub use metrics::{HomeCounters, MetricsLayer};
 pub use posix::PosixHome;

@@ -23,8 +23,13 @@ pub enum Command {
     Mount(Box<MountArgs>),
     /// Show a mount's counters (a table, or JSON with --json).
     Status(StatusArgs),
-    /// Unmount and wait for the daemon to exit.
+    /// Unmount and wait for the daemon to exit (refused while changes wait for home, unless --drain or
+    /// --leave-pending).
     Unmount(UnmountArgs),
+    /// Push every queued change to home now and wait until home has them all.
+    Drain(DrainArgs),
+    /// List the conflicts this mount recorded (home changed a file that had local changes).
+    Conflicts(ConflictsArgs),
     /// Build a demo home, mount it behind an emulated slow link, read it cold then warm.
     Demo(DemoArgs),
 }
@@ -45,6 +50,14 @@ fn block_size(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(v)
+}
+
+fn write_mode(s: &str) -> Result<larder_fs::WriteMode, String> {
+    larder_fs::WriteMode::parse(s)
+}
+
+fn conflict_policy(s: &str) -> Result<larder_fs::ConflictPolicy, String> {
+    larder_fs::ConflictPolicy::parse(s)
 }
 
 fn wan(s: &str) -> Result<WanSpec, String> {
@@ -87,9 +100,27 @@ pub struct MountArgs {
     /// Serve Prometheus metrics at this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Refuse all changes.
+    /// Refuse all changes (the same as --write-mode read-only).
     #[arg(long)]
     pub read_only: bool,
+    /// How changes reach home: write-back (durable in the cache, pushed after the sync lag),
+    /// write-through (each change returns once home has it), read-only, or local (never pushed).
+    #[arg(long, default_value = "write-back", value_parser = write_mode)]
+    pub write_mode: larder_fs::WriteMode,
+    /// How long a change waits in the cache before it is pushed to home (write-back).
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub sync_lag: Duration,
+    /// Threads pushing independent changes to home in parallel (write-back).
+    #[arg(long, default_value_t = 8)]
+    pub flush_threads: usize,
+    /// When home changed a file that has local changes: keep-both (the cache's version lands beside
+    /// home's as NAME.conflict-HOST-TIME), cache-wins, or home-wins (the cache's version is kept in the
+    /// cache directory's conflicts area).
+    #[arg(long, default_value = "keep-both", value_parser = conflict_policy)]
+    pub conflict_policy: larder_fs::ConflictPolicy,
+    /// Testing aid: while this file exists, home is unreachable (every call fails).
+    #[arg(long, hide = true)]
+    pub fault_file: Option<PathBuf>,
     /// Threads serving FUSE requests.
     #[arg(long, default_value_t = 16)]
     pub threads: usize,
@@ -114,9 +145,33 @@ pub struct StatusArgs {
 pub struct UnmountArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
-    /// How long to wait for the daemon to exit.
+    /// How long to wait for the daemon to exit (and, with --drain, for home to take every change).
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub timeout: Duration,
+    /// Push every queued change to home first.
+    #[arg(long, conflicts_with = "leave_pending")]
+    pub drain: bool,
+    /// Unmount with changes still queued; the next mount of the same cache directory pushes them.
+    #[arg(long)]
+    pub leave_pending: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Give up (exit non-zero) after this long.
+    #[arg(long, default_value = "10m", value_parser = duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct ConflictsArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

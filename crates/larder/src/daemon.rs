@@ -11,13 +11,14 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, Session, SessionACL};
 use larder_cache::{Db, Store, StoreConfig};
-use larder_fs::{Fs, FsConfig};
+use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
+use larder_home::{Health, HealthLayer, Home, HomeError, Layer, Layered, OpKind};
 
 use crate::cli::MountArgs;
 use crate::status::StatusSource;
@@ -159,6 +160,53 @@ fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
+/// Fails every home call while a file exists (a testing aid: home "goes away" and comes back).
+struct FaultFile(PathBuf);
+
+impl Layer for FaultFile {
+    fn before(&self, _op: OpKind, _bytes_out: u64) -> larder_home::HomeResult<()> {
+        if self.0.exists() {
+            Err(HomeError::Unavailable(format!(
+                "fault file {} is present",
+                self.0.display()
+            )))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// While home is offline, ask it every second whether it is back.
+fn spawn_prober(health: Arc<Health>, home: Arc<dyn Home>, fs: std::sync::Weak<Fs>) {
+    let _ = std::thread::Builder::new().name("larder-health".into()).spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let Some(fs) = fs.upgrade() else { return };
+            if !health.online() && health.probe(home.as_ref()) {
+                fs.wake();
+            }
+        }
+    });
+}
+
+/// This machine's name, for conflict file names.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it on success.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(0);
+    let name = if ok {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::new()
+    };
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .collect();
+    if clean.is_empty() { "localhost".into() } else { clean }
+}
+
 /// Run the daemon in this process until the mount goes away.
 fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     init_logging(&args.log_level);
@@ -177,15 +225,40 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         low_watermark: 0.90,
     };
     let store = Arc::new(Store::open(store_cfg, db).map_err(|e| anyhow!("cache in {}: {e}", p.cache_dir.display()))?);
+    let write_mode = if args.read_only {
+        WriteMode::ReadOnly
+    } else {
+        args.write_mode
+    };
     let fs_cfg = FsConfig {
         validity_lag: args.validity_lag,
         readahead_max: args.readahead,
         readahead_threads: 4,
-        read_only: args.read_only,
+        write_mode,
+        sync_lag: if write_mode == WriteMode::WriteThrough {
+            Duration::ZERO
+        } else {
+            args.sync_lag
+        },
+        flush_threads: args.flush_threads.max(1),
+        conflict_policy: args.conflict_policy,
+        conflicts_dir: p.cache_dir.join("conflicts"),
+        host: host_name(),
         set_owner: is_root(),
     };
     let home_url = p.home.describe();
-    let fs = Arc::new(Fs::new(p.home.clone(), store, fs_cfg).map_err(|e| anyhow!("home {home_url}: {e}"))?);
+    // Layers, inside out: the backend (with emulation and counters), an optional fault switch for tests,
+    // then the health gate. The prober asks the home below the gate.
+    let mut below_gate = p.home.clone();
+    if let Some(f) = &args.fault_file {
+        below_gate = Arc::new(Layered::new(below_gate, FaultFile(f.clone())));
+    }
+    let health = Health::new();
+    let gated: Arc<dyn Home> = Arc::new(Layered::new(below_gate.clone(), HealthLayer(health.clone())));
+    let fs =
+        Arc::new(Fs::with_health(gated, store, fs_cfg, health.clone()).map_err(|e| anyhow!("home {home_url}: {e}"))?);
+    fs.start();
+    spawn_prober(health, below_gate, Arc::downgrade(&fs));
     let source = Arc::new(StatusSource {
         fs: fs.clone(),
         counters: p.counters.clone(),
@@ -206,7 +279,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         MountOption::Subtype("larder".into()),
         MountOption::DefaultPermissions,
     ];
-    options.push(if args.read_only {
+    options.push(if write_mode == WriteMode::ReadOnly {
         MountOption::RO
     } else {
         MountOption::RW

@@ -6,6 +6,7 @@ mod cli;
 mod control;
 mod daemon;
 mod demo;
+mod journal;
 mod metrics;
 mod mounts;
 mod preflight;
@@ -21,6 +22,8 @@ fn main() -> ExitCode {
         cli::Command::Mount(args) => daemon::mount(*args),
         cli::Command::Status(args) => status::run(args),
         cli::Command::Unmount(args) => mounts::unmount(args),
+        cli::Command::Drain(args) => journal::drain(args),
+        cli::Command::Conflicts(args) => journal::conflicts(args),
         cli::Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -153,10 +153,26 @@ pub fn unmount(args: UnmountArgs) -> Result<()> {
         Mounted::Other(t) => bail!("{} is a {t} mount, not a larder mount", mnt.display()),
         Mounted::Nothing => bail!("{} is not mounted", mnt.display()),
     }
-    let pid = control::request(&socket_path(&mnt), "status")
-        .ok()
-        .and_then(|v| v["pid"].as_i64())
-        .map(|p| p as i32);
+    let status = control::request(&socket_path(&mnt), "status").ok();
+    let pending = status
+        .as_ref()
+        .and_then(|v| v.pointer("/journal/pending_ops"))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    let local = status.as_ref().and_then(|v| v["write_mode"].as_str()) == Some("local");
+    if pending > 0 && !local {
+        if args.drain {
+            crate::journal::drain_mount(&mnt, args.timeout)?;
+        } else if !args.leave_pending {
+            bail!(
+                "{pending} changes at {} have not reached home yet: run `larder drain {}`, or unmount with --drain \
+                 (push them first) or --leave-pending (the next mount of this cache pushes them)",
+                mnt.display(),
+                mnt.display()
+            );
+        }
+    }
+    let pid = status.and_then(|v| v["pid"].as_i64()).map(|p| p as i32);
     match kernel_unmount(&mnt, false) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => bail!(

@@ -31,6 +31,7 @@ impl StatusSource {
         let c = &self.counters;
         let store = self.fs.store().stats();
         let fs = self.fs.stats();
+        let j = self.fs.journal_stats();
         let by_kind: serde_json::Map<String, Value> = OpKind::ALL
             .iter()
             .map(|k| (k.as_str().to_string(), json!(c.ops_of(*k))))
@@ -42,7 +43,7 @@ impl StatusSource {
             "validity_lag_seconds": self.fs.validity_lag().as_secs_f64(),
             "home": {
                 "url": self.home,
-                "state": if c.unreachable() { "unreachable" } else { "online" },
+                "state": if j.home_online { "online" } else { "offline" },
                 "ops": c.ops(),
                 "errors": c.errors(),
                 "bytes_read": c.bytes_read(),
@@ -62,6 +63,14 @@ impl StatusSource {
                 "corrupt_blocks": store.corrupt_blocks,
             },
             "files_cached": store.objects,
+            "write_mode": self.fs.write_mode().as_str(),
+            "journal": {
+                "pending_ops": j.pending_ops,
+                "dirty_bytes": j.dirty_bytes,
+                "oldest_age_seconds": j.oldest_age_seconds,
+                "conflicts": j.conflicts,
+                "failed_ops": j.failed_ops,
+            },
             "fs": {
                 "inodes": fs.inodes,
                 "open_handles": fs.open_handles,
@@ -76,6 +85,16 @@ impl control::Handler for StatusSource {
     fn handle(&self, cmd: &str) -> Value {
         match cmd {
             "status" => self.snapshot(),
+            "conflicts" => json!({ "conflicts": self.fs.conflicts(), "failed_ops": self.fs.failed_ops() }),
+            drain if drain.starts_with("drain") => {
+                let ms = drain
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(1000u64);
+                self.fs.drain(std::time::Duration::from_millis(ms.min(5000)));
+                self.snapshot()
+            }
             other => json!({ "error": format!("unknown command '{other}'") }),
         }
     }
@@ -161,6 +180,20 @@ pub fn run(args: StatusArgs) -> Result<()> {
         ("files cached", u("/files_cached").to_string()),
         ("hits / misses", format!("{hits} / {misses} ({rate:.1}% hits)")),
         ("evictions", u("/cache/evictions").to_string()),
+        (
+            "journal",
+            format!(
+                "{} ({} changes waiting, {} dirty, oldest {:.1}s, {} conflicts, {} refused)",
+                v["write_mode"].as_str().unwrap_or("?"),
+                u("/journal/pending_ops"),
+                human_bytes(u("/journal/dirty_bytes")),
+                v.pointer("/journal/oldest_age_seconds")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0),
+                u("/journal/conflicts"),
+                u("/journal/failed_ops")
+            ),
+        ),
         ("cache dir", v["cache"]["dir"].as_str().unwrap_or("?").to_string()),
     ];
     for (k, val) in rows {

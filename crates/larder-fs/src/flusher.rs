@@ -1,0 +1,718 @@
+//! The flusher: threads that take journal ops to home in dependency order, and what happens when home
+//! says no (offline: wait; conflict: the mount's policy; refused: retry with backoff, then keep the
+//! cache's version as a conflict so the queue moves on).
+
+use std::io::Write;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use larder_cache::Mutation;
+use larder_home::{HomeAttr, HomeError, Owner, RenameFlags, SetAttr, TimeSet, Version, unreachable};
+
+use crate::journal::{Op, OpKind};
+use crate::namespace::{Fs, Namespace, encode_record, lock};
+use crate::{Conflict, ConflictPolicy, FsError, FsResult, JournalStats, WriteMode};
+
+/// Attempts at an op home refuses before its change is set aside as a conflict.
+const MAX_ATTEMPTS: u32 = 6;
+/// Most bytes compared with home to tell whether a repeated push had already landed.
+const COMPARE_MAX: u64 = 256 << 20;
+
+enum Outcome {
+    Done,
+    /// Home is away: try again when it is back.
+    Retry(HomeError),
+    /// Home refused: try again later.
+    Refused(String),
+}
+
+fn os(p: &[u8]) -> PathBuf {
+    PathBuf::from(std::ffi::OsString::from_vec(p.to_vec()))
+}
+
+fn owner_of(uid: Option<u32>, gid: Option<u32>) -> Owner {
+    Owner { uid, gid }
+}
+
+fn from_ns(ns: i128) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs() as u64)
+    }
+}
+
+/// UTC time as `YYYYMMDDTHHMMSSZ` (file names) and RFC 3339 (listings).
+fn utc(t: SystemTime) -> (String, String) {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    let (h, mi, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    (
+        format!("{y:04}{m:02}{d:02}T{h:02}{mi:02}{s:02}Z"),
+        format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z"),
+    )
+}
+
+/// The conflicts recorded in `dir` by earlier runs.
+pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
+    std::fs::read_to_string(dir.join("conflicts.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+impl Fs {
+    /// Start the flusher threads (write-back mode only).
+    pub fn start(self: &Arc<Self>) {
+        if self.cfg.write_mode != WriteMode::WriteBack {
+            return;
+        }
+        let mut flushers = lock(&self.flushers);
+        for i in 0..self.cfg.flush_threads.max(1) {
+            let fs = self.clone();
+            match std::thread::Builder::new()
+                .name(format!("larder-flush-{i}"))
+                .spawn(move || fs.flush_worker())
+            {
+                Ok(h) => flushers.push(h),
+                Err(e) => tracing::error!(error = %e, "cannot start a flusher thread"),
+            }
+        }
+    }
+
+    /// Stop the flusher threads (what is queued stays queued).
+    pub fn stop_flushers(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.journal_cv.notify_all();
+        let handles: Vec<_> = lock(&self.flushers).drain(..).collect();
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+
+    /// Push everything queued now, regardless of the sync lag; wait up to `timeout`. Returns whether the
+    /// journal emptied.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        self.urgent.fetch_add(1, Ordering::SeqCst);
+        self.journal_cv.notify_all();
+        let deadline = Instant::now() + timeout;
+        let mut j = lock(&self.journal);
+        let done = loop {
+            if j.is_empty() {
+                break true;
+            }
+            let now = Instant::now();
+            if now >= deadline || self.cfg.write_mode != WriteMode::WriteBack {
+                break false;
+            }
+            j = self
+                .journal_cv
+                .wait_timeout(j, (deadline - now).min(Duration::from_millis(200)))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        };
+        drop(j);
+        self.urgent.fetch_sub(1, Ordering::SeqCst);
+        done
+    }
+
+    /// The journal's figures.
+    pub fn journal_stats(&self) -> JournalStats {
+        let j = lock(&self.journal);
+        JournalStats {
+            pending_ops: j.len() as u64,
+            dirty_bytes: self.core.store.stats().bytes_dirty,
+            oldest_age_seconds: j.oldest_age().as_secs_f64(),
+            conflicts: lock(&self.conflicts).len() as u64,
+            failed_ops: j.failures().count() as u64,
+            home_online: self.health.online(),
+        }
+    }
+
+    /// Every conflict recorded in this cache directory.
+    pub fn conflicts(&self) -> Vec<Conflict> {
+        lock(&self.conflicts).clone()
+    }
+
+    /// Ops that home refused and that wait to be retried: (op name, path, error, attempts).
+    pub fn failed_ops(&self) -> Vec<(String, String, String, u32)> {
+        let j = lock(&self.journal);
+        j.failures()
+            .filter_map(|(seq, f)| {
+                let op = j.get(*seq)?;
+                Some((
+                    op.kind.name().to_string(),
+                    String::from_utf8_lossy(&op.path).into_owned(),
+                    f.error.clone(),
+                    f.attempts,
+                ))
+            })
+            .collect()
+    }
+
+    fn flush_worker(self: Arc<Self>) {
+        loop {
+            let (seq, op, first_attempt) = {
+                let mut j = lock(&self.journal);
+                loop {
+                    if self.stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if self.health.online() {
+                        let urgent = self.urgent.load(Ordering::SeqCst) > 0;
+                        if let Some(&seq) = j.ready(self.cfg.sync_lag, urgent, 1).first()
+                            && let Some(op) = j.get(seq).cloned()
+                        {
+                            let muts = j.begin(seq);
+                            let first = !muts.is_empty() && !op.attempted;
+                            self.core.store.db().submit(muts);
+                            break (seq, op, first);
+                        }
+                    }
+                    j = self
+                        .journal_cv
+                        .wait_timeout(j, Duration::from_millis(100))
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+            };
+            // The attempt is on record before home sees it: after a crash, "already done" answers to
+            // this op are recognised as ours.
+            if let Err(e) = self.core.store.db().sync() {
+                tracing::error!(error = %e, "cannot record a push attempt; not pushing");
+                lock(&self.journal).fail(seq, e.to_string(), Some(Duration::from_secs(1)));
+                continue;
+            }
+            let outcome = self.push_op(&op, !first_attempt);
+            self.conclude(seq, &op, outcome);
+        }
+    }
+
+    fn conclude(&self, seq: u64, op: &Op, outcome: Outcome) {
+        match outcome {
+            Outcome::Done => {
+                let ns = lock(&self.ns);
+                let muts = {
+                    let mut j = lock(&self.journal);
+                    j.finish(seq).1
+                };
+                let mut muts = muts;
+                if let Ok(node) = ns.inode(op.ino) {
+                    muts.push(Mutation::PutInode(op.ino, encode_record(node)));
+                }
+                drop(ns);
+                self.core.store.db().submit(muts);
+            }
+            Outcome::Retry(e) => {
+                tracing::debug!(error = %e, op = op.kind.name(), "home away; the op waits");
+                lock(&self.journal).fail(seq, e.to_string(), None);
+            }
+            Outcome::Refused(e) => {
+                let attempts = {
+                    let mut j = lock(&self.journal);
+                    let a = j.failures().find(|(s, _)| **s == seq).map_or(0, |(_, f)| f.attempts);
+                    let backoff = Duration::from_secs(1 << a.min(6));
+                    j.fail(seq, e.clone(), Some(backoff));
+                    a + 1
+                };
+                tracing::warn!(error = %e, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), attempts, "home refused a change");
+                if attempts >= MAX_ATTEMPTS {
+                    // Keep the cache's version where it cannot be lost, and let the queue move on.
+                    self.set_aside(op, &e);
+                    let mut ns = lock(&self.ns);
+                    let muts = lock(&self.journal).finish(seq).1;
+                    if let Some(node) = ns.inodes.get_mut(&op.ino) {
+                        node.dirty.clear();
+                    }
+                    drop(ns);
+                    self.core.store.db().submit(muts);
+                }
+            }
+        }
+        self.journal_cv.notify_all();
+    }
+
+    /// An op home keeps refusing: its data (if any) is copied to the conflicts area and listed.
+    fn set_aside(&self, op: &Op, error: &str) {
+        let kept = if op.kind == OpKind::Data {
+            self.keep_locally(op.ino, &op.path)
+                .unwrap_or_else(|e| format!("(copy failed: {e})"))
+        } else {
+            format!("{:?}", op.kind)
+        };
+        self.record_conflict(
+            &op.path,
+            "refused",
+            kept,
+            true,
+            format!("home refused the {} {MAX_ATTEMPTS} times: {error}", op.kind.name()),
+        );
+    }
+
+    /// Take one op to home.
+    fn push_op(&self, op: &Op, repeated: bool) -> Outcome {
+        let home = self.core.home.as_ref();
+        let path = os(&op.path);
+        let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {
+            OpKind::Create { mode, uid, gid } => match home.create(&path, *mode, owner_of(*uid, *gid)) {
+                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
+                Err(HomeError::Exists) => home.stat(&path).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Mkdir { mode, uid, gid } => match home.mkdir(&path, *mode, owner_of(*uid, *gid)) {
+                // A directory of that name at home: the two merge.
+                Err(HomeError::Exists) => match home.stat(&path) {
+                    Ok(a) if a.kind == larder_home::FileKind::Dir => Ok(Some(a)),
+                    Ok(_) => return self.name_taken(op),
+                    Err(e) => Err(e),
+                },
+                r => r.map(Some),
+            },
+            OpKind::Mknod { mode, rdev, uid, gid } => match home.mknod(&path, *mode, *rdev, owner_of(*uid, *gid)) {
+                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
+                Err(HomeError::Exists) => home.stat(&path).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Symlink { target, uid, gid } => match home.symlink(target, &path, owner_of(*uid, *gid)) {
+                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
+                Err(HomeError::Exists) => home.stat(&path).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Link { to } => match home.link(&path, &os(to)) {
+                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
+                Err(HomeError::Exists) => home.stat(&os(to)).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Unlink => match home.unlink(&path) {
+                Err(HomeError::NotFound) => Ok(None),
+                r => r.map(|_| None),
+            },
+            OpKind::Rmdir => match home.rmdir(&path) {
+                Err(HomeError::NotFound) => Ok(None),
+                r => r.map(|_| None),
+            },
+            OpKind::Rename {
+                to,
+                no_replace,
+                exchange,
+                replaced,
+            } => {
+                let flags = RenameFlags {
+                    no_replace: *no_replace || (!replaced && !exchange),
+                    exchange: *exchange,
+                };
+                match home.rename(&path, &os(to), flags) {
+                    // Gone from the source and present at the target: an earlier attempt did it.
+                    Err(HomeError::NotFound) if repeated && home.stat(&os(to)).is_ok() => Ok(None),
+                    Err(HomeError::Exists) if !no_replace => {
+                        // Home gained an object at the target meanwhile: keep it beside ours.
+                        let aside = self.conflict_path(to);
+                        match home.rename(&os(to), &aside, RenameFlags::default()) {
+                            Ok(()) => {
+                                self.record_conflict(
+                                    to,
+                                    "rename",
+                                    String::from_utf8_lossy(aside.as_os_str().as_bytes()).into_owned(),
+                                    true,
+                                    "home had another object at the rename's target; it was moved beside".into(),
+                                );
+                                home.rename(&path, &os(to), flags).map(|_| None)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    r => r.map(|_| None),
+                }
+            }
+            OpKind::SetAttr {
+                perm,
+                uid,
+                gid,
+                atime,
+                mtime,
+            } => home
+                .setattr(
+                    &path,
+                    &SetAttr {
+                        perm: *perm,
+                        uid: *uid,
+                        gid: *gid,
+                        size: None,
+                        atime: atime.map(|t| TimeSet::At(from_ns(t))),
+                        mtime: mtime.map(|t| TimeSet::At(from_ns(t))),
+                    },
+                )
+                .map(Some),
+            OpKind::Data => return self.push_data_op(op, repeated),
+        };
+        match result {
+            Ok(attr) => {
+                self.settle_namespace(op, attr);
+                Outcome::Done
+            }
+            Err(e) => self.classify(e),
+        }
+    }
+
+    fn classify(&self, e: HomeError) -> Outcome {
+        if unreachable(&e) {
+            Outcome::Retry(e)
+        } else {
+            Outcome::Refused(e.to_string())
+        }
+    }
+
+    /// Record in the namespace what a pushed op made true at home.
+    fn settle_namespace(&self, op: &Op, attr: Option<HomeAttr>) {
+        let mut ns = lock(&self.ns);
+        let loc = |i: usize| {
+            op.names
+                .get(i)
+                .map(|(d, n)| (*d, std::ffi::OsString::from_vec(n.clone())))
+        };
+        match &op.kind {
+            OpKind::Create { .. } | OpKind::Mkdir { .. } | OpKind::Mknod { .. } | OpKind::Symlink { .. } => {
+                if let Some(node) = ns.inodes.get_mut(&op.ino) {
+                    node.home_loc = loc(0);
+                }
+            }
+            OpKind::Rename { exchange, .. } => {
+                let (from, to) = (loc(0), loc(1));
+                if *exchange {
+                    let other = ns
+                        .inodes
+                        .iter()
+                        .find(|(i, n)| **i != op.ino && n.home_loc == to)
+                        .map(|(i, _)| *i);
+                    if let Some(o) = other.and_then(|o| ns.inodes.get_mut(&o)) {
+                        o.home_loc = from;
+                    }
+                }
+                if let Some(node) = ns.inodes.get_mut(&op.ino) {
+                    node.home_loc = to;
+                }
+            }
+            OpKind::Unlink => {
+                // A hard-linked object lives on at home under another name.
+                if let Some(node) = ns.inodes.get_mut(&op.ino)
+                    && node.home_loc == loc(0)
+                    && !node.removed
+                {
+                    node.home_loc = Some((node.parent, node.name.clone()));
+                }
+            }
+            _ => {}
+        }
+        if let Some(attr) = attr {
+            self.settle_attr(&mut ns, op.ino, attr);
+        }
+    }
+
+    /// Attributes home gave back for our own change: while more changes of the object are queued, only
+    /// its identity and version are taken (the base of the next push); after the last, all of them.
+    fn settle_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
+        let more = lock(&self.journal).has_after_current(ino);
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        if node.removed {
+            return;
+        }
+        if more {
+            if let Some(a) = node.attr.as_mut() {
+                a.version = attr.version;
+                a.id = attr.id;
+            }
+        } else {
+            self.adopt_attr(ns, ino, attr);
+        }
+    }
+
+    /// Push a file's data for a `Data` op, with the conflict policy on a version mismatch.
+    fn push_data_op(&self, op: &Op, repeated: bool) -> Outcome {
+        {
+            let mut ns = lock(&self.ns);
+            if self.load_inode(&mut ns, op.ino).is_err() {
+                // Nothing left of it here (removed): nothing to push.
+                return Outcome::Done;
+            }
+        }
+        let flush_lock = match lock(&self.ns).inode(op.ino) {
+            Ok(n) => n.flush_lock.clone(),
+            Err(_) => return Outcome::Done,
+        };
+        let _f = lock(&flush_lock);
+        let path = os(&op.path);
+        match self.push_data(op.ino, Some(path.clone()), false) {
+            Ok(()) => Outcome::Done,
+            Err(FsError::Home(HomeError::Conflict)) | Err(FsError::Home(HomeError::NotFound)) => {
+                if repeated && self.home_has_ours(op.ino, &path) {
+                    // An earlier attempt landed before we could record it.
+                    return match self.push_data(op.ino, Some(path), true) {
+                        Ok(()) => Outcome::Done,
+                        Err(FsError::Home(e)) => self.classify(e),
+                        Err(e) => Outcome::Refused(e.to_string()),
+                    };
+                }
+                self.resolve_conflict(op.ino, &op.path)
+            }
+            Err(FsError::Home(e)) => self.classify(e),
+            Err(e) => Outcome::Refused(e.to_string()),
+        }
+    }
+
+    /// Whether home's object at `path` already holds the cache's pending content of `ino`.
+    fn home_has_ours(&self, ino: u64, path: &Path) -> bool {
+        let (ranges, size, object) = {
+            let ns = lock(&self.ns);
+            let Ok(node) = ns.inode(ino) else { return false };
+            (
+                node.dirty.clone(),
+                node.attr.as_ref().map_or(0, |a| a.size),
+                node.object,
+            )
+        };
+        let Ok(attr) = self.core.home.stat(path) else {
+            return false;
+        };
+        if attr.size != size || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
+            return false;
+        }
+        let Ok(file) = self.core.store.file(object) else {
+            return false;
+        };
+        ranges.iter().all(|r| {
+            let end = r.end.min(size);
+            if r.start >= end {
+                return true;
+            }
+            let len = (end - r.start) as usize;
+            let mut mine = vec![0u8; len];
+            let got = std::os::unix::fs::FileExt::read_at(file.as_ref(), &mut mine, r.start).unwrap_or(0);
+            mine[got..].fill(0);
+            self.core
+                .home
+                .read(path, &attr.version, r.start, len)
+                .is_ok_and(|theirs| theirs == mine)
+        })
+    }
+
+    /// Home took the name of an object created here: its content is pushed by the conflict policy.
+    fn name_taken(&self, op: &Op) -> Outcome {
+        let mut ns = lock(&self.ns);
+        let Some(node) = ns.inodes.get_mut(&op.ino) else {
+            return Outcome::Done;
+        };
+        node.home_loc = op
+            .names
+            .first()
+            .map(|(d, n)| (*d, std::ffi::OsString::from_vec(n.clone())));
+        if node.kind != larder_home::FileKind::File {
+            drop(ns);
+            self.record_conflict(
+                &op.path,
+                self.cfg.conflict_policy.as_str(),
+                format!("{:?}", op.kind),
+                true,
+                "home had another object of that name; home's stays".into(),
+            );
+            return Outcome::Done;
+        }
+        node.conflict = true;
+        if node.home_size.is_none() {
+            node.home_size = Some(0);
+        }
+        let path = op.path.clone();
+        let ino = op.ino;
+        let mut j = lock(&self.journal);
+        let muts = j.record(Op::named(ino, path, Vec::new(), OpKind::Data));
+        drop(j);
+        drop(ns);
+        self.core.store.db().submit(muts);
+        Outcome::Done
+    }
+
+    /// `NAME.conflict-HOST-TIMESTAMP` beside `path`.
+    fn conflict_path(&self, path: &[u8]) -> PathBuf {
+        let (stamp, _) = utc(SystemTime::now());
+        let mut p = path.to_vec();
+        p.extend_from_slice(format!(".conflict-{}-{stamp}", self.cfg.host).as_bytes());
+        os(&p)
+    }
+
+    fn record_conflict(&self, path: &[u8], policy: &str, kept_at: String, complete: bool, detail: String) {
+        let (_, time) = utc(SystemTime::now());
+        let c = Conflict {
+            time,
+            path: String::from_utf8_lossy(path).into_owned(),
+            policy: policy.to_string(),
+            kept_at,
+            complete,
+            detail,
+        };
+        tracing::warn!(path = %c.path, policy, kept_at = %c.kept_at, "conflict: {}", c.detail);
+        let _ = std::fs::create_dir_all(&self.cfg.conflicts_dir);
+        let line = serde_json::to_string(&c).unwrap_or_default();
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.cfg.conflicts_dir.join("conflicts.jsonl"))
+            .and_then(|mut f| {
+                f.write_all(format!("{line}\n").as_bytes())?;
+                f.sync_data()
+            });
+        if let Err(e) = written {
+            tracing::error!(error = %e, "cannot record a conflict in the cache directory");
+        }
+        lock(&self.conflicts).push(c);
+    }
+
+    /// The cached blocks of `ino` as byte ranges, and whether they cover all of it.
+    fn present_ranges(&self, ino: u64) -> FsResult<(u64, Vec<std::ops::Range<u64>>, u64, bool)> {
+        let ns = lock(&self.ns);
+        let node = ns.inode(ino)?;
+        let size = node.attr.as_ref().map_or(0, |a| a.size);
+        let bs = self.core.store.block_size();
+        let local_from = node.home_size.unwrap_or(u64::MAX);
+        let mut ranges = Vec::new();
+        let mut complete = true;
+        for index in 0..size.div_ceil(bs) {
+            let start = index * bs;
+            if self.core.store.contains((node.object, index as u32)) || start >= local_from {
+                crate::data::add_range(&mut ranges, start..(start + bs).min(size));
+            } else {
+                complete = false;
+            }
+        }
+        Ok((node.object, ranges, size, complete))
+    }
+
+    /// Copy the cache's version of `ino` into the conflicts area; returns where.
+    fn keep_locally(&self, ino: u64, path: &[u8]) -> FsResult<String> {
+        let (object, ranges, size, _) = self.present_ranges(ino)?;
+        let (stamp, _) = utc(SystemTime::now());
+        let base = Path::new(std::ffi::OsStr::from_bytes(path))
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "root".into());
+        std::fs::create_dir_all(&self.cfg.conflicts_dir).map_err(|e| FsError::Cache(e.into()))?;
+        let dest = self.cfg.conflicts_dir.join(format!("{stamp}-{ino}-{base}"));
+        let src = self.core.store.file(object)?;
+        let out = std::fs::File::create(&dest).map_err(|e| FsError::Cache(e.into()))?;
+        out.set_len(size).map_err(|e| FsError::Cache(e.into()))?;
+        let mut buf = vec![0u8; 1 << 20];
+        for r in ranges {
+            let mut pos = r.start;
+            while pos < r.end {
+                let want = ((r.end - pos) as usize).min(buf.len());
+                let got = std::os::unix::fs::FileExt::read_at(src.as_ref(), &mut buf[..want], pos)
+                    .map_err(|e| FsError::Cache(e.into()))?;
+                if got == 0 {
+                    break;
+                }
+                std::os::unix::fs::FileExt::write_all_at(&out, &buf[..got], pos)
+                    .map_err(|e| FsError::Cache(e.into()))?;
+                pos += got as u64;
+            }
+        }
+        out.sync_all().map_err(|e| FsError::Cache(e.into()))?;
+        Ok(dest.display().to_string())
+    }
+
+    /// Home changed a file that has local changes: apply the mount's policy.
+    fn resolve_conflict(&self, ino: u64, path: &[u8]) -> Outcome {
+        let policy = self.cfg.conflict_policy;
+        match policy {
+            ConflictPolicy::CacheWins => match self.push_data(ino, Some(os(path)), true) {
+                Ok(()) => {
+                    self.record_conflict(
+                        path,
+                        policy.as_str(),
+                        String::from_utf8_lossy(path).into_owned(),
+                        true,
+                        "home's version was replaced by the cache's".into(),
+                    );
+                    Outcome::Done
+                }
+                Err(FsError::Home(e)) => self.classify(e),
+                Err(e) => Outcome::Refused(e.to_string()),
+            },
+            ConflictPolicy::KeepBoth => {
+                let aside = self.conflict_path(path);
+                let written = self.present_ranges(ino).and_then(|(object, ranges, size, complete)| {
+                    let perm = lock(&self.ns).inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
+                    let file = self.core.store.file(object)?;
+                    self.core.home.create(&aside, perm, Owner::default())?;
+                    self.core.home.write(&aside, &file, &ranges, size, None)?;
+                    Ok(complete)
+                });
+                match written {
+                    Ok(complete) => {
+                        self.record_conflict(
+                            path,
+                            policy.as_str(),
+                            String::from_utf8_lossy(aside.as_os_str().as_bytes()).into_owned(),
+                            complete,
+                            "home changed the file; the cache's version was written beside it".into(),
+                        );
+                        self.discard_local(ino);
+                        Outcome::Done
+                    }
+                    Err(FsError::Home(e)) => self.classify(e),
+                    Err(e) => Outcome::Refused(e.to_string()),
+                }
+            }
+            ConflictPolicy::HomeWins => match self.keep_locally(ino, path) {
+                Ok(kept) => {
+                    let complete = self.present_ranges(ino).map(|r| r.3).unwrap_or(false);
+                    self.record_conflict(
+                        path,
+                        policy.as_str(),
+                        kept,
+                        complete,
+                        "home changed the file; the cache's version was kept in the conflicts area".into(),
+                    );
+                    self.discard_local(ino);
+                    Outcome::Done
+                }
+                Err(e) => Outcome::Refused(e.to_string()),
+            },
+        }
+    }
+
+    /// Drop the local changes of `ino` (they were kept elsewhere): the next access reads home's version.
+    fn discard_local(&self, ino: u64) {
+        let mut ns = lock(&self.ns);
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        node.dirty.clear();
+        node.conflict = false;
+        node.home_size = None;
+        node.checked = None;
+        if let Some(a) = node.attr.as_mut() {
+            // No version home could have: the next revalidation takes home's as new.
+            a.version = Version("discarded".into());
+        }
+        let old = node.object;
+        self.core.store.remove_object(old);
+        let object = self.new_object(&mut ns);
+        if let Some(node) = ns.inodes.get_mut(&ino) {
+            node.object = object;
+            self.core
+                .store
+                .db()
+                .submit(vec![Mutation::PutInode(ino, encode_record(node))]);
+        }
+    }
+}

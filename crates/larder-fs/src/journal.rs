@@ -1,0 +1,534 @@
+//! The write-back journal: the ordered list of changes made here and not yet at home.
+//!
+//! Every change is one [`Op`] naming its subject inode and the home path(s) it had when the change was
+//! made. Replaying the ops in sequence order against home reproduces the local namespace; the journal
+//! only ever changes that sequence in ways that leave the final home state the same:
+//!
+//! * **Coalescing.** A file has at most one queued `Data` op: it pushes whatever ranges are dirty when it
+//!   runs, so later writes join it. If other ops of the file were queued after it, it moves behind them
+//!   (keeping its age), so a write never overtakes a change of the same file made after it. A `SetAttr`
+//!   that follows another of the same inode merges into it.
+//! * **Cancellation.** When an object created here (its create still queued) loses its last name, all its
+//!   queued ops are dropped, unless one of them has effects beyond the object (a rename that replaced or
+//!   exchanged another, a hard link) or, for a directory, other queued ops still name it as a parent.
+//!   When an object that home has loses its last name, its queued `Data` and `SetAttr` are dropped.
+//! * **Dependency order.** Op B may run once no earlier op still pending or under way shares a path with
+//!   it (equal, or one inside the other) or its subject. Independent ops run in parallel.
+//!
+//! This module is pure: callers persist the [`Mutation`]s it returns and do the home calls.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use larder_cache::Mutation;
+use serde::{Deserialize, Serialize};
+
+/// What a queued op does at home.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum OpKind {
+    Create {
+        mode: u32,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
+    Mkdir {
+        mode: u32,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
+    Mknod {
+        mode: u32,
+        rdev: u64,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
+    Symlink {
+        target: Vec<u8>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
+    /// Hard-link the object at the op's path as `to`.
+    Link {
+        to: Vec<u8>,
+    },
+    Unlink,
+    Rmdir,
+    /// Rename the op's path to `to`. `replaced`: something was at `to` locally when it was made.
+    Rename {
+        to: Vec<u8>,
+        no_replace: bool,
+        exchange: bool,
+        replaced: bool,
+    },
+    /// Mode, owner and times; times in nanoseconds since the epoch.
+    SetAttr {
+        perm: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        atime: Option<i128>,
+        mtime: Option<i128>,
+    },
+    /// Push the file's dirty ranges and size.
+    Data,
+}
+
+impl OpKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Create { .. } => "create",
+            OpKind::Mkdir { .. } => "mkdir",
+            OpKind::Mknod { .. } => "mknod",
+            OpKind::Symlink { .. } => "symlink",
+            OpKind::Link { .. } => "link",
+            OpKind::Unlink => "unlink",
+            OpKind::Rmdir => "rmdir",
+            OpKind::Rename { .. } => "rename",
+            OpKind::SetAttr { .. } => "setattr",
+            OpKind::Data => "data",
+        }
+    }
+
+    fn creates(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Create { .. } | OpKind::Mkdir { .. } | OpKind::Mknod { .. } | OpKind::Symlink { .. }
+        )
+    }
+}
+
+/// One queued change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Op {
+    /// The inode changed.
+    pub ino: u64,
+    /// Its home path when the change was made.
+    pub path: Vec<u8>,
+    /// Directories whose entries this op changes.
+    pub dirs: Vec<u64>,
+    /// The directory entries it changes: (directory inode, name).
+    #[serde(default)]
+    pub names: Vec<(u64, Vec<u8>)>,
+    pub kind: OpKind,
+    /// Wall-clock milliseconds of the oldest change this op carries.
+    pub since_ms: u64,
+    /// A push was started (it may have reached home before a crash): errors that say "already done" are
+    /// success when it is repeated.
+    pub attempted: bool,
+}
+
+impl Op {
+    pub fn new(ino: u64, path: Vec<u8>, dirs: Vec<u64>, kind: OpKind) -> Op {
+        Op {
+            ino,
+            path,
+            dirs,
+            kind,
+            since_ms: now_ms(),
+            attempted: false,
+            names: Vec::new(),
+        }
+    }
+
+    /// An op changing the directory entries `names`.
+    pub fn named(ino: u64, path: Vec<u8>, names: Vec<(u64, Vec<u8>)>, kind: OpKind) -> Op {
+        let dirs = names.iter().map(|(d, _)| *d).collect();
+        Op {
+            names,
+            ..Op::new(ino, path, dirs, kind)
+        }
+    }
+
+    fn paths(&self) -> impl Iterator<Item = &[u8]> {
+        let second = match &self.kind {
+            OpKind::Link { to } | OpKind::Rename { to, .. } => Some(to.as_slice()),
+            _ => None,
+        };
+        std::iter::once(self.path.as_slice()).chain(second)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Op> {
+        postcard::from_bytes(bytes).ok()
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Proper ancestors of a path ("" is the root, an ancestor of every other path).
+fn ancestors(p: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let cuts = p.iter().enumerate().filter(|(_, b)| **b == b'/').map(|(i, _)| i);
+    (!p.is_empty())
+        .then_some(&p[..0])
+        .into_iter()
+        .chain(cuts.map(move |i| &p[..i]))
+}
+
+/// Why an op is waiting after a failed push, and until when.
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    pub error: String,
+    pub retry_at: Instant,
+    pub attempts: u32,
+}
+
+/// The queue.
+#[derive(Default)]
+pub(crate) struct Journal {
+    ops: BTreeMap<u64, Op>,
+    next_seq: u64,
+    inflight: HashSet<u64>,
+    /// Queued seqs per subject inode.
+    by_ino: HashMap<u64, BTreeSet<u64>>,
+    failed: HashMap<u64, Failure>,
+    /// Queued changes per directory entry: directory -> name -> count.
+    names: HashMap<u64, HashMap<Vec<u8>, u32>>,
+}
+
+impl Journal {
+    /// A journal holding the persisted ops (in sequence order).
+    pub fn load(ops: Vec<(u64, Op)>) -> Journal {
+        let mut j = Journal::default();
+        for (seq, op) in ops {
+            j.next_seq = j.next_seq.max(seq + 1);
+            j.index(seq, &op);
+            j.ops.insert(seq, op);
+        }
+        j.next_seq = j.next_seq.max(1);
+        j
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub fn get(&self, seq: u64) -> Option<&Op> {
+        self.ops.get(&seq)
+    }
+
+    #[cfg(test)]
+    pub fn ops(&self) -> impl Iterator<Item = (&u64, &Op)> {
+        self.ops.iter()
+    }
+
+    /// Whether anything is under way.
+    #[cfg(test)]
+    pub fn busy(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
+    /// Age of the oldest queued change.
+    pub fn oldest_age(&self) -> Duration {
+        let oldest = self.ops.values().map(|o| o.since_ms).min();
+        oldest.map_or(Duration::ZERO, |t| Duration::from_millis(now_ms().saturating_sub(t)))
+    }
+
+    pub fn failures(&self) -> impl Iterator<Item = (&u64, &Failure)> {
+        self.failed.iter()
+    }
+
+    /// Whether `ino` has queued ops besides one (the op being concluded).
+    pub fn has_after_current(&self, ino: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|s| s.len() > 1)
+    }
+
+    /// Whether `ino` has queued ops.
+    pub fn has(&self, ino: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|s| !s.is_empty())
+    }
+
+    fn index(&mut self, seq: u64, op: &Op) {
+        self.by_ino.entry(op.ino).or_default().insert(seq);
+        for (d, n) in &op.names {
+            *self.names.entry(*d).or_default().entry(n.clone()).or_default() += 1;
+        }
+    }
+
+    /// Whether the entry `name` of directory `dir` has queued changes (home's view of it is behind).
+    pub fn pinned(&self, dir: u64, name: &[u8]) -> bool {
+        self.names.get(&dir).is_some_and(|m| m.contains_key(name))
+    }
+
+    /// Names of `dir` with queued changes.
+    pub fn pinned_in(&self, dir: u64) -> HashSet<Vec<u8>> {
+        self.names
+            .get(&dir)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn insert(&mut self, op: Op, out: &mut Vec<Mutation>) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        out.push(Mutation::PutOp(seq, op.encode()));
+        self.index(seq, &op);
+        self.ops.insert(seq, op);
+        seq
+    }
+
+    fn remove(&mut self, seq: u64, out: &mut Vec<Mutation>) -> Option<Op> {
+        let op = self.ops.remove(&seq)?;
+        out.push(Mutation::DelOp(seq));
+        self.inflight.remove(&seq);
+        self.failed.remove(&seq);
+        if let Some(s) = self.by_ino.get_mut(&op.ino) {
+            s.remove(&seq);
+            if s.is_empty() {
+                self.by_ino.remove(&op.ino);
+            }
+        }
+        for (d, n) in &op.names {
+            if let Some(m) = self.names.get_mut(d) {
+                if let Some(c) = m.get_mut(n) {
+                    *c -= 1;
+                    if *c == 0 {
+                        m.remove(n);
+                    }
+                }
+                if m.is_empty() {
+                    self.names.remove(d);
+                }
+            }
+        }
+        Some(op)
+    }
+
+    fn last_of(&self, ino: u64) -> Option<u64> {
+        self.by_ino.get(&ino).and_then(|s| s.last().copied())
+    }
+
+    /// Queue `op`, coalescing it with what is queued. Returns the mutations that persist the change.
+    pub fn record(&mut self, op: Op) -> Vec<Mutation> {
+        let mut out = Vec::new();
+        let last = self.last_of(op.ino).filter(|s| !self.inflight.contains(s));
+        match &op.kind {
+            OpKind::Data => {
+                let queued = self.by_ino.get(&op.ino).and_then(|s| {
+                    s.iter()
+                        .copied()
+                        .find(|q| !self.inflight.contains(q) && self.ops[q].kind == OpKind::Data)
+                });
+                if let Some(q) = queued {
+                    if Some(q) == last {
+                        // Already the last op of this file: the new ranges ride along.
+                        return out;
+                    }
+                    let since = self.ops[&q].since_ms;
+                    self.remove(q, &mut out);
+                    let mut op = op;
+                    op.since_ms = op.since_ms.min(since);
+                    self.insert(op, &mut out);
+                    return out;
+                }
+            }
+            OpKind::SetAttr {
+                perm,
+                uid,
+                gid,
+                atime,
+                mtime,
+            } => {
+                if let Some(q) = last
+                    && let Some(prev) = self.ops.get_mut(&q)
+                    && let OpKind::SetAttr {
+                        perm: p,
+                        uid: u,
+                        gid: g,
+                        atime: a,
+                        mtime: m,
+                    } = &mut prev.kind
+                    && prev.path == op.path
+                {
+                    *p = perm.or(*p);
+                    *u = uid.or(*u);
+                    *g = gid.or(*g);
+                    *a = atime.or(*a);
+                    *m = mtime.or(*m);
+                    out.push(Mutation::PutOp(q, prev.encode()));
+                    return out;
+                }
+            }
+            _ => {}
+        }
+        self.insert(op, &mut out);
+        out
+    }
+
+    /// `ino` lost its last name (the removing op is already recorded): drop what no longer matters.
+    pub fn forget_removed(&mut self, ino: u64) -> Vec<Mutation> {
+        let mut out = Vec::new();
+        let Some(seqs) = self.by_ino.get(&ino).cloned() else {
+            return out;
+        };
+        let untouched = seqs
+            .iter()
+            .all(|s| !self.inflight.contains(s) && !self.ops[s].attempted);
+        let created_here = seqs.first().is_some_and(|s| self.ops[s].kind.creates());
+        let no_side_effects = seqs.iter().all(|s| match &self.ops[s].kind {
+            OpKind::Rename { replaced, exchange, .. } => !replaced && !exchange,
+            OpKind::Link { .. } => false,
+            _ => true,
+        });
+        let named_as_parent = self.ops.iter().any(|(s, o)| !seqs.contains(s) && o.dirs.contains(&ino));
+        if untouched && created_here && no_side_effects && !named_as_parent {
+            for s in seqs {
+                self.remove(s, &mut out);
+            }
+            return out;
+        }
+        for s in seqs {
+            let op = &self.ops[&s];
+            if matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. }) && !self.inflight.contains(&s) {
+                self.remove(s, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Up to `limit` ops that may be pushed now: old enough (or `urgent`), not waiting after a failure, and
+    /// with no earlier unfinished op they depend on.
+    pub fn ready(&self, lag: Duration, urgent: bool, limit: usize) -> Vec<u64> {
+        let now = now_ms();
+        let lag_ms = lag.as_millis() as u64;
+        let instant = Instant::now();
+        let mut picked = Vec::new();
+        let mut paths: HashSet<&[u8]> = HashSet::new();
+        let mut inside: HashSet<&[u8]> = HashSet::new();
+        let mut inos: HashSet<u64> = HashSet::new();
+        for (seq, op) in &self.ops {
+            let blocked = inos.contains(&op.ino)
+                || op
+                    .paths()
+                    .any(|p| paths.contains(p) || inside.contains(p) || ancestors(p).any(|a| paths.contains(a)));
+            let due = urgent || now.saturating_sub(op.since_ms) >= lag_ms;
+            let waiting = self.failed.get(seq).is_some_and(|f| f.retry_at > instant);
+            if !blocked && due && !waiting && !self.inflight.contains(seq) {
+                picked.push(*seq);
+                if picked.len() >= limit {
+                    break;
+                }
+            }
+            inos.insert(op.ino);
+            for p in op.paths() {
+                paths.insert(p);
+                inside.extend(ancestors(p));
+            }
+        }
+        picked
+    }
+
+    /// Mark `seq` under way; returns the mutation that records the attempt, if it is the first.
+    pub fn begin(&mut self, seq: u64) -> Vec<Mutation> {
+        self.inflight.insert(seq);
+        match self.ops.get_mut(&seq) {
+            Some(op) if !op.attempted => {
+                op.attempted = true;
+                vec![Mutation::PutOp(seq, op.encode())]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// `seq` reached home.
+    pub fn finish(&mut self, seq: u64) -> (Option<Op>, Vec<Mutation>) {
+        let mut out = Vec::new();
+        let op = self.remove(seq, &mut out);
+        (op, out)
+    }
+
+    /// `seq` could not be pushed; it waits `backoff` (or goes back to the queue at once when zero).
+    pub fn fail(&mut self, seq: u64, error: String, backoff: Option<Duration>) {
+        self.inflight.remove(&seq);
+        match backoff {
+            Some(b) => {
+                let attempts = self.failed.get(&seq).map_or(0, |f| f.attempts) + 1;
+                self.failed.insert(
+                    seq,
+                    Failure {
+                        error,
+                        retry_at: Instant::now() + b,
+                        attempts,
+                    },
+                );
+            }
+            None => {
+                self.failed.remove(&seq);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(ino: u64, path: &str, kind: OpKind) -> Op {
+        Op::new(ino, path.as_bytes().to_vec(), Vec::new(), kind)
+    }
+
+    #[test]
+    fn ancestors_of_paths() {
+        let a: Vec<&[u8]> = ancestors(b"a/b/c").collect();
+        assert_eq!(a, vec![&b""[..], b"a", b"a/b"]);
+        assert_eq!(ancestors(b"").count(), 0);
+    }
+
+    #[test]
+    fn dependent_ops_wait_and_independent_ones_run_together() {
+        let mut j = Journal::default();
+        let mk = OpKind::Mkdir {
+            mode: 0o755,
+            uid: None,
+            gid: None,
+        };
+        let cr = OpKind::Create {
+            mode: 0o644,
+            uid: None,
+            gid: None,
+        };
+        j.record(op(2, "d", mk.clone()));
+        j.record(op(3, "d/f", cr.clone()));
+        j.record(op(4, "e", mk));
+        j.record(op(5, "de", cr));
+        let ready = j.ready(Duration::ZERO, false, 10);
+        // d/f waits for d; e and de (a sibling whose name merely starts like d) do not.
+        assert_eq!(ready, vec![1, 3, 4]);
+        j.begin(1);
+        assert_eq!(j.ready(Duration::ZERO, false, 10), vec![3, 4]);
+        j.finish(1);
+        assert_eq!(j.ready(Duration::ZERO, false, 10), vec![2, 3, 4]);
+        // Nothing is due before the lag unless urgent.
+        assert!(j.ready(Duration::from_secs(60), false, 10).is_empty());
+        assert_eq!(j.ready(Duration::from_secs(60), true, 10).len(), 3);
+    }
+
+    #[test]
+    fn created_then_removed_leaves_nothing() {
+        let mut j = Journal::default();
+        j.record(op(
+            7,
+            "t",
+            OpKind::Create {
+                mode: 0o644,
+                uid: None,
+                gid: None,
+            },
+        ));
+        j.record(op(7, "t", OpKind::Data));
+        j.record(op(7, "t", OpKind::Data));
+        assert_eq!(j.len(), 2, "writes coalesce");
+        j.record(op(7, "t", OpKind::Unlink));
+        j.forget_removed(7);
+        assert!(j.is_empty());
+    }
+}

@@ -1,0 +1,533 @@
+//! Changes in write-back (and local) mode: each is made in the cache, recorded in the journal, and made
+//! durable before the call returns; the flusher takes it to home later.
+//!
+//! The checks home would make (the name exists, the directory is not empty, the kinds match) are made
+//! here against the cache's view, which asks home where the cache does not know.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use larder_cache::Mutation;
+use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
+
+use crate::data::add_range;
+use crate::journal::{Op, OpKind};
+use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock};
+use crate::{Entry, FsError, FsResult};
+
+/// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
+const ROOM_WAIT: Duration = Duration::from_secs(10);
+
+fn path_bytes(p: &Path) -> Vec<u8> {
+    p.as_os_str().as_bytes().to_vec()
+}
+
+fn time_ns(t: SystemTime) -> i128 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    }
+}
+
+/// What a local create makes.
+pub(crate) enum NewKind<'a> {
+    File,
+    Dir,
+    Special { rdev: u64 },
+    Symlink { target: &'a [u8] },
+}
+
+impl Fs {
+    /// Record `ops` (and `removed`: inodes that lost their last name), persist them with `muts`, and wait
+    /// until all of it is durable. Called with `ns` held; returns with it released.
+    fn commit(
+        &self,
+        ns: std::sync::MutexGuard<'_, Namespace>,
+        ops: Vec<Op>,
+        removed: &[u64],
+        mut muts: Vec<Mutation>,
+    ) -> FsResult<()> {
+        {
+            let mut j = lock(&self.journal);
+            for op in ops {
+                muts.extend(j.record(op));
+            }
+            for ino in removed {
+                muts.extend(j.forget_removed(*ino));
+            }
+        }
+        drop(ns);
+        let db = self.core.store.db();
+        db.submit(muts);
+        self.journal_cv.notify_all();
+        db.sync()?;
+        Ok(())
+    }
+
+    fn record_of(ns: &Namespace, ino: u64) -> Option<Mutation> {
+        ns.inodes
+            .get(&ino)
+            .map(|n| Mutation::PutInode(ino, crate::namespace::encode_record(n)))
+    }
+
+    /// Whether `name` exists in `parent` (asking home if the cache cannot say).
+    fn exists(&self, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
+        match self.find(parent, name) {
+            Ok(ino) => Ok(Some(ino)),
+            Err(FsError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Touch a directory's times and link count after one of its entries changed.
+    fn dir_changed(ns: &mut Namespace, dir: u64, nlink_delta: i32) {
+        if let Some(a) = ns.inodes.get_mut(&dir).and_then(|d| d.attr.as_mut()) {
+            let now = SystemTime::now();
+            a.mtime = now;
+            a.ctime = now;
+            a.nlink = (a.nlink as i64 + nlink_delta as i64).max(1) as u32;
+        }
+    }
+
+    /// Create `name` in `parent` in the cache and queue its creation at home.
+    pub(crate) fn make_local(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        kind: NewKind<'_>,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Entry> {
+        self.writable()?;
+        check_name(name)?;
+        let _m = lock(&self.mutate);
+        if self.exists(parent, name)?.is_some() {
+            return Err(FsError::Exists);
+        }
+        let mut ns = lock(&self.ns);
+        let p = ns.inode(parent)?;
+        if p.kind != FileKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let pattr = p.attr.clone();
+        let path = path_bytes(&ns.child_path(parent, name)?);
+        let setgid_parent = pattr.as_ref().is_some_and(|a| a.perm & 0o2000 != 0);
+        let (uid, gid) = if self.cfg.set_owner {
+            (
+                uid,
+                if setgid_parent {
+                    pattr.as_ref().map_or(gid, |a| a.gid)
+                } else {
+                    gid
+                },
+            )
+        } else {
+            // SAFETY: getters without side effects.
+            unsafe { (libc::geteuid(), libc::getegid()) }
+        };
+        let owner = (
+            self.cfg.set_owner.then_some(uid),
+            (self.cfg.set_owner && !setgid_parent).then_some(gid),
+        );
+        let mut perm = mode & 0o7777;
+        let (file_kind, op_kind, size, rdev) = match kind {
+            NewKind::File => (
+                FileKind::File,
+                OpKind::Create {
+                    mode: perm,
+                    uid: owner.0,
+                    gid: owner.1,
+                },
+                0,
+                0,
+            ),
+            NewKind::Dir => {
+                if setgid_parent {
+                    perm |= 0o2000;
+                }
+                (
+                    FileKind::Dir,
+                    OpKind::Mkdir {
+                        mode: perm,
+                        uid: owner.0,
+                        gid: owner.1,
+                    },
+                    0,
+                    0,
+                )
+            }
+            NewKind::Special { rdev } => (
+                FileKind::from_mode(mode),
+                OpKind::Mknod {
+                    mode,
+                    rdev,
+                    uid: owner.0,
+                    gid: owner.1,
+                },
+                0,
+                rdev,
+            ),
+            NewKind::Symlink { target } => (
+                FileKind::Symlink,
+                OpKind::Symlink {
+                    target: target.to_vec(),
+                    uid: owner.0,
+                    gid: owner.1,
+                },
+                target.len() as u64,
+                0,
+            ),
+        };
+        let now = SystemTime::now();
+        let attr = HomeAttr {
+            kind: file_kind,
+            id: 0,
+            size,
+            perm: if file_kind == FileKind::Symlink { 0o777 } else { perm },
+            uid,
+            gid,
+            nlink: if file_kind == FileKind::Dir { 2 } else { 1 },
+            rdev,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            version: Version(String::new()),
+        };
+        let ino = ns.next_ino;
+        ns.next_ino += 1;
+        let object = if file_kind == FileKind::File {
+            self.new_object(&mut ns)
+        } else {
+            0
+        };
+        let mut node = Inode::new_local(parent, name, file_kind, object);
+        node.attr = Some(attr);
+        node.checked = Some(Instant::now());
+        node.lookups = 1;
+        if let NewKind::Symlink { target } = kind {
+            node.symlink = Some(target.to_vec());
+        }
+        if file_kind == FileKind::Dir {
+            node.listed = Some((Instant::now(), Version(String::new())));
+        }
+        ns.inodes.insert(ino, node);
+        let p = ns.inode_mut(parent)?;
+        p.children.insert(name.to_os_string(), ino);
+        p.negatives.remove(name);
+        Self::dir_changed(&mut ns, parent, if file_kind == FileKind::Dir { 1 } else { 0 });
+        let mut muts = vec![
+            Mutation::PutMeta("next_ino", ns.next_ino),
+            Mutation::PutMeta("next_object", ns.next_object),
+            Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino),
+        ];
+        muts.extend(Self::record_of(&ns, ino));
+        muts.extend(Self::record_of(&ns, parent));
+        let entry = self.entry(&ns, ino)?;
+        let op = Op::named(ino, path, vec![(parent, name.as_bytes().to_vec())], op_kind);
+        self.commit(ns, vec![op], &[], muts)?;
+        Ok(entry)
+    }
+
+    /// Remove `name` from `parent` in the cache and queue its removal at home.
+    pub(crate) fn remove_local(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
+        self.writable()?;
+        check_name(name)?;
+        let _m = lock(&self.mutate);
+        let child = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
+        let kind = lock(&self.ns).inode(child)?.kind;
+        match (dir, kind == FileKind::Dir) {
+            (true, false) => return Err(FsError::NotDir),
+            (false, true) => return Err(FsError::IsDir),
+            _ => {}
+        }
+        if dir && self.listing(child)?.len() > 2 {
+            return Err(FsError::NotEmpty);
+        }
+        let mut ns = lock(&self.ns);
+        let path = path_bytes(&ns.child_path(parent, name)?);
+        self.detach(&mut ns, parent, name);
+        let gone = ns.inodes.get(&child).is_none_or(|n| n.removed);
+        if !gone && let Some(a) = ns.inodes.get_mut(&child).and_then(|n| n.attr.as_mut()) {
+            a.nlink = a.nlink.saturating_sub(1).max(1);
+            a.ctime = SystemTime::now();
+        }
+        let p = ns.inode_mut(parent)?;
+        p.negatives.insert(name.to_os_string(), Instant::now());
+        Self::dir_changed(&mut ns, parent, if dir { -1 } else { 0 });
+        let mut muts = Vec::new();
+        muts.extend(Self::record_of(&ns, parent));
+        if !gone {
+            muts.extend(Self::record_of(&ns, child));
+        }
+        let kind = if dir { OpKind::Rmdir } else { OpKind::Unlink };
+        let op = Op::named(child, path, vec![(parent, name.as_bytes().to_vec())], kind);
+        let removed = if gone { vec![child] } else { Vec::new() };
+        self.commit(ns, vec![op], &removed, muts)
+    }
+
+    /// Rename in the cache and queue the rename at home.
+    pub(crate) fn rename_local(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        self.writable()?;
+        check_name(name)?;
+        check_name(new_name)?;
+        let _m = lock(&self.mutate);
+        let src = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
+        let dst = self.exists(new_parent, new_name)?;
+        if flags.no_replace && dst.is_some() {
+            return Err(FsError::Exists);
+        }
+        if flags.exchange && dst.is_none() {
+            return Err(FsError::NotFound);
+        }
+        if dst == Some(src) {
+            return Ok(());
+        }
+        let src_kind = lock(&self.ns).inode(src)?.kind;
+        if let Some(d) = dst
+            && !flags.exchange
+        {
+            let dst_kind = lock(&self.ns).inode(d)?.kind;
+            match (src_kind == FileKind::Dir, dst_kind == FileKind::Dir) {
+                (true, false) => return Err(FsError::NotDir),
+                (false, true) => return Err(FsError::IsDir),
+                (true, true) if self.listing(d)?.len() > 2 => return Err(FsError::NotEmpty),
+                _ => {}
+            }
+        }
+        let mut ns = lock(&self.ns);
+        // A directory may not move into its own subtree.
+        let mut cur = new_parent;
+        while cur != ROOT {
+            if cur == src {
+                return Err(FsError::Invalid);
+            }
+            cur = ns.inode(cur)?.parent;
+        }
+        let from = path_bytes(&ns.child_path(parent, name)?);
+        let to = path_bytes(&ns.child_path(new_parent, new_name)?);
+        self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags, false)?;
+        let victim_gone = dst.filter(|d| !flags.exchange && ns.inodes.get(d).is_none_or(|n| n.removed));
+        let moved_dir = if src_kind == FileKind::Dir { 1 } else { 0 };
+        if parent != new_parent {
+            Self::dir_changed(&mut ns, parent, -moved_dir);
+            Self::dir_changed(&mut ns, new_parent, moved_dir);
+        } else {
+            Self::dir_changed(&mut ns, parent, 0);
+        }
+        if let Some(a) = ns.inodes.get_mut(&src).and_then(|n| n.attr.as_mut()) {
+            a.ctime = SystemTime::now();
+        }
+        let mut muts = Vec::new();
+        for ino in [parent, new_parent, src] {
+            muts.extend(Self::record_of(&ns, ino));
+        }
+        let op = Op::named(
+            src,
+            from,
+            vec![
+                (parent, name.as_bytes().to_vec()),
+                (new_parent, new_name.as_bytes().to_vec()),
+            ],
+            OpKind::Rename {
+                to,
+                no_replace: flags.no_replace,
+                exchange: flags.exchange,
+                replaced: dst.is_some(),
+            },
+        );
+        let removed: Vec<u64> = victim_gone.into_iter().collect();
+        self.commit(ns, vec![op], &removed, muts)
+    }
+
+    /// Hard-link in the cache and queue the link at home.
+    pub(crate) fn link_local(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        self.writable()?;
+        check_name(name)?;
+        let _m = lock(&self.mutate);
+        if self.exists(parent, name)?.is_some() {
+            return Err(FsError::Exists);
+        }
+        let mut ns = lock(&self.ns);
+        if ns.inode(parent)?.kind != FileKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let from = path_bytes(&ns.path_of(ino)?);
+        let to = path_bytes(&ns.child_path(parent, name)?);
+        let node = ns.inode_mut(ino)?;
+        node.aliases.push((parent, name.to_os_string()));
+        node.lookups += 1;
+        if let Some(a) = node.attr.as_mut() {
+            a.nlink += 1;
+            a.ctime = SystemTime::now();
+        }
+        let p = ns.inode_mut(parent)?;
+        p.children.insert(name.to_os_string(), ino);
+        p.negatives.remove(name);
+        Self::dir_changed(&mut ns, parent, 0);
+        let mut muts = vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)];
+        muts.extend(Self::record_of(&ns, ino));
+        muts.extend(Self::record_of(&ns, parent));
+        let entry = self.entry(&ns, ino)?;
+        let op = Op::named(ino, from, vec![(parent, name.as_bytes().to_vec())], OpKind::Link { to });
+        self.commit(ns, vec![op], &[], muts)?;
+        Ok(entry)
+    }
+
+    /// Change attributes in the cache and queue the change (a size change is queued as data).
+    pub(crate) fn setattr_local(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
+        self.writable()?;
+        let (kind, flush_lock, write_lock) = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            (node.kind, node.flush_lock.clone(), node.write_lock.clone())
+        };
+        if changes.size.is_some() && kind == FileKind::Dir {
+            return Err(FsError::IsDir);
+        }
+        let _f = lock(&flush_lock);
+        let _w = lock(&write_lock);
+        let mut ns = lock(&self.ns);
+        let path = path_bytes(&ns.path_of(ino)?);
+        let now = SystemTime::now();
+        let node = ns.inode_mut(ino)?;
+        let object = node.object;
+        let mut ops = Vec::new();
+        if let Some(size) = changes.size {
+            self.core.store.truncate(object, size)?;
+            let node = ns.inode_mut(ino)?;
+            let old = node.attr.as_ref().map_or(0, |a| a.size);
+            let kept: Vec<_> = node
+                .dirty
+                .drain(..)
+                .filter(|r| r.start < size)
+                .map(|r| r.start..r.end.min(size))
+                .collect();
+            for r in kept {
+                add_range(&mut node.dirty, r);
+            }
+            node.home_size = Some(node.home_size.unwrap_or(old).min(size));
+            if let Some(a) = node.attr.as_mut() {
+                a.size = size;
+                a.mtime = now;
+                a.ctime = now;
+            }
+            ops.push(Op::named(ino, path.clone(), Vec::new(), OpKind::Data));
+        }
+        let node = ns.inode_mut(ino)?;
+        let resolve = |t: Option<TimeSet>| {
+            t.map(|t| match t {
+                TimeSet::Now => now,
+                TimeSet::At(at) => at,
+            })
+        };
+        let (atime, mtime) = (resolve(changes.atime), resolve(changes.mtime));
+        let other = changes.perm.is_some() || changes.uid.is_some() || changes.gid.is_some();
+        if other || atime.is_some() || mtime.is_some() {
+            if let Some(a) = node.attr.as_mut() {
+                if let Some(p) = changes.perm {
+                    a.perm = p & 0o7777;
+                }
+                if let Some(u) = changes.uid {
+                    a.uid = u;
+                }
+                if let Some(g) = changes.gid {
+                    a.gid = g;
+                }
+                if let Some(t) = atime {
+                    a.atime = t;
+                }
+                if let Some(t) = mtime {
+                    a.mtime = t;
+                }
+                a.ctime = now;
+            }
+            ops.push(Op::named(
+                ino,
+                path,
+                Vec::new(),
+                OpKind::SetAttr {
+                    perm: changes.perm.map(|p| p & 0o7777),
+                    uid: changes.uid,
+                    gid: changes.gid,
+                    atime: atime.map(time_ns),
+                    mtime: mtime.map(time_ns),
+                },
+            ));
+        }
+        let entry = self.entry(&ns, ino)?;
+        let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
+        self.commit(ns, ops, &[], muts)?;
+        Ok(entry)
+    }
+
+    /// Make the written data of `ino` durable in the cache and queue it for home (fsync and close in
+    /// write-back mode).
+    pub(crate) fn commit_data(&self, ino: u64) -> FsResult<()> {
+        let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
+        let _w = lock(&write_lock);
+        let (object, blocks, size) = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.removed || node.dirty.is_empty() {
+                return Ok(());
+            }
+            let bs = self.core.store.block_size();
+            let blocks: Vec<u32> = node
+                .dirty
+                .iter()
+                .filter(|r| !r.is_empty())
+                .flat_map(|r| (r.start / bs) as u32..=((r.end - 1) / bs) as u32)
+                .collect();
+            (node.object, blocks, node.attr.as_ref().map_or(0, |a| a.size))
+        };
+        self.core.store.commit(object, blocks, size)?;
+        self.core
+            .store
+            .file(object)?
+            .sync_data()
+            .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+        let ns = lock(&self.ns);
+        let path = path_bytes(&ns.path_of(ino)?);
+        let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
+        let op = Op::named(ino, path, Vec::new(), OpKind::Data);
+        self.commit(ns, vec![op], &[], muts)
+    }
+
+    /// Hold a writer back while dirty data is near the cache's capacity; `ENOSPC` if it stays there.
+    pub(crate) fn make_room(&self, bytes: u64) -> FsResult<()> {
+        let st = self.core.store.stats();
+        let limit = st.bytes_limit / 10 * 9;
+        if st.bytes_dirty + bytes <= limit {
+            return Ok(());
+        }
+        if !self.cfg.write_mode.journaled() {
+            return Err(FsError::NoSpace);
+        }
+        self.urgent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.journal_cv.notify_all();
+        let deadline = Instant::now() + ROOM_WAIT;
+        let result = loop {
+            let st = self.core.store.stats();
+            if st.bytes_dirty + bytes <= limit {
+                break Ok(());
+            }
+            if Instant::now() >= deadline || self.cfg.write_mode == crate::WriteMode::Local {
+                break Err(FsError::NoSpace);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.urgent.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        result
+    }
+}

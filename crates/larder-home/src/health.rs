@@ -1,0 +1,130 @@
+//! Home health: a layer that notices home is unreachable, fails calls at once while it is, and a probe
+//! that brings it back.
+//!
+//! Any call that fails because home cannot be reached (a timeout, a refused connection) marks home
+//! offline. While offline, every call fails with [`HomeError::Unavailable`] without reaching home, so a
+//! read of uncached data gets its error at once instead of after a timeout. [`Health::probe`] (called by
+//! the owner's checker thread) asks the unlayered home for its root; success marks home online again.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::{Home, HomeError, HomeResult, Layer, OpKind};
+
+/// Whether home is reachable, shared by the layer, the prober and status output.
+#[derive(Default)]
+pub struct Health {
+    offline: AtomicBool,
+    /// Unix seconds when home went offline (0 while online).
+    since: AtomicU64,
+    /// Times home went offline.
+    outages: AtomicU64,
+}
+
+impl Health {
+    /// A fresh state: online.
+    pub fn new() -> Arc<Health> {
+        Arc::new(Health::default())
+    }
+
+    /// Whether home is believed reachable.
+    pub fn online(&self) -> bool {
+        !self.offline.load(Ordering::Acquire)
+    }
+
+    /// Unix seconds since which home is offline, if it is.
+    pub fn offline_since(&self) -> Option<u64> {
+        (!self.online()).then(|| self.since.load(Ordering::Relaxed))
+    }
+
+    /// How many times home went offline.
+    pub fn outages(&self) -> u64 {
+        self.outages.load(Ordering::Relaxed)
+    }
+
+    /// Mark home offline (idempotent).
+    pub fn set_offline(&self, why: &HomeError) {
+        if !self.offline.swap(true, Ordering::AcqRel) {
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            self.since.store(now, Ordering::Relaxed);
+            self.outages.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %why, "home is unreachable; working offline");
+        }
+    }
+
+    /// Mark home online (idempotent).
+    pub fn set_online(&self) {
+        if self.offline.swap(false, Ordering::AcqRel) {
+            self.since.store(0, Ordering::Relaxed);
+            tracing::info!("home is reachable again");
+        }
+    }
+
+    /// Ask `home` (the unlayered backend) whether it answers; record the outcome. Returns whether online.
+    pub fn probe(&self, home: &dyn Home) -> bool {
+        match home.stat(Path::new("")) {
+            Ok(_) => {
+                self.set_online();
+                true
+            }
+            Err(e) if unreachable(&e) => {
+                self.set_offline(&e);
+                false
+            }
+            // Home answered, if unhappily: it is reachable.
+            Err(_) => {
+                self.set_online();
+                true
+            }
+        }
+    }
+}
+
+/// Errors that mean home cannot be reached at all.
+pub fn unreachable(e: &HomeError) -> bool {
+    matches!(e, HomeError::TimedOut(_) | HomeError::Unavailable(_))
+}
+
+/// The layer: fails fast while offline, and notices outages.
+pub struct HealthLayer(pub Arc<Health>);
+
+impl Layer for HealthLayer {
+    fn before(&self, _op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        if self.0.online() {
+            Ok(())
+        } else {
+            Err(HomeError::Unavailable("home is offline".into()))
+        }
+    }
+
+    fn after(&self, _op: OpKind, _bytes_in: u64, error: Option<&HomeError>) {
+        if let Some(e) = error
+            && unreachable(e)
+        {
+            self.0.set_offline(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Layered, PosixHome};
+
+    #[test]
+    fn offline_fails_fast_and_probe_restores() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn Home> = Arc::new(PosixHome::new(dir.path(), None).unwrap());
+        let health = Health::new();
+        let home = Layered::new(inner.clone(), HealthLayer(health.clone()));
+        assert!(home.stat(Path::new("")).is_ok());
+        health.set_offline(&HomeError::Unavailable("test".into()));
+        assert!(matches!(home.stat(Path::new("")), Err(HomeError::Unavailable(_))));
+        assert!(health.offline_since().is_some());
+        assert!(health.probe(inner.as_ref()));
+        assert!(home.stat(Path::new("")).is_ok());
+        assert_eq!(health.outages(), 1);
+    }
+}
