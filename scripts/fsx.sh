@@ -30,7 +30,7 @@ fi
 work=$(mktemp -d /var/tmp/larder-fsx.XXXXXX)
 cleanup() {
   for m in "$work"/mnt*; do
-    [ -d "$m" ] && { "$LARDER_BIN" unmount "$m" >/dev/null 2>&1 || umount -l "$m" 2>/dev/null; }
+    [ -d "$m" ] && { "$LARDER_BIN" unmount "$m" --leave-pending >/dev/null 2>&1 || umount -l "$m" 2>/dev/null; }
   done
   rm -rf "$work"
 }
@@ -54,13 +54,25 @@ run_config() {
       tail -20 "$work/cache-$name/larder.log" >&2
     fi
   done
-  "$LARDER_BIN" unmount "$work/mnt-$name" >/dev/null || { say "unmount failed ($name)"; failed=$((failed + 1)); }
+  # fsx checked every read against its model: what the mount shows now is the model's final state.
+  for seed in 1 2 3; do
+    cp "$work/mnt-$name/fsx-$seed.bin" "$work/final-$name-$seed.bin" 2>/dev/null || true
+  done
+  "$LARDER_BIN" unmount "$work/mnt-$name" --drain --timeout 120s >/dev/null || { say "unmount failed ($name)"; failed=$((failed + 1)); }
+  # Whatever the write mode, home must end with exactly that.
+  for seed in 1 2 3; do
+    if ! cmp -s "$work/final-$name-$seed.bin" "$work/home-$name/fsx-$seed.bin"; then
+      say "home's fsx-$seed.bin differs from the file fsx left on the mount ($name)"; failed=$((failed + 1))
+    fi
+  done
 }
 
+# Write-back (the default mode), pushed after the default sync lag.
 run_config default
-run_config tiny-cache --block-size 4KiB --cache-size 16KiB
-# Revalidation every second, racing the pushes of fsx's own writes.
-run_config short-lag --block-size 4KiB --cache-size 16KiB --validity-lag 1s
+# Nearly every block evicted and fetched again (write-through: every close pushes).
+run_config tiny-cache --block-size 4KiB --cache-size 16KiB --write-mode write-through
+# Revalidation every second, racing pushes that start as soon as a change is queued.
+run_config short-lag --block-size 4KiB --validity-lag 1s --write-mode write-back --sync-lag 0s
 
 echo "fsx: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

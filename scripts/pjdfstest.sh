@@ -96,7 +96,7 @@ cleanup() {
     trap '' INT TERM HUP
     cd /
     if [ "$mounted" = 1 ]; then
-        if ! "$larder" unmount "$mnt" --timeout 30s >/dev/null 2>&1; then
+        if ! "$larder" unmount "$mnt" --drain --timeout 120s >/dev/null 2>&1; then
             say "larder unmount failed; detaching lazily"
             fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null
         fi

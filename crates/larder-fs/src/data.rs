@@ -246,12 +246,12 @@ impl Fs {
         };
         // One write of a file at a time: two writers completing the same partial block from home must not
         // undo each other, and a push must see each write whole.
+        self.make_room(data.len() as u64)?;
         let _w = lock(&write_lock);
         let end = offset + data.len() as u64;
         // One critical section takes the file's state and records the range as dirty: from then on the
         // object cannot change under this write (a new version is never taken while writes are pending),
         // and a push finishing meanwhile will not mark these blocks clean.
-        self.make_room(data.len() as u64)?;
         let (ino, object, size, path, version, before) = {
             let mut ns = lock(&self.ns);
             let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;

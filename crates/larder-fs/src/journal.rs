@@ -268,8 +268,8 @@ impl Journal {
     }
 
     fn insert(&mut self, op: Op, out: &mut Vec<Mutation>) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
+        let seq = self.next_seq.max(1);
+        self.next_seq = seq + 1;
         out.push(Mutation::PutOp(seq, op.encode()));
         self.index(seq, &op);
         self.ops.insert(seq, op);
@@ -380,7 +380,12 @@ impl Journal {
             _ => true,
         });
         let named_as_parent = self.ops.iter().any(|(s, o)| !seqs.contains(s) && o.dirs.contains(&ino));
-        if untouched && created_here && no_side_effects && !named_as_parent {
+        // An exchange names its partner only by path: while one is queued, nothing is cancelled.
+        let exchanged = self
+            .ops
+            .iter()
+            .any(|(s, o)| !seqs.contains(s) && matches!(o.kind, OpKind::Rename { exchange: true, .. }));
+        if untouched && created_here && no_side_effects && !named_as_parent && !exchanged {
             for s in seqs {
                 self.remove(s, &mut out);
             }

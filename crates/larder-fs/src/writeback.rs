@@ -69,6 +69,7 @@ impl Fs {
     fn record_of(ns: &Namespace, ino: u64) -> Option<Mutation> {
         ns.inodes
             .get(&ino)
+            .filter(|n| !n.removed)
             .map(|n| Mutation::PutInode(ino, crate::namespace::encode_record(n)))
     }
 
@@ -318,6 +319,13 @@ impl Fs {
         let to = path_bytes(&ns.child_path(new_parent, new_name)?);
         self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags, false)?;
         let victim_gone = dst.filter(|d| !flags.exchange && ns.inodes.get(d).is_none_or(|n| n.removed));
+        if let Some(d) = dst.filter(|d| !flags.exchange && Some(*d) != victim_gone)
+            && let Some(a) = ns.inodes.get_mut(&d).and_then(|n| n.attr.as_mut())
+        {
+            // Replaced under one of its names, alive under others.
+            a.nlink = a.nlink.saturating_sub(1).max(1);
+            a.ctime = SystemTime::now();
+        }
         let moved_dir = if src_kind == FileKind::Dir { 1 } else { 0 };
         if parent != new_parent {
             Self::dir_changed(&mut ns, parent, -moved_dir);
@@ -329,7 +337,7 @@ impl Fs {
             a.ctime = SystemTime::now();
         }
         let mut muts = Vec::new();
-        for ino in [parent, new_parent, src] {
+        for ino in [parent, new_parent, src].into_iter().chain(dst) {
             muts.extend(Self::record_of(&ns, ino));
         }
         let op = Op::named(
@@ -512,7 +520,18 @@ impl Fs {
             return Ok(());
         }
         if !self.cfg.write_mode.journaled() {
-            return Err(FsError::NoSpace);
+            // Write-through: dirty data leaves at the next close or fsync.
+            return Ok(());
+        }
+        // Files still open hold dirty data no close has queued yet: queue it, so the flushers can free room.
+        let dirty: Vec<u64> = lock(&self.ns)
+            .inodes
+            .iter()
+            .filter(|(_, n)| !n.dirty.is_empty() && !n.removed)
+            .map(|(i, _)| *i)
+            .collect();
+        for ino in dirty {
+            self.commit_data(ino)?;
         }
         self.urgent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.journal_cv.notify_all();

@@ -1057,7 +1057,7 @@ fn stopped_home_gives_eio_not_a_hang() {
     assert_same_bytes(&got, &y, "cached y.bin while home is stopped");
     assert_eq!(
         outer.status()["home"]["state"],
-        "unreachable",
+        "offline",
         "status must say home stopped answering"
     );
 
@@ -1066,7 +1066,11 @@ fn stopped_home_gives_eio_not_a_hang() {
         wait_until(Duration::from_secs(5), || process_state(inner_pid) != Some('T')),
         "the inner daemon did not resume"
     );
-    // Once home answers again, the state says so.
+    // Once home answers again, the health prober (once a second) says so, and reads go to home again.
+    assert!(
+        wait_until(Duration::from_secs(10), || outer.status()["home"]["state"] == "online"),
+        "home did not come back online after it resumed"
+    );
     let xp = outer.path("x.bin");
     with_deadline(Duration::from_secs(10), "reading x.bin after home resumed", move || {
         std::fs::read(&xp)

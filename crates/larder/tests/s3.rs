@@ -1048,6 +1048,10 @@ fn stopped_server_gives_eio_within_home_timeout() {
     expect_eio_and_unreachable(&m, "a.bin", timeout, "reading a.bin while moto is stopped");
 
     st.srv.continue_process();
+    assert!(
+        wait_until(Duration::from_secs(30), || m.status()["home"]["state"] == "online"),
+        "home did not come back online after moto resumed"
+    );
     let (r, _) = timed_read(
         m.path("b.bin"),
         Duration::from_secs(30),
@@ -1228,7 +1232,7 @@ fn expect_eio_and_unreachable(m: &Mount, name: &str, timeout: Duration, what: &s
         "{what}: EIO came {took:?} after the read started (home timeout {timeout:?})"
     );
     let v = status_answers(m);
-    assert_eq!(v["home"]["state"], "unreachable", "{what}: home.state {}", v["home"]);
+    assert_eq!(v["home"]["state"], "offline", "{what}: home.state {}", v["home"]);
 }
 
 /// A write made on the cached version must not overwrite a change made at home meanwhile: the push is

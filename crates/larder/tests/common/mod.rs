@@ -229,7 +229,7 @@ impl Mount {
 
     /// `larder unmount`; fails the test if it does not succeed. The daemon must be gone afterwards.
     pub fn unmount(mut self) {
-        let out = larder(&["unmount", s(&self.mnt), "--timeout", "20s"]);
+        let out = larder(&["unmount", s(&self.mnt), "--timeout", "20s", "--drain"]);
         assert!(
             out.success(),
             "larder unmount {} failed:\n{out}\n--- daemon log ---\n{}",
@@ -304,7 +304,7 @@ impl Drop for Mount {
         if is_mounted(&self.mnt) {
             let out = run_cmd(
                 LARDER,
-                &["unmount", s(&self.mnt), "--timeout", "10s"],
+                &["unmount", s(&self.mnt), "--timeout", "10s", "--leave-pending"],
                 Duration::from_secs(20),
             );
             if !out.success() {
@@ -515,6 +515,11 @@ impl Mount {
     ) -> Result<Mount, Output> {
         let mut args: Vec<&str> = vec!["mount", home, s(mnt), "--cache-dir", s(cache)];
         args.extend_from_slice(extra);
+        // Tests of the part-one behaviour check home right after each call: they run write-through unless
+        // they choose a mode.
+        if !extra.iter().any(|a| *a == "--write-mode" || *a == "--read-only") {
+            args.extend_from_slice(&["--write-mode", "write-through"]);
+        }
         let out = run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE);
         if !out.success() {
             return Err(out);
