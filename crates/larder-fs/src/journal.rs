@@ -216,17 +216,6 @@ impl Journal {
         self.ops.get(&seq)
     }
 
-    #[cfg(test)]
-    pub fn ops(&self) -> impl Iterator<Item = (&u64, &Op)> {
-        self.ops.iter()
-    }
-
-    /// Whether anything is under way.
-    #[cfg(test)]
-    pub fn busy(&self) -> bool {
-        !self.inflight.is_empty()
-    }
-
     /// Age of the oldest queued change.
     pub fn oldest_age(&self) -> Duration {
         let oldest = self.ops.values().map(|o| o.since_ms).min();
