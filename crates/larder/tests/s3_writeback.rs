@@ -1,0 +1,1064 @@
+//! Integration tests of larder's write-back journal against an S3 home served by a local moto server,
+//! through real FUSE mounts: run as root with /dev/fuse and python3 (`scripts/s3-server.sh` installs
+//! moto[server] with pip if it is missing, and the tests fail, not skip, if it cannot).
+//!
+//! Every test starts its own moto server and bucket, mounts `s3://BUCKET/PREFIX` in write-back mode
+//! (every mount passes `--write-mode write-back`: the harness would otherwise choose write-through), and
+//! compares the bucket with a model of the acknowledged changes once `larder drain` says everything
+//! reached home. The server and bucket harness is a trimmed copy of the one in `tests/s3.rs`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::io::{AsRawFd, IntoRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The repository's root (for the scripts).
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+/// The credentials and region every S3 client here uses (moto accepts any).
+const CREDENTIALS: [(&str, &str); 3] = [
+    ("AWS_ACCESS_KEY_ID", "test"),
+    ("AWS_SECRET_ACCESS_KEY", "test"),
+    ("AWS_DEFAULT_REGION", "us-east-1"),
+];
+
+/// How long one s3tool or s3-server.sh command may take (pip may install moto on first use).
+const TOOL_DEADLINE: Duration = Duration::from_secs(300);
+
+fn script(name: &str) -> String {
+    format!("{REPO}/scripts/{name}")
+}
+
+/// Whether `pid` is (still) a moto server, so cleanup never signals a process that reused its pid.
+fn is_moto(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(4).any(|w| w == b"moto"))
+}
+
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+// The server ---------------------------------------------------------------------------------------------
+
+/// A moto server started by `scripts/s3-server.sh` with a state dir of its own. Dropping it kills it.
+struct S3Server {
+    state: PathBuf,
+    endpoint: String,
+    pid: i32,
+}
+
+impl S3Server {
+    fn start(state: &Path) -> S3Server {
+        let out = run_cmd_env(
+            "bash",
+            &[&script("s3-server.sh"), "start"],
+            &[("S3_STATE_DIR", s(state))],
+            TOOL_DEADLINE,
+        );
+        assert!(out.success(), "scripts/s3-server.sh start failed:\n{out}");
+        let endpoint = out
+            .stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("S3_ENDPOINT="))
+            .unwrap_or_else(|| panic!("no S3_ENDPOINT in the output of s3-server.sh start:\n{out}"))
+            .to_string();
+        let pid: i32 = std::fs::read_to_string(state.join("pid"))
+            .expect("s3-server.sh writes a pid file")
+            .trim()
+            .parse()
+            .expect("a pid in the pid file");
+        assert!(is_moto(pid), "pid {pid} of the pid file is not a moto server");
+        S3Server {
+            state: state.to_path_buf(),
+            endpoint,
+            pid,
+        }
+    }
+
+    /// The environment of s3tool and larder: the endpoint and the credentials.
+    fn env(&self) -> Vec<(&str, &str)> {
+        let mut env = vec![("S3_ENDPOINT", self.endpoint.as_str())];
+        env.extend(CREDENTIALS);
+        env
+    }
+
+    /// The request lines the server has logged so far (werkzeug logs one line per request).
+    fn request_lines(&self) -> Vec<String> {
+        // Python's stderr is line-buffered: give the last lines a moment to land.
+        std::thread::sleep(Duration::from_millis(300));
+        let log = std::fs::read_to_string(self.state.join("moto.log")).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.contains(" HTTP/1."))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn stop_process(&self) {
+        signal(self.pid, libc::SIGSTOP);
+        assert!(
+            wait_until(Duration::from_secs(5), || process_state(self.pid) == Some('T')),
+            "moto (pid {}) did not stop",
+            self.pid
+        );
+    }
+
+    fn continue_process(&self) {
+        signal(self.pid, libc::SIGCONT);
+        assert!(
+            wait_until(Duration::from_secs(5), || process_state(self.pid) != Some('T')),
+            "moto (pid {}) did not resume",
+            self.pid
+        );
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        // Never panics: signals only a process that still is a moto server (a stopped one dies of SIGKILL
+        // too).
+        if is_moto(self.pid) {
+            // SAFETY: kill has no memory preconditions; the pid is our moto server.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
+            wait_until(Duration::from_secs(5), || !is_moto(self.pid));
+        }
+        let _ = std::fs::remove_file(self.state.join("pid"));
+        let _ = std::fs::remove_file(self.state.join("port"));
+    }
+}
+
+// One test's world ---------------------------------------------------------------------------------------
+
+/// A test's server, bucket, prefix, mount point and cache dir. Fields drop in order: the server is
+/// killed before the temporary directory goes (a test's [`Mount`] is a local declared later, so it is
+/// unmounted first).
+struct S3Test {
+    srv: S3Server,
+    t: TestDir,
+    bucket: String,
+    prefix: String,
+    /// Names of scratch files for s3tool.
+    scratch: AtomicU64,
+}
+
+impl S3Test {
+    /// A new server with bucket `larder-NAME`; the mount's home is `s3://larder-NAME/PREFIX`.
+    fn new(name: &str, prefix: &str) -> S3Test {
+        let t = TestDir::new(name);
+        let srv = S3Server::start(&t.root().join("s3-state"));
+        let st = S3Test {
+            srv,
+            t,
+            bucket: format!("larder-{name}"),
+            prefix: prefix.to_string(),
+            scratch: AtomicU64::new(0),
+        };
+        st.tool_ok(&["mb", &st.bucket]);
+        st
+    }
+
+    fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.prefix)
+    }
+
+    /// The object key of `rel` in the mount.
+    fn key(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.prefix)
+    }
+
+    fn scratch_path(&self) -> PathBuf {
+        let n = self.scratch.fetch_add(1, Ordering::Relaxed);
+        self.t.root().join(format!("scratch-{n}"))
+    }
+
+    /// Run `s3tool.py args`.
+    fn tool(&self, args: &[&str]) -> Output {
+        let mut argv = vec![script("s3tool.py")];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        run_cmd_env("python3", &argv, &self.srv.env(), TOOL_DEADLINE)
+    }
+
+    /// Run `s3tool.py args`, failing the test if it fails; returns its stdout.
+    fn tool_ok(&self, args: &[&str]) -> String {
+        let out = self.tool(args);
+        assert!(out.success(), "s3tool.py {} failed:\n{out}", args.join(" "));
+        out.stdout
+    }
+
+    fn put(&self, key: &str, data: &[u8]) {
+        let p = self.scratch_path();
+        std::fs::write(&p, data).expect("write scratch file");
+        self.tool_ok(&["put", &self.bucket, key, s(&p)]);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// The object's bytes, or None if there is no such object.
+    fn try_get(&self, key: &str) -> Option<Vec<u8>> {
+        let p = self.scratch_path();
+        let out = self.tool(&["get", &self.bucket, key, s(&p)]);
+        if out.code == Some(2) && out.stderr.contains("NoSuchKey") {
+            return None;
+        }
+        assert!(out.success(), "s3tool.py get {key} failed:\n{out}");
+        let v = std::fs::read(&p).expect("read scratch file");
+        let _ = std::fs::remove_file(&p);
+        Some(v)
+    }
+
+    /// Keys and sizes under this test's prefix, relative to it (`PREFIX/a/b` is `a/b`), directory
+    /// markers (`dir/`) included.
+    fn objects(&self) -> BTreeMap<String, u64> {
+        let p = format!("{}/", self.prefix);
+        self.tool_ok(&["ls", &self.bucket, &p])
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                assert_eq!(f.len(), 3, "bad s3tool ls line {l:?}");
+                (f[0][p.len()..].to_string(), f[1].parse().expect("size"))
+            })
+            .collect()
+    }
+
+    /// Every file object under the prefix (directory markers left out), relative key -> bytes.
+    fn home_files(&self) -> BTreeMap<String, Vec<u8>> {
+        let keys: Vec<String> = self.objects().into_keys().filter(|k| !k.ends_with('/')).collect();
+        let dir = self.scratch_path();
+        self.tool_ok(&["get-dir", &self.bucket, &self.prefix, s(&dir)]);
+        let files = keys
+            .into_iter()
+            .map(|k| {
+                let v = std::fs::read(dir.join(&k)).unwrap_or_else(|e| panic!("s3tool get-dir gave no {k}: {e}"));
+                (k, v)
+            })
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        files
+    }
+
+    /// The directory markers under the prefix (relative, without the trailing '/').
+    fn markers(&self) -> BTreeSet<String> {
+        self.objects()
+            .into_keys()
+            .filter_map(|k| k.strip_suffix('/').map(str::to_string))
+            .collect()
+    }
+
+    /// Mount this test's home at `mnt` with cache dir `cache`.
+    fn mount_at(&self, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        let mut args = vec!["--s3-endpoint", self.srv.endpoint.as_str(), "--s3-region", "us-east-1"];
+        args.extend_from_slice(extra);
+        match Mount::try_new_env(&self.url(), mnt, cache, &args, &self.srv.env()) {
+            Ok(m) => m,
+            Err(out) => panic!(
+                "larder mount {} {} failed:\n{out}\n--- daemon log ---\n{}",
+                self.url(),
+                mnt.display(),
+                log_tail(cache, 60),
+            ),
+        }
+    }
+
+    fn mount(&self, extra: &[&str]) -> Mount {
+        self.mount_at(&self.t.mnt, &self.t.cache, extra)
+    }
+
+    /// Fail the test unless the bucket's files under the prefix are exactly `model` (keys and bytes).
+    #[track_caller]
+    fn assert_home_is(&self, model: &BTreeMap<String, Vec<u8>>, m: &Mount, what: &str) {
+        let home = self.home_files();
+        let diffs = differences(&home, model);
+        assert!(
+            diffs.is_empty(),
+            "{what}: {} difference(s) between the bucket (left) and the model (right):\n  {}\n--- daemon log ---\n{}",
+            diffs.len(),
+            diffs.join("\n  "),
+            m.log()
+        );
+    }
+
+    /// Fail the test if the bucket has a directory marker for a directory that does not exist in the
+    /// model (a stale marker shows a ghost directory to every other client).
+    #[track_caller]
+    fn assert_markers_within(&self, dirs: &BTreeSet<String>, what: &str) {
+        let stale: Vec<String> = self.markers().difference(dirs).cloned().collect();
+        assert!(
+            stale.is_empty(),
+            "{what}: markers of directories that do not exist: {stale:?} (directories: {dirs:?})"
+        );
+    }
+}
+
+// Helpers ------------------------------------------------------------------------------------------------
+
+/// What differs between `got` (e.g. the bucket) and `want` (the model), one line per key.
+fn differences(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    let mut d = Vec::new();
+    for (k, w) in want {
+        match got.get(k) {
+            None => d.push(format!("{k}: missing (the model has {} bytes)", w.len())),
+            Some(g) if g != w => {
+                let first = g
+                    .iter()
+                    .zip(w)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(g.len().min(w.len()));
+                d.push(format!(
+                    "{k}: {} bytes, the model {} bytes, first difference at {first}",
+                    g.len(),
+                    w.len()
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for (k, g) in got {
+        if !want.contains_key(k) {
+            d.push(format!("{k}: {} bytes, not in the model", g.len()));
+        }
+    }
+    d
+}
+
+/// The directories (relative paths) that hold the model's files.
+fn parent_dirs<'a>(files: impl IntoIterator<Item = &'a String>) -> BTreeSet<String> {
+    let mut dirs = BTreeSet::new();
+    for f in files {
+        let mut p = f.as_str();
+        while let Some(i) = p.rfind('/') {
+            p = &p[..i];
+            dirs.insert(p.to_string());
+        }
+    }
+    dirs
+}
+
+/// Every regular file under the mount with its bytes, relative path -> content.
+fn mount_files(m: &Mount) -> BTreeMap<String, Vec<u8>> {
+    walk(&m.mnt)
+        .into_iter()
+        .filter(|(_, md)| md.is_file())
+        .map(|(rel, _)| {
+            let rel = rel.to_str().expect("UTF-8 names").to_string();
+            let v = read(&m.path(&rel));
+            (rel, v)
+        })
+        .collect()
+}
+
+/// Read `path` after dropping the kernel's page cache of it, so the read reaches the daemon.
+fn read_uncached(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = File::open(path)?;
+    // SAFETY: fadvise on a valid descriptor.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
+}
+
+/// Close `f` and fail the test if close(2) fails.
+fn close_checked(f: File, what: &str) {
+    let fd = f.into_raw_fd();
+    // SAFETY: we own fd (taken from the File).
+    let r = unsafe { libc::close(fd) };
+    assert_eq!(r, 0, "close of {what} failed: {}", std::io::Error::last_os_error());
+}
+
+/// Write `data` to a new (or truncated) file `path` in the mount, checking write and close.
+fn create_with(path: &Path, data: &[u8]) {
+    let mut f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    f.write_all(data)
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    close_checked(f, &path.display().to_string());
+}
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+/// `journal.KEY` of a status.
+fn journal(v: &serde_json::Value, key: &str) -> u64 {
+    num(v, &format!("/journal/{key}"))
+}
+
+/// `home.ops_by_kind.KIND` of a status.
+fn ops(v: &serde_json::Value, kind: &str) -> u64 {
+    num(v, &format!("/home/ops_by_kind/{kind}"))
+}
+
+/// `larder drain MNT --timeout 60s`; fails the test (with the status and log) unless it succeeds.
+fn drain(m: &Mount) {
+    let t0 = Instant::now();
+    let out = run_cmd(
+        LARDER,
+        &["drain", s(&m.mnt), "--timeout", "60s"],
+        Duration::from_secs(90),
+    );
+    if !out.success() {
+        let st = run_cmd(LARDER, &["status", s(&m.mnt), "--json"], Duration::from_secs(20));
+        let cf = run_cmd(LARDER, &["conflicts", s(&m.mnt), "--json"], Duration::from_secs(20));
+        panic!(
+            "larder drain failed after {:?}:\n{out}\n--- status ---\n{}\n--- conflicts ---\n{}\n--- daemon log ---\n{}",
+            t0.elapsed(),
+            st.stdout,
+            cf.stdout,
+            m.log()
+        );
+    }
+    eprintln!("larder drain took {:?}", t0.elapsed());
+}
+
+/// `larder conflicts MNT --json`, parsed.
+fn conflicts(m: &Mount) -> serde_json::Value {
+    let out = larder(&["conflicts", s(&m.mnt), "--json"]);
+    assert!(out.success(), "larder conflicts --json failed:\n{out}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("conflicts is not JSON ({e}):\n{}", out.stdout))
+}
+
+/// Run `f` (a change or read through the mount) on a thread; fail the test if it takes longer than
+/// `prompt` (it hangs if it takes longer than 30 s). Returns its result.
+fn promptly<T: Send + 'static>(prompt: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let t0 = Instant::now();
+    let r = with_deadline(Duration::from_secs(30), what, f);
+    let took = t0.elapsed();
+    assert!(took <= prompt, "{what} took {took:?} (more than {prompt:?})");
+    r
+}
+
+/// Whether `name` has the form `BASE.conflict-HOST-YYYYMMDDTHHMMSSZ` with a non-empty HOST.
+fn is_conflict_name(name: &str, base: &str) -> bool {
+    let Some(rest) = name.strip_prefix(&format!("{base}.conflict-")) else {
+        return false;
+    };
+    let Some((host, stamp)) = rest.rsplit_once('-') else {
+        return false;
+    };
+    let b = stamp.as_bytes();
+    !host.is_empty()
+        && b.len() == 16
+        && b[8] == b'T'
+        && b[15] == b'Z'
+        && b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
+}
+
+// 1 ------------------------------------------------------------------------------------------------------
+
+/// Changes made at several levels, a directory rename, a removal and a file that lived and died locally
+/// all wait for the sync lag; `larder drain` then takes them home in an order that yields exactly the
+/// local tree, and the short-lived file never reaches home.
+#[test]
+fn s3_write_back_drains_in_order() {
+    let st = S3Test::new("s3wb-order", "home");
+    let mut rng = Rng::new(201);
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "60s"]);
+    let before = m.status();
+    assert_eq!(before["write_mode"], "write-back", "{before}");
+
+    std::fs::create_dir_all(m.path("a/b")).unwrap();
+    let top = b"top level\n".to_vec();
+    let one = rng.bytes(10_000);
+    let two = rng.bytes(300_000);
+    create_with(&m.path("top.txt"), &top);
+    create_with(&m.path("a/one.txt"), &one);
+    create_with(&m.path("a/b/two.bin"), &two);
+    create_with(&m.path("a/b/three.txt"), b"three, removed later");
+    // A second write of a file joins its queued data.
+    let mut f = OpenOptions::new().append(true).open(m.path("top.txt")).unwrap();
+    f.write_all(b"appended\n").unwrap();
+    close_checked(f, "top.txt after append");
+    let top = [top, b"appended\n".to_vec()].concat();
+    std::fs::rename(m.path("a"), m.path("z")).unwrap();
+    std::fs::remove_file(m.path("z/b/three.txt")).unwrap();
+    for transient in ["transient.tmp", "z/b/transient.tmp"] {
+        create_with(&m.path(transient), &rng.bytes(5000));
+        std::fs::remove_file(m.path(transient)).unwrap();
+    }
+
+    let model: BTreeMap<String, Vec<u8>> = [("top.txt", top), ("z/one.txt", one), ("z/b/two.bin", two)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    assert_eq!(mount_files(&m), model, "the mount's files before the drain");
+
+    // Nothing has reached home: the sync lag is a minute.
+    let pending = m.status();
+    assert_eq!(st.objects(), BTreeMap::new(), "objects before the sync lag ran out");
+    assert!(
+        journal(&pending, "pending_ops") > 0,
+        "nothing pending: {}",
+        pending["journal"]
+    );
+    assert!(
+        journal(&pending, "dirty_bytes") > 0,
+        "no dirty bytes: {}",
+        pending["journal"]
+    );
+
+    drain(&m);
+    let after = m.status();
+    for k in ["pending_ops", "dirty_bytes", "conflicts", "failed_ops"] {
+        assert_eq!(
+            journal(&after, k),
+            0,
+            "journal.{k} after the drain: {}",
+            after["journal"]
+        );
+    }
+    eprintln!(
+        "home calls by kind during the drain: {}",
+        ["create", "mkdir", "write", "rename", "unlink", "rmdir"]
+            .iter()
+            .map(|k| format!("{k} {}", ops(&after, k) - ops(&pending, k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    // Home was asked (lookups of the new names) but changed only for the kept files.
+    for (kind, want) in [("create", 3), ("write", 3), ("unlink", 0)] {
+        assert_eq!(
+            ops(&after, kind) - ops(&pending, kind),
+            want,
+            "home {kind} calls during the drain (3 files kept): {}",
+            after["home"]
+        );
+    }
+    st.assert_home_is(&model, &m, "after larder drain");
+    st.assert_markers_within(&parent_dirs(model.keys()), "after larder drain");
+    let touched: Vec<String> = st
+        .srv
+        .request_lines()
+        .into_iter()
+        .filter(|l| l.contains("transient") && !l.contains("\"GET ") && !l.contains("\"HEAD "))
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "the transient files were written at home: {touched:#?}"
+    );
+    assert!(
+        st.try_get(&st.key("transient.tmp")).is_none() && st.try_get(&st.key("z/b/transient.tmp")).is_none(),
+        "a transient file is at home"
+    );
+    m.unmount();
+}
+
+// 2 ------------------------------------------------------------------------------------------------------
+
+/// With the server stopped (connections hang), the first home call fails within the home timeout and
+/// takes home offline; changes and cached reads then go on locally without waiting for home, and once
+/// the server is back the journal takes everything home.
+#[test]
+fn s3_server_stopped_workload_continues_and_drains() {
+    let home_timeout = Duration::from_secs(3);
+    let st = S3Test::new("s3wb-stopped", "home");
+    let mut rng = Rng::new(202);
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for (rel, size) in [
+        ("keep.bin", 100_000),
+        ("overwrite.bin", 50_000),
+        ("append.txt", 3000),
+        ("mv-src.bin", 20_000),
+        ("gone.bin", 1000),
+        ("uncached-rm.bin", 1000),
+        ("uncached.bin", 200_000),
+        ("d/inner.txt", 500),
+    ] {
+        let data = rng.bytes(size);
+        st.put(&st.key(rel), &data);
+        model.insert(rel.to_string(), data);
+    }
+    let m = st.mount(&[
+        "--write-mode",
+        "write-back",
+        "--home-timeout",
+        "3s",
+        "--sync-lag",
+        "1s",
+        "--validity-lag",
+        "60s",
+    ]);
+    assert_eq!(
+        names(&m.mnt),
+        [
+            "append.txt",
+            "d",
+            "gone.bin",
+            "keep.bin",
+            "mv-src.bin",
+            "overwrite.bin",
+            "uncached-rm.bin",
+            "uncached.bin"
+        ]
+    );
+    assert_eq!(names(&m.path("d")), ["inner.txt"]);
+    for rel in [
+        "keep.bin",
+        "overwrite.bin",
+        "append.txt",
+        "mv-src.bin",
+        "gone.bin",
+        "d/inner.txt",
+    ] {
+        assert_same_bytes(&read(&m.path(rel)), &model[rel], &format!("{rel} before the outage"));
+    }
+    assert_eq!(m.status()["home"]["state"], "online");
+
+    st.srv.stop_process();
+    // A home call: the uncached object cannot be fetched.
+    let p = m.path("uncached.bin");
+    let t0 = Instant::now();
+    let r = with_deadline(
+        Duration::from_secs(30),
+        "reading uncached.bin with moto stopped",
+        move || std::fs::read(&p),
+    );
+    let took = t0.elapsed();
+    match r {
+        Ok(v) => panic!("reading uncached.bin with moto stopped returned {} bytes", v.len()),
+        Err(e) => assert_eq!(errno(&e), libc::EIO, "reading uncached.bin with moto stopped: {e}"),
+    }
+    eprintln!("uncached.bin failed with EIO after {took:?}");
+    assert!(
+        took <= home_timeout * 2 + Duration::from_secs(1),
+        "EIO came {took:?} after the read started (home timeout {home_timeout:?})"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || m.status()["home"]["state"] == "offline"),
+        "home is not offline 10 s after a home call timed out: {}",
+        m.status()["home"]
+    );
+
+    // Changes go on locally, each promptly (no home call: it would take the home timeout).
+    let fast = Duration::from_secs(2);
+    let new = rng.bytes(70_000);
+    {
+        let (p, data) = (m.path("new.bin"), new.clone());
+        promptly(fast, "create new.bin offline", move || create_with(&p, &data));
+    }
+    model.insert("new.bin".into(), new);
+    {
+        let p = m.path("newdir");
+        promptly(fast, "mkdir newdir offline", move || std::fs::create_dir(&p).unwrap());
+    }
+    let inner = rng.bytes(4000);
+    {
+        let (p, data) = (m.path("newdir/inner.bin"), inner.clone());
+        promptly(fast, "create newdir/inner.bin offline", move || create_with(&p, &data));
+    }
+    model.insert("newdir/inner.bin".into(), inner);
+    let over = rng.bytes(30_000);
+    {
+        let (p, data) = (m.path("overwrite.bin"), over.clone());
+        promptly(fast, "overwrite overwrite.bin offline", move || create_with(&p, &data));
+    }
+    model.insert("overwrite.bin".into(), over);
+    let tail = rng.bytes(2000);
+    {
+        let (p, data) = (m.path("append.txt"), tail.clone());
+        promptly(fast, "append to append.txt offline", move || {
+            let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+            f.write_all(&data).unwrap();
+            f.sync_all().unwrap();
+            close_checked(f, "append.txt");
+        });
+    }
+    model.get_mut("append.txt").unwrap().extend_from_slice(&tail);
+    {
+        let (a, b) = (m.path("mv-src.bin"), m.path("newdir/mv-dst.bin"));
+        promptly(fast, "rename mv-src.bin offline", move || {
+            std::fs::rename(&a, &b).unwrap()
+        });
+    }
+    let moved = model.remove("mv-src.bin").unwrap();
+    model.insert("newdir/mv-dst.bin".into(), moved);
+    {
+        let (a, b) = (m.path("new.bin"), m.path("d/new-moved.bin"));
+        promptly(fast, "rename new.bin offline", move || std::fs::rename(&a, &b).unwrap());
+    }
+    let moved = model.remove("new.bin").unwrap();
+    model.insert("d/new-moved.bin".into(), moved);
+    for rel in ["gone.bin", "uncached-rm.bin"] {
+        let p = m.path(rel);
+        promptly(fast, &format!("unlink {rel} offline"), move || {
+            std::fs::remove_file(&p).unwrap()
+        });
+        model.remove(rel);
+    }
+    {
+        let (p, data) = (m.path("transient.tmp"), rng.bytes(1000));
+        promptly(fast, "create and unlink transient.tmp offline", move || {
+            create_with(&p, &data);
+            std::fs::remove_file(&p).unwrap();
+        });
+    }
+    // Cached reads are served.
+    for rel in [
+        "keep.bin",
+        "d/inner.txt",
+        "overwrite.bin",
+        "append.txt",
+        "newdir/mv-dst.bin",
+    ] {
+        let p = m.path(rel);
+        let got = promptly(fast, &format!("reading cached {rel} offline"), move || {
+            read_uncached(&p)
+        });
+        assert_same_bytes(
+            &got.unwrap_or_else(|e| panic!("reading cached {rel} offline: {e}")),
+            &model[rel],
+            &format!("{rel} offline"),
+        );
+    }
+    let offline = m.status();
+    assert_eq!(offline["home"]["state"], "offline", "{}", offline["home"]);
+    assert!(journal(&offline, "pending_ops") > 0, "{}", offline["journal"]);
+    assert_eq!(journal(&offline, "conflicts"), 0, "{}", offline["journal"]);
+
+    st.srv.continue_process();
+    assert!(
+        wait_until(Duration::from_secs(30), || m.status()["home"]["state"] == "online"),
+        "home did not come back online within 30 s of moto resuming: {}",
+        m.status()["home"]
+    );
+    drain(&m);
+    let after = m.status();
+    for k in ["pending_ops", "conflicts", "failed_ops"] {
+        assert_eq!(
+            journal(&after, k),
+            0,
+            "journal.{k} after the drain: {}",
+            after["journal"]
+        );
+    }
+    st.assert_home_is(&model, &m, "after the outage and larder drain");
+    st.assert_markers_within(
+        &parent_dirs(model.keys())
+            .union(&["newdir".to_string()].into())
+            .cloned()
+            .collect(),
+        "after the outage and larder drain",
+    );
+    // The object that failed to load offline loads now.
+    assert_same_bytes(
+        &read(&m.path("uncached.bin")),
+        &model["uncached.bin"],
+        "uncached.bin after the outage",
+    );
+    m.unmount();
+}
+
+// 3 ------------------------------------------------------------------------------------------------------
+
+/// A file written locally while home changed it (the mount trusts its cached version for a minute): the
+/// push finds home's new version and applies the mount's conflict policy, and lists the conflict.
+#[test]
+fn s3_conflicts_under_each_policy() {
+    for policy in ["keep-both", "cache-wins", "home-wins"] {
+        let st = S3Test::new(&format!("s3wb-{policy}"), "home");
+        st.put(&st.key("f.txt"), b"v0");
+        let m = st.mount(&[
+            "--write-mode",
+            "write-back",
+            "--sync-lag",
+            "30s",
+            "--validity-lag",
+            "60s",
+            "--conflict-policy",
+            policy,
+        ]);
+        assert_eq!(read(&m.path("f.txt")), b"v0", "{policy}: f.txt through the mount");
+        create_with(&m.path("f.txt"), b"local");
+        // Changed at home after the local change was closed (no descriptor of the mount is open).
+        st.put(&st.key("f.txt"), b"home-change");
+        drain(&m);
+
+        let files = st.home_files();
+        let aside: Vec<&String> = files.keys().filter(|k| k.starts_with("f.txt.conflict")).collect();
+        match policy {
+            "keep-both" => {
+                assert_eq!(
+                    files.get("f.txt").map(Vec::as_slice),
+                    Some(&b"home-change"[..]),
+                    "{policy}"
+                );
+                assert_eq!(
+                    aside.len(),
+                    1,
+                    "{policy}: want one conflict copy at home: {:?}",
+                    files.keys()
+                );
+                assert!(
+                    is_conflict_name(aside[0], "f.txt"),
+                    "{policy}: the conflict copy's name {:?} is not f.txt.conflict-HOST-YYYYMMDDTHHMMSSZ",
+                    aside[0]
+                );
+                assert_eq!(files[aside[0]], b"local", "{policy}: the conflict copy");
+                assert_eq!(files.len(), 2, "{policy}: objects {:?}", files.keys());
+            }
+            "cache-wins" => {
+                assert_eq!(files.get("f.txt").map(Vec::as_slice), Some(&b"local"[..]), "{policy}");
+                assert_eq!(files.len(), 1, "{policy}: objects {:?}", files.keys());
+            }
+            _ => {
+                assert_eq!(
+                    files.get("f.txt").map(Vec::as_slice),
+                    Some(&b"home-change"[..]),
+                    "{policy}"
+                );
+                assert_eq!(files.len(), 1, "{policy}: objects {:?}", files.keys());
+                let kept: Vec<PathBuf> = std::fs::read_dir(m.cache.join("conflicts"))
+                    .unwrap_or_else(|e| panic!("{policy}: no conflicts area in the cache dir: {e}"))
+                    .map(|e| e.unwrap().path())
+                    .filter(|p| p.file_name().unwrap().to_string_lossy().ends_with("-f.txt"))
+                    .collect();
+                assert_eq!(kept.len(), 1, "{policy}: files kept in <cache>/conflicts: {kept:?}");
+                assert_eq!(read(&kept[0]), b"local", "{policy}: {}", kept[0].display());
+            }
+        }
+
+        // The mount shows the version that stayed at home (the kernel's view included), and keep-both's
+        // copy beside it.
+        let (winner, listing): (&[u8], Vec<String>) = match policy {
+            "keep-both" => (b"home-change", vec!["f.txt".into(), aside[0].clone()]),
+            "cache-wins" => (b"local", vec!["f.txt".into()]),
+            _ => (b"home-change", vec!["f.txt".into()]),
+        };
+        let got = read_uncached(&m.path("f.txt")).unwrap_or_else(|e| panic!("{policy}: f.txt after the drain: {e}"));
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(winner),
+            "{policy}: f.txt through the mount after the conflict"
+        );
+        assert_eq!(names(&m.mnt), listing, "{policy}: the mount's root after the conflict");
+
+        let c = conflicts(&m);
+        let list = c["conflicts"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no conflicts list: {c}"));
+        assert_eq!(list.len(), 1, "{policy}: larder conflicts: {c:#}");
+        assert_eq!(
+            list[0]["path"].as_str().map(|p| p.trim_start_matches('/')),
+            Some("f.txt"),
+            "{policy}: {c:#}"
+        );
+        assert_eq!(list[0]["policy"], policy, "{policy}: {c:#}");
+        assert_eq!(list[0]["complete"], true, "{policy}: {c:#}");
+        if policy == "keep-both" {
+            let kept_at = list[0]["kept_at"].as_str().unwrap_or_default();
+            assert!(
+                kept_at.ends_with(aside[0].as_str()),
+                "{policy}: kept_at {kept_at:?}, copy {}",
+                aside[0]
+            );
+        }
+        assert_eq!(
+            c["failed_ops"].as_array().map(Vec::len),
+            Some(0),
+            "{policy}: failed ops: {c:#}"
+        );
+        let v = m.status();
+        assert_eq!(journal(&v, "conflicts"), 1, "{policy}: {}", v["journal"]);
+        assert_eq!(journal(&v, "pending_ops"), 0, "{policy}: {}", v["journal"]);
+        m.unmount();
+    }
+}
+
+// 4 ------------------------------------------------------------------------------------------------------
+
+/// One change of the kill-9 workload, applied through the mount and to the model once acknowledged.
+#[derive(Debug)]
+enum Change {
+    Create(String, Vec<u8>),
+    Overwrite(String, Vec<u8>),
+    Rename(String, String),
+    Unlink(String),
+}
+
+impl Change {
+    fn random(rng: &mut Rng, model: &BTreeMap<String, Vec<u8>>) -> Change {
+        const NAMES: [&str; 12] = [
+            "f0", "f1", "f2", "f3", "f4", "f5", "d/g0", "d/g1", "d/g2", "d/g3", "d/e/h0", "d/e/h1",
+        ];
+        let pick = |rng: &mut Rng| NAMES[rng.below(NAMES.len() as u64) as usize].to_string();
+        let existing: Vec<&String> = model.keys().collect();
+        let size = |rng: &mut Rng| match rng.below(4) {
+            0 => rng.below(100) as usize,
+            1 | 2 => rng.below(64 << 10) as usize,
+            _ => (1 << 20) + rng.below(1 << 20) as usize,
+        };
+        let roll = if existing.is_empty() { 0 } else { rng.below(10) };
+        match roll {
+            0..=4 => {
+                let name = pick(rng);
+                let n = size(rng);
+                if model.contains_key(&name) {
+                    Change::Overwrite(name, rng.bytes(n))
+                } else {
+                    Change::Create(name, rng.bytes(n))
+                }
+            }
+            5..=6 => {
+                let name = existing[rng.below(existing.len() as u64) as usize].clone();
+                let n = size(rng);
+                Change::Overwrite(name, rng.bytes(n))
+            }
+            7..=8 => {
+                let from = existing[rng.below(existing.len() as u64) as usize].clone();
+                let mut to = pick(rng);
+                if to == from {
+                    to = format!("{to}-r");
+                }
+                Change::Rename(from, to)
+            }
+            _ => Change::Unlink(existing[rng.below(existing.len() as u64) as usize].clone()),
+        }
+    }
+
+    /// Apply through the mount at `mnt` (on the calling thread); panics if any call fails.
+    fn apply(&self, mnt: &Path) {
+        match self {
+            Change::Create(name, data) => create_with(&mnt.join(name), data),
+            Change::Overwrite(name, data) => {
+                let p = mnt.join(name);
+                let mut f = OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(&p)
+                    .unwrap_or_else(|e| panic!("open {name} to overwrite: {e}"));
+                f.write_all(data).unwrap_or_else(|e| panic!("overwrite {name}: {e}"));
+                f.sync_all().unwrap_or_else(|e| panic!("fsync {name}: {e}"));
+                close_checked(f, name);
+            }
+            Change::Rename(from, to) => {
+                std::fs::rename(mnt.join(from), mnt.join(to)).unwrap_or_else(|e| panic!("rename {from} {to}: {e}"))
+            }
+            Change::Unlink(name) => {
+                std::fs::remove_file(mnt.join(name)).unwrap_or_else(|e| panic!("unlink {name}: {e}"))
+            }
+        }
+    }
+
+    fn apply_to_model(self, model: &mut BTreeMap<String, Vec<u8>>) {
+        match self {
+            Change::Create(name, data) | Change::Overwrite(name, data) => {
+                model.insert(name, data);
+            }
+            Change::Rename(from, to) => {
+                let data = model.remove(&from).expect("renamed file in the model");
+                model.insert(to, data);
+            }
+            Change::Unlink(name) => {
+                model.remove(&name);
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Change::Create(n, d) => format!("create {n} ({} bytes)", d.len()),
+            Change::Overwrite(n, d) => format!("overwrite+fsync {n} ({} bytes)", d.len()),
+            Change::Rename(a, b) => format!("rename {a} -> {b}"),
+            Change::Unlink(n) => format!("unlink {n}"),
+        }
+    }
+}
+
+/// A random workload whose daemon is killed with SIGKILL between changes again and again, the same cache
+/// dir mounted again each time: every acknowledged change survives in the mount, and once drained the
+/// bucket is exactly the model.
+#[test]
+fn s3_kill_9_then_remount_pushes_everything() {
+    const KILLS: usize = 8;
+    let st = S3Test::new("s3wb-kill9", "home");
+    let mut rng = Rng::new(204);
+    let args = ["--write-mode", "write-back", "--sync-lag", "1s"];
+    let mut m = st.mount(&args);
+    std::fs::create_dir_all(m.path("d/e")).unwrap();
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut history: Vec<String> = Vec::new();
+    let t0 = Instant::now();
+    let mut kills = 0;
+    let mut changes = 0;
+    let mut kills_with_pending = 0;
+    while kills < KILLS && t0.elapsed() < Duration::from_secs(60) {
+        // A run of changes, then a kill: at once (every change still queued: the sync lag is 1 s) or after
+        // a random pause (pushes under way, or done).
+        for _ in 0..2 + rng.below(10) {
+            let c = Change::random(&mut rng, &model);
+            let what = c.describe();
+            history.push(what.clone());
+            let mnt = m.mnt.clone();
+            let c = with_deadline(Duration::from_secs(30), &what, move || {
+                c.apply(&mnt);
+                c
+            });
+            c.apply_to_model(&mut model);
+            changes += 1;
+        }
+        if kills % 2 == 1 {
+            std::thread::sleep(Duration::from_millis(300 + rng.below(1500)));
+        }
+        if journal(&m.status(), "pending_ops") > 0 {
+            kills_with_pending += 1;
+        }
+        let pid = m.pid;
+        assert!(is_larder_daemon(pid), "the daemon {pid} is gone before the kill");
+        signal(pid, libc::SIGKILL);
+        assert!(
+            wait_until(Duration::from_secs(10), || !alive(pid)),
+            "daemon {pid} survived SIGKILL"
+        );
+        kills += 1;
+        history.push(format!("--- kill -9 #{kills} ---"));
+        // Mount the same cache dir again (larder clears the dead mount); the old guard cleans up if this
+        // fails.
+        let m2 = st.mount(&args);
+        m.disarm();
+        m = m2;
+        let got = mount_files(&m);
+        if got != model {
+            panic!(
+                "after kill -9 #{kills} and a new mount, the mount lost acknowledged changes:\n  {}\n--- changes ---\n{}\n--- daemon log ---\n{}",
+                differences(&got, &model).join("\n  "),
+                history.join("\n"),
+                m.log()
+            );
+        }
+    }
+    eprintln!(
+        "{changes} changes, {kills} kills ({kills_with_pending} with changes queued) in {:?}; {} files in the model",
+        t0.elapsed(),
+        model.len()
+    );
+    assert!(kills >= 5, "only {kills} kills within 60 s");
+    assert!(
+        kills_with_pending >= 1,
+        "no kill found changes queued: the test proves little"
+    );
+    drain(&m);
+    let v = m.status();
+    for k in ["pending_ops", "failed_ops", "conflicts"] {
+        assert_eq!(journal(&v, k), 0, "journal.{k} after the drain: {}", v["journal"]);
+    }
+    if st.home_files() != model {
+        panic!(
+            "the bucket after {kills} kills and a drain differs from the model:\n  {}\n--- changes ---\n{}\n--- daemon log ---\n{}",
+            differences(&st.home_files(), &model).join("\n  "),
+            history.join("\n"),
+            m.log()
+        );
+    }
+    let mut dirs = parent_dirs(model.keys());
+    dirs.extend(["d".to_string(), "d/e".to_string()]);
+    st.assert_markers_within(&dirs, "after the kills and the drain");
+    m.unmount();
+}
