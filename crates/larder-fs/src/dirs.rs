@@ -40,6 +40,11 @@ impl Fs {
     /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh. Entries
     /// with changes queued for home are the cache's; the rest come from home.
     pub(crate) fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
+        self.list_dir(ino, false)
+    }
+
+    /// [`Fs::listing`] for a caller that already holds the `mutate` lock (`held`).
+    pub(crate) fn list_dir(&self, ino: u64, held: bool) -> FsResult<Vec<DirItem>> {
         let (path, listed) = {
             let mut ns = lock(&self.ns);
             let node = ns.inode(ino)?;
@@ -59,7 +64,7 @@ impl Fs {
                 }
             }
         };
-        let _m = lock(&self.mutate);
+        let _m = (!held).then(|| lock(&self.mutate));
         let asked = Instant::now();
         let dir_attr = match self.core.home.stat(&path) {
             Ok(a) => a,

@@ -245,7 +245,7 @@ impl Fs {
             (false, true) => return Err(FsError::IsDir),
             _ => {}
         }
-        if dir && self.listing(child)?.len() > 2 {
+        if dir && self.list_dir(child, true)?.len() > 2 {
             return Err(FsError::NotEmpty);
         }
         let mut ns = lock(&self.ns);
@@ -302,7 +302,7 @@ impl Fs {
             match (src_kind == FileKind::Dir, dst_kind == FileKind::Dir) {
                 (true, false) => return Err(FsError::NotDir),
                 (false, true) => return Err(FsError::IsDir),
-                (true, true) if self.listing(d)?.len() > 2 => return Err(FsError::NotEmpty),
+                (true, true) if self.list_dir(d, true)?.len() > 2 => return Err(FsError::NotEmpty),
                 _ => {}
             }
         }
