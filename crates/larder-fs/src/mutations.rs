@@ -242,7 +242,7 @@ impl Fs {
             if let Some(d) = dst {
                 // Replaced at home: put it back under its old name only to detach it properly.
                 ns.inode_mut(new_parent)?.children.insert(new_name.to_os_string(), d);
-                self.detach(ns, new_parent, new_name);
+                self.unbind(ns, new_parent, new_name, at_home);
             }
             match src {
                 Some(s) => place(ns, s, (parent, name), new_parent, new_name)?,

@@ -665,6 +665,12 @@ impl Fs {
 
     /// `name` left `parent` at home: forget it, dropping its data once nothing refers to it.
     pub(crate) fn detach(&self, ns: &mut Namespace, parent: u64, name: &OsStr) {
+        self.unbind(ns, parent, name, true);
+    }
+
+    /// `name` left `parent`, at home already (`at_home`) or only here so far (home still has it there until
+    /// the change is pushed).
+    pub(crate) fn unbind(&self, ns: &mut Namespace, parent: u64, name: &OsStr, at_home: bool) {
         let Some(ino) = ns.inodes.get_mut(&parent).and_then(|p| p.children.remove(name)) else {
             return;
         };
@@ -672,17 +678,21 @@ impl Fs {
             .store
             .db()
             .submit(vec![Mutation::DelDentry(parent, name.as_bytes().to_vec())]);
-        self.drop_name(ns, parent, name, ino);
+        self.drop_name(ns, parent, name, ino, at_home);
     }
 
     /// One name of `ino` is gone: if it has others (hard links), it lives on under them.
-    fn drop_name(&self, ns: &mut Namespace, parent: u64, name: &OsStr, ino: u64) {
+    fn drop_name(&self, ns: &mut Namespace, parent: u64, name: &OsStr, ino: u64, at_home: bool) {
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         if !node.aliases.is_empty() {
             if node.parent == parent && node.name == name {
                 let (p, n) = node.aliases.remove(0);
                 node.parent = p;
                 node.name = n;
+                if at_home && node.home_loc.as_ref().is_some_and(|(hp, hn)| *hp == parent && hn == name) {
+                    // Home reaches the object through its remaining name now.
+                    node.home_loc = Some((node.parent, node.name.clone()));
+                }
             } else {
                 node.aliases.retain(|(p, n)| !(*p == parent && n == name));
             }
@@ -691,10 +701,10 @@ impl Fs {
             self.persist(ns, ino);
             return;
         }
-        self.forget_subtree(ns, ino);
+        self.forget_subtree(ns, ino, at_home);
     }
 
-    fn forget_subtree(&self, ns: &mut Namespace, ino: u64) {
+    fn forget_subtree(&self, ns: &mut Namespace, ino: u64, at_home: bool) {
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.removed = true;
         let children: Vec<(OsString, u64)> = node.children.drain().collect();
@@ -706,7 +716,7 @@ impl Fs {
         let db = self.core.store.db().clone();
         for (name, child) in children {
             db.submit(vec![Mutation::DelDentry(ino, name.as_bytes().to_vec())]);
-            self.drop_name(ns, ino, &name, child);
+            self.drop_name(ns, ino, &name, child, at_home);
         }
         if opens == 0 {
             if object != 0 {

@@ -250,7 +250,7 @@ impl Fs {
         }
         let mut ns = lock(&self.ns);
         let path = path_bytes(&ns.child_path(parent, name)?);
-        self.detach(&mut ns, parent, name);
+        self.unbind(&mut ns, parent, name, false);
         let gone = ns.inodes.get(&child).is_none_or(|n| n.removed);
         if !gone && let Some(a) = ns.inodes.get_mut(&child).and_then(|n| n.attr.as_mut()) {
             a.nlink = a.nlink.saturating_sub(1).max(1);
