@@ -5,329 +5,21 @@
 //! Every test starts its own moto server and bucket, mounts `s3://BUCKET/PREFIX` in write-back mode
 //! (every mount passes `--write-mode write-back`: the harness would otherwise choose write-through), and
 //! compares the bucket with a model of the acknowledged changes once `larder drain` says everything
-//! reached home. The server and bucket harness is a trimmed copy of the one in `tests/s3.rs`.
+//! reached home.
 
 mod common;
+mod moto;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::io::{AsRawFd, IntoRawFd};
+use std::fs::OpenOptions;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// The repository's root (for the scripts).
-const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-
-/// The credentials and region every S3 client here uses (moto accepts any).
-const CREDENTIALS: [(&str, &str); 3] = [
-    ("AWS_ACCESS_KEY_ID", "test"),
-    ("AWS_SECRET_ACCESS_KEY", "test"),
-    ("AWS_DEFAULT_REGION", "us-east-1"),
-];
-
-/// How long one s3tool or s3-server.sh command may take (pip may install moto on first use).
-const TOOL_DEADLINE: Duration = Duration::from_secs(300);
-
-fn script(name: &str) -> String {
-    format!("{REPO}/scripts/{name}")
-}
-
-/// Whether `pid` is (still) a moto server, so cleanup never signals a process that reused its pid.
-fn is_moto(pid: i32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(4).any(|w| w == b"moto"))
-}
-
-fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
-}
-
-// The server ---------------------------------------------------------------------------------------------
-
-/// A moto server started by `scripts/s3-server.sh` with a state dir of its own. Dropping it kills it.
-struct S3Server {
-    state: PathBuf,
-    endpoint: String,
-    pid: i32,
-}
-
-impl S3Server {
-    fn start(state: &Path) -> S3Server {
-        let out = run_cmd_env(
-            "bash",
-            &[&script("s3-server.sh"), "start"],
-            &[("S3_STATE_DIR", s(state))],
-            TOOL_DEADLINE,
-        );
-        assert!(out.success(), "scripts/s3-server.sh start failed:\n{out}");
-        let endpoint = out
-            .stdout
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("S3_ENDPOINT="))
-            .unwrap_or_else(|| panic!("no S3_ENDPOINT in the output of s3-server.sh start:\n{out}"))
-            .to_string();
-        let pid: i32 = std::fs::read_to_string(state.join("pid"))
-            .expect("s3-server.sh writes a pid file")
-            .trim()
-            .parse()
-            .expect("a pid in the pid file");
-        assert!(is_moto(pid), "pid {pid} of the pid file is not a moto server");
-        S3Server {
-            state: state.to_path_buf(),
-            endpoint,
-            pid,
-        }
-    }
-
-    /// The environment of s3tool and larder: the endpoint and the credentials.
-    fn env(&self) -> Vec<(&str, &str)> {
-        let mut env = vec![("S3_ENDPOINT", self.endpoint.as_str())];
-        env.extend(CREDENTIALS);
-        env
-    }
-
-    /// The request lines the server has logged so far (werkzeug logs one line per request).
-    fn request_lines(&self) -> Vec<String> {
-        // Python's stderr is line-buffered: give the last lines a moment to land.
-        std::thread::sleep(Duration::from_millis(300));
-        let log = std::fs::read_to_string(self.state.join("moto.log")).unwrap_or_default();
-        log.lines()
-            .filter(|l| l.contains(" HTTP/1."))
-            .map(str::to_string)
-            .collect()
-    }
-
-    fn stop_process(&self) {
-        signal(self.pid, libc::SIGSTOP);
-        assert!(
-            wait_until(Duration::from_secs(5), || process_state(self.pid) == Some('T')),
-            "moto (pid {}) did not stop",
-            self.pid
-        );
-    }
-
-    fn continue_process(&self) {
-        signal(self.pid, libc::SIGCONT);
-        assert!(
-            wait_until(Duration::from_secs(5), || process_state(self.pid) != Some('T')),
-            "moto (pid {}) did not resume",
-            self.pid
-        );
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        // Never panics: signals only a process that still is a moto server (a stopped one dies of SIGKILL
-        // too).
-        if is_moto(self.pid) {
-            // SAFETY: kill has no memory preconditions; the pid is our moto server.
-            unsafe {
-                libc::kill(self.pid, libc::SIGKILL);
-            }
-            wait_until(Duration::from_secs(5), || !is_moto(self.pid));
-        }
-        let _ = std::fs::remove_file(self.state.join("pid"));
-        let _ = std::fs::remove_file(self.state.join("port"));
-    }
-}
-
-// One test's world ---------------------------------------------------------------------------------------
-
-/// A test's server, bucket, prefix, mount point and cache dir. Fields drop in order: the server is
-/// killed before the temporary directory goes (a test's [`Mount`] is a local declared later, so it is
-/// unmounted first).
-struct S3Test {
-    srv: S3Server,
-    t: TestDir,
-    bucket: String,
-    prefix: String,
-    /// Names of scratch files for s3tool.
-    scratch: AtomicU64,
-}
-
-impl S3Test {
-    /// A new server with bucket `larder-NAME`; the mount's home is `s3://larder-NAME/PREFIX`.
-    fn new(name: &str, prefix: &str) -> S3Test {
-        let t = TestDir::new(name);
-        let srv = S3Server::start(&t.root().join("s3-state"));
-        let st = S3Test {
-            srv,
-            t,
-            bucket: format!("larder-{name}"),
-            prefix: prefix.to_string(),
-            scratch: AtomicU64::new(0),
-        };
-        st.tool_ok(&["mb", &st.bucket]);
-        st
-    }
-
-    fn url(&self) -> String {
-        format!("s3://{}/{}", self.bucket, self.prefix)
-    }
-
-    /// The object key of `rel` in the mount.
-    fn key(&self, rel: &str) -> String {
-        format!("{}/{rel}", self.prefix)
-    }
-
-    fn scratch_path(&self) -> PathBuf {
-        let n = self.scratch.fetch_add(1, Ordering::Relaxed);
-        self.t.root().join(format!("scratch-{n}"))
-    }
-
-    /// Run `s3tool.py args`.
-    fn tool(&self, args: &[&str]) -> Output {
-        let mut argv = vec![script("s3tool.py")];
-        argv.extend(args.iter().map(|a| a.to_string()));
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        run_cmd_env("python3", &argv, &self.srv.env(), TOOL_DEADLINE)
-    }
-
-    /// Run `s3tool.py args`, failing the test if it fails; returns its stdout.
-    fn tool_ok(&self, args: &[&str]) -> String {
-        let out = self.tool(args);
-        assert!(out.success(), "s3tool.py {} failed:\n{out}", args.join(" "));
-        out.stdout
-    }
-
-    fn put(&self, key: &str, data: &[u8]) {
-        let p = self.scratch_path();
-        std::fs::write(&p, data).expect("write scratch file");
-        self.tool_ok(&["put", &self.bucket, key, s(&p)]);
-        let _ = std::fs::remove_file(&p);
-    }
-
-    /// The object's bytes, or None if there is no such object.
-    fn try_get(&self, key: &str) -> Option<Vec<u8>> {
-        let p = self.scratch_path();
-        let out = self.tool(&["get", &self.bucket, key, s(&p)]);
-        if out.code == Some(2) && out.stderr.contains("NoSuchKey") {
-            return None;
-        }
-        assert!(out.success(), "s3tool.py get {key} failed:\n{out}");
-        let v = std::fs::read(&p).expect("read scratch file");
-        let _ = std::fs::remove_file(&p);
-        Some(v)
-    }
-
-    /// Keys and sizes under this test's prefix, relative to it (`PREFIX/a/b` is `a/b`), directory
-    /// markers (`dir/`) included.
-    fn objects(&self) -> BTreeMap<String, u64> {
-        let p = format!("{}/", self.prefix);
-        self.tool_ok(&["ls", &self.bucket, &p])
-            .lines()
-            .map(|l| {
-                let f: Vec<&str> = l.split('\t').collect();
-                assert_eq!(f.len(), 3, "bad s3tool ls line {l:?}");
-                (f[0][p.len()..].to_string(), f[1].parse().expect("size"))
-            })
-            .collect()
-    }
-
-    /// Every file object under the prefix (directory markers left out), relative key -> bytes.
-    fn home_files(&self) -> BTreeMap<String, Vec<u8>> {
-        let keys: Vec<String> = self.objects().into_keys().filter(|k| !k.ends_with('/')).collect();
-        let dir = self.scratch_path();
-        self.tool_ok(&["get-dir", &self.bucket, &self.prefix, s(&dir)]);
-        let files = keys
-            .into_iter()
-            .map(|k| {
-                let v = std::fs::read(dir.join(&k)).unwrap_or_else(|e| panic!("s3tool get-dir gave no {k}: {e}"));
-                (k, v)
-            })
-            .collect();
-        let _ = std::fs::remove_dir_all(&dir);
-        files
-    }
-
-    /// The directory markers under the prefix (relative, without the trailing '/').
-    fn markers(&self) -> BTreeSet<String> {
-        self.objects()
-            .into_keys()
-            .filter_map(|k| k.strip_suffix('/').map(str::to_string))
-            .collect()
-    }
-
-    /// Mount this test's home at `mnt` with cache dir `cache`.
-    fn mount_at(&self, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
-        let mut args = vec!["--s3-endpoint", self.srv.endpoint.as_str(), "--s3-region", "us-east-1"];
-        args.extend_from_slice(extra);
-        match Mount::try_new_env(&self.url(), mnt, cache, &args, &self.srv.env()) {
-            Ok(m) => m,
-            Err(out) => panic!(
-                "larder mount {} {} failed:\n{out}\n--- daemon log ---\n{}",
-                self.url(),
-                mnt.display(),
-                log_tail(cache, 60),
-            ),
-        }
-    }
-
-    fn mount(&self, extra: &[&str]) -> Mount {
-        self.mount_at(&self.t.mnt, &self.t.cache, extra)
-    }
-
-    /// Fail the test unless the bucket's files under the prefix are exactly `model` (keys and bytes).
-    #[track_caller]
-    fn assert_home_is(&self, model: &BTreeMap<String, Vec<u8>>, m: &Mount, what: &str) {
-        let home = self.home_files();
-        let diffs = differences(&home, model);
-        assert!(
-            diffs.is_empty(),
-            "{what}: {} difference(s) between the bucket (left) and the model (right):\n  {}\n--- daemon log ---\n{}",
-            diffs.len(),
-            diffs.join("\n  "),
-            m.log()
-        );
-    }
-
-    /// Fail the test if the bucket has a directory marker for a directory that does not exist in the
-    /// model (a stale marker shows a ghost directory to every other client).
-    #[track_caller]
-    fn assert_markers_within(&self, dirs: &BTreeSet<String>, what: &str) {
-        let stale: Vec<String> = self.markers().difference(dirs).cloned().collect();
-        assert!(
-            stale.is_empty(),
-            "{what}: markers of directories that do not exist: {stale:?} (directories: {dirs:?})"
-        );
-    }
-}
+use moto::*;
 
 // Helpers ------------------------------------------------------------------------------------------------
-
-/// What differs between `got` (e.g. the bucket) and `want` (the model), one line per key.
-fn differences(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
-    let mut d = Vec::new();
-    for (k, w) in want {
-        match got.get(k) {
-            None => d.push(format!("{k}: missing (the model has {} bytes)", w.len())),
-            Some(g) if g != w => {
-                let first = g
-                    .iter()
-                    .zip(w)
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(g.len().min(w.len()));
-                d.push(format!(
-                    "{k}: {} bytes, the model {} bytes, first difference at {first}",
-                    g.len(),
-                    w.len()
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-    for (k, g) in got {
-        if !want.contains_key(k) {
-            d.push(format!("{k}: {} bytes, not in the model", g.len()));
-        }
-    }
-    d
-}
 
 /// The directories (relative paths) that hold the model's files.
 fn parent_dirs<'a>(files: impl IntoIterator<Item = &'a String>) -> BTreeSet<String> {
@@ -355,68 +47,9 @@ fn mount_files(m: &Mount) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-/// Read `path` after dropping the kernel's page cache of it, so the read reaches the daemon.
-fn read_uncached(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut f = File::open(path)?;
-    // SAFETY: fadvise on a valid descriptor.
-    unsafe {
-        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-    }
-    let mut v = Vec::new();
-    f.read_to_end(&mut v)?;
-    Ok(v)
-}
-
-/// Close `f` and fail the test if close(2) fails.
-fn close_checked(f: File, what: &str) {
-    let fd = f.into_raw_fd();
-    // SAFETY: we own fd (taken from the File).
-    let r = unsafe { libc::close(fd) };
-    assert_eq!(r, 0, "close of {what} failed: {}", std::io::Error::last_os_error());
-}
-
-/// Write `data` to a new (or truncated) file `path` in the mount, checking write and close.
-fn create_with(path: &Path, data: &[u8]) {
-    let mut f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
-    f.write_all(data)
-        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    close_checked(f, &path.display().to_string());
-}
-
-fn errno(e: &std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(-1)
-}
-
 /// `journal.KEY` of a status.
 fn journal(v: &serde_json::Value, key: &str) -> u64 {
     num(v, &format!("/journal/{key}"))
-}
-
-/// `home.ops_by_kind.KIND` of a status.
-fn ops(v: &serde_json::Value, kind: &str) -> u64 {
-    num(v, &format!("/home/ops_by_kind/{kind}"))
-}
-
-/// `larder drain MNT --timeout 60s`; fails the test (with the status and log) unless it succeeds.
-fn drain(m: &Mount) {
-    let t0 = Instant::now();
-    let out = run_cmd(
-        LARDER,
-        &["drain", s(&m.mnt), "--timeout", "60s"],
-        Duration::from_secs(90),
-    );
-    if !out.success() {
-        let st = run_cmd(LARDER, &["status", s(&m.mnt), "--json"], Duration::from_secs(20));
-        let cf = run_cmd(LARDER, &["conflicts", s(&m.mnt), "--json"], Duration::from_secs(20));
-        panic!(
-            "larder drain failed after {:?}:\n{out}\n--- status ---\n{}\n--- conflicts ---\n{}\n--- daemon log ---\n{}",
-            t0.elapsed(),
-            st.stdout,
-            cf.stdout,
-            m.log()
-        );
-    }
-    eprintln!("larder drain took {:?}", t0.elapsed());
 }
 
 /// `larder conflicts MNT --json`, parsed.
@@ -434,22 +67,6 @@ fn promptly<T: Send + 'static>(prompt: Duration, what: &str, f: impl FnOnce() ->
     let took = t0.elapsed();
     assert!(took <= prompt, "{what} took {took:?} (more than {prompt:?})");
     r
-}
-
-/// Whether `name` has the form `BASE.conflict-HOST-YYYYMMDDTHHMMSSZ` with a non-empty HOST.
-fn is_conflict_name(name: &str, base: &str) -> bool {
-    let Some(rest) = name.strip_prefix(&format!("{base}.conflict-")) else {
-        return false;
-    };
-    let Some((host, stamp)) = rest.rsplit_once('-') else {
-        return false;
-    };
-    let b = stamp.as_bytes();
-    !host.is_empty()
-        && b.len() == 16
-        && b[8] == b'T'
-        && b[15] == b'Z'
-        && b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
 }
 
 // 1 ------------------------------------------------------------------------------------------------------
@@ -505,7 +122,7 @@ fn s3_write_back_drains_in_order() {
         pending["journal"]
     );
 
-    drain(&m);
+    drain_ok(&m, 60);
     let after = m.status();
     for k in ["pending_ops", "dirty_bytes", "conflicts", "failed_ops"] {
         assert_eq!(
@@ -729,7 +346,7 @@ fn s3_server_stopped_workload_continues_and_drains() {
         "home did not come back online within 30 s of moto resuming: {}",
         m.status()["home"]
     );
-    drain(&m);
+    drain_ok(&m, 60);
     let after = m.status();
     for k in ["pending_ops", "conflicts", "failed_ops"] {
         assert_eq!(
@@ -779,7 +396,7 @@ fn s3_conflicts_under_each_policy() {
         create_with(&m.path("f.txt"), b"local");
         // Changed at home after the local change was closed (no descriptor of the mount is open).
         st.put(&st.key("f.txt"), b"home-change");
-        drain(&m);
+        drain_ok(&m, 60);
 
         let files = st.home_files();
         let aside: Vec<&String> = files.keys().filter(|k| k.starts_with("f.txt.conflict")).collect();
@@ -1044,7 +661,7 @@ fn s3_kill_9_then_remount_pushes_everything() {
         kills_with_pending >= 1,
         "no kill found changes queued: the test proves little"
     );
-    drain(&m);
+    drain_ok(&m, 60);
     let v = m.status();
     for k in ["pending_ops", "failed_ops", "conflicts"] {
         assert_eq!(journal(&v, k), 0, "journal.{k} after the drain: {}", v["journal"]);

@@ -144,26 +144,6 @@ fn wb_mount(t: &TestDir, extra: &[&str]) -> Mount {
     t.mount(&args)
 }
 
-/// `larder drain MNT --timeout SECSs`; fails the test (with the daemon log) if it does not succeed.
-#[track_caller]
-fn drain_ok(m: &Mount, secs: u64) {
-    let timeout = format!("{secs}s");
-    let started = Instant::now();
-    let out = run_cmd(
-        LARDER,
-        &["drain", s(&m.mnt), "--timeout", &timeout],
-        Duration::from_secs(secs + 30),
-    );
-    assert!(
-        out.success(),
-        "larder drain {} --timeout {timeout} failed after {:?}:\n{out}\n--- status ---\n{}\n--- daemon log ---\n{}",
-        m.mnt.display(),
-        started.elapsed(),
-        m.status(),
-        m.log()
-    );
-}
-
 /// The number of changes queued for home.
 fn pending(m: &Mount) -> u64 {
     num(&m.status(), "/journal/pending_ops")
@@ -1362,23 +1342,6 @@ fn home_offline_workload_continues_and_drains() {
 
 // 5 ------------------------------------------------------------------------------------------------------
 
-/// Whether `name` is `f.txt.conflict-<host>-<YYYYMMDDTHHMMSSZ>`.
-fn is_conflict_name(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("f.txt.conflict-") else {
-        return false;
-    };
-    let Some((host, stamp)) = rest.rsplit_once('-') else {
-        return false;
-    };
-    let b = stamp.as_bytes();
-    !host.is_empty()
-        && b.len() == 16
-        && b[..8].iter().all(u8::is_ascii_digit)
-        && b[8] == b'T'
-        && b[9..15].iter().all(u8::is_ascii_digit)
-        && b[15] == b'Z'
-}
-
 #[test]
 fn conflicts_under_each_policy() {
     let dog = Watchdog::new(Duration::from_secs(150), "conflicts_under_each_policy");
@@ -1440,7 +1403,7 @@ fn conflicts_under_each_policy() {
                     "keep-both: want one conflict copy at home: {home_names:?}"
                 );
                 assert!(
-                    is_conflict_name(aside[0]),
+                    is_conflict_name(aside[0], "f.txt"),
                     "keep-both: badly named conflict copy {}",
                     aside[0]
                 );

@@ -541,3 +541,41 @@ impl Mount {
         })
     }
 }
+
+/// `larder drain MNT --timeout SECSs`; fails the test (with the daemon log) if it does not succeed.
+#[track_caller]
+pub fn drain_ok(m: &Mount, secs: u64) {
+    let timeout = format!("{secs}s");
+    let started = Instant::now();
+    let out = run_cmd(
+        LARDER,
+        &["drain", s(&m.mnt), "--timeout", &timeout],
+        Duration::from_secs(secs + 30),
+    );
+    assert!(
+        out.success(),
+        "larder drain {} --timeout {timeout} failed after {:?}:\n{out}\n--- status ---\n{}\n--- conflicts ---\n{}\n\
+         --- daemon log ---\n{}",
+        m.mnt.display(),
+        started.elapsed(),
+        m.status(),
+        larder(&["conflicts", s(&m.mnt), "--json"]).stdout,
+        m.log()
+    );
+}
+
+/// Whether `name` has the form `BASE.conflict-HOST-YYYYMMDDTHHMMSSZ` with a non-empty HOST.
+pub fn is_conflict_name(name: &str, base: &str) -> bool {
+    let Some(rest) = name.strip_prefix(&format!("{base}.conflict-")) else {
+        return false;
+    };
+    let Some((host, stamp)) = rest.rsplit_once('-') else {
+        return false;
+    };
+    let b = stamp.as_bytes();
+    !host.is_empty()
+        && b.len() == 16
+        && b[8] == b'T'
+        && b[15] == b'Z'
+        && b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
+}
