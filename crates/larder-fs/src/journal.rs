@@ -103,10 +103,7 @@ pub(crate) struct Op {
     pub ino: u64,
     /// Its home path when the change was made.
     pub path: Vec<u8>,
-    /// Directories whose entries this op changes.
-    pub dirs: Vec<u64>,
     /// The directory entries it changes: (directory inode, name).
-    #[serde(default)]
     pub names: Vec<(u64, Vec<u8>)>,
     pub kind: OpKind,
     /// Wall-clock milliseconds of the oldest change this op carries.
@@ -117,25 +114,21 @@ pub(crate) struct Op {
 }
 
 impl Op {
-    pub fn new(ino: u64, path: Vec<u8>, dirs: Vec<u64>, kind: OpKind) -> Op {
+    /// An op on `ino`, at `path`, changing the directory entries `names`.
+    pub fn new(ino: u64, path: Vec<u8>, names: Vec<(u64, Vec<u8>)>, kind: OpKind) -> Op {
         Op {
             ino,
             path,
-            dirs,
+            names,
             kind,
             since_ms: now_ms(),
             attempted: false,
-            names: Vec::new(),
         }
     }
 
-    /// An op changing the directory entries `names`.
-    pub fn named(ino: u64, path: Vec<u8>, names: Vec<(u64, Vec<u8>)>, kind: OpKind) -> Op {
-        let dirs = names.iter().map(|(d, _)| *d).collect();
-        Op {
-            names,
-            ..Op::new(ino, path, dirs, kind)
-        }
+    /// Whether this op changes an entry of directory `dir`.
+    pub fn changes_dir(&self, dir: u64) -> bool {
+        self.names.iter().any(|(d, _)| *d == dir)
     }
 
     fn paths(&self) -> impl Iterator<Item = &[u8]> {
@@ -368,7 +361,7 @@ impl Journal {
             OpKind::Link { .. } => false,
             _ => true,
         });
-        let named_as_parent = self.ops.iter().any(|(s, o)| !seqs.contains(s) && o.dirs.contains(&ino));
+        let named_as_parent = self.ops.iter().any(|(s, o)| !seqs.contains(s) && o.changes_dir(ino));
         // An exchange names its partner only by path: while one is queued, nothing is cancelled.
         let exchanged = self
             .ops
@@ -440,12 +433,18 @@ impl Journal {
         (op, out)
     }
 
-    /// `seq` could not be pushed; it waits `backoff` (or goes back to the queue at once when zero).
-    pub fn fail(&mut self, seq: u64, error: String, backoff: Option<Duration>) {
+    /// Times home refused `seq` so far.
+    pub fn refusals(&self, seq: u64) -> u32 {
+        self.failed.get(&seq).map_or(0, |f| f.attempts)
+    }
+
+    /// `seq` could not be pushed; it waits `backoff` (or goes back to the queue at once when `None`).
+    /// Returns the refusals so far.
+    pub fn fail(&mut self, seq: u64, error: String, backoff: Option<Duration>) -> u32 {
         self.inflight.remove(&seq);
         match backoff {
             Some(b) => {
-                let attempts = self.failed.get(&seq).map_or(0, |f| f.attempts) + 1;
+                let attempts = self.refusals(seq) + 1;
                 self.failed.insert(
                     seq,
                     Failure {
@@ -454,9 +453,11 @@ impl Journal {
                         attempts,
                     },
                 );
+                attempts
             }
             None => {
                 self.failed.remove(&seq);
+                0
             }
         }
     }

@@ -150,7 +150,7 @@ fn describe(op: &Op) -> String {
         }
         _ => format!("{} {path:?}", op.kind.name()),
     };
-    format!("ino {} {what} dirs {:?}", op.ino, op.dirs)
+    format!("ino {} {what} names {:?}", op.ino, op.names)
 }
 
 /// The local file system: inodes (kept after their last name goes, for their content) and entries.
@@ -642,7 +642,15 @@ impl Run {
             ),
         };
         let ino = self.local.add(parent, name, o);
-        Some((Op::new(ino, path.into_bytes(), vec![parent], op_kind), Vec::new()))
+        Some((
+            Op::new(
+                ino,
+                path.into_bytes(),
+                vec![(parent, name.as_bytes().to_vec())],
+                op_kind,
+            ),
+            Vec::new(),
+        ))
     }
 
     /// A write or truncate: the file's content changes.
@@ -682,7 +690,15 @@ impl Run {
         let path = self.local.path(parent, &name);
         self.local.remove(parent, &name);
         let gone = if self.local.named(ino) { Vec::new() } else { vec![ino] };
-        Some((Op::new(ino, path.into_bytes(), vec![parent], OpKind::Unlink), gone))
+        Some((
+            Op::new(
+                ino,
+                path.into_bytes(),
+                vec![(parent, name.into_bytes())],
+                OpKind::Unlink,
+            ),
+            gone,
+        ))
     }
 
     fn rmdir(&mut self) -> Option<Change> {
@@ -692,7 +708,10 @@ impl Run {
         let (parent, name, ino) = self.rng.pick(&empty)?;
         let path = self.local.path(parent, &name);
         self.local.remove(parent, &name);
-        Some((Op::new(ino, path.into_bytes(), vec![parent], OpKind::Rmdir), vec![ino]))
+        Some((
+            Op::new(ino, path.into_bytes(), vec![(parent, name.into_bytes())], OpKind::Rmdir),
+            vec![ino],
+        ))
     }
 
     fn rename(&mut self) -> Option<Change> {
@@ -722,11 +741,10 @@ impl Run {
         }
         let from = self.local.path(from_dir, &from_name);
         let to = self.local.path(to_dir, to_name);
-        let dirs = if from_dir == to_dir {
-            vec![from_dir]
-        } else {
-            vec![from_dir, to_dir]
-        };
+        let names = vec![
+            (from_dir, from_name.as_bytes().to_vec()),
+            (to_dir, to_name.as_bytes().to_vec()),
+        ];
         let kind = OpKind::Rename {
             to: to.into_bytes(),
             no_replace: target.is_none() && self.rng.chance(30),
@@ -747,7 +765,7 @@ impl Run {
             self.local.remove(from_dir, &from_name);
         }
         self.local.insert(to_dir, to_name, ino);
-        Some((Op::new(ino, from.into_bytes(), dirs, kind), gone))
+        Some((Op::new(ino, from.into_bytes(), names, kind), gone))
     }
 
     fn link(&mut self) -> Option<Change> {
@@ -761,7 +779,15 @@ impl Run {
         let to = self.local.path(to_dir, to_name);
         self.local.insert(to_dir, to_name, ino);
         let kind = OpKind::Link { to: to.into_bytes() };
-        Some((Op::new(ino, from.into_bytes(), vec![to_dir], kind), Vec::new()))
+        Some((
+            Op::new(
+                ino,
+                from.into_bytes(),
+                vec![(to_dir, to_name.as_bytes().to_vec())],
+                kind,
+            ),
+            Vec::new(),
+        ))
     }
 
     fn record(&mut self, (op, gone): Change) {
@@ -815,7 +841,7 @@ impl Run {
                 .apply(&op, &|ino| local.inodes[&ino].content)
                 .map_err(|e| format!("journal replay: push #{seq} ({}) failed: {e}", describe(&op)))?;
             match self.journal.finish(seq).0 {
-                Some(f) if f.ino == op.ino && f.path == op.path && f.kind == op.kind && f.dirs == op.dirs => {}
+                Some(f) if f.ino == op.ino && f.path == op.path && f.kind == op.kind && f.names == op.names => {}
                 other => return Err(format!("finish(#{seq}) returned {other:?}, begun as {op:?}")),
             }
         }
@@ -939,8 +965,9 @@ fn coalescing_and_cancellation_keep_the_final_home_state() {
     assert!(pushed < reference, "nothing was coalesced or cancelled");
 }
 
-fn op(ino: u64, path: &str, dirs: &[u64], kind: OpKind) -> Op {
-    Op::new(ino, path.as_bytes().to_vec(), dirs.to_vec(), kind)
+fn op(ino: u64, path: &str, names: &[(u64, &str)], kind: OpKind) -> Op {
+    let names = names.iter().map(|(d, n)| (*d, n.as_bytes().to_vec())).collect();
+    Op::new(ino, path.as_bytes().to_vec(), names, kind)
 }
 
 fn create() -> OpKind {
@@ -988,13 +1015,13 @@ fn a_tree_made_and_removed_here_leaves_nothing() {
         uid: None,
         gid: None,
     };
-    j.record(op(d, "d", &[ROOT], mkdir));
-    j.record(op(f, "d/f", &[d], create()));
+    j.record(op(d, "d", &[(ROOT, "d")], mkdir));
+    j.record(op(f, "d/f", &[(d, "f")], create()));
     j.record(op(f, "d/f", &[], OpKind::Data));
-    j.record(op(d, "d", &[ROOT], rename("e", false)));
-    j.record(op(f, "e/f", &[d], OpKind::Unlink));
+    j.record(op(d, "d", &[(ROOT, "d"), (ROOT, "e")], rename("e", false)));
+    j.record(op(f, "e/f", &[(d, "f")], OpKind::Unlink));
     j.forget_removed(f);
-    j.record(op(d, "e", &[ROOT], OpKind::Rmdir));
+    j.record(op(d, "e", &[(ROOT, "e")], OpKind::Rmdir));
     j.forget_removed(d);
     assert!(j.is_empty(), "{} ops left", j.len());
 }
@@ -1007,7 +1034,7 @@ fn a_file_home_has_written_truncated_and_removed_leaves_only_the_unlink() {
     j.record(op(y, "y", &[], OpKind::Data));
     // A truncate is one more change of the content.
     j.record(op(y, "y", &[], OpKind::Data));
-    j.record(op(y, "y", &[ROOT], OpKind::Unlink));
+    j.record(op(y, "y", &[(ROOT, "y")], OpKind::Unlink));
     j.forget_removed(y);
     let mut home = Home::of(&local);
     let pushed = drain(&mut j, &mut home, &|_| unreachable!("no data is pushed"));
@@ -1022,12 +1049,12 @@ fn a_rename_that_replaced_a_file_home_has_is_never_cancelled() {
     let n = local.next_ino;
     let mut j = Journal::default();
     j.record(op(y, "y", &[], OpKind::Data));
-    j.record(op(n, "n", &[ROOT], create()));
+    j.record(op(n, "n", &[(ROOT, "n")], create()));
     j.record(op(n, "n", &[], OpKind::Data));
-    j.record(op(n, "n", &[ROOT], rename("y", true)));
+    j.record(op(n, "n", &[(ROOT, "n"), (ROOT, "y")], rename("y", true)));
     j.forget_removed(y);
-    j.record(op(n, "y", &[ROOT], rename("z", false)));
-    j.record(op(n, "z", &[ROOT], OpKind::Unlink));
+    j.record(op(n, "y", &[(ROOT, "y"), (ROOT, "z")], rename("z", false)));
+    j.record(op(n, "z", &[(ROOT, "z")], OpKind::Unlink));
     j.forget_removed(n);
     let mut home = Home::of(&local);
     let pushed = drain(&mut j, &mut home, &|_| unreachable!("data of removed files is dropped"));
@@ -1048,15 +1075,15 @@ fn an_exchange_keeps_its_partner() {
     let y = local.entries[&(ROOT, "y".to_string())];
     let n = local.next_ino;
     let mut j = Journal::default();
-    j.record(op(n, "n", &[ROOT], create()));
+    j.record(op(n, "n", &[(ROOT, "n")], create()));
     let exchange = OpKind::Rename {
         to: b"n".to_vec(),
         no_replace: false,
         exchange: true,
         replaced: true,
     };
-    j.record(op(y, "y", &[ROOT], exchange));
-    j.record(op(n, "y", &[ROOT], OpKind::Unlink));
+    j.record(op(y, "y", &[(ROOT, "y"), (ROOT, "n")], exchange));
+    j.record(op(n, "y", &[(ROOT, "y")], OpKind::Unlink));
     j.forget_removed(n);
     let mut home = Home::of(&local);
     drain(&mut j, &mut home, &|_| unreachable!("no data is pushed"));
