@@ -13,7 +13,8 @@ use larder_cache::Mutation;
 use larder_home::{HomeAttr, HomeError, Owner, RenameFlags, SetAttr, TimeSet, Version, unreachable};
 
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Namespace, encode_record, lock};
+use crate::namespace::{Fs, Namespace, lock};
+use crate::record::from_ns;
 use crate::{Conflict, ConflictPolicy, FsError, FsResult, JournalStats, WriteMode};
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
@@ -35,14 +36,6 @@ fn os(p: &[u8]) -> PathBuf {
 
 fn owner_of(uid: Option<u32>, gid: Option<u32>) -> Owner {
     Owner { uid, gid }
-}
-
-fn from_ns(ns: i128) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs() as u64)
-    }
 }
 
 /// UTC time as `YYYYMMDDTHHMMSSZ` (file names) and RFC 3339 (listings).
@@ -212,7 +205,7 @@ impl Fs {
                 };
                 let mut muts = muts;
                 if let Ok(node) = ns.inode(op.ino) {
-                    muts.push(Mutation::PutInode(op.ino, encode_record(node)));
+                    muts.push(Mutation::PutInode(op.ino, node.record().encode()));
                 }
                 drop(ns);
                 self.core.store.db().submit(muts);
@@ -224,10 +217,8 @@ impl Fs {
             Outcome::Refused(e) => {
                 let attempts = {
                     let mut j = lock(&self.journal);
-                    let a = j.failures().find(|(s, _)| **s == seq).map_or(0, |(_, f)| f.attempts);
-                    let backoff = Duration::from_secs(1 << a.min(6));
-                    j.fail(seq, e.clone(), Some(backoff));
-                    a + 1
+                    let backoff = Duration::from_secs(1 << j.refusals(seq).min(6));
+                    j.fail(seq, e.clone(), Some(backoff))
                 };
                 tracing::warn!(error = %e, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), attempts, "home refused a change");
                 if attempts >= MAX_ATTEMPTS {
@@ -537,7 +528,7 @@ impl Fs {
         let path = op.path.clone();
         let ino = op.ino;
         let mut j = lock(&self.journal);
-        let muts = j.record(Op::named(ino, path, Vec::new(), OpKind::Data));
+        let muts = j.record(Op::new(ino, path, Vec::new(), OpKind::Data));
         drop(j);
         drop(ns);
         self.core.store.db().submit(muts);
@@ -706,13 +697,13 @@ impl Fs {
         }
         let old = node.object;
         self.core.store.remove_object(old);
-        let object = self.new_object(&mut ns);
+        let object = self.alloc_object(&mut ns);
         if let Some(node) = ns.inodes.get_mut(&ino) {
             node.object = object;
             self.core
                 .store
                 .db()
-                .submit(vec![Mutation::PutInode(ino, encode_record(node))]);
+                .submit(vec![Mutation::PutInode(ino, node.record().encode())]);
         }
     }
 }

@@ -482,11 +482,7 @@ impl Fs {
         })
     }
 
-    pub(crate) fn new_object(&self, ns: &mut Namespace) -> u64 {
-        self.alloc_object(ns)
-    }
-
-    fn alloc_object(&self, ns: &mut Namespace) -> u64 {
+    pub(crate) fn alloc_object(&self, ns: &mut Namespace) -> u64 {
         let object = ns.next_object;
         ns.next_object += 1;
         self.core
@@ -1017,11 +1013,6 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<HashSet<u64>> {
         .filter(|(ino, _)| reachable.get(ino) == Some(&true))
         .map(|(_, o)| *o)
         .collect())
-}
-
-/// The persisted form of `node`.
-pub(crate) fn encode_record(node: &Inode) -> Vec<u8> {
-    node.record().encode()
 }
 
 /// Remember which inode holds a home object that has several names.

@@ -43,14 +43,16 @@ pub(crate) struct InodeRecord {
     pub conflict: bool,
 }
 
-fn to_ns(t: SystemTime) -> i128 {
+/// Nanoseconds since the epoch (negative before it).
+pub(crate) fn to_ns(t: SystemTime) -> i128 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => d.as_nanos() as i128,
         Err(e) => -(e.duration().as_nanos() as i128),
     }
 }
 
-fn from_ns(ns: i128) -> SystemTime {
+/// The time `ns` nanoseconds from the epoch.
+pub(crate) fn from_ns(ns: i128) -> SystemTime {
     if ns >= 0 {
         UNIX_EPOCH + Duration::from_nanos(ns as u64)
     } else {

@@ -7,7 +7,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
@@ -15,6 +15,7 @@ use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
 use crate::data::add_range;
 use crate::journal::{Op, OpKind};
 use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock};
+use crate::record::to_ns;
 use crate::{Entry, FsError, FsResult};
 
 /// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
@@ -22,13 +23,6 @@ const ROOM_WAIT: Duration = Duration::from_secs(10);
 
 fn path_bytes(p: &Path) -> Vec<u8> {
     p.as_os_str().as_bytes().to_vec()
-}
-
-fn time_ns(t: SystemTime) -> i128 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i128,
-        Err(e) => -(e.duration().as_nanos() as i128),
-    }
 }
 
 /// What a local create makes.
@@ -70,7 +64,7 @@ impl Fs {
         ns.inodes
             .get(&ino)
             .filter(|n| !n.removed)
-            .map(|n| Mutation::PutInode(ino, crate::namespace::encode_record(n)))
+            .map(|n| Mutation::PutInode(ino, n.record().encode()))
     }
 
     /// Whether `name` exists in `parent` (asking home if the cache cannot say).
@@ -80,6 +74,18 @@ impl Fs {
             Err(FsError::NotFound) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Check that `name` may be created in `parent` (writable mount, valid and unused name); returns the
+    /// namespace lock the creation holds.
+    fn free_name(&self, parent: u64, name: &OsStr) -> FsResult<std::sync::MutexGuard<'_, ()>> {
+        self.writable()?;
+        check_name(name)?;
+        let m = lock(&self.mutate);
+        if self.exists(parent, name)?.is_some() {
+            return Err(FsError::Exists);
+        }
+        Ok(m)
     }
 
     /// Touch a directory's times and link count after one of its entries changed.
@@ -102,12 +108,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Entry> {
-        self.writable()?;
-        check_name(name)?;
-        let _m = lock(&self.mutate);
-        if self.exists(parent, name)?.is_some() {
-            return Err(FsError::Exists);
-        }
+        let _m = self.free_name(parent, name)?;
         let mut ns = lock(&self.ns);
         let p = ns.inode(parent)?;
         if p.kind != FileKind::Dir {
@@ -201,7 +202,7 @@ impl Fs {
         let ino = ns.next_ino;
         ns.next_ino += 1;
         let object = if file_kind == FileKind::File {
-            self.new_object(&mut ns)
+            self.alloc_object(&mut ns)
         } else {
             0
         };
@@ -228,7 +229,7 @@ impl Fs {
         muts.extend(Self::record_of(&ns, ino));
         muts.extend(Self::record_of(&ns, parent));
         let entry = self.entry(&ns, ino)?;
-        let op = Op::named(ino, path, vec![(parent, name.as_bytes().to_vec())], op_kind);
+        let op = Op::new(ino, path, vec![(parent, name.as_bytes().to_vec())], op_kind);
         self.commit(ns, vec![op], &[], muts)?;
         Ok(entry)
     }
@@ -265,7 +266,7 @@ impl Fs {
             muts.extend(Self::record_of(&ns, child));
         }
         let kind = if dir { OpKind::Rmdir } else { OpKind::Unlink };
-        let op = Op::named(child, path, vec![(parent, name.as_bytes().to_vec())], kind);
+        let op = Op::new(child, path, vec![(parent, name.as_bytes().to_vec())], kind);
         let removed = if gone { vec![child] } else { Vec::new() };
         self.commit(ns, vec![op], &removed, muts)
     }
@@ -340,7 +341,7 @@ impl Fs {
         for ino in [parent, new_parent, src].into_iter().chain(dst) {
             muts.extend(Self::record_of(&ns, ino));
         }
-        let op = Op::named(
+        let op = Op::new(
             src,
             from,
             vec![
@@ -360,12 +361,7 @@ impl Fs {
 
     /// Hard-link in the cache and queue the link at home.
     pub(crate) fn link_local(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
-        self.writable()?;
-        check_name(name)?;
-        let _m = lock(&self.mutate);
-        if self.exists(parent, name)?.is_some() {
-            return Err(FsError::Exists);
-        }
+        let _m = self.free_name(parent, name)?;
         let mut ns = lock(&self.ns);
         if ns.inode(parent)?.kind != FileKind::Dir {
             return Err(FsError::NotDir);
@@ -387,7 +383,7 @@ impl Fs {
         muts.extend(Self::record_of(&ns, ino));
         muts.extend(Self::record_of(&ns, parent));
         let entry = self.entry(&ns, ino)?;
-        let op = Op::named(ino, from, vec![(parent, name.as_bytes().to_vec())], OpKind::Link { to });
+        let op = Op::new(ino, from, vec![(parent, name.as_bytes().to_vec())], OpKind::Link { to });
         self.commit(ns, vec![op], &[], muts)?;
         Ok(entry)
     }
@@ -430,7 +426,7 @@ impl Fs {
                 a.mtime = now;
                 a.ctime = now;
             }
-            ops.push(Op::named(ino, path.clone(), Vec::new(), OpKind::Data));
+            ops.push(Op::new(ino, path.clone(), Vec::new(), OpKind::Data));
         }
         let node = ns.inode_mut(ino)?;
         let resolve = |t: Option<TimeSet>| {
@@ -460,7 +456,7 @@ impl Fs {
                 }
                 a.ctime = now;
             }
-            ops.push(Op::named(
+            ops.push(Op::new(
                 ino,
                 path,
                 Vec::new(),
@@ -468,8 +464,8 @@ impl Fs {
                     perm: changes.perm.map(|p| p & 0o7777),
                     uid: changes.uid,
                     gid: changes.gid,
-                    atime: atime.map(time_ns),
-                    mtime: mtime.map(time_ns),
+                    atime: atime.map(to_ns),
+                    mtime: mtime.map(to_ns),
                 },
             ));
         }
@@ -508,7 +504,7 @@ impl Fs {
         let ns = lock(&self.ns);
         let path = path_bytes(&ns.path_of(ino)?);
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
-        let op = Op::named(ino, path, Vec::new(), OpKind::Data);
+        let op = Op::new(ino, path, Vec::new(), OpKind::Data);
         self.commit(ns, vec![op], &[], muts)
     }
 

@@ -1,7 +1,7 @@
 //! Counters of home operations and bytes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{HomeError, Layer, OpKind};
 
@@ -12,8 +12,6 @@ pub struct HomeCounters {
     errors: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
-    /// The last answer from home was "cannot be reached" (a timeout or a connection failure).
-    unreachable: AtomicBool,
 }
 
 impl HomeCounters {
@@ -33,10 +31,6 @@ impl HomeCounters {
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)
     }
-    /// Whether home's last answer said it cannot be reached; any success clears it.
-    pub fn unreachable(&self) -> bool {
-        self.unreachable.load(Ordering::Relaxed)
-    }
     /// Bytes of file content written to home.
     pub fn bytes_written(&self) -> u64 {
         self.bytes_written.load(Ordering::Relaxed)
@@ -54,14 +48,8 @@ impl Layer for MetricsLayer {
     }
     fn after(&self, _op: OpKind, bytes_in: u64, error: Option<&HomeError>) {
         self.0.bytes_read.fetch_add(bytes_in, Ordering::Relaxed);
-        match error {
-            None => self.0.unreachable.store(false, Ordering::Relaxed),
-            Some(e) => {
-                self.0.errors.fetch_add(1, Ordering::Relaxed);
-                if matches!(e, HomeError::TimedOut(_) | HomeError::Unavailable(_)) {
-                    self.0.unreachable.store(true, Ordering::Relaxed);
-                }
-            }
+        if error.is_some() {
+            self.0.errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
