@@ -685,7 +685,12 @@ impl Fs {
                 let (p, n) = node.aliases.remove(0);
                 node.parent = p;
                 node.name = n;
-                if at_home && node.home_loc.as_ref().is_some_and(|(hp, hn)| *hp == parent && hn == name) {
+                if at_home
+                    && node
+                        .home_loc
+                        .as_ref()
+                        .is_some_and(|(hp, hn)| *hp == parent && hn == name)
+                {
                     // Home reaches the object through its remaining name now.
                     node.home_loc = Some((node.parent, node.name.clone()));
                 }
