@@ -355,9 +355,12 @@ impl Store {
         Ok(())
     }
 
-    /// Mark blocks of `object` clean again after their data reached home; `size` is the file's size.
-    pub fn mark_clean(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
-        self.index_blocks(object, indexes, size, false)
+    /// Mark blocks of `object` clean again after their data reached home; `size` is the size home has. A
+    /// block that cannot be read back to be indexed is dropped instead: home has its data.
+    pub fn mark_clean(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) {
+        if let Err(e) = self.index_blocks(object, indexes, size, false) {
+            tracing::warn!(object, error = %e, "could not index blocks pushed to home; dropping them from the cache");
+        }
     }
 
     /// Record dirty blocks of `object` in the persistent index (with their checksums) so that they are
@@ -374,9 +377,10 @@ impl Store {
         size: u64,
         dirty: bool,
     ) -> CacheResult<()> {
-        let file = self.file(object)?;
+        let file = self.file(object);
         let bs = self.cfg.block_size;
         let mut mutations = Vec::new();
+        let mut failed = None;
         let mut st = lock(&self.state);
         for index in indexes {
             let key = (object, index);
@@ -389,8 +393,20 @@ impl Store {
                 self.remove_locked(&mut st, key);
                 continue;
             }
+            // Past the cache file's end the content is a hole: zeros.
             let mut buf = vec![0u8; len];
-            read_full(&file, &mut buf, start).map_err(io_err)?;
+            let read = match &file {
+                Ok(f) => read_upto(f, &mut buf, start).map_err(io_err),
+                Err(e) => Err(CacheError::Index(e.to_string())),
+            };
+            if let Err(e) = read {
+                if !dirty {
+                    self.remove_locked(&mut st, key);
+                    mutations.push(Mutation::DelBlock { object, index });
+                }
+                failed.get_or_insert(e);
+                continue;
+            }
             let crc = crc32c::crc32c(&buf);
             self.insert_locked(&mut st, key, len as u32, crc, dirty);
             mutations.push(Mutation::PutBlock {
@@ -402,7 +418,7 @@ impl Store {
         }
         drop(st);
         self.db.submit(mutations);
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Cut `object` to `size` bytes: later blocks are dropped, a partial last block keeps its prefix.
@@ -432,18 +448,14 @@ impl Store {
         if !size.is_multiple_of(bs) {
             let key = (object, (size / bs) as u32);
             if let Some(e) = st.blocks.get(&key) {
+                // The block's index entry (length and checksum, in memory and on disk) follows its prefix,
+                // dirty or not: the next start must not find it corrupt.
                 let dirty = e.dirty;
                 drop(st);
                 if dirty {
-                    let mut st = lock(&self.state);
-                    let new_len = (size % bs) as u32;
-                    if let Some(e) = st.blocks.get_mut(&key) {
-                        let old = std::mem::replace(&mut e.len, new_len);
-                        st.used = st.used - old as u64 + new_len as u64;
-                        st.dirty = st.dirty - old as u64 + new_len as u64;
-                    }
+                    self.commit(object, [key.1], size)?;
                 } else {
-                    self.mark_clean(object, [key.1], size)?;
+                    self.mark_clean(object, [key.1], size);
                 }
             }
         }

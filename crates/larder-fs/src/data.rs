@@ -20,7 +20,20 @@ impl Core {
     /// Block `index` of `object`, from the store or else from home (one fetch per block and version at a
     /// time), put into the store beside the caller. Callers asking for another version of the block (our
     /// own push moved home on) do not join a fetch of the older one: its answer would be `Stale` for them.
-    pub(crate) fn fetch(&self, object: u64, index: u32, path: &Path, version: &Version, file_size: u64) -> FetchResult {
+    ///
+    /// `home_end` is where home's part of the file's content ends (the file's size, or less after a local
+    /// truncation not yet pushed) and `epoch` the object's change epoch taken together with it: the block
+    /// is kept only if the object did not change locally since. A caller joining a fetch under way must
+    /// clip the answer to its own `home_end`.
+    pub(crate) fn fetch(
+        &self,
+        object: u64,
+        index: u32,
+        path: &Path,
+        version: &Version,
+        home_end: u64,
+        epoch: u64,
+    ) -> FetchResult {
         let bs = self.store.block_size();
         self.flights.run(flight_key(object, index, version), || {
             if self.store.contains((object, index))
@@ -29,8 +42,7 @@ impl Core {
                 return Ok(Arc::new(d));
             }
             let start = index as u64 * bs;
-            let len = file_size.saturating_sub(start).min(bs) as usize;
-            let epoch = self.store.epoch(object);
+            let len = home_end.saturating_sub(start).min(bs) as usize;
             let data = self.home.read(path, version, start, len)?;
             if let Err(e) = self.store.fill((object, index), &data, epoch) {
                 tracing::warn!(error = %e, path = %path.display(), "could not keep a fetched block in the cache");
@@ -162,20 +174,23 @@ impl Fs {
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
             // Bytes past what home holds of this version exist only here: a gap there is a hole.
             let home_size = if path.is_some() {
-                node.home_size.unwrap_or(u64::MAX)
+                node.home_size.unwrap_or(u64::MAX).min(attr.size)
             } else {
                 0
             };
+            // Taken with the state above: a block fetched on its word is not kept once the file changed
+            // here (a truncation would otherwise let home's old bytes back in).
+            let epoch = self.core.store.epoch(node.object);
             (
                 ino,
                 node.object,
                 attr.size,
-                (path, home_size),
+                (path, home_size, epoch),
                 attr.version.clone(),
                 window,
             )
         };
-        let (path, home_size) = path;
+        let (path, home_size, epoch) = path;
         if offset >= file_size || size == 0 {
             return Ok(Vec::new());
         }
@@ -198,7 +213,7 @@ impl Fs {
                 (None, None) => Vec::new(),
                 (None, Some(_)) if index as u64 * bs >= home_size => Vec::new(),
                 (None, Some(path)) => {
-                    let block = self.fetch_block(ino, object, index, path, &version, file_size)?;
+                    let block = self.fetch_block(ino, object, index, path, &version, home_size, epoch)?;
                     let from = (within as usize).min(block.len());
                     let to = (within as usize + want).min(block.len());
                     block[from..to].to_vec()
@@ -223,7 +238,8 @@ impl Fs {
                     index: index as u32,
                     path: path.clone(),
                     version: version.clone(),
-                    file_size,
+                    home_end: home_size,
+                    epoch,
                 });
             }
         }
@@ -252,7 +268,7 @@ impl Fs {
         // One critical section takes the file's state and records the range as dirty: from then on the
         // object cannot change under this write (a new version is never taken while writes are pending),
         // and a push finishing meanwhile will not mark these blocks clean.
-        let (ino, object, size, path, version, before) = {
+        let (ino, object, size, path, version, before, epoch) = {
             let mut ns = lock(&self.ns);
             let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
             let path = ns.home_path(ino)?;
@@ -264,6 +280,7 @@ impl Fs {
                 None => 0,
             };
             let (size, version) = (home_end, attr.version.clone());
+            let epoch = self.core.store.epoch(node.object);
             let before = (node.dirty.clone(), node.attr.clone());
             add_range(&mut node.dirty, offset..end);
             if let Some(a) = node.attr.as_mut() {
@@ -272,7 +289,7 @@ impl Fs {
                 a.mtime = now;
                 a.ctime = now;
             }
-            (ino, node.object, size, path, version, before)
+            (ino, node.object, size, path, version, before, epoch)
         };
         let restore = |before: (Vec<std::ops::Range<u64>>, Option<larder_home::HomeAttr>)| -> FsResult<()> {
             let mut ns = lock(&self.ns);
@@ -294,7 +311,7 @@ impl Fs {
                 continue;
             }
             let Some(path) = &path else { continue };
-            match self.fetch_block(ino, object, index as u32, path, &version, size) {
+            match self.fetch_block(ino, object, index as u32, path, &version, size, epoch) {
                 Ok(block) => completions.push((start, block)),
                 Err(e) => {
                     restore(before)?;
@@ -323,7 +340,10 @@ impl Fs {
     /// Fetch block `index` of `ino`'s current object. Our own push changes the version at home under a
     /// fetch already in flight (any `close` of any descriptor pushes); the blocks it fetches are not the
     /// ones pushed (those are cached, dirty), so once that push has been adopted the fetch is retried at
-    /// the new version. A version that moved behind our back is `ESTALE`.
+    /// the new version. A version that moved behind our back is `ESTALE`. `epoch` is the object's change
+    /// epoch taken with the file's state that said to fetch: a local change since keeps the block out of
+    /// the cache.
+    #[allow(clippy::too_many_arguments)]
     fn fetch_block(
         &self,
         ino: u64,
@@ -331,11 +351,12 @@ impl Fs {
         index: u32,
         path: &Path,
         version: &Version,
-        file_size: u64,
+        home_end: u64,
+        epoch: u64,
     ) -> FsResult<Arc<Vec<u8>>> {
-        let (mut path, mut version, mut file_size) = (path.to_path_buf(), version.clone(), file_size);
+        let (mut path, mut version, mut home_end) = (path.to_path_buf(), version.clone(), home_end);
         for _ in 0..4 {
-            match self.core.fetch(object, index, &path, &version, file_size) {
+            match self.core.fetch(object, index, &path, &version, home_end, epoch) {
                 Err(HomeError::Stale) => {
                     // Wait for a push of this file under way to be adopted, then see whether it explains
                     // the change. (Polling, not the flush lock: a writer calls this holding its write lock,
@@ -349,9 +370,10 @@ impl Fs {
                             std::thread::sleep(std::time::Duration::from_millis(2));
                             continue;
                         }
+                        let home_size = node.home_size;
                         match node.attr.as_ref().map(|a| (a.version.clone(), a.size)) {
                             Some((v, size)) if node.object == object && v != version => {
-                                (version, file_size) = (v, size);
+                                (version, home_end) = (v, home_size.unwrap_or(size).min(size));
                                 path = ns.home_path(ino)?.ok_or(FsError::Home(HomeError::Stale))?;
                             }
                             _ => {
@@ -362,7 +384,16 @@ impl Fs {
                         break;
                     }
                 }
-                other => return other.map_err(FsError::Home),
+                Ok(block) => {
+                    // A fetch joined under way may have been asked for more: home's bytes past `home_end`
+                    // are not this file's any more.
+                    let usable = home_end.saturating_sub(index as u64 * self.core.store.block_size());
+                    if block.len() as u64 > usable {
+                        return Ok(Arc::new(block[..usable as usize].to_vec()));
+                    }
+                    return Ok(block);
+                }
+                Err(e) => return Err(FsError::Home(e)),
             }
         }
         Err(FsError::Home(HomeError::Stale))
@@ -475,7 +506,17 @@ impl Fs {
                 Some(p) => Ok(p),
                 None => ns.home_path(ino).and_then(|p| p.ok_or(FsError::NotFound)),
             };
-            match path {
+            // The cache file holds `size` bytes at least (a file extended by truncation may end in a hole
+            // the file system does not store); extended here, under the write lock, so that no write can
+            // land between the length check and the extension.
+            let extended = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
+                if file.metadata().map(|m| m.len()).unwrap_or(0) < size {
+                    file.set_len(size)
+                        .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+                }
+                Ok(())
+            });
+            match path.and_then(|p| extended.map(|()| p)) {
                 Ok(path) => {
                     ns.inode_mut(ino)?.pushing += 1;
                     (ranges, size, object, path, base)
@@ -487,10 +528,6 @@ impl Fs {
             }
         };
         let result = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
-            if file.metadata().map(|m| m.len()).unwrap_or(0) < size {
-                file.set_len(size)
-                    .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
-            }
             self.core
                 .home
                 .write(&path, &file, &ranges, size, base.as_ref())
@@ -511,7 +548,10 @@ impl Fs {
                     .collect();
                 let cur_size = node.attr.as_ref().map_or(size, |a| a.size);
                 let settled = node.dirty.is_empty() && cur_size == size;
-                self.core.store.mark_clean(object, clean, cur_size)?;
+                // Home holds `size` bytes of these blocks now. (A write extending the file may be under way:
+                // the file's size is ahead of its cache file then, but the blocks it writes are dirty again.)
+                // Home has the data whatever happens here: a block that cannot be indexed is dropped.
+                self.core.store.mark_clean(object, clean, size);
                 let node = ns.inode_mut(ino)?;
                 node.conflict = false;
                 // Truncations take the flush lock, so none happened during the push: home has `size` bytes

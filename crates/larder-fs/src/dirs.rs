@@ -92,13 +92,16 @@ impl Fs {
             self.load_pinned(&mut ns, ino)?;
             return self.snapshot(&ns, ino);
         }
+        // Names with changes queued before home lists and after: an op that lands meanwhile is in the
+        // first set if home's answer predates it, so either way its entry is the cache's.
+        let mut pinned = lock(&self.journal).pinned_in(ino);
         let listed = match self.core.home.list(&path) {
             Ok(l) => l,
             Err(e) if unreachable(&e) => return self.offline_listing(ino, e),
             Err(e) => return Err(e.into()),
         };
         let mut ns = lock(&self.ns);
-        let pinned = lock(&self.journal).pinned_in(ino);
+        pinned.extend(lock(&self.journal).pinned_in(ino));
         let mut seen = HashSet::new();
         for e in listed {
             if !pinned.contains(e.name.as_bytes()) {
@@ -115,6 +118,12 @@ impl Fs {
             .collect();
         for name in gone {
             self.detach(&mut ns, ino, &name);
+        }
+        for name in pinned {
+            let name = OsString::from_vec(name);
+            if !ns.inode(ino)?.children.contains_key(&name) {
+                self.load_child(&mut ns, ino, &name)?;
+            }
         }
         self.load_pinned(&mut ns, ino)?;
         let version = dir_attr.version.clone();

@@ -256,6 +256,9 @@ impl Fs {
 
     /// Take one op to home.
     fn push_op(&self, op: &Op, repeated: bool) -> Outcome {
+        // After a restart the object may not be in memory yet; what the push settles (where home has it,
+        // its version) must reach its record.
+        let _ = self.load_inode(&mut lock(&self.ns), op.ino);
         let home = self.core.home.as_ref();
         let path = os(&op.path);
         let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {
@@ -384,13 +387,30 @@ impl Fs {
             OpKind::Rename { exchange, .. } => {
                 let (from, to) = (loc(0), loc(1));
                 if *exchange {
-                    let other = ns
-                        .inodes
-                        .iter()
-                        .find(|(i, n)| **i != op.ino && n.home_loc == to)
-                        .map(|(i, _)| *i);
-                    if let Some(o) = other.and_then(|o| ns.inodes.get_mut(&o)) {
-                        o.home_loc = from;
+                    let partner = |ns: &Namespace| {
+                        ns.inodes
+                            .iter()
+                            .find(|(i, n)| **i != op.ino && n.home_loc == to)
+                            .map(|(i, _)| *i)
+                    };
+                    let mut other = partner(&ns);
+                    if other.is_none()
+                        && let Some((dir, name)) = &from
+                    {
+                        // Not in memory (a restart since): unless moved again, the partner is where ours
+                        // was, and an op that moved it again loaded it.
+                        if let Ok(Some(ino)) = self.core.store.db().dentry(*dir, name.as_bytes()) {
+                            let _ = self.load_inode(&mut ns, ino);
+                        }
+                        other = partner(&ns);
+                    }
+                    if let Some(o) = other
+                        && let Some(node) = ns.inodes.get_mut(&o)
+                    {
+                        node.home_loc = from;
+                        self.load_home_ancestors(&mut ns, o);
+                        // Its own ops (if any) are not the ones concluding here.
+                        self.persist(&ns, o);
                     }
                 }
                 if let Some(node) = ns.inodes.get_mut(&op.ino) {
@@ -408,6 +428,8 @@ impl Fs {
             }
             _ => {}
         }
+        // The directory it is at home in now may not have been looked up since a restart.
+        self.load_home_ancestors(&mut ns, op.ino);
         if let Some(attr) = attr {
             self.settle_attr(&mut ns, op.ino, attr);
         }

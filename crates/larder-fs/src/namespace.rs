@@ -410,7 +410,32 @@ impl Fs {
         let node = Inode::from_record(rec);
         self.reclaim_dirty(&node);
         ns.inodes.insert(ino, node);
+        self.load_home_ancestors(ns, ino);
         Ok(())
+    }
+
+    /// Load the directories on `ino`'s way to home that are not in memory (after a restart, an object moved
+    /// here but not yet at home names a home parent nothing looked up), so [`Namespace::home_path`] can
+    /// follow them.
+    pub(crate) fn load_home_ancestors(&self, ns: &mut Namespace, ino: u64) {
+        let mut next = ns.inodes.get(&ino).and_then(|n| n.home_loc.as_ref().map(|(p, _)| *p));
+        for _ in 0..4096 {
+            let Some(dir) = next.filter(|d| *d != ROOT && !ns.inodes.contains_key(d)) else {
+                return;
+            };
+            let Ok(Some(rec)) = self
+                .core
+                .store
+                .db()
+                .inode(dir)
+                .map(|r| r.and_then(|b| InodeRecord::decode(&b)))
+            else {
+                return;
+            };
+            let node = Inode::from_record(rec);
+            next = node.home_loc.as_ref().map(|(p, _)| *p);
+            ns.inodes.insert(dir, node);
+        }
     }
 
     /// The local store.
@@ -626,6 +651,7 @@ impl Fs {
                 self.reclaim_dirty(&node);
                 if node.has_name(parent, name) {
                     ns.inodes.insert(old, node);
+                    self.load_home_ancestors(ns, old);
                     ino = Some(old);
                 }
             }

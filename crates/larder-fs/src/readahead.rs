@@ -17,7 +17,9 @@ pub(crate) struct Job {
     pub index: u32,
     pub path: PathBuf,
     pub version: Version,
-    pub file_size: u64,
+    /// Where home's part of the content ends, and the object's change epoch when that was so.
+    pub home_end: u64,
+    pub epoch: u64,
 }
 
 pub(crate) struct Readahead {
@@ -38,7 +40,9 @@ impl Readahead {
                     loop {
                         let job = lock(&rx).recv();
                         let Ok(job) = job else { return };
-                        if let Err(e) = core.fetch(job.object, job.index, &job.path, &job.version, job.file_size) {
+                        if let Err(e) =
+                            core.fetch(job.object, job.index, &job.path, &job.version, job.home_end, job.epoch)
+                        {
                             tracing::debug!(error = %e, path = %job.path.display(), "readahead fetch failed");
                         }
                     }
