@@ -22,6 +22,9 @@ const BLOCKS: TableDefinition<(u64, u32), (u32, u32)> = TableDefinition::new("bl
 /// Write-back journal: sequence number -> encoded operation.
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 
+/// Format of the records in the index; an index written in another format is refused, not misread.
+pub const FORMAT: u64 = 4;
+
 const MAX_BATCH: usize = 16_384;
 
 /// One change to the index.
@@ -78,6 +81,23 @@ impl Db {
             tx.open_table(DENTRIES).map_err(idx_err)?;
             tx.open_table(BLOCKS).map_err(idx_err)?;
             tx.open_table(JOURNAL).map_err(idx_err)?;
+            {
+                let mut meta = tx.open_table(META).map_err(idx_err)?;
+                let found = meta.get("format").map_err(idx_err)?.map(|v| v.value());
+                match found {
+                    Some(FORMAT) => {}
+                    // Format 3 (unmarked) records are read and rewritten as format 4 as they change.
+                    None => {
+                        meta.insert("format", FORMAT).map_err(idx_err)?;
+                    }
+                    Some(other) => {
+                        return Err(CacheError::Index(format!(
+                            "it was written by another version of larder (format {other}, this one reads \
+                             {FORMAT}); use another --cache-dir, or push its pending changes with that version first"
+                        )));
+                    }
+                }
+            }
             tx.commit().map_err(idx_err)?;
         }
         let db = Arc::new(db);

@@ -77,6 +77,24 @@ pub(crate) fn add_range(ranges: &mut Vec<Range<u64>>, r: Range<u64>) {
     *ranges = merged;
 }
 
+/// The parts of the sorted, disjoint `ranges` that no range of the sorted, disjoint `minus` covers.
+pub(crate) fn subtract(ranges: &[Range<u64>], minus: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    for r in ranges {
+        let mut start = r.start;
+        for m in minus.iter().filter(|m| m.end > r.start && m.start < r.end) {
+            if m.start > start {
+                out.push(start..m.start);
+            }
+            start = start.max(m.end);
+        }
+        if start < r.end {
+            out.push(start..r.end);
+        }
+    }
+    out
+}
+
 fn blocks_of(r: &Range<u64>, bs: u64) -> Range<u32> {
     if r.is_empty() {
         return 0..0;
@@ -283,6 +301,10 @@ impl Fs {
             let epoch = self.core.store.epoch(node.object);
             let before = (node.dirty.clone(), node.attr.clone());
             add_range(&mut node.dirty, offset..end);
+            if let Some(u) = node.unconfirmed.as_mut() {
+                // Bytes written again no longer show what an earlier push sent.
+                u.ranges = subtract(&u.ranges, std::slice::from_ref(&(offset..end)));
+            }
             if let Some(a) = node.attr.as_mut() {
                 a.size = a.size.max(end);
                 let now = SystemTime::now();
@@ -375,6 +397,26 @@ impl Fs {
                             Some((v, size)) if node.object == object && v != version => {
                                 (version, home_end) = (v, home_size.unwrap_or(size).min(size));
                                 path = ns.home_path(ino)?.ok_or(FsError::Home(HomeError::Stale))?;
+                            }
+                            _ if node.object == object && node.unconfirmed.is_some() && node.pushing == 0 => {
+                                // A push whose answer was lost may have moved home on: if home holds what
+                                // it sent, the new version is ours and the base of what is pending.
+                                drop(ns);
+                                let Some(attr) = self.home_has_ours(ino, &path) else {
+                                    return Err(FsError::Home(HomeError::Stale));
+                                };
+                                let mut ns = lock(&self.ns);
+                                let node = ns.inode_mut(ino)?;
+                                if node.object != object || node.pushing > 0 {
+                                    return Err(FsError::Home(HomeError::Stale));
+                                }
+                                node.unconfirmed = None;
+                                if let Some(a) = node.attr.as_mut() {
+                                    a.version = attr.version.clone();
+                                    a.id = attr.id;
+                                }
+                                self.persist(&ns, ino);
+                                version = attr.version;
                             }
                             _ => {
                                 ns.inode_mut(ino)?.checked = None;
@@ -518,7 +560,12 @@ impl Fs {
             });
             match path.and_then(|p| extended.map(|()| p)) {
                 Ok(path) => {
-                    ns.inode_mut(ino)?.pushing += 1;
+                    let node = ns.inode_mut(ino)?;
+                    node.pushing += 1;
+                    node.attempt = Some(crate::namespace::Attempt {
+                        ranges: ranges.clone(),
+                        size,
+                    });
                     (ranges, size, object, path, base)
                 }
                 Err(e) => {
@@ -554,6 +601,8 @@ impl Fs {
                 self.core.store.mark_clean(object, clean, size);
                 let node = ns.inode_mut(ino)?;
                 node.conflict = false;
+                node.attempt = None;
+                node.unconfirmed = None;
                 // Truncations take the flush lock, so none happened during the push: home has `size` bytes
                 // of ours now.
                 node.home_size = if settled { None } else { Some(size) };
@@ -562,6 +611,14 @@ impl Fs {
             }
             Err(e) => {
                 let node = ns.inode_mut(ino)?;
+                node.attempt = None;
+                if node.unconfirmed.is_none() {
+                    // It may have reached home in part or whole: what it sent tells, if asked.
+                    node.unconfirmed = Some(crate::namespace::Attempt {
+                        ranges: subtract(&ranges, &node.dirty),
+                        size,
+                    });
+                }
                 for r in ranges {
                     add_range(&mut node.dirty, r);
                 }
@@ -585,5 +642,12 @@ mod tests {
         assert_eq!(v, vec![0..5, 10..40]);
         assert_eq!(blocks_of(&(4095..4097), 4096), 0..2);
         assert_eq!(blocks_of(&(0..4096), 4096), 0..1);
+        assert_eq!(
+            subtract(&[0..10, 20..30], &[5..8, 9..22, 29..40]),
+            vec![0..5, 8..9, 22..29]
+        );
+        let whole = std::slice::from_ref(&(0..10u64));
+        assert_eq!(subtract(whole, &[]), whole.to_vec());
+        assert_eq!(subtract(whole, whole), Vec::<Range<u64>>::new());
     }
 }

@@ -76,6 +76,12 @@ impl Fs {
                     self.load_pinned(&mut ns, ino)?;
                     return self.snapshot(&ns, ino);
                 }
+                if ns.home_path(ino)?.as_ref() != Some(&path) {
+                    // Moved at home while home was asked (a queued rename landed): ask again.
+                    drop(ns);
+                    // (The mutate lock is held here, by this call or its caller.)
+                    return self.list_dir(ino, true);
+                }
                 if ino != ROOT {
                     self.detach(&mut ns, parent, &name);
                 }

@@ -204,7 +204,16 @@ impl Fs {
                     j.finish(seq).1
                 };
                 let mut muts = muts;
-                if let Ok(node) = ns.inode(op.ino) {
+                let mut ns = ns;
+                if op.kind == OpKind::Rmdir {
+                    // Kept until now for the home paths through it.
+                    muts.push(Mutation::DelInode(op.ino));
+                    if ns.inodes.get(&op.ino).is_some_and(|n| n.lookups == 0 && n.opens == 0)
+                        && !lock(&self.journal).has(op.ino)
+                    {
+                        ns.inodes.remove(&op.ino);
+                    }
+                } else if let Ok(node) = ns.inode(op.ino) {
                     muts.push(Mutation::PutInode(op.ino, node.record().encode()));
                 }
                 drop(ns);
@@ -471,7 +480,7 @@ impl Fs {
         match self.push_data(op.ino, Some(path.clone()), false) {
             Ok(()) => Outcome::Done,
             Err(FsError::Home(HomeError::Conflict)) | Err(FsError::Home(HomeError::NotFound)) => {
-                if repeated && self.home_has_ours(op.ino, &path) {
+                if repeated && self.home_has_ours(op.ino, &path).is_some() {
                     // An earlier attempt landed before we could record it.
                     return match self.push_data(op.ino, Some(path), true) {
                         Ok(()) => Outcome::Done,
@@ -486,27 +495,29 @@ impl Fs {
         }
     }
 
-    /// Whether home's object at `path` already holds the cache's pending content of `ino`.
-    fn home_has_ours(&self, ino: u64, path: &Path) -> bool {
+    /// Whether home's object at `path` is what an earlier push of `ino` made it: the bytes that push sent
+    /// (those not written again since) and its size. Without a record of that push, the cache's pending
+    /// content and size.
+    /// Home's attributes if so.
+    pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
         let (ranges, size, object) = {
             let ns = lock(&self.ns);
-            let Ok(node) = ns.inode(ino) else { return false };
-            (
-                node.dirty.clone(),
-                node.attr.as_ref().map_or(0, |a| a.size),
-                node.object,
-            )
+            let Ok(node) = ns.inode(ino) else { return None };
+            match &node.unconfirmed {
+                Some(a) => (a.ranges.clone(), a.size, node.object),
+                None => (
+                    node.dirty.clone(),
+                    node.attr.as_ref().map_or(0, |a| a.size),
+                    node.object,
+                ),
+            }
         };
-        let Ok(attr) = self.core.home.stat(path) else {
-            return false;
-        };
+        let attr = self.core.home.stat(path).ok()?;
         if attr.size != size || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
-            return false;
+            return None;
         }
-        let Ok(file) = self.core.store.file(object) else {
-            return false;
-        };
-        ranges.iter().all(|r| {
+        let file = self.core.store.file(object).ok()?;
+        let ours = ranges.iter().all(|r| {
             let end = r.end.min(size);
             if r.start >= end {
                 return true;
@@ -519,7 +530,8 @@ impl Fs {
                 .home
                 .read(path, &attr.version, r.start, len)
                 .is_ok_and(|theirs| theirs == mine)
-        })
+        });
+        ours.then_some(attr)
     }
 
     /// Home took the name of an object created here: its content is pushed by the conflict policy.
@@ -532,6 +544,10 @@ impl Fs {
             .names
             .first()
             .map(|(d, n)| (*d, std::ffi::OsString::from_vec(n.clone())));
+        self.load_home_ancestors(&mut ns, op.ino);
+        let Some(node) = ns.inodes.get_mut(&op.ino) else {
+            return Outcome::Done;
+        };
         if node.kind != larder_home::FileKind::File {
             drop(ns);
             self.record_conflict(

@@ -65,6 +65,19 @@ pub(crate) struct Inode {
     pub home_size: Option<u64>,
     /// Home took this name for another object while ours waited to be created there.
     pub conflict: bool,
+    /// The push of this file under way (or the last one, if it failed): what it sent. Persisted with the
+    /// record, so that a record written meanwhile still names those ranges as not confirmed at home.
+    pub attempt: Option<Attempt>,
+    /// A push that was under way when the daemon stopped (from the record): the ranges it sent that were
+    /// not written again since, and the size. If home's version moved on, these say whether it was ours.
+    pub unconfirmed: Option<Attempt>,
+}
+
+/// What one push of a file's data sent to home.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    pub ranges: Vec<Range<u64>>,
+    pub size: u64,
 }
 
 impl Inode {
@@ -92,6 +105,8 @@ impl Inode {
             home_loc: Some((parent, name)),
             home_size: None,
             conflict: false,
+            attempt: None,
+            unconfirmed: None,
         }
     }
 
@@ -108,6 +123,11 @@ impl Inode {
             home_size: self.home_size,
             dirty: self.dirty.iter().map(|r| (r.start, r.end)).collect(),
             conflict: self.conflict,
+            attempt: self
+                .attempt
+                .as_ref()
+                .or(self.unconfirmed.as_ref())
+                .map(|a| (a.ranges.iter().map(|r| (r.start, r.end)).collect(), a.size)),
         }
     }
 
@@ -133,6 +153,19 @@ impl Inode {
         node.home_size = rec.home_size;
         node.dirty = rec.dirty.into_iter().map(|(a, b)| a..b).collect();
         node.conflict = rec.conflict;
+        if let Some((ranges, size)) = rec.attempt {
+            let sent: Vec<Range<u64>> = ranges.into_iter().map(|(a, b)| a..b).collect();
+            // Whether it reached home or not, its ranges are pushed again; only the bytes not written
+            // since can tell whether it did.
+            let unchanged = crate::data::subtract(&sent, &node.dirty);
+            for r in sent {
+                crate::data::add_range(&mut node.dirty, r);
+            }
+            node.unconfirmed = Some(Attempt {
+                ranges: unchanged,
+                size,
+            });
+        }
         node
     }
 
@@ -414,15 +447,25 @@ impl Fs {
         Ok(())
     }
 
-    /// Load the directories on `ino`'s way to home that are not in memory (after a restart, an object moved
-    /// here but not yet at home names a home parent nothing looked up), so [`Namespace::home_path`] can
-    /// follow them.
+    /// Load the directories on `ino`'s ways to the root, here and at home, that are not in memory: after a
+    /// restart, the flusher settles objects nothing looked up, and an object moved here but not yet at home
+    /// names a home parent nothing looked up. [`Namespace::home_path`] and [`Namespace::path_of`] follow
+    /// them.
     pub(crate) fn load_home_ancestors(&self, ns: &mut Namespace, ino: u64) {
-        let mut next = ns.inodes.get(&ino).and_then(|n| n.home_loc.as_ref().map(|(p, _)| *p));
-        for _ in 0..4096 {
-            let Some(dir) = next.filter(|d| *d != ROOT && !ns.inodes.contains_key(d)) else {
-                return;
-            };
+        let parents = |n: &Inode| [Some(n.parent), n.home_loc.as_ref().map(|(p, _)| *p)];
+        let mut todo: Vec<u64> = ns
+            .inodes
+            .get(&ino)
+            .map(parents)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .collect();
+        let mut loaded = 0;
+        while let Some(dir) = todo.pop() {
+            if dir == ROOT || ns.inodes.contains_key(&dir) || loaded > 4096 {
+                continue;
+            }
             let Ok(Some(rec)) = self
                 .core
                 .store
@@ -430,11 +473,12 @@ impl Fs {
                 .inode(dir)
                 .map(|r| r.and_then(|b| InodeRecord::decode(&b)))
             else {
-                return;
+                continue;
             };
             let node = Inode::from_record(rec);
-            next = node.home_loc.as_ref().map(|(p, _)| *p);
+            todo.extend(parents(&node).into_iter().flatten());
             ns.inodes.insert(dir, node);
+            loaded += 1;
         }
     }
 
@@ -740,12 +784,15 @@ impl Fs {
         if ns.by_id.get(&id) == Some(&ino) {
             ns.by_id.remove(&id);
         }
+        // A directory removed here only is still on the home path of objects moved out of it whose renames
+        // wait in the journal: it stays (in memory and on disk) until its removal reaches home.
+        let kept = !at_home && node.kind == FileKind::Dir;
         let db = self.core.store.db().clone();
         for (name, child) in children {
             db.submit(vec![Mutation::DelDentry(ino, name.as_bytes().to_vec())]);
             self.drop_name(ns, ino, &name, child, at_home);
         }
-        if opens == 0 {
+        if opens == 0 && !kept {
             if object != 0 {
                 self.core.store.remove_object(object);
             }
@@ -804,6 +851,17 @@ impl Fs {
     /// The inode of `name` in `parent`, asking home when the cache cannot say; counts no reference.
     pub(crate) fn find(&self, parent: u64, name: &OsStr) -> FsResult<u64> {
         check_name(name)?;
+        // A directory can move at home while home is asked (a queued rename lands): then ask again.
+        for _ in 0..8 {
+            if let Some(ino) = self.find_once(parent, name)? {
+                return Ok(ino);
+            }
+        }
+        Err(FsError::NotFound)
+    }
+
+    /// One try of [`Fs::find`]; `None` if the parent moved at home meanwhile.
+    fn find_once(&self, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
         let (path, known) = {
             let mut ns = lock(&self.ns);
             let p = ns.inode(parent)?;
@@ -817,10 +875,13 @@ impl Fs {
             if let Some(&child) = p.children.get(name) {
                 let c = ns.inode(child)?;
                 if c.attr.is_some() && (local || self.fresh(c.checked) || !c.dirty.is_empty() || self.queued(child)) {
-                    return Ok(child);
+                    return Ok(Some(child));
                 }
             } else if local {
-                return self.load_child(&mut ns, parent, name)?.ok_or(FsError::NotFound);
+                return self
+                    .load_child(&mut ns, parent, name)?
+                    .ok_or(FsError::NotFound)
+                    .map(Some);
             } else if listed_fresh || negative_fresh {
                 return Err(FsError::NotFound);
             }
@@ -836,14 +897,30 @@ impl Fs {
                 let mut ns = lock(&self.ns);
                 if self.local_name(&ns, parent, name)? {
                     // Changed here while home was asked: the cache's answer stands.
-                    return ns.inode(parent)?.children.get(name).copied().ok_or(FsError::NotFound);
+                    return ns
+                        .inode(parent)?
+                        .children
+                        .get(name)
+                        .copied()
+                        .ok_or(FsError::NotFound)
+                        .map(Some);
                 }
                 self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)
+                    .map(Some)
             }
             Err(HomeError::NotFound) => {
                 let mut ns = lock(&self.ns);
                 if self.local_name(&ns, parent, name)? {
-                    return ns.inode(parent)?.children.get(name).copied().ok_or(FsError::NotFound);
+                    return ns
+                        .inode(parent)?
+                        .children
+                        .get(name)
+                        .copied()
+                        .ok_or(FsError::NotFound)
+                        .map(Some);
+                }
+                if ns.home_child_path(parent, name)?.as_ref() != Some(&path) {
+                    return Ok(None);
                 }
                 self.detach(&mut ns, parent, name);
                 if let Ok(p) = ns.inode_mut(parent) {
@@ -857,7 +934,7 @@ impl Fs {
                 if let Some(child) = known
                     && ns.inodes.get(&child).is_some_and(|c| c.attr.is_some())
                 {
-                    return Ok(child);
+                    return Ok(Some(child));
                 }
                 if ns.inode(parent)?.listed.is_some() && known.is_none() {
                     return Err(FsError::NotFound);
@@ -873,7 +950,7 @@ impl Fs {
         let mut ns = lock(&self.ns);
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.lookups = node.lookups.saturating_sub(n);
-        if node.lookups == 0 && node.opens == 0 && node.removed && ino != ROOT {
+        if node.lookups == 0 && node.opens == 0 && node.removed && ino != ROOT && !self.queued(ino) {
             ns.inodes.remove(&ino);
         }
     }
@@ -916,7 +993,11 @@ impl Fs {
                     return self.entry(&ns, ino);
                 }
                 let (parent, name) = (node.parent, node.name.clone());
-                if self.queued(ino) || self.local_name(&ns, parent, &name)? {
+                // Changed here, or moved at home while home was asked (a queued rename landed).
+                if self.queued(ino)
+                    || self.local_name(&ns, parent, &name)?
+                    || ns.home_path(ino)?.as_deref() != Some(path)
+                {
                     return self.entry(&ns, ino);
                 }
                 if ino != ROOT {

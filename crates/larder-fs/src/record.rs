@@ -41,6 +41,43 @@ pub(crate) struct InodeRecord {
     pub dirty: Vec<(u64, u64)>,
     /// Home took the name for another object while this one waited to be created there.
     pub conflict: bool,
+    /// A push that may have reached home, not yet confirmed: the ranges it sent and the size.
+    pub attempt: Option<(Vec<(u64, u64)>, u64)>,
+}
+
+/// An inode record as index format 3 wrote it (before pushes were recorded).
+#[derive(Deserialize)]
+struct RecordV3 {
+    parent: u64,
+    name: Vec<u8>,
+    kind: FileKind,
+    attr: Option<AttrRecord>,
+    object: u64,
+    symlink: Option<Vec<u8>>,
+    aliases: Vec<(u64, Vec<u8>)>,
+    home_loc: Option<(u64, Vec<u8>)>,
+    home_size: Option<u64>,
+    dirty: Vec<(u64, u64)>,
+    conflict: bool,
+}
+
+impl RecordV3 {
+    fn upgrade(self) -> InodeRecord {
+        InodeRecord {
+            parent: self.parent,
+            name: self.name,
+            kind: self.kind,
+            attr: self.attr,
+            object: self.object,
+            symlink: self.symlink,
+            aliases: self.aliases,
+            home_loc: self.home_loc,
+            home_size: self.home_size,
+            dirty: self.dirty,
+            conflict: self.conflict,
+            attempt: None,
+        }
+    }
 }
 
 /// Nanoseconds since the epoch (negative before it).
@@ -104,7 +141,9 @@ impl InodeRecord {
     }
 
     pub fn decode(bytes: &[u8]) -> Option<InodeRecord> {
-        postcard::from_bytes(bytes).ok()
+        postcard::from_bytes(bytes)
+            .ok()
+            .or_else(|| postcard::from_bytes::<RecordV3>(bytes).ok().map(RecordV3::upgrade))
     }
 }
 
@@ -141,10 +180,12 @@ mod tests {
             home_size: Some(5),
             dirty: vec![(0, 3)],
             conflict: false,
+            attempt: Some((vec![(3, 5)], 5)),
         };
         let back = InodeRecord::decode(&rec.encode()).unwrap();
         assert_eq!(back.attr.unwrap().to_attr(), attr);
         assert_eq!(back.object, 9);
         assert_eq!(back.dirty, vec![(0, 3)]);
+        assert_eq!(back.attempt, Some((vec![(3, 5)], 5)));
     }
 }

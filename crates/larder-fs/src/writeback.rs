@@ -421,6 +421,9 @@ impl Fs {
                 add_range(&mut node.dirty, r);
             }
             node.home_size = Some(node.home_size.unwrap_or(old).min(size));
+            if let Some(u) = node.unconfirmed.as_mut() {
+                u.ranges = crate::data::subtract(&u.ranges, std::slice::from_ref(&(size..u64::MAX)));
+            }
             if let Some(a) = node.attr.as_mut() {
                 a.size = size;
                 a.mtime = now;

@@ -44,24 +44,30 @@ impl Setup {
 
     /// The same, with a fault layer between the core and home.
     fn fs_with_faults(&self, lag: Duration, faults: Arc<FaultLayer>) -> (Fs, Arc<HomeCounters>) {
+        self.fs_configured(
+            faults,
+            FsConfig {
+                validity_lag: lag,
+                readahead_threads: 2,
+                ..FsConfig::default()
+            },
+        )
+    }
+
+    fn fs_configured(&self, faults: Arc<FaultLayer>, cfg: FsConfig) -> (Fs, Arc<HomeCounters>) {
         let counters = Arc::new(HomeCounters::default());
         let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&self.home_dir, Some(Duration::from_secs(10))).unwrap());
         let faulty: Arc<dyn Home> = Arc::new(Layered::new(posix, faults));
         let home: Arc<dyn Home> = Arc::new(Layered::new(faulty, MetricsLayer(counters.clone())));
         let db = Db::open(&self.cache_dir.join("index.redb")).unwrap();
-        let cfg = StoreConfig {
+        let store_cfg = StoreConfig {
             dir: self.cache_dir.join("objects"),
             block_size: BS,
             limit: 64 << 20,
             high_watermark: 0.95,
             low_watermark: 0.9,
         };
-        let store = Arc::new(Store::open(cfg, db).unwrap());
-        let cfg = FsConfig {
-            validity_lag: lag,
-            readahead_threads: 2,
-            ..FsConfig::default()
-        };
+        let store = Arc::new(Store::open(store_cfg, db).unwrap());
         (Fs::new(home, store, cfg).unwrap(), counters)
     }
 }
@@ -294,6 +300,7 @@ fn a_failed_push_keeps_the_data_and_the_next_flush_delivers_it() {
         op: OpKind::Write,
         error: HomeError::NoSpace,
         count: 1,
+        landed: false,
     });
     assert!(
         matches!(fs.flush(r.fh), Err(FsError::Home(HomeError::NoSpace))),
@@ -310,6 +317,67 @@ fn a_failed_push_keeps_the_data_and_the_next_flush_delivers_it() {
     fs.release(r.fh).unwrap();
 }
 
+/// Write-back: a push reaches home but its answer is lost; the file is written again before the retry. The
+/// retry finds home's version moved on, and must recognise the move as its own (the bytes that push sent
+/// are at home), not report a conflict.
+#[test]
+fn a_push_whose_answer_was_lost_is_recognised_on_retry() {
+    let s = Setup::new();
+    let old = pattern(3 * BS as usize, 1);
+    std::fs::write(s.home("f"), &old).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let (fs, _) = s.fs_configured(
+        faults.clone(),
+        FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::ZERO,
+            flush_threads: 1,
+            ..FsConfig::default()
+        },
+    );
+    let fs = Arc::new(fs);
+    fs.start();
+    let ino = resolve(&fs, "f").unwrap();
+    let r = fs.open(ino, libc::O_RDWR).unwrap();
+    let mut want = old.clone();
+    faults.inject(Fault {
+        op: OpKind::Write,
+        error: HomeError::NoSpace,
+        count: 1,
+        landed: true,
+    });
+    fs.write(r.fh, 10, b"first").unwrap();
+    want[10..15].copy_from_slice(b"first");
+    fs.flush(r.fh).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fs.journal_stats().failed_ops == 0 {
+        assert!(std::time::Instant::now() < deadline, "the push never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        &std::fs::read(s.home("f")).unwrap()[10..15],
+        b"first",
+        "the push reached home"
+    );
+    // Written again (over part of what was pushed, and elsewhere) before the retry.
+    fs.write(r.fh, 12, b"SECOND").unwrap();
+    want[12..18].copy_from_slice(b"SECOND");
+    fs.write(r.fh, 2 * BS + 7, b"third").unwrap();
+    want[2 * BS as usize + 7..2 * BS as usize + 12].copy_from_slice(b"third");
+    fs.flush(r.fh).unwrap();
+    assert!(fs.drain(Duration::from_secs(30)), "the journal drains");
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), want);
+    let names: Vec<_> = std::fs::read_dir(&s.home_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("f")], "nothing written beside it");
+    fs.release(r.fh).unwrap();
+    fs.stop_flushers();
+}
+
 #[test]
 fn a_failing_home_read_is_an_error_not_a_cached_hole() {
     let s = Setup::new();
@@ -321,6 +389,7 @@ fn a_failing_home_read_is_an_error_not_a_cached_hole() {
         op: OpKind::Read,
         error: HomeError::TimedOut(Duration::from_secs(1)),
         count: 1,
+        landed: false,
     });
     let r = fs.open(ino, libc::O_RDONLY).unwrap();
     assert!(matches!(

@@ -80,6 +80,11 @@ pub trait Layer: Send + Sync + 'static {
     fn before(&self, _op: OpKind, _bytes_out: u64) -> HomeResult<()> {
         Ok(())
     }
+    /// Called after an operation home carried out: an error here replaces its answer (the answer was
+    /// lost on the way back; the operation happened).
+    fn answer(&self, _op: OpKind) -> HomeResult<()> {
+        Ok(())
+    }
     /// Called after the operation with the bytes it brought back and its error, if it failed.
     fn after(&self, _op: OpKind, _bytes_in: u64, _error: Option<&HomeError>) {}
 }
@@ -104,7 +109,7 @@ impl<L: Layer> Layered<L> {
         bytes_in: impl Fn(&T) -> u64,
     ) -> HomeResult<T> {
         self.layer.before(op, out)?;
-        let result = f(self.inner.as_ref());
+        let result = f(self.inner.as_ref()).and_then(|v| self.layer.answer(op).map(|()| v));
         match &result {
             Ok(v) => self.layer.after(op, bytes_in(v), None),
             Err(e) => self.layer.after(op, 0, Some(e)),
