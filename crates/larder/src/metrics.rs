@@ -22,6 +22,11 @@ pub const CACHE_BYTES_DIRTY: &str = "larder_cache_bytes_dirty";
 pub const CACHE_EVICTIONS: &str = "larder_cache_evictions_total";
 pub const CACHE_CORRUPT: &str = "larder_cache_corrupt_blocks_total";
 pub const FILES_CACHED: &str = "larder_files_cached";
+pub const HOME_ONLINE: &str = "larder_home_online";
+pub const JOURNAL_PENDING: &str = "larder_journal_pending_ops";
+pub const JOURNAL_OLDEST: &str = "larder_journal_oldest_age_seconds";
+pub const JOURNAL_FAILED: &str = "larder_journal_failed_ops";
+pub const JOURNAL_CONFLICTS: &str = "larder_journal_conflicts";
 
 /// The snapshot `v` in Prometheus text format.
 pub fn render(v: &Value) -> String {
@@ -96,6 +101,38 @@ pub fn render(v: &Value) -> String {
         "Files with data in the cache.",
         u("/files_cached"),
     );
+    metric(
+        HOME_ONLINE,
+        "gauge",
+        "1 while home answers, 0 while it is away (changes wait in the journal).",
+        u64::from(v.pointer("/home/state").and_then(Value::as_str) == Some("online")),
+    );
+    metric(
+        JOURNAL_PENDING,
+        "gauge",
+        "Changes made here and not yet at home.",
+        u("/journal/pending_ops"),
+    );
+    metric(
+        JOURNAL_FAILED,
+        "gauge",
+        "Queued changes home refused, waiting to be retried.",
+        u("/journal/failed_ops"),
+    );
+    metric(
+        JOURNAL_CONFLICTS,
+        "gauge",
+        "Conflicts recorded in this cache directory (see `larder conflicts`).",
+        u("/journal/conflicts"),
+    );
+    let oldest = v
+        .pointer("/journal/oldest_age_seconds")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    out.push_str(&format!(
+        "# HELP {JOURNAL_OLDEST} Age of the oldest change not yet at home.\n# TYPE {JOURNAL_OLDEST} gauge\n\
+         {JOURNAL_OLDEST} {oldest:.3}\n"
+    ));
     out.push_str(&format!(
         "# HELP {HOME_OPS} Home operations by kind.\n# TYPE {HOME_OPS} counter\n"
     ));

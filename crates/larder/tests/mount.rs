@@ -1094,8 +1094,17 @@ fn metrics_endpoint_serves_prometheus_text() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let m = t.mount(&["--metrics-addr", &addr]);
+    let m = t.mount(&[
+        "--metrics-addr",
+        &addr,
+        "--write-mode",
+        "write-back",
+        "--sync-lag",
+        "60s",
+    ]);
     assert_same_bytes(&read(&m.path("f.bin")), &want, "f.bin");
+    // One change waiting for home.
+    std::fs::write(m.path("new.txt"), b"queued").unwrap();
 
     let mut conn = std::net::TcpStream::connect(&addr).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -1123,6 +1132,16 @@ fn metrics_endpoint_serves_prometheus_text() {
         used >= 20_000.0,
         "larder_cache_bytes_used is {used} after caching 20000 bytes"
     );
+    let pending =
+        value("larder_journal_pending_ops").unwrap_or_else(|| panic!("no larder_journal_pending_ops in:\n{resp}"));
+    assert!(
+        pending >= 1.0,
+        "larder_journal_pending_ops is {pending} with a create queued"
+    );
+    assert_eq!(value("larder_home_online"), Some(1.0), "home is online:\n{resp}");
+    let age = value("larder_journal_oldest_age_seconds")
+        .unwrap_or_else(|| panic!("no larder_journal_oldest_age_seconds in:\n{resp}"));
+    assert!((0.0..60.0).contains(&age), "oldest change is {age} s old");
     m.unmount();
 }
 
