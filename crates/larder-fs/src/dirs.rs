@@ -76,11 +76,19 @@ impl Fs {
                     self.load_pinned(&mut ns, ino)?;
                     return self.snapshot(&ns, ino);
                 }
-                if ns.home_path(ino)?.as_ref() != Some(&path) {
-                    // Moved at home while home was asked (a queued rename landed): ask again.
-                    drop(ns);
-                    // (The mutate lock is held here, by this call or its caller.)
-                    return self.list_dir(ino, true);
+                match self.moved_meanwhile(&ns, ino, None, &path)? {
+                    Some(crate::namespace::Found::Moved) => {
+                        // Moved at home while home was asked (a queued rename landed): ask again.
+                        drop(ns);
+                        // (The mutate lock is held here, by this call or its caller.)
+                        return self.list_dir(ino, true);
+                    }
+                    Some(_) => {
+                        // A rename above it is landing or was tried: what the cache holds stands.
+                        self.load_pinned(&mut ns, ino)?;
+                        return self.snapshot(&ns, ino);
+                    }
+                    None => {}
                 }
                 if ino != ROOT {
                     self.detach(&mut ns, parent, &name);

@@ -4,10 +4,10 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::ops::Range;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use larder_cache::{Mutation, SingleFlight, Store};
 use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, unreachable};
@@ -19,6 +19,19 @@ use crate::record::{AttrRecord, InodeRecord};
 use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
 
 pub(crate) const ROOT: u64 = 1;
+/// Longest a lookup waits for a rename under way at home to settle here.
+const MOVE_WAIT: Duration = Duration::from_secs(2);
+
+/// What one try of a lookup found.
+pub(crate) enum Found {
+    Ino(u64),
+    /// The parent's home path changed while home was asked: ask again.
+    Moved,
+    /// A rename above it is landing at home: ask again once it has settled.
+    Moving,
+    /// A rename above it was tried and failed: home's answer cannot be trusted, nor cached.
+    Unsure,
+}
 const NAME_MAX: usize = 255;
 
 /// One inode as the core knows it.
@@ -851,17 +864,46 @@ impl Fs {
     /// The inode of `name` in `parent`, asking home when the cache cannot say; counts no reference.
     pub(crate) fn find(&self, parent: u64, name: &OsStr) -> FsResult<u64> {
         check_name(name)?;
-        // A directory can move at home while home is asked (a queued rename lands): then ask again.
-        for _ in 0..8 {
-            if let Some(ino) = self.find_once(parent, name)? {
-                return Ok(ino);
+        // A directory can move at home while home is asked (a queued rename lands): then ask again, once
+        // the rename has settled here.
+        let deadline = Instant::now() + MOVE_WAIT;
+        loop {
+            match self.find_once(parent, name)? {
+                Found::Ino(ino) => return Ok(ino),
+                Found::Moved => {}
+                Found::Moving if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                Found::Moving | Found::Unsure => return Err(FsError::NotFound),
             }
         }
-        Err(FsError::NotFound)
     }
 
-    /// One try of [`Fs::find`]; `None` if the parent moved at home meanwhile.
-    fn find_once(&self, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
+    /// Whether home's "not found" for `asked` (the home path of `ino`, or of `name` in it) may be a move
+    /// of it or a directory above it not yet settled here: [`Found::Moved`] if the home path is another
+    /// now, [`Found::Moving`] if a rename that covers it was attempted and has not concluded.
+    pub(crate) fn moved_meanwhile(
+        &self,
+        ns: &Namespace,
+        ino: u64,
+        name: Option<&OsStr>,
+        asked: &Path,
+    ) -> FsResult<Option<Found>> {
+        let now = match name {
+            Some(n) => ns.home_child_path(ino, n)?,
+            None => ns.home_path(ino)?,
+        };
+        if now.as_deref() != Some(asked) {
+            return Ok(Some(Found::Moved));
+        }
+        Ok(match lock(&self.journal).moving(asked.as_os_str().as_bytes()) {
+            Some(true) => Some(Found::Moving),
+            // Failed, waiting for a retry: home may or may not have it; the cache's view stands.
+            Some(false) => Some(Found::Unsure),
+            None => None,
+        })
+    }
+
+    /// One try of [`Fs::find`].
+    fn find_once(&self, parent: u64, name: &OsStr) -> FsResult<Found> {
         let (path, known) = {
             let mut ns = lock(&self.ns);
             let p = ns.inode(parent)?;
@@ -875,13 +917,13 @@ impl Fs {
             if let Some(&child) = p.children.get(name) {
                 let c = ns.inode(child)?;
                 if c.attr.is_some() && (local || self.fresh(c.checked) || !c.dirty.is_empty() || self.queued(child)) {
-                    return Ok(Some(child));
+                    return Ok(Found::Ino(child));
                 }
             } else if local {
                 return self
                     .load_child(&mut ns, parent, name)?
                     .ok_or(FsError::NotFound)
-                    .map(Some);
+                    .map(Found::Ino);
             } else if listed_fresh || negative_fresh {
                 return Err(FsError::NotFound);
             }
@@ -903,10 +945,10 @@ impl Fs {
                         .get(name)
                         .copied()
                         .ok_or(FsError::NotFound)
-                        .map(Some);
+                        .map(Found::Ino);
                 }
                 self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)
-                    .map(Some)
+                    .map(Found::Ino)
             }
             Err(HomeError::NotFound) => {
                 let mut ns = lock(&self.ns);
@@ -917,10 +959,12 @@ impl Fs {
                         .get(name)
                         .copied()
                         .ok_or(FsError::NotFound)
-                        .map(Some);
+                        .map(Found::Ino);
                 }
-                if ns.home_child_path(parent, name)?.as_ref() != Some(&path) {
-                    return Ok(None);
+                match self.moved_meanwhile(&ns, parent, Some(name), &path)? {
+                    Some(Found::Unsure) => return Err(FsError::NotFound),
+                    Some(other) => return Ok(other),
+                    None => {}
                 }
                 self.detach(&mut ns, parent, name);
                 if let Ok(p) = ns.inode_mut(parent) {
@@ -934,7 +978,7 @@ impl Fs {
                 if let Some(child) = known
                     && ns.inodes.get(&child).is_some_and(|c| c.attr.is_some())
                 {
-                    return Ok(Some(child));
+                    return Ok(Found::Ino(child));
                 }
                 if ns.inode(parent)?.listed.is_some() && known.is_none() {
                     return Err(FsError::NotFound);
@@ -996,7 +1040,7 @@ impl Fs {
                 // Changed here, or moved at home while home was asked (a queued rename landed).
                 if self.queued(ino)
                     || self.local_name(&ns, parent, &name)?
-                    || ns.home_path(ino)?.as_deref() != Some(path)
+                    || self.moved_meanwhile(&ns, ino, None, path)?.is_some()
                 {
                     return self.entry(&ns, ino);
                 }
