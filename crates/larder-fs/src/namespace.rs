@@ -939,13 +939,7 @@ impl Fs {
                 let mut ns = lock(&self.ns);
                 if self.local_name(&ns, parent, name)? {
                     // Changed here while home was asked: the cache's answer stands.
-                    return ns
-                        .inode(parent)?
-                        .children
-                        .get(name)
-                        .copied()
-                        .ok_or(FsError::NotFound)
-                        .map(Found::Ino);
+                    return cached_child(&ns, parent, name);
                 }
                 self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)
                     .map(Found::Ino)
@@ -953,13 +947,7 @@ impl Fs {
             Err(HomeError::NotFound) => {
                 let mut ns = lock(&self.ns);
                 if self.local_name(&ns, parent, name)? {
-                    return ns
-                        .inode(parent)?
-                        .children
-                        .get(name)
-                        .copied()
-                        .ok_or(FsError::NotFound)
-                        .map(Found::Ino);
+                    return cached_child(&ns, parent, name);
                 }
                 match self.moved_meanwhile(&ns, parent, Some(name), &path)? {
                     Some(Found::Unsure) => return Err(FsError::NotFound),
@@ -1169,6 +1157,16 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<HashSet<u64>> {
         .filter(|(ino, _)| reachable.get(ino) == Some(&true))
         .map(|(_, o)| *o)
         .collect())
+}
+
+/// The cache's answer for `name` in `parent`.
+fn cached_child(ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<Found> {
+    ns.inode(parent)?
+        .children
+        .get(name)
+        .copied()
+        .ok_or(FsError::NotFound)
+        .map(Found::Ino)
 }
 
 /// Remember which inode holds a home object that has several names.
