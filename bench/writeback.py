@@ -8,7 +8,7 @@ Home is a local directory behind `--emulate-wan latency=30ms` (per home call).
     bench/writeback.py [--latency 30ms] [--seconds 5] [--out bench/results/writeback.json]
 
 Each figure is the count completed in a fixed time window (bounded in count too). Results: JSON plus a
-table on stdout.
+table on stdout and as Markdown beside the JSON.
 """
 import argparse
 import json
@@ -102,6 +102,19 @@ def main():
         print(f"{k:<42} {v}")
     print(f"write-back drain after the run: {wb.get('drain_seconds')} s")
     print(f"JSON: {a.out}")
+    md = os.path.splitext(a.out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(f"# Write-back vs write-through\n\nHome behind `--emulate-wan latency={a.latency}`; "
+                f"{a.seconds:.0f} s per figure; `bench/writeback.py --seconds {a.seconds:.0f}`.\n\n")
+        f.write("| target | creates/s | 4 KiB fsync'd writes/s |\n|---|---:|---:|\n")
+        for name in ["local_disk", "write-back", "write-through"]:
+            r = results[name]
+            f.write(f"| {name} | {r['creates_per_s']:.1f} | {r['fsync_writes_per_s']:.1f} |\n")
+        f.write("\n| ratio | value |\n|---|---:|\n")
+        for k, v in results["ratios"].items():
+            f.write(f"| {k} | {v} |\n")
+        f.write(f"\nThe write-back queue reached home {wb.get('drain_seconds')} s after the run.\n")
+    print(f"Markdown: {md}")
 
 
 if __name__ == "__main__":
