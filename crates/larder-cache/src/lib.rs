@@ -10,8 +10,10 @@
 
 mod db;
 mod flight;
+mod s3fifo;
 mod store;
 
 pub use db::{Db, Mutation};
 pub use flight::SingleFlight;
+pub use s3fifo::{PolicyStats, S3Fifo};
 pub use store::{BlockKey, CacheError, CacheResult, Store, StoreConfig, StoreStats};
