@@ -3,8 +3,8 @@
 //! Each cached file version is one sparse file under the cache directory, named by an **object id** that
 //! is never reused for another version, so a stale block cannot be found (the version is in every key).
 //! Which blocks of it are present, with their checksums, lives in a persistent index ([`Db`]), written by a
-//! group-commit thread. Eviction is by block (a small file is one block), least recently used first,
-//! between watermarks; dirty blocks are never evicted.
+//! group-commit thread. Eviction is by block (a small file is one block), in S3-FIFO order ([`S3Fifo`]), by
+//! a harvester thread between watermarks so that fills do not wait for it; dirty blocks are never evicted.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

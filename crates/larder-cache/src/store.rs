@@ -9,9 +9,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::S3Fifo;
 use crate::db::{Db, Mutation};
 
 /// (object id, block index)
@@ -73,7 +74,6 @@ pub struct StoreStats {
 struct BlockEntry {
     len: u32,
     crc: u32,
-    tick: u64,
     /// Set when the entry is inserted, never changed: a read that finds the same generation after its
     /// unlocked `pread` read bytes that were not evicted or replaced meanwhile.
     generation: u64,
@@ -81,12 +81,11 @@ struct BlockEntry {
     dirty: bool,
 }
 
-#[derive(Default)]
 struct State {
     /// Ordered by key, so the blocks of one object are one range.
     blocks: BTreeMap<BlockKey, BlockEntry>,
-    /// Clean blocks by last use: tick -> key.
-    lru: BTreeMap<u64, BlockKey>,
+    /// The eviction policy over the clean blocks (dirty ones are not candidates).
+    policy: S3Fifo<BlockKey>,
     per_object: HashMap<u64, u32>,
     /// Bumped by every local change of an object (write, truncate, removal): a fill fetched before the
     /// change must not land after it.
@@ -110,6 +109,10 @@ pub struct Store {
     db: Arc<Db>,
     state: Mutex<State>,
     fds: Mutex<FdCache>,
+    /// Set (and the harvester woken) when usage passed the high watermark.
+    harvest: Mutex<bool>,
+    harvest_cv: Condvar,
+    harvesting: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -124,7 +127,15 @@ impl Store {
     /// Open the store in `cfg.dir`, loading the block index from `db`.
     pub fn open(cfg: StoreConfig, db: Arc<Db>) -> CacheResult<Store> {
         std::fs::create_dir_all(&cfg.dir).map_err(io_err)?;
-        let mut state = State::default();
+        let mut state = State {
+            blocks: BTreeMap::new(),
+            policy: S3Fifo::new((cfg.limit as f64 * cfg.low_watermark) as u64),
+            per_object: HashMap::new(),
+            epochs: HashMap::new(),
+            used: 0,
+            dirty: 0,
+            tick: 0,
+        };
         db.for_each_block(|object, index, len, crc| {
             state.tick += 1;
             let tick = state.tick;
@@ -133,13 +144,12 @@ impl Store {
                 BlockEntry {
                     len,
                     crc,
-                    tick,
                     generation: tick,
                     verified: false,
                     dirty: false,
                 },
             );
-            state.lru.insert(tick, (object, index));
+            state.policy.insert((object, index), len as u64);
             *state.per_object.entry(object).or_default() += 1;
             state.used += len as u64;
         })?;
@@ -148,6 +158,9 @@ impl Store {
             db,
             state: Mutex::new(state),
             fds: Mutex::new(FdCache::default()),
+            harvest: Mutex::new(false),
+            harvest_cv: Condvar::new(),
+            harvesting: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -248,16 +261,10 @@ impl Store {
                         e.verified = true;
                     }
                 }
-                st.tick += 1;
-                let tick = st.tick;
-                let Some(e) = st.blocks.get_mut(&key) else {
+                let Some(generation) = st.blocks.get(&key).map(|e| e.generation) else {
                     return Ok(None);
                 };
-                let old = std::mem::replace(&mut e.tick, tick);
-                let (generation, dirty) = (e.generation, e.dirty);
-                if !dirty && st.lru.remove(&old).is_some() {
-                    st.lru.insert(tick, key);
-                }
+                st.policy.touch(&key);
                 generation
             };
             let mut buf = vec![0u8; len];
@@ -541,13 +548,11 @@ impl Store {
             BlockEntry {
                 len,
                 crc,
-                tick,
                 generation,
                 verified: true,
                 dirty,
             },
         ) {
-            st.lru.remove(&old.tick);
             st.used -= old.len as u64;
             if old.dirty {
                 st.dirty -= old.len as u64;
@@ -558,14 +563,15 @@ impl Store {
         st.used += len as u64;
         if dirty {
             st.dirty += len as u64;
+            st.policy.remove(&key);
         } else {
-            st.lru.insert(tick, key);
+            st.policy.insert(key, len as u64);
         }
     }
 
     fn remove_locked(&self, st: &mut State, key: BlockKey) {
         let Some(old) = st.blocks.remove(&key) else { return };
-        st.lru.remove(&old.tick);
+        st.policy.remove(&key);
         st.used -= old.len as u64;
         if old.dirty {
             st.dirty -= old.len as u64;
@@ -581,20 +587,36 @@ impl Store {
         }
     }
 
-    /// Evict least recently used clean blocks once usage passes the high watermark, down to the low one.
+    fn watermarks(&self) -> (u64, u64) {
+        let at = |w: f64| (self.cfg.limit as f64 * w) as u64;
+        (at(self.cfg.high_watermark), at(self.cfg.low_watermark))
+    }
+
+    /// Called after usage grew. Past the high watermark the harvester is woken to evict down to the low
+    /// one, and the caller goes on; only past the limit itself (the harvester has fallen behind) does the
+    /// caller evict, down to the high watermark. Without a harvester the caller evicts to the low one.
     fn evict_if_needed(&self, st: &mut State) {
-        let high = (self.cfg.limit as f64 * self.cfg.high_watermark) as u64;
+        let (high, low) = self.watermarks();
         if st.used <= high {
             return;
         }
-        let low = (self.cfg.limit as f64 * self.cfg.low_watermark) as u64;
-        let mut mutations = Vec::new();
-        while st.used > low {
-            let Some((_, key)) = st.lru.pop_first() else { break };
-            if let Some(e) = st.blocks.get_mut(&key) {
-                // Already out of the LRU; make remove_locked's lookup a no-op.
-                e.tick = u64::MAX;
+        if self.harvesting.load(Ordering::Relaxed) {
+            *lock(&self.harvest) = true;
+            self.harvest_cv.notify_one();
+            if st.used > self.cfg.limit {
+                self.evict_to(st, high, usize::MAX);
             }
+            return;
+        }
+        self.evict_to(st, low, usize::MAX);
+    }
+
+    /// Evict clean blocks in the policy's order until usage is at most `target` or `most` are gone;
+    /// whether usage reached the target.
+    fn evict_to(&self, st: &mut State, target: u64, most: usize) -> bool {
+        let mut mutations = Vec::new();
+        while st.used > target && mutations.len() < most {
+            let Some((key, _)) = st.policy.evict() else { break };
             self.remove_locked(st, key);
             self.evictions.fetch_add(1, Ordering::Relaxed);
             mutations.push(Mutation::DelBlock {
@@ -603,6 +625,36 @@ impl Store {
             });
         }
         self.db.submit(mutations);
+        st.used <= target || st.policy.stats().units == 0
+    }
+
+    /// Start the harvester: a thread that evicts down to the low watermark once usage passes the high one,
+    /// so that a fill does not wait for eviction. It stops when the store is dropped.
+    pub fn start_harvester(self: &Arc<Store>) -> io::Result<()> {
+        let weak = Arc::downgrade(self);
+        self.harvesting.store(true, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name("larder-harvest".into())
+            .spawn(move || {
+                loop {
+                    let Some(store) = weak.upgrade() else { return };
+                    {
+                        let flag = lock(&store.harvest);
+                        let (mut flag, _) = store
+                            .harvest_cv
+                            .wait_timeout_while(flag, std::time::Duration::from_millis(200), |f| !*f)
+                            .unwrap_or_else(|p| p.into_inner());
+                        *flag = false;
+                    }
+                    let (high, low) = store.watermarks();
+                    if lock(&store.state).used <= high {
+                        continue;
+                    }
+                    // In batches, so that readers and fills get the lock in between.
+                    while !store.evict_to(&mut lock(&store.state), low, 64) {}
+                }
+            })?;
+        Ok(())
     }
 }
 
@@ -704,6 +756,52 @@ mod tests {
         assert!(s.contains((99, 0)), "dirty block was evicted");
         assert!(s.contains((1, 39)) && !s.contains((1, 0)));
         assert!(s.stats().evictions >= 30);
+    }
+
+    #[test]
+    fn the_harvester_evicts_so_that_fills_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("index.redb")).unwrap();
+        let cfg = StoreConfig {
+            dir: dir.path().join("objects"),
+            block_size: 4096,
+            limit: 20 * 4096,
+            high_watermark: 0.5,
+            low_watermark: 0.25,
+        };
+        let s = Arc::new(Store::open(cfg, db).unwrap());
+        s.start_harvester().unwrap();
+        for i in 0..100 {
+            s.fill((1, i), &[i as u8; 4096], 0).unwrap();
+            assert!(s.stats().bytes_used <= 20 * 4096, "over the limit after fill {i}");
+        }
+        // The harvester brings usage down to the low watermark (5 blocks) soon after.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while s.stats().bytes_used > 5 * 4096 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "usage stays at {}",
+                s.stats().bytes_used
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(s.contains((1, 99)), "the newest block stays");
+    }
+
+    #[test]
+    fn blocks_read_again_survive_a_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 40 * 4096);
+        for i in 0..10 {
+            s.fill((1, i), &[1u8; 4096], 0).unwrap();
+            assert!(s.read((1, i), 0, 16).unwrap().is_some());
+        }
+        // One pass over 400 blocks never read again.
+        for i in 0..400 {
+            s.fill((2, i), &[2u8; 4096], 0).unwrap();
+        }
+        let kept = (0..10).filter(|i| s.contains((1, *i))).count();
+        assert_eq!(kept, 10, "the blocks read again were pushed out by the scan");
     }
 
     #[test]

@@ -225,6 +225,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         low_watermark: 0.90,
     };
     let store = Arc::new(Store::open(store_cfg, db).map_err(|e| anyhow!("cache in {}: {e}", p.cache_dir.display()))?);
+    store
+        .start_harvester()
+        .map_err(|e| anyhow!("cannot start the cache's harvester thread: {e}"))?;
     let write_mode = if args.read_only {
         WriteMode::ReadOnly
     } else {
