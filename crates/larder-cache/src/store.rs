@@ -69,6 +69,8 @@ pub struct StoreStats {
     pub misses: u64,
     pub evictions: u64,
     pub corrupt_blocks: u64,
+    /// Bytes put into the cache (blocks fetched from home, and written here).
+    pub inserted_bytes: u64,
 }
 
 struct BlockEntry {
@@ -117,6 +119,7 @@ pub struct Store {
     misses: AtomicU64,
     evictions: AtomicU64,
     corrupt: AtomicU64,
+    inserted: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -165,6 +168,7 @@ impl Store {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
+            inserted: AtomicU64::new(0),
         })
     }
 
@@ -317,6 +321,7 @@ impl Store {
         // Written under the lock, so no local change of the object can interleave with it.
         file.write_all_at(data, start).map_err(io_err)?;
         self.insert_locked(&mut st, key, data.len() as u32, crc, false);
+        self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.db.submit(vec![Mutation::PutBlock {
             object: key.0,
             index: key.1,
@@ -359,6 +364,7 @@ impl Store {
             }
             return Err(io_err(e));
         }
+        self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -535,6 +541,7 @@ impl Store {
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             corrupt_blocks: self.corrupt.load(Ordering::Relaxed),
+            inserted_bytes: self.inserted.load(Ordering::Relaxed),
         }
     }
 

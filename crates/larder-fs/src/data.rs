@@ -167,6 +167,18 @@ impl Fs {
 
     /// Read up to `size` bytes at `offset`.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let started = std::time::Instant::now();
+        let result = self.read_range(fh, offset, size);
+        if let Ok(data) = &result {
+            self.reads.fetch_add(1, Relaxed);
+            self.read_bytes.fetch_add(data.len() as u64, Relaxed);
+            self.read_nanos.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        }
+        result
+    }
+
+    fn read_range(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let bs = self.core.store.block_size();
         let (ino, object, file_size, path, version, window) = {
             let mut ns = lock(&self.ns);

@@ -245,6 +245,10 @@ pub struct Fs {
     pub(crate) health: Arc<Health>,
     /// Drain requests under way: push regardless of the sync lag.
     pub(crate) urgent: AtomicU64,
+    /// Reads served: count, bytes and nanoseconds spent in them (for the efficiency metrics).
+    pub(crate) reads: AtomicU64,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) read_nanos: AtomicU64,
     pub(crate) stopping: AtomicBool,
     pub(crate) conflicts: Mutex<Vec<crate::Conflict>>,
     pub(crate) flushers: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -407,6 +411,9 @@ impl Fs {
             journal_cv: Condvar::new(),
             health,
             urgent: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            read_nanos: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             conflicts: Mutex::new(conflicts),
             flushers: Mutex::new(Vec::new()),
@@ -1089,6 +1096,9 @@ impl Fs {
             open_handles: ns.handles.len() as u64,
             dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
             readahead_blocks: self.readahead.submitted(),
+            reads: self.reads.load(std::sync::atomic::Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            read_seconds: self.read_nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
         }
     }
 

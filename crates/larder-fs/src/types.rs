@@ -169,6 +169,10 @@ pub struct FsStats {
     pub open_handles: u64,
     pub dirty_files: u64,
     pub readahead_blocks: u64,
+    /// Read requests served, their bytes, and the time spent serving them.
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub read_seconds: f64,
 }
 
 /// The write-back journal, for status output.

@@ -27,6 +27,9 @@ pub const JOURNAL_PENDING: &str = "larder_journal_pending_ops";
 pub const JOURNAL_OLDEST: &str = "larder_journal_oldest_age_seconds";
 pub const JOURNAL_FAILED: &str = "larder_journal_failed_ops";
 pub const JOURNAL_CONFLICTS: &str = "larder_journal_conflicts";
+pub const READS: &str = "larder_reads_total";
+pub const READ_BYTES: &str = "larder_read_bytes_total";
+pub const CACHE_INSERTED: &str = "larder_cache_inserted_bytes_total";
 
 /// The snapshot `v` in Prometheus text format.
 pub fn render(v: &Value) -> String {
@@ -125,6 +128,46 @@ pub fn render(v: &Value) -> String {
         "Conflicts recorded in this cache directory (see `larder conflicts`).",
         u("/journal/conflicts"),
     );
+    metric(
+        READS,
+        "counter",
+        "Read requests served by the mount.",
+        u("/efficiency/reads"),
+    );
+    metric(
+        READ_BYTES,
+        "counter",
+        "Bytes served by read requests.",
+        u("/efficiency/read_bytes"),
+    );
+    metric(
+        CACHE_INSERTED,
+        "counter",
+        "Bytes put into the local cache (fetched from home or written here).",
+        u("/efficiency/cache_inserted_bytes"),
+    );
+    let f = |p: &str| v.pointer(p).and_then(Value::as_f64);
+    out.push_str(&format!(
+        "# HELP larder_read_seconds_total Time spent serving read requests.\n# TYPE larder_read_seconds_total counter\n\
+         larder_read_seconds_total {:.6}\n",
+        f("/efficiency/read_seconds").unwrap_or(0.0)
+    ));
+    for (name, key, help) in [
+        (
+            "larder_ecdal",
+            "ecdal",
+            "HCCache ECDAL over the mount's life: 1 / (read latency x cache insert bytes).",
+        ),
+        (
+            "larder_ecdab",
+            "ecdab",
+            "HCCache ECDAB over the mount's life: read bytes / (read time x cache insert bytes).",
+        ),
+    ] {
+        if let Some(x) = f(&format!("/efficiency/{key}")) {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {x:e}\n"));
+        }
+    }
     let oldest = v
         .pointer("/journal/oldest_age_seconds")
         .and_then(Value::as_f64)

@@ -23,6 +23,25 @@ pub struct StatusSource {
     pub block_size: u64,
 }
 
+/// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
+/// into the cache) and ECDAB = Σ bytes read / (I/O time × Σ bytes put into the cache), the I/O time being
+/// the time spent in reads here (one client). Larger is better: the same latency or bandwidth bought with
+/// less cache traffic. `null` until there is something to divide by.
+fn efficiency(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats) -> Value {
+    let cda = store.inserted_bytes as f64;
+    let ratio = |num: f64, den: f64| if den > 0.0 { json!(num / den) } else { Value::Null };
+    let lookups = store.hits + store.misses;
+    json!({
+        "reads": fs.reads,
+        "read_bytes": fs.read_bytes,
+        "read_seconds": fs.read_seconds,
+        "cache_inserted_bytes": store.inserted_bytes,
+        "hit_rate": ratio(store.hits as f64, lookups as f64),
+        "ecdal": ratio(1.0, fs.read_seconds * cda),
+        "ecdab": ratio(fs.read_bytes as f64, fs.read_seconds * cda),
+    })
+}
+
 impl StatusSource {
     /// The status document. The fields of the published schema (`home.ops`, `home.bytes_read`,
     /// `home.bytes_written`, `cache.hits`, `cache.misses`, `cache.bytes_used`, `cache.bytes_limit`,
@@ -71,6 +90,7 @@ impl StatusSource {
                 "conflicts": j.conflicts,
                 "failed_ops": j.failed_ops,
             },
+            "efficiency": efficiency(&fs, &store),
             "fs": {
                 "inodes": fs.inodes,
                 "open_handles": fs.open_handles,

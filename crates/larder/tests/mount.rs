@@ -1142,6 +1142,27 @@ fn metrics_endpoint_serves_prometheus_text() {
     let age = value("larder_journal_oldest_age_seconds")
         .unwrap_or_else(|| panic!("no larder_journal_oldest_age_seconds in:\n{resp}"));
     assert!((0.0..60.0).contains(&age), "oldest change is {age} s old");
+    // The efficiency counters: the cold read put its bytes into the cache; a warm read serves bytes
+    // without putting any more in.
+    let read_bytes =
+        value("larder_read_bytes_total").unwrap_or_else(|| panic!("no larder_read_bytes_total in:\n{resp}"));
+    assert!(read_bytes >= 20_000.0, "larder_read_bytes_total is {read_bytes}");
+    let inserted = value("larder_cache_inserted_bytes_total").unwrap_or(0.0);
+    assert!(inserted >= 20_000.0, "larder_cache_inserted_bytes_total is {inserted}");
+    assert!(
+        value("larder_ecdab").is_some_and(|x| x > 0.0),
+        "no positive larder_ecdab in:\n{resp}"
+    );
+    // (Without the kernel's page cache, so that the warm read reaches larder.)
+    std::fs::write("/proc/sys/vm/drop_caches", b"1").unwrap();
+    assert_same_bytes(&read(&m.path("f.bin")), &want, "f.bin, warm");
+    let e = m.status()["efficiency"].clone();
+    assert!(e["read_bytes"].as_f64().unwrap_or(0.0) >= 40_000.0, "{e}");
+    assert_eq!(
+        e["cache_inserted_bytes"].as_f64(),
+        Some(inserted),
+        "a warm read put bytes into the cache: {e}"
+    );
     m.unmount();
 }
 
