@@ -1067,10 +1067,7 @@ fn stopped_home_gives_eio_not_a_hang() {
         "the inner daemon did not resume"
     );
     // Once home answers again, the health prober (once a second) says so, and reads go to home again.
-    assert!(
-        wait_until(Duration::from_secs(10), || outer.status()["home"]["state"] == "online"),
-        "home did not come back online after it resumed"
-    );
+    wait_online(&outer, 10, "after it resumed");
     let xp = outer.path("x.bin");
     with_deadline(Duration::from_secs(10), "reading x.bin after home resumed", move || {
         std::fs::read(&xp)

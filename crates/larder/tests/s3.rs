@@ -713,10 +713,7 @@ fn stopped_server_gives_eio_within_home_timeout() {
     expect_eio_and_unreachable(&m, "a.bin", timeout, "reading a.bin while moto is stopped");
 
     st.srv.continue_process();
-    assert!(
-        wait_until(Duration::from_secs(30), || m.status()["home"]["state"] == "online"),
-        "home did not come back online after moto resumed"
-    );
+    wait_online(&m, 30, "after moto resumed");
     let (r, _) = timed_read(
         m.path("b.bin"),
         Duration::from_secs(30),

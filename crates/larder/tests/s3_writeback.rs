@@ -341,11 +341,7 @@ fn s3_server_stopped_workload_continues_and_drains() {
     assert_eq!(journal(&offline, "conflicts"), 0, "{}", offline["journal"]);
 
     st.srv.continue_process();
-    assert!(
-        wait_until(Duration::from_secs(30), || m.status()["home"]["state"] == "online"),
-        "home did not come back online within 30 s of moto resuming: {}",
-        m.status()["home"]
-    );
+    wait_online(&m, 30, "of moto resuming");
     drain_ok(&m, 60);
     let after = m.status();
     for k in ["pending_ops", "conflicts", "failed_ops"] {

@@ -1320,11 +1320,7 @@ fn home_offline_workload_continues_and_drains() {
 
     // Home comes back: the prober notices, the journal drains.
     std::fs::remove_file(&fault).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(10), || m.status()["home"]["state"] == "online"),
-        "home did not come back online: {}",
-        m.status()["home"]
-    );
+    wait_online(&m, 10, "of the fault file's removal");
     drain_ok(&m, 60);
     let st = m.status();
     assert_eq!(

@@ -544,6 +544,16 @@ impl Mount {
 
 /// `larder drain MNT --timeout SECSs`; fails the test (with the daemon log) if it does not succeed.
 #[track_caller]
+/// Wait up to `secs` for the daemon of `m` to report home online again (its prober asks once a second);
+/// fail the test with `what` and the home section of its status if it does not.
+pub fn wait_online(m: &Mount, secs: u64, what: &str) {
+    assert!(
+        wait_until(Duration::from_secs(secs), || m.status()["home"]["state"] == "online"),
+        "home did not come back online within {secs} s {what}: {}",
+        m.status()["home"]
+    );
+}
+
 pub fn drain_ok(m: &Mount, secs: u64) {
     let timeout = format!("{secs}s");
     let started = Instant::now();
