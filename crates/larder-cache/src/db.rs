@@ -201,20 +201,18 @@ impl Db {
     }
 
     /// Visit every inode record.
-    pub fn for_each_inode(&self, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
-        let table = tx.open_table(INODES).map_err(idx_err)?;
-        for row in table.iter().map_err(idx_err)? {
-            let (k, v) = row.map_err(idx_err)?;
-            f(k.value(), v.value());
-        }
-        Ok(())
+    pub fn for_each_inode(&self, f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
+        self.for_each_record(INODES, f)
     }
 
     /// Visit every journal record in sequence order.
-    pub fn for_each_op(&self, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
+    pub fn for_each_op(&self, f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
+        self.for_each_record(JOURNAL, f)
+    }
+
+    fn for_each_record(&self, def: TableDefinition<u64, &[u8]>, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
         let tx = self.database()?.begin_read().map_err(idx_err)?;
-        let table = tx.open_table(JOURNAL).map_err(idx_err)?;
+        let table = tx.open_table(def).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;
             f(k.value(), v.value());

@@ -524,7 +524,7 @@ impl Fs {
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
         let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
-        let (ranges, size, object, path, base) = {
+        let (ranges, size, object, path, base, file) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = lock(&self.ns);
@@ -563,22 +563,22 @@ impl Fs {
             // The cache file holds `size` bytes at least (a file extended by truncation may end in a hole
             // the file system does not store); extended here, under the write lock, so that no write can
             // land between the length check and the extension.
-            let extended = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
+            let file = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
                 if file.metadata().map(|m| m.len()).unwrap_or(0) < size {
                     file.set_len(size)
                         .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
                 }
-                Ok(())
+                Ok(file)
             });
-            match path.and_then(|p| extended.map(|()| p)) {
-                Ok(path) => {
+            match path.and_then(|p| file.map(|f| (p, f))) {
+                Ok((path, file)) => {
                     let node = ns.inode_mut(ino)?;
                     node.pushing += 1;
                     node.attempt = Some(crate::namespace::Attempt {
                         ranges: ranges.clone(),
                         size,
                     });
-                    (ranges, size, object, path, base)
+                    (ranges, size, object, path, base, file)
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -586,12 +586,11 @@ impl Fs {
                 }
             }
         };
-        let result = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
-            self.core
-                .home
-                .write(&path, &file, &ranges, size, base.as_ref())
-                .map_err(FsError::from)
-        });
+        let result = self
+            .core
+            .home
+            .write(&path, &file, &ranges, size, base.as_ref())
+            .map_err(FsError::from);
         let mut ns = lock(&self.ns);
         ns.inode_mut(ino)?.pushing -= 1;
         match result {

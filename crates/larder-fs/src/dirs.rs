@@ -133,13 +133,8 @@ impl Fs {
         for name in gone {
             self.detach(&mut ns, ino, &name);
         }
-        for name in pinned {
-            let name = OsString::from_vec(name);
-            if !ns.inode(ino)?.children.contains_key(&name) {
-                self.load_child(&mut ns, ino, &name)?;
-            }
-        }
-        self.load_pinned(&mut ns, ino)?;
+        // (A superset of what load_pinned would take from the journal now.)
+        self.load_names(&mut ns, ino, pinned)?;
         let version = dir_attr.version.clone();
         self.update_attr(&mut ns, ino, dir_attr, asked);
         let node = ns.inode_mut(ino)?;
@@ -172,6 +167,11 @@ impl Fs {
         } else {
             lock(&self.journal).pinned_in(ino).into_iter().collect()
         };
+        self.load_names(ns, ino, names)
+    }
+
+    /// Bind the persisted children `names` of `ino` that are not bound yet.
+    fn load_names(&self, ns: &mut Namespace, ino: u64, names: impl IntoIterator<Item = Vec<u8>>) -> FsResult<()> {
         for n in names {
             let name = OsString::from_vec(n);
             if !ns.inode(ino)?.children.contains_key(&name) {

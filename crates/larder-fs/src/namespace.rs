@@ -956,10 +956,8 @@ impl Fs {
                 if self.local_name(&ns, parent, name)? {
                     return cached_child(&ns, parent, name);
                 }
-                match self.moved_meanwhile(&ns, parent, Some(name), &path)? {
-                    Some(Found::Unsure) => return Err(FsError::NotFound),
-                    Some(other) => return Ok(other),
-                    None => {}
+                if let Some(found) = self.moved_meanwhile(&ns, parent, Some(name), &path)? {
+                    return Ok(found);
                 }
                 self.detach(&mut ns, parent, name);
                 if let Ok(p) = ns.inode_mut(parent) {
