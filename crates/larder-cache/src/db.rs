@@ -19,6 +19,9 @@ const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DENTRIES: TableDefinition<(u64, &[u8]), u64> = TableDefinition::new("dentries");
 /// (object, block index) -> (valid length, crc32c)
 const BLOCKS: TableDefinition<(u64, u32), (u32, u32)> = TableDefinition::new("blocks");
+/// object -> (flags, content length, content crc32c): per-object state of the store (whole unit, pinned,
+/// stored in the content store under that length and checksum).
+const OBJECTS: TableDefinition<u64, (u32, u64, u32)> = TableDefinition::new("objects");
 /// Write-back journal: sequence number -> encoded operation.
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 
@@ -45,7 +48,15 @@ pub enum Mutation {
         object: u64,
         index: u32,
     },
+    /// Forget an object: its blocks and its per-object state.
     DelObject(u64),
+    PutObject {
+        object: u64,
+        flags: u32,
+        len: u64,
+        crc: u32,
+    },
+    DelObjectMeta(u64),
     PutOp(u64, Vec<u8>),
     DelOp(u64),
 }
@@ -81,6 +92,7 @@ impl Db {
             tx.open_table(DENTRIES).map_err(idx_err)?;
             tx.open_table(BLOCKS).map_err(idx_err)?;
             tx.open_table(JOURNAL).map_err(idx_err)?;
+            tx.open_table(OBJECTS).map_err(idx_err)?;
             {
                 let mut meta = tx.open_table(META).map_err(idx_err)?;
                 let found = meta.get("format").map_err(idx_err)?.map(|v| v.value());
@@ -220,6 +232,18 @@ impl Db {
         Ok(())
     }
 
+    /// Visit every object's stored state: (object, flags, content length, content crc).
+    pub fn for_each_object(&self, mut f: impl FnMut(u64, u32, u64, u32)) -> CacheResult<()> {
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let table = tx.open_table(OBJECTS).map_err(idx_err)?;
+        for row in table.iter().map_err(idx_err)? {
+            let (k, v) = row.map_err(idx_err)?;
+            let (flags, len, crc) = v.value();
+            f(k.value(), flags, len, crc);
+        }
+        Ok(())
+    }
+
     /// Visit every block: (object, index, length, crc).
     pub fn for_each_block(&self, mut f: impl FnMut(u64, u32, u32, u32)) -> CacheResult<()> {
         let tx = self.database()?.begin_read().map_err(idx_err)?;
@@ -249,6 +273,7 @@ fn apply(db: &Database, batch: &[Mutation]) -> Result<(), redb::Error> {
         let mut dentries = tx.open_table(DENTRIES)?;
         let mut blocks = tx.open_table(BLOCKS)?;
         let mut journal = tx.open_table(JOURNAL)?;
+        let mut objects = tx.open_table(OBJECTS)?;
         for m in batch {
             match m {
                 Mutation::PutMeta(k, v) => {
@@ -279,6 +304,18 @@ fn apply(db: &Database, batch: &[Mutation]) -> Result<(), redb::Error> {
                 }
                 Mutation::DelObject(object) => {
                     blocks.retain_in((*object, 0u32)..=(*object, u32::MAX), |_, _| false)?;
+                    objects.remove(*object)?;
+                }
+                Mutation::PutObject {
+                    object,
+                    flags,
+                    len,
+                    crc,
+                } => {
+                    objects.insert(*object, (*flags, *len, *crc))?;
+                }
+                Mutation::DelObjectMeta(object) => {
+                    objects.remove(*object)?;
                 }
                 Mutation::PutOp(seq, rec) => {
                     journal.insert(*seq, rec.as_slice())?;

@@ -55,6 +55,8 @@ pub struct StoreConfig {
     pub limit: u64,
     pub high_watermark: f64,
     pub low_watermark: f64,
+    /// Keep one copy of identical clean small files (those filled whole).
+    pub dedup: bool,
 }
 
 /// Figures for status output.
@@ -71,6 +73,50 @@ pub struct StoreStats {
     pub corrupt_blocks: u64,
     /// Bytes put into the cache (blocks fetched from home, and written here).
     pub inserted_bytes: u64,
+    /// Bytes of file data the cache holds, counting each file once (`bytes_used` counts each stored
+    /// copy once: identical small files share one).
+    pub logical_bytes: u64,
+    /// Bytes of pinned files (never evicted).
+    pub bytes_pinned: u64,
+    /// Distinct contents in the content store, and the files sharing them.
+    pub dedup_contents: u64,
+    pub dedup_files: u64,
+}
+
+/// Content-store key: length and crc32c of a whole small file. Equal keys are compared byte for byte before
+/// a file shares a content; a collision is simply not shared.
+type ContentKey = (u64, u32);
+
+const WHOLE: u32 = 1;
+const PINNED: u32 = 2;
+const SHARED: u32 = 4;
+
+/// Per-object state beside the blocks.
+#[derive(Clone, Copy, Debug, Default)]
+struct ObjectMeta {
+    /// Fetched, kept and evicted as one unit (a small file over several blocks).
+    whole: bool,
+    /// Never evicted.
+    pinned: bool,
+    /// Stored in the content store (no file of its own).
+    content: Option<ContentKey>,
+}
+
+impl ObjectMeta {
+    fn mutation(&self, object: u64) -> Mutation {
+        if !self.whole && !self.pinned && self.content.is_none() {
+            return Mutation::DelObjectMeta(object);
+        }
+        let flags =
+            (self.whole as u32 * WHOLE) | (self.pinned as u32 * PINNED) | (self.content.is_some() as u32 * SHARED);
+        let (len, crc) = self.content.unwrap_or((0, 0));
+        Mutation::PutObject {
+            object,
+            flags,
+            len,
+            crc,
+        }
+    }
 }
 
 struct BlockEntry {
@@ -92,9 +138,22 @@ struct State {
     /// Bumped by every local change of an object (write, truncate, removal): a fill fetched before the
     /// change must not land after it.
     epochs: HashMap<u64, u64>,
+    objects: HashMap<u64, ObjectMeta>,
+    /// Files sharing each content of the content store.
+    contents: HashMap<ContentKey, u32>,
+    /// Bytes on disk: blocks of objects with a file of their own, plus each content once.
     used: u64,
+    /// Bytes of all blocks.
+    logical: u64,
     dirty: u64,
+    pinned: u64,
     tick: u64,
+}
+
+impl State {
+    fn meta(&self, object: u64) -> ObjectMeta {
+        self.objects.get(&object).copied().unwrap_or_default()
+    }
 }
 
 const MAX_OPEN_FILES: usize = 256;
@@ -135,10 +194,30 @@ impl Store {
             policy: S3Fifo::new((cfg.limit as f64 * cfg.low_watermark) as u64),
             per_object: HashMap::new(),
             epochs: HashMap::new(),
+            objects: HashMap::new(),
+            contents: HashMap::new(),
             used: 0,
+            logical: 0,
             dirty: 0,
+            pinned: 0,
             tick: 0,
         };
+        db.for_each_object(|object, flags, len, crc| {
+            let content = (flags & SHARED != 0).then_some((len, crc));
+            if let Some(key) = content {
+                let refs = state.contents.entry(key).or_insert(0);
+                if *refs == 0 {
+                    state.used += key.0;
+                }
+                *refs += 1;
+            }
+            let meta = ObjectMeta {
+                whole: flags & WHOLE != 0,
+                pinned: flags & PINNED != 0,
+                content,
+            };
+            state.objects.insert(object, meta);
+        })?;
         db.for_each_block(|object, index, len, crc| {
             state.tick += 1;
             let tick = state.tick;
@@ -152,9 +231,17 @@ impl Store {
                     dirty: false,
                 },
             );
-            state.policy.insert((object, index), len as u64);
+            let meta = state.meta(object);
+            if meta.pinned {
+                state.pinned += len as u64;
+            } else {
+                state.policy.insert((object, index), len as u64);
+            }
             *state.per_object.entry(object).or_default() += 1;
-            state.used += len as u64;
+            state.logical += len as u64;
+            if meta.content.is_none() {
+                state.used += len as u64;
+            }
         })?;
         Ok(Store {
             cfg,
@@ -189,8 +276,23 @@ impl Store {
             .join(format!("{object:016x}"))
     }
 
-    /// The cache file of `object`, opened (and created) on demand. At most `MAX_OPEN_FILES` stay open.
+    fn content_path(&self, key: ContentKey) -> PathBuf {
+        self.cfg.dir.join("cas").join(format!("{:x}-{:08x}", key.0, key.1))
+    }
+
+    /// The file holding `object`'s data, opened (and created) on demand. At most `MAX_OPEN_FILES` stay
+    /// open. An object in the content store is read from the content's file, opened read-only: it is
+    /// copied to a file of its own before any change.
     pub fn file(&self, object: u64) -> CacheResult<Arc<File>> {
+        let content = lock(&self.state).meta(object).content;
+        self.file_at(object, content)
+    }
+
+    fn file_locked(&self, st: &State, object: u64) -> CacheResult<Arc<File>> {
+        self.file_at(object, st.meta(object).content)
+    }
+
+    fn file_at(&self, object: u64, content: Option<ContentKey>) -> CacheResult<Arc<File>> {
         let mut fds = lock(&self.fds);
         fds.tick += 1;
         let tick = fds.tick;
@@ -198,12 +300,15 @@ impl Store {
             *t = tick;
             return Ok(f.clone());
         }
-        let path = self.path_of(object);
+        let path = match content {
+            Some(key) => self.content_path(key),
+            None => self.path_of(object),
+        };
         let open = |p: &Path| {
             OpenOptions::new()
                 .read(true)
-                .write(true)
-                .create(true)
+                .write(content.is_none())
+                .create(content.is_none())
                 .truncate(false)
                 .open(p)
         };
@@ -234,20 +339,20 @@ impl Store {
     /// result stops at the block's end and may be shorter where the cache file ends in a hole. A block
     /// whose checksum fails is dropped and reported as a miss.
     pub fn read(&self, key: BlockKey, offset: u64, len: usize) -> CacheResult<Option<Vec<u8>>> {
-        let file = self.file(key.0)?;
         let start = key.1 as u64 * self.cfg.block_size;
         let len = len.min(self.cfg.block_size.saturating_sub(offset) as usize);
         // The bytes are read without the lock; if the block was evicted (or evicted and filled again)
         // meanwhile, they may be a punched hole: read again, or call it a miss.
         for _ in 0..8 {
-            let generation = {
+            let (generation, file) = {
                 let mut st = lock(&self.state);
                 let Some(entry) = st.blocks.get(&key) else {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
                 };
-                if !entry.verified && !entry.dirty {
-                    let (blen, crc) = (entry.len as usize, entry.crc);
+                let (blen, crc, verified) = (entry.len as usize, entry.crc, entry.verified || entry.dirty);
+                let file = self.file_locked(&st, key.0)?;
+                if !verified {
                     let mut whole = vec![0u8; blen];
                     let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
                     if !ok {
@@ -269,7 +374,7 @@ impl Store {
                     return Ok(None);
                 };
                 st.policy.touch(&key);
-                generation
+                (generation, file)
             };
             let mut buf = vec![0u8; len];
             let n = read_upto(&file, &mut buf, start + offset).map_err(io_err)?;
@@ -290,6 +395,10 @@ impl Store {
         let Some(e) = st.blocks.get(&key) else { return false };
         if !e.dirty {
             let (len, crc) = (e.len, e.crc);
+            if let Err(e) = self.unshare_locked(&mut st, key.0) {
+                tracing::warn!(object = key.0, error = %e, "could not copy a shared file to change it; fetching it again");
+                return false;
+            }
             Self::bump_epoch(&mut st, key.0);
             self.insert_locked(&mut st, key, len, crc, true);
         }
@@ -317,7 +426,11 @@ impl Store {
         if st.epochs.get(&key.0).copied().unwrap_or(0) != epoch || st.blocks.contains_key(&key) {
             return Ok(());
         }
-        let file = self.file(key.0)?;
+        if st.meta(key.0).content.is_some() {
+            // Shared contents are whole: a missing block means the object is being dropped.
+            return Ok(());
+        }
+        let file = self.file_locked(&st, key.0)?;
         // Written under the lock, so no local change of the object can interleave with it.
         file.write_all_at(data, start).map_err(io_err)?;
         self.insert_locked(&mut st, key, data.len() as u32, crc, false);
@@ -338,13 +451,14 @@ impl Store {
         if data.is_empty() {
             return Ok(());
         }
-        let file = self.file(object)?;
         let bs = self.cfg.block_size;
         let end = offset + data.len() as u64;
         // Mark the blocks dirty first: from then on eviction cannot punch them under the new bytes.
         let mut added = Vec::new();
-        {
+        let file = {
             let mut st = lock(&self.state);
+            self.unshare_locked(&mut st, object)?;
+            let file = self.file_locked(&st, object)?;
             Self::bump_epoch(&mut st, object);
             for index in (offset / bs)..=((end - 1) / bs) {
                 let key = (object, index as u32);
@@ -356,7 +470,8 @@ impl Store {
                 self.insert_locked(&mut st, key, existing.unwrap_or(0).max(block_end), 0, true);
             }
             self.evict_if_needed(&mut st);
-        }
+            file
+        };
         if let Err(e) = file.write_all_at(data, offset) {
             let mut st = lock(&self.state);
             for key in added {
@@ -436,9 +551,13 @@ impl Store {
 
     /// Cut `object` to `size` bytes: later blocks are dropped, a partial last block keeps its prefix.
     pub fn truncate(&self, object: u64, size: u64) -> CacheResult<()> {
-        let file = self.file(object)?;
-        // Fills fetched before this point must not write old bytes past the new end.
-        Self::bump_epoch(&mut lock(&self.state), object);
+        let file = {
+            let mut st = lock(&self.state);
+            self.unshare_locked(&mut st, object)?;
+            // Fills fetched before this point must not write old bytes past the new end.
+            Self::bump_epoch(&mut st, object);
+            self.file_locked(&st, object)?
+        };
         file.set_len(size).map_err(io_err)?;
         let bs = self.cfg.block_size;
         let mut st = lock(&self.state);
@@ -491,6 +610,7 @@ impl Store {
                     self.remove_locked(&mut st, key);
                 }
             }
+            st.objects.remove(&object);
         }
         lock(&self.fds).files.remove(&object);
         self.db.submit(vec![Mutation::DelObject(object)]);
@@ -499,19 +619,36 @@ impl Store {
 
     /// Drop every object not in `live` (left behind by a crash or an old version), files included.
     pub fn retain_objects(&self, live: &HashSet<u64>) {
-        let stale: Vec<u64> = lock(&self.state)
-            .per_object
-            .keys()
-            .filter(|o| !live.contains(o))
-            .copied()
-            .collect();
+        let stale: Vec<u64> = {
+            let st = lock(&self.state);
+            let known: HashSet<u64> = st.per_object.keys().chain(st.objects.keys()).copied().collect();
+            known.into_iter().filter(|o| !live.contains(o)).collect()
+        };
         for object in stale {
             self.remove_object(object);
         }
         let Ok(dirs) = std::fs::read_dir(&self.cfg.dir) else {
             return;
         };
+        let st = lock(&self.state);
         for dir in dirs.flatten() {
+            if dir.file_name() == "cas" {
+                // Contents no file shares any more (a crash between a fill and its commit).
+                let Ok(files) = std::fs::read_dir(dir.path()) else {
+                    continue;
+                };
+                for f in files.flatten() {
+                    let keep = f
+                        .file_name()
+                        .to_str()
+                        .and_then(parse_content_name)
+                        .is_some_and(|k| st.contents.contains_key(&k));
+                    if !keep {
+                        let _ = std::fs::remove_file(f.path());
+                    }
+                }
+                continue;
+            }
             let Ok(files) = std::fs::read_dir(dir.path()) else {
                 continue;
             };
@@ -542,6 +679,10 @@ impl Store {
             evictions: self.evictions.load(Ordering::Relaxed),
             corrupt_blocks: self.corrupt.load(Ordering::Relaxed),
             inserted_bytes: self.inserted.load(Ordering::Relaxed),
+            logical_bytes: st.logical,
+            bytes_pinned: st.pinned,
+            dedup_contents: st.contents.len() as u64,
+            dedup_files: st.contents.values().map(|&n| n as u64).sum(),
         }
     }
 
@@ -550,6 +691,7 @@ impl Store {
         let tick = st.tick;
         // Rewriting a present block in place keeps its generation; a new entry gets a new one.
         let generation = st.blocks.get(&key).map_or(tick, |e| e.generation);
+        let meta = st.meta(key.0);
         if let Some(old) = st.blocks.insert(
             key,
             BlockEntry {
@@ -560,38 +702,265 @@ impl Store {
                 dirty,
             },
         ) {
-            st.used -= old.len as u64;
-            if old.dirty {
-                st.dirty -= old.len as u64;
-            }
+            Self::account(st, &meta, old.len, old.dirty, false);
         } else {
             *st.per_object.entry(key.0).or_default() += 1;
         }
-        st.used += len as u64;
-        if dirty {
-            st.dirty += len as u64;
+        Self::account(st, &meta, len, dirty, true);
+        if dirty || meta.pinned {
             st.policy.remove(&key);
         } else {
             st.policy.insert(key, len as u64);
         }
     }
 
+    /// Count a block of `len` bytes in (or out of) the usage figures.
+    fn account(st: &mut State, meta: &ObjectMeta, len: u32, dirty: bool, add: bool) {
+        let len = len as u64;
+        let adjust = |v: &mut u64| {
+            if add { *v += len } else { *v -= len }
+        };
+        adjust(&mut st.logical);
+        if meta.content.is_none() {
+            adjust(&mut st.used);
+        }
+        if dirty {
+            adjust(&mut st.dirty);
+        }
+        if meta.pinned {
+            adjust(&mut st.pinned);
+        }
+    }
+
     fn remove_locked(&self, st: &mut State, key: BlockKey) {
         let Some(old) = st.blocks.remove(&key) else { return };
         st.policy.remove(&key);
-        st.used -= old.len as u64;
-        if old.dirty {
-            st.dirty -= old.len as u64;
+        let meta = st.meta(key.0);
+        Self::account(st, &meta, old.len, old.dirty, false);
+        if meta.content.is_none()
+            && let Ok(file) = self.file_locked(st, key.0)
+        {
+            punch_hole(&file, key.1 as u64 * self.cfg.block_size, old.len as u64);
         }
         if let Some(n) = st.per_object.get_mut(&key.0) {
             *n -= 1;
             if *n == 0 {
                 st.per_object.remove(&key.0);
+                self.emptied_locked(st, key.0);
             }
         }
-        if let Ok(file) = self.file(key.0) {
-            punch_hole(&file, key.1 as u64 * self.cfg.block_size, old.len as u64);
+    }
+
+    /// `object` has no block left: it no longer shares a content, nor is it a whole unit (its next fill
+    /// says again). A pin stays.
+    fn emptied_locked(&self, st: &mut State, object: u64) {
+        let Some(mut meta) = st.objects.get(&object).copied() else {
+            return;
+        };
+        if let Some(key) = meta.content.take() {
+            lock(&self.fds).files.remove(&object);
+            self.release_content(st, key);
         }
+        meta.whole = false;
+        self.db.submit(vec![meta.mutation(object)]);
+        if meta.pinned {
+            st.objects.insert(object, meta);
+        } else {
+            st.objects.remove(&object);
+        }
+    }
+
+    /// One file fewer shares `key`; the last one out deletes the content.
+    fn release_content(&self, st: &mut State, key: ContentKey) {
+        let Some(refs) = st.contents.get_mut(&key) else { return };
+        *refs -= 1;
+        if *refs == 0 {
+            st.contents.remove(&key);
+            st.used -= key.0;
+            let _ = std::fs::remove_file(self.content_path(key));
+        }
+    }
+
+    /// Give `object` a file of its own if it shares a content, before it is changed.
+    fn unshare_locked(&self, st: &mut State, object: u64) -> CacheResult<()> {
+        let meta = st.meta(object);
+        let Some(key) = meta.content else { return Ok(()) };
+        let mut data = vec![0u8; key.0 as usize];
+        let shared = self.file_locked(st, object)?;
+        read_full(&shared, &mut data, 0).map_err(io_err)?;
+        let path = self.path_of(object);
+        std::fs::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+        let own = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_err)?;
+        own.write_all_at(&data, 0).map_err(io_err)?;
+        lock(&self.fds).files.remove(&object);
+        let logical: u64 = st
+            .blocks
+            .range((object, 0)..=(object, u32::MAX))
+            .map(|(_, e)| e.len as u64)
+            .sum();
+        st.used += logical;
+        let meta = ObjectMeta { content: None, ..meta };
+        st.objects.insert(object, meta);
+        self.release_content(st, key);
+        self.db.submit(vec![meta.mutation(object)]);
+        Ok(())
+    }
+
+    /// Store a clean small file fetched whole from home at change epoch `epoch`: every block of it, kept
+    /// and evicted as one unit. With dedup on, a file whose bytes the content store holds already shares
+    /// them, and a new content is stored there for the next one. Nothing is stored if the object changed
+    /// locally since the fetch began or has blocks already (those fill one by one).
+    pub fn fill_whole(&self, object: u64, data: &[u8], epoch: u64) -> CacheResult<()> {
+        let bs = self.cfg.block_size;
+        let blocks = data.len().div_ceil(bs as usize) as u32;
+        let mut st = lock(&self.state);
+        if st.epochs.get(&object).copied().unwrap_or(0) != epoch
+            || st.per_object.contains_key(&object)
+            || data.is_empty()
+        {
+            drop(st);
+            for index in 0..blocks {
+                let from = index as usize * bs as usize;
+                let to = (from + bs as usize).min(data.len());
+                self.fill((object, index), &data[from..to], epoch)?;
+            }
+            return Ok(());
+        }
+        let mut meta = st.meta(object);
+        meta.whole = blocks > 1;
+        if self.cfg.dedup {
+            let key = (data.len() as u64, crc32c::crc32c(data));
+            match self.share_locked(&mut st, key, data) {
+                Ok(true) => {
+                    meta.whole = true;
+                    meta.content = Some(key);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::debug!(error = %e, "could not store a file in the content store"),
+            }
+        }
+        st.objects.insert(object, meta);
+        lock(&self.fds).files.remove(&object);
+        if meta.content.is_none() {
+            let file = self.file_locked(&st, object)?;
+            file.write_all_at(data, 0).map_err(io_err)?;
+        }
+        let mut mutations = vec![meta.mutation(object)];
+        for index in 0..blocks {
+            let from = index as usize * bs as usize;
+            let to = (from + bs as usize).min(data.len());
+            let crc = crc32c::crc32c(&data[from..to]);
+            self.insert_locked(&mut st, (object, index), (to - from) as u32, crc, false);
+            mutations.push(Mutation::PutBlock {
+                object,
+                index,
+                len: (to - from) as u32,
+                crc,
+            });
+        }
+        self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.db.submit(mutations);
+        self.evict_if_needed(&mut st);
+        Ok(())
+    }
+
+    /// Take a share of content `key` holding `data`, storing it if it is new; `false` if another content
+    /// has the same key (the caller keeps its own copy).
+    fn share_locked(&self, st: &mut State, key: ContentKey, data: &[u8]) -> CacheResult<bool> {
+        let path = self.content_path(key);
+        if st.contents.contains_key(&key) {
+            let mut have = vec![0u8; data.len()];
+            let same = File::open(&path)
+                .and_then(|f| read_full(&f, &mut have, 0))
+                .is_ok_and(|()| have == data);
+            if !same {
+                return Ok(false);
+            }
+        } else {
+            std::fs::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+            let tmp = path.with_extension("new");
+            std::fs::write(&tmp, data).map_err(io_err)?;
+            std::fs::rename(&tmp, &path).map_err(io_err)?;
+            st.used += key.0;
+        }
+        *st.contents.entry(key).or_insert(0) += 1;
+        Ok(true)
+    }
+
+    /// Pin `object` (its blocks are never evicted) or unpin it; the setting is kept with the object.
+    pub fn set_pinned(&self, object: u64, pinned: bool) {
+        let mut st = lock(&self.state);
+        let mut meta = st.meta(object);
+        if meta.pinned == pinned {
+            return;
+        }
+        let keys: Vec<(BlockKey, u32, bool)> = st
+            .blocks
+            .range((object, 0)..=(object, u32::MAX))
+            .map(|(k, e)| (*k, e.len, e.dirty))
+            .collect();
+        for (key, len, dirty) in keys {
+            if pinned {
+                st.pinned += len as u64;
+                st.policy.remove(&key);
+            } else {
+                st.pinned -= len as u64;
+                if !dirty {
+                    st.policy.insert(key, len as u64);
+                }
+            }
+        }
+        meta.pinned = pinned;
+        self.db.submit(vec![meta.mutation(object)]);
+        if meta.whole || meta.pinned || meta.content.is_some() {
+            st.objects.insert(object, meta);
+        } else {
+            st.objects.remove(&object);
+        }
+    }
+
+    /// Whether `object` is pinned.
+    pub fn pinned(&self, object: u64) -> bool {
+        lock(&self.state).meta(object).pinned
+    }
+
+    /// Bytes of `object` present in the cache.
+    pub fn cached_bytes(&self, object: u64) -> u64 {
+        lock(&self.state)
+            .blocks
+            .range((object, 0)..=(object, u32::MAX))
+            .map(|(_, e)| e.len as u64)
+            .sum()
+    }
+
+    /// Drop the clean blocks of `object` (dirty ones stay: home does not have them yet); the bytes
+    /// dropped.
+    pub fn evict_object(&self, object: u64) -> u64 {
+        let mut st = lock(&self.state);
+        let keys: Vec<(BlockKey, u32)> = st
+            .blocks
+            .range((object, 0)..=(object, u32::MAX))
+            .filter(|(_, e)| !e.dirty)
+            .map(|(k, e)| (*k, e.len))
+            .collect();
+        let mut freed = 0;
+        let mut mutations = Vec::new();
+        for (key, len) in keys {
+            self.remove_locked(&mut st, key);
+            freed += len as u64;
+            mutations.push(Mutation::DelBlock {
+                object: key.0,
+                index: key.1,
+            });
+        }
+        self.db.submit(mutations);
+        freed
     }
 
     fn watermarks(&self) -> (u64, u64) {
@@ -624,12 +993,24 @@ impl Store {
         let mut mutations = Vec::new();
         while st.used > target && mutations.len() < most {
             let Some((key, _)) = st.policy.evict() else { break };
-            self.remove_locked(st, key);
-            self.evictions.fetch_add(1, Ordering::Relaxed);
-            mutations.push(Mutation::DelBlock {
-                object: key.0,
-                index: key.1,
-            });
+            // A whole unit goes together: its other clean blocks follow the one the policy chose.
+            let mut unit = vec![key];
+            if st.meta(key.0).whole {
+                unit.extend(
+                    st.blocks
+                        .range((key.0, 0)..=(key.0, u32::MAX))
+                        .filter(|(k, e)| !e.dirty && **k != key)
+                        .map(|(k, _)| *k),
+                );
+            }
+            for key in unit {
+                self.remove_locked(st, key);
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                mutations.push(Mutation::DelBlock {
+                    object: key.0,
+                    index: key.1,
+                });
+            }
         }
         self.db.submit(mutations);
         st.used <= target || st.policy.stats().units == 0
@@ -663,6 +1044,12 @@ impl Store {
             })?;
         Ok(())
     }
+}
+
+/// The key of a content file's name, `LEN-CRC` in hex.
+fn parse_content_name(name: &str) -> Option<ContentKey> {
+    let (len, crc) = name.split_once('-')?;
+    Some((u64::from_str_radix(len, 16).ok()?, u32::from_str_radix(crc, 16).ok()?))
 }
 
 fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -712,6 +1099,7 @@ mod tests {
             limit,
             high_watermark: 1.0,
             low_watermark: 0.75,
+            dedup: true,
         };
         Store::open(cfg, db).unwrap()
     }
@@ -730,6 +1118,112 @@ mod tests {
         let s = store(dir.path(), 1 << 20);
         assert_eq!(s.stats().bytes_used, 4196);
         assert_eq!(s.read((1, 0), 4090, 100).unwrap().unwrap(), vec![7u8; 6]);
+    }
+
+    fn content(seed: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+    }
+
+    #[test]
+    fn identical_small_files_share_one_copy_until_one_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = content(1, 10_000);
+        let b = content(2, 10_000);
+        {
+            let s = store(dir.path(), 1 << 20);
+            for object in 1..=3 {
+                s.fill_whole(object, &a, 0).unwrap();
+            }
+            s.fill_whole(4, &b, 0).unwrap();
+            let st = s.stats();
+            assert_eq!(st.logical_bytes, 40_000);
+            assert_eq!(st.bytes_used, 20_000, "three copies of one content are stored once");
+            assert_eq!((st.dedup_contents, st.dedup_files), (2, 4));
+            // Changing one sharer gives it its own copy; the others keep the old bytes.
+            s.write(2, 0, b"changed").unwrap();
+            s.commit(2, [0], 10_000).unwrap();
+            assert_eq!(&s.read((2, 0), 0, 7).unwrap().unwrap(), b"changed");
+            assert_eq!(s.read((1, 0), 0, 4096).unwrap().unwrap(), a[..4096]);
+            assert_eq!(s.read((3, 2), 0, 4096).unwrap().unwrap(), a[8192..]);
+            assert_eq!(s.stats().bytes_used, 30_000);
+            s.db().sync().unwrap();
+        }
+        // Sharing, and the copy of its own, survive a restart.
+        let s = store(dir.path(), 1 << 20);
+        s.retain_objects(&[1, 2, 3, 4].into_iter().collect());
+        let st = s.stats();
+        assert_eq!((st.logical_bytes, st.bytes_used), (40_000, 30_000));
+        assert_eq!(s.read((3, 1), 0, 4096).unwrap().unwrap(), a[4096..8192]);
+        assert_eq!(&s.read((2, 0), 0, 7).unwrap().unwrap(), b"changed");
+        // The last sharer out takes the content with it.
+        s.remove_object(1);
+        s.remove_object(3);
+        let st = s.stats();
+        assert_eq!(
+            (st.logical_bytes, st.bytes_used, st.dedup_contents),
+            (20_000, 20_000, 1)
+        );
+        assert_eq!(std::fs::read_dir(dir.path().join("objects/cas")).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_truncated_sharer_leaves_the_others_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20);
+        let a = content(7, 9000);
+        s.fill_whole(1, &a, 0).unwrap();
+        s.fill_whole(2, &a, 0).unwrap();
+        s.truncate(2, 100).unwrap();
+        assert_eq!(s.read((1, 2), 0, 4096).unwrap().unwrap(), a[8192..]);
+        assert_eq!(s.read((2, 0), 0, 4096).unwrap().unwrap(), a[..100]);
+    }
+
+    #[test]
+    fn a_small_file_is_evicted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 16 * 4096);
+        // Three-block files, all different: the store holds five of them at most.
+        for object in 1..=12u64 {
+            s.fill_whole(object, &content(object as u8, 3 * 4096), 0).unwrap();
+            for object in 1..=object {
+                let present = (0..3).filter(|i| s.contains((object, *i))).count();
+                assert!(
+                    present == 0 || present == 3,
+                    "object {object} is partly cached: {present} blocks"
+                );
+            }
+        }
+        assert!(s.stats().evictions > 0);
+    }
+
+    #[test]
+    fn pinned_blocks_are_never_evicted_and_the_pin_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = store(dir.path(), 8 * 4096);
+            s.fill((1, 0), &[1u8; 4096], 0).unwrap();
+            s.fill((1, 1), &[1u8; 4096], 0).unwrap();
+            s.set_pinned(1, true);
+            for i in 0..50 {
+                s.fill((2, i), &[2u8; 4096], 0).unwrap();
+            }
+            assert!(s.contains((1, 0)) && s.contains((1, 1)), "a pinned block was evicted");
+            assert_eq!(s.stats().bytes_pinned, 8192);
+            assert_eq!(s.evict_object(1), 8192, "an explicit eviction drops pinned blocks too");
+            s.fill((1, 0), &[1u8; 4096], 0).unwrap();
+            s.db().sync().unwrap();
+        }
+        let s = store(dir.path(), 8 * 4096);
+        assert!(s.pinned(1));
+        for i in 0..50 {
+            s.fill((3, i), &[3u8; 4096], 0).unwrap();
+        }
+        assert!(s.contains((1, 0)));
+        s.set_pinned(1, false);
+        for i in 50..100 {
+            s.fill((3, i), &[3u8; 4096], 0).unwrap();
+        }
+        assert!(!s.contains((1, 0)), "an unpinned block is evicted like any other");
     }
 
     #[test]
@@ -775,6 +1269,7 @@ mod tests {
             limit: 20 * 4096,
             high_watermark: 0.5,
             low_watermark: 0.25,
+            dedup: true,
         };
         let s = Arc::new(Store::open(cfg, db).unwrap());
         s.start_harvester().unwrap();

@@ -11,7 +11,7 @@ use larder_home::{FileKind, HomeError, SetAttr, Version};
 
 use crate::namespace::{Core, FetchResult, Fs, lock};
 use crate::readahead::Job;
-use crate::{Entry, FsError, FsResult, OpenReply};
+use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
 
 /// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -35,6 +35,19 @@ impl Core {
         epoch: u64,
     ) -> FetchResult {
         let bs = self.store.block_size();
+        if home_end > 0 && home_end <= self.small_file_threshold {
+            // A small file comes in whole, in one request, and is kept as one unit.
+            let whole = self.flights.run(flight_key(object, WHOLE_FILE, version), || {
+                let data = self.home.read(path, version, 0, home_end as usize)?;
+                if let Err(e) = self.store.fill_whole(object, &data, epoch) {
+                    tracing::warn!(error = %e, path = %path.display(), "could not keep a fetched file in the cache");
+                }
+                Ok(Arc::new(data))
+            })?;
+            let from = (index as u64 * bs).min(whole.len() as u64) as usize;
+            let to = (from + bs as usize).min(whole.len());
+            return Ok(Arc::new(whole[from..to].to_vec()));
+        }
         self.flights.run(flight_key(object, index, version), || {
             if self.store.contains((object, index))
                 && let Ok(Some(d)) = self.store.read((object, index), 0, bs as usize)
@@ -51,6 +64,9 @@ impl Core {
         })
     }
 }
+
+/// The block index standing for a whole small file in single-flight keys.
+const WHOLE_FILE: u32 = u32::MAX;
 
 /// The single-flight key of a block fetch: object, block and version.
 pub(crate) fn flight_key(object: u64, index: u32, version: &Version) -> (u64, u32, u64) {
@@ -180,20 +196,23 @@ impl Fs {
 
     fn read_range(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let bs = self.core.store.block_size();
-        let (ino, object, file_size, path, version, window) = {
+        let (ino, object, file_size, path, version, window, ra_end) = {
             let mut ns = lock(&self.ns);
             let h = ns.handles.get_mut(&fh).ok_or(FsError::BadHandle)?;
-            let window = if offset == h.next_offset {
-                if h.window == 0 {
-                    bs
-                } else {
-                    (h.window * 2).min(self.cfg.readahead_max)
+            let window = match self.cfg.prefetch {
+                Prefetch::WholeFile => u64::MAX,
+                Prefetch::Sequential if offset == h.next_offset => {
+                    if h.window == 0 {
+                        bs
+                    } else {
+                        (h.window * 2).min(self.cfg.readahead_max)
+                    }
                 }
-            } else {
-                0
+                Prefetch::Sequential => 0,
             };
             h.window = window;
             h.next_offset = offset + size as u64;
+            let ra_end = h.ra_end;
             let (ino, opened) = (h.ino, h.object);
             let path = ns.home_path(ino)?;
             let node = ns.inode(ino)?;
@@ -218,6 +237,7 @@ impl Fs {
                 (path, home_size, epoch),
                 attr.version.clone(),
                 window,
+                ra_end,
             )
         };
         let (path, home_size, epoch) = path;
@@ -257,21 +277,26 @@ impl Fs {
             }
             pos += want as u64;
         }
+        // Queue what the window adds past the blocks already queued for this handle (a reader that went
+        // back before them is served by its own reads and the blocks still queued).
+        let ahead_end = end.saturating_add(window).min(file_size).min(home_size);
         if window > 0
             && let Some(path) = path
+            && ahead_end.div_ceil(bs) > ra_end.max(end).div_ceil(bs)
         {
-            let first = end.div_ceil(bs);
-            let last = (end + window).min(file_size).min(home_size).div_ceil(bs);
-            for index in first..last {
-                self.readahead.submit(Job {
-                    object,
-                    index: index as u32,
-                    path: path.clone(),
-                    version: version.clone(),
-                    home_end: home_size,
-                    epoch,
-                });
+            let first = ra_end.max(end).div_ceil(bs);
+            let last = ahead_end.div_ceil(bs);
+            if let Some(h) = lock(&self.ns).handles.get_mut(&fh) {
+                h.ra_end = last * bs;
             }
+            self.readahead.submit(Job {
+                object,
+                blocks: first as u32..last as u32,
+                path,
+                version,
+                home_end: home_size,
+                epoch,
+            });
         }
         Ok(out)
     }

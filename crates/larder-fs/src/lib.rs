@@ -35,5 +35,5 @@ mod writeback;
 pub use error::{FsError, FsResult};
 pub use namespace::Fs;
 pub use types::{
-    Attr, Conflict, ConflictPolicy, DirItem, Entry, FsConfig, FsStats, JournalStats, OpenReply, WriteMode,
+    Attr, Conflict, ConflictPolicy, DirItem, Entry, FsConfig, FsStats, JournalStats, OpenReply, Prefetch, WriteMode,
 };

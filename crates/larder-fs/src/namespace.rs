@@ -205,9 +205,11 @@ pub(crate) struct Handle {
     pub object: u64,
     /// Directory handles: the listing as it was at opendir.
     pub entries: Option<Arc<Vec<DirItem>>>,
-    /// Where the next sequential read would start, and the readahead window.
+    /// Where the next sequential read would start, the readahead window, and where the blocks queued
+    /// for this handle end.
     pub next_offset: u64,
     pub window: u64,
+    pub ra_end: u64,
 }
 
 #[derive(Default)]
@@ -229,6 +231,8 @@ pub(crate) struct Core {
     pub home: Arc<dyn Home>,
     pub store: Arc<Store>,
     pub flights: SingleFlight<(u64, u32, u64), FetchResult>,
+    /// Files at most this large are fetched whole.
+    pub small_file_threshold: u64,
 }
 
 /// The caching file system, without FUSE.
@@ -316,6 +320,7 @@ impl Namespace {
                 entries,
                 next_offset: 0,
                 window: 0,
+                ra_end: 0,
             },
         );
         fh
@@ -398,8 +403,9 @@ impl Fs {
             home,
             store,
             flights: SingleFlight::default(),
+            small_file_threshold: cfg.small_file_threshold,
         });
-        let readahead = Readahead::new(core.clone(), cfg.readahead_threads);
+        let readahead = Readahead::new(core.clone(), cfg.ingest_streams);
         let conflicts = crate::flusher::load_conflicts(&cfg.conflicts_dir);
         Ok(Fs {
             cfg,

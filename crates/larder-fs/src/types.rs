@@ -14,8 +14,12 @@ pub struct FsConfig {
     pub validity_lag: Duration,
     /// Largest readahead window for a sequential reader, in bytes.
     pub readahead_max: u64,
-    /// Threads fetching readahead blocks from home.
-    pub readahead_threads: usize,
+    /// Concurrent home requests bringing in the blocks of large files ahead of their readers.
+    pub ingest_streams: usize,
+    /// What a read of a large file brings in besides the blocks asked for.
+    pub prefetch: Prefetch,
+    /// Files at most this large are fetched (and kept, and evicted) whole.
+    pub small_file_threshold: u64,
     /// How changes reach home.
     pub write_mode: WriteMode,
     /// How long a change waits in the journal before it is pushed (write-back).
@@ -73,6 +77,32 @@ impl WriteMode {
     }
 }
 
+/// What a read of a large file brings in ahead of its reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// A readahead window that doubles on each sequential read, up to the readahead limit.
+    Sequential,
+    /// The first read of a file queues every block of it.
+    WholeFile,
+}
+
+impl Prefetch {
+    pub fn parse(s: &str) -> Result<Prefetch, String> {
+        match s {
+            "sequential" => Ok(Prefetch::Sequential),
+            "whole-file" => Ok(Prefetch::WholeFile),
+            _ => Err(format!("unknown prefetch policy {s:?}: use sequential or whole-file")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Prefetch::Sequential => "sequential",
+            Prefetch::WholeFile => "whole-file",
+        }
+    }
+}
+
 /// What a push does when home changed the object since the version the local changes were made on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConflictPolicy {
@@ -110,7 +140,9 @@ impl Default for FsConfig {
         FsConfig {
             validity_lag: Duration::from_secs(15),
             readahead_max: 16 << 20,
-            readahead_threads: 4,
+            ingest_streams: 8,
+            prefetch: Prefetch::Sequential,
+            small_file_threshold: 256 << 10,
             write_mode: WriteMode::WriteThrough,
             sync_lag: Duration::from_secs(5),
             flush_threads: 8,

@@ -48,7 +48,7 @@ impl Setup {
             faults,
             FsConfig {
                 validity_lag: lag,
-                readahead_threads: 2,
+                ingest_streams: 2,
                 ..FsConfig::default()
             },
         )
@@ -66,6 +66,7 @@ impl Setup {
             limit: 64 << 20,
             high_watermark: 0.95,
             low_watermark: 0.9,
+            dedup: true,
         };
         let store = Arc::new(Store::open(store_cfg, db).unwrap());
         (Fs::new(home, store, cfg).unwrap(), counters)

@@ -60,6 +60,10 @@ fn conflict_policy(s: &str) -> Result<larder_fs::ConflictPolicy, String> {
     larder_fs::ConflictPolicy::parse(s)
 }
 
+fn prefetch(s: &str) -> Result<larder_fs::Prefetch, String> {
+    larder_fs::Prefetch::parse(s)
+}
+
 fn wan(s: &str) -> Result<WanSpec, String> {
     s.parse()
 }
@@ -85,6 +89,20 @@ pub struct MountArgs {
     /// Largest readahead window for sequential readers.
     #[arg(long, default_value = "16MiB", value_parser = size)]
     pub readahead: u64,
+    /// Concurrent home requests bringing in the blocks of large files ahead of their readers.
+    #[arg(long, default_value_t = 8)]
+    pub ingest_streams: usize,
+    /// What a read of a large file brings in ahead of it: sequential (a readahead window that doubles on
+    /// each sequential read, up to --readahead) or whole-file (the first read queues every block).
+    #[arg(long, default_value = "sequential", value_parser = prefetch)]
+    pub prefetch: larder_fs::Prefetch,
+    /// Files at most this large are fetched, kept and evicted whole; larger ones per block.
+    #[arg(long, default_value = "256KiB", value_parser = size)]
+    pub small_file_threshold: u64,
+    /// Keep a copy per file even when small files are identical (by default clean small files with the
+    /// same bytes share one copy in the cache).
+    #[arg(long)]
+    pub no_dedup: bool,
     /// Emulate a slow link to home, e.g. latency=20ms,bandwidth=50MiB/s.
     #[arg(long, value_parser = wan)]
     pub emulate_wan: Option<WanSpec>,

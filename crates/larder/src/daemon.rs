@@ -223,6 +223,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         limit: args.cache_size,
         high_watermark: 0.95,
         low_watermark: 0.90,
+        dedup: !args.no_dedup,
     };
     let store = Arc::new(Store::open(store_cfg, db).map_err(|e| anyhow!("cache in {}: {e}", p.cache_dir.display()))?);
     store
@@ -236,7 +237,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let fs_cfg = FsConfig {
         validity_lag: args.validity_lag,
         readahead_max: args.readahead,
-        readahead_threads: 4,
+        ingest_streams: args.ingest_streams.max(1),
+        prefetch: args.prefetch,
+        small_file_threshold: args.small_file_threshold,
         write_mode,
         sync_lag: if write_mode == WriteMode::WriteThrough {
             Duration::ZERO
