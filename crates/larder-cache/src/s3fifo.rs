@@ -128,6 +128,17 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
         Some(e.size)
     }
 
+    /// Up to `most` tracked units in about the order they would be evicted: the small queue's, then the
+    /// main queue's, oldest first.
+    pub fn eviction_order(&self, most: usize) -> impl Iterator<Item = &K> {
+        self.small
+            .iter()
+            .chain(self.main.iter())
+            .filter(|(k, slot)| self.entries.get(k).is_some_and(|e| e.slot == *slot))
+            .map(|(k, _)| k)
+            .take(most)
+    }
+
     /// Choose the next unit to evict and stop tracking it; `None` when nothing is tracked.
     pub fn evict(&mut self) -> Option<(K, u64)> {
         // Every unit is looked at a bounded number of times per eviction (a main unit at most MAX_FREQ

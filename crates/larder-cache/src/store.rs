@@ -665,6 +665,26 @@ impl Store {
         }
     }
 
+    /// HCCache's average block distance over the files with several evictable blocks among the first
+    /// `most` units in eviction order: how far apart in that order the blocks of one file lie, per block
+    /// (1.0: together, as a whole file; larger: scattered, so a file is evicted piecemeal). `None` when no
+    /// such file is there.
+    pub fn average_block_distance(&self, most: usize) -> Option<f64> {
+        let st = lock(&self.state);
+        let mut spans: HashMap<u64, (usize, usize, usize)> = HashMap::new();
+        for (pos, key) in st.policy.eviction_order(most).enumerate() {
+            let e = spans.entry(key.0).or_insert((pos, pos, 0));
+            e.1 = pos;
+            e.2 += 1;
+        }
+        let abds: Vec<f64> = spans
+            .values()
+            .filter(|(_, _, n)| *n > 1)
+            .map(|(first, last, n)| (last - first) as f64 / (*n - 1) as f64)
+            .collect();
+        (!abds.is_empty()).then(|| abds.iter().sum::<f64>() / abds.len() as f64)
+    }
+
     /// Current figures.
     pub fn stats(&self) -> StoreStats {
         let st = lock(&self.state);
@@ -1224,6 +1244,24 @@ mod tests {
             s.fill((3, i), &[3u8; 4096], 0).unwrap();
         }
         assert!(!s.contains((1, 0)), "an unpinned block is evicted like any other");
+    }
+
+    #[test]
+    fn whole_files_lie_together_in_eviction_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 30);
+        assert_eq!(s.average_block_distance(1000), None);
+        for object in 1..=4u64 {
+            s.fill_whole(object, &content(object as u8, 3 * 4096), 0).unwrap();
+        }
+        assert_eq!(s.average_block_distance(1000), Some(1.0));
+        // Blocks of two large files filled in turns lie two apart.
+        for i in 0..4 {
+            s.fill((10, i), &[1u8; 4096], 0).unwrap();
+            s.fill((11, i), &[2u8; 4096], 0).unwrap();
+        }
+        let abd = s.average_block_distance(1000).unwrap();
+        assert!((abd - (4.0 * 1.0 + 2.0 * 2.0) / 6.0).abs() < 1e-9, "{abd}");
     }
 
     #[test]

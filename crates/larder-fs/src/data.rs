@@ -259,13 +259,20 @@ impl Fs {
                 }
             };
             let chunk = match (cached, &path) {
-                (Some(d), _) => d,
+                (Some(d), _) => {
+                    self.cache_bytes
+                        .fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    d
+                }
                 (None, None) => Vec::new(),
                 (None, Some(_)) if index as u64 * bs >= home_size => Vec::new(),
                 (None, Some(path)) => {
                     let block = self.fetch_block(ino, object, index, path, &version, home_size, epoch)?;
                     let from = (within as usize).min(block.len());
                     let to = (within as usize + want).min(block.len());
+                    self.home_bytes
+                        .fetch_add((to - from) as u64, std::sync::atomic::Ordering::Relaxed);
+                    self.home_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     block[from..to].to_vec()
                 }
             };
@@ -403,7 +410,7 @@ impl Fs {
     /// epoch taken with the file's state that said to fetch: a local change since keeps the block out of
     /// the cache.
     #[allow(clippy::too_many_arguments)]
-    fn fetch_block(
+    pub(crate) fn fetch_block(
         &self,
         ino: u64,
         object: u64,

@@ -29,11 +29,13 @@ mod mutations;
 mod namespace;
 mod readahead;
 mod record;
+mod residency;
 mod types;
 mod writeback;
 
 pub use error::{FsError, FsResult};
 pub use namespace::Fs;
+pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};
 pub use types::{
     Attr, Conflict, ConflictPolicy, DirItem, Entry, FsConfig, FsStats, JournalStats, OpenReply, Prefetch, WriteMode,
 };

@@ -253,6 +253,10 @@ pub struct Fs {
     pub(crate) reads: AtomicU64,
     pub(crate) read_bytes: AtomicU64,
     pub(crate) read_nanos: AtomicU64,
+    /// Bytes handed to readers per tier (the local cache, home), and blocks readers waited for home.
+    pub(crate) cache_bytes: AtomicU64,
+    pub(crate) home_bytes: AtomicU64,
+    pub(crate) home_waits: AtomicU64,
     pub(crate) stopping: AtomicBool,
     pub(crate) conflicts: Mutex<Vec<crate::Conflict>>,
     pub(crate) flushers: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -420,6 +424,9 @@ impl Fs {
             reads: AtomicU64::new(0),
             read_bytes: AtomicU64::new(0),
             read_nanos: AtomicU64::new(0),
+            cache_bytes: AtomicU64::new(0),
+            home_bytes: AtomicU64::new(0),
+            home_waits: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             conflicts: Mutex::new(conflicts),
             flushers: Mutex::new(Vec::new()),
@@ -614,9 +621,16 @@ impl Fs {
                 new_object = Some(node.object);
             }
         }
+        let mut refetch = None;
         if let Some(old) = new_object {
+            // A pin belongs to the file, not to one version of it: the new version is pinned and fetched.
+            let pinned = self.core.store.pinned(old);
             self.core.store.remove_object(old);
             let object = self.alloc_object(ns);
+            if pinned {
+                self.core.store.set_pinned(object, true);
+                refetch = Some(object);
+            }
             if let Some(node) = ns.inodes.get_mut(&ino) {
                 node.object = object;
                 node.home_size = None;
@@ -642,6 +656,19 @@ impl Fs {
             self.persist(ns, ino);
         }
         note_identity(ns, ino);
+        if let Some(object) = refetch
+            && let Ok(Some(path)) = ns.home_path(ino)
+            && let Some(attr) = ns.inodes.get(&ino).and_then(|n| n.attr.clone())
+        {
+            self.readahead.submit(crate::readahead::Job {
+                object,
+                blocks: 0..attr.size.div_ceil(self.core.store.block_size()) as u32,
+                path,
+                version: attr.version,
+                home_end: attr.size,
+                epoch: self.core.store.epoch(object),
+            });
+        }
     }
 
     /// Record attributes that result from this node's own change at home: the cached data stays valid.
@@ -1103,6 +1130,9 @@ impl Fs {
             reads: self.reads.load(std::sync::atomic::Ordering::Relaxed),
             read_bytes: self.read_bytes.load(std::sync::atomic::Ordering::Relaxed),
             read_seconds: self.read_nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
+            bytes_from_cache: self.cache_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_from_home: self.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            home_waits: self.home_waits.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -205,6 +205,10 @@ pub struct FsStats {
     pub reads: u64,
     pub read_bytes: u64,
     pub read_seconds: f64,
+    /// Bytes readers got from the local cache and from home, and the blocks they waited for home to give.
+    pub bytes_from_cache: u64,
+    pub bytes_from_home: u64,
+    pub home_waits: u64,
 }
 
 /// The write-back journal, for status output.

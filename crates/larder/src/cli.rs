@@ -30,6 +30,14 @@ pub enum Command {
     Drain(DrainArgs),
     /// List the conflicts this mount recorded (home changed a file that had local changes).
     Conflicts(ConflictsArgs),
+    /// Bring files into the cache now (a directory: the files in it; with --recursive, everything below).
+    Prefetch(ResidencyArgs),
+    /// Bring files into the cache and keep them there: never evicted, a new version from home fetched.
+    Pin(ResidencyArgs),
+    /// Let pinned files be evicted again.
+    Unpin(ResidencyArgs),
+    /// Drop the cached data of files now (changes not yet at home, and pinned files, stay).
+    Evict(ResidencyArgs),
     /// Build a demo home, mount it behind an emulated slow link, read it cold then warm.
     Demo(DemoArgs),
 }
@@ -190,6 +198,19 @@ pub struct ConflictsArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ResidencyArgs {
+    /// Files or directories inside a larder mount.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Take directories whole: every file below them.
+    #[arg(long, short = 'r')]
+    pub recursive: bool,
+    /// Prefetch: cache names and attributes only (the listing and lookups), no file data.
+    #[arg(long)]
+    pub metadata_only: bool,
 }
 
 #[derive(Args, Debug)]

@@ -12,7 +12,8 @@ use serde_json::Value;
 
 /// Answers control requests.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, cmd: &str) -> Value;
+    /// Answer `cmd`; `req` is the whole request, for commands with arguments.
+    fn handle(&self, cmd: &str, req: &Value) -> Value;
 }
 
 /// Listen at `path` (replacing a stale socket) and answer requests on a thread.
@@ -47,7 +48,7 @@ fn answer(conn: UnixStream, handler: &dyn Handler) -> std::io::Result<()> {
     reader.read_line(&mut line)?;
     let reply = match serde_json::from_str::<Value>(&line) {
         Ok(req) => match req["cmd"].as_str() {
-            Some(cmd) => handler.handle(cmd),
+            Some(cmd) => handler.handle(cmd, &req),
             None => serde_json::json!({"error": "request has no \"cmd\""}),
         },
         Err(e) => serde_json::json!({"error": format!("request is not JSON: {e}")}),
@@ -58,10 +59,15 @@ fn answer(conn: UnixStream, handler: &dyn Handler) -> std::io::Result<()> {
 
 /// Send `cmd` to the daemon listening at `path`.
 pub fn request(path: &Path, cmd: &str) -> Result<Value> {
+    send(path, &serde_json::json!({ "cmd": cmd }), Some(Duration::from_secs(10)))
+}
+
+/// Send the request `req` (an object with a `cmd`) and wait up to `timeout` for the answer.
+pub fn send(path: &Path, req: &Value, timeout: Option<Duration>) -> Result<Value> {
     let mut conn =
         UnixStream::connect(path).map_err(|e| anyhow!("no larder daemon answers at {}: {e}", path.display()))?;
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    writeln!(conn, "{}", serde_json::json!({ "cmd": cmd }))?;
+    conn.set_read_timeout(timeout)?;
+    writeln!(conn, "{req}")?;
     let mut line = String::new();
     BufReader::new(conn).read_line(&mut line)?;
     let v: Value = serde_json::from_str(&line).context("the daemon's answer is not JSON")?;

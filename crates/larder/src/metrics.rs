@@ -146,6 +146,44 @@ pub fn render(v: &Value) -> String {
         "Bytes put into the local cache (fetched from home or written here).",
         u("/efficiency/cache_inserted_bytes"),
     );
+    metric(
+        "larder_cache_logical_bytes",
+        "gauge",
+        "Bytes of file data cached, counting each file (identical small files are stored once).",
+        u("/cache/logical_bytes"),
+    );
+    metric(
+        "larder_cache_pinned_bytes",
+        "gauge",
+        "Bytes of pinned files (never evicted).",
+        u("/cache/bytes_pinned"),
+    );
+    metric(
+        "larder_cache_dedup_saved_bytes",
+        "gauge",
+        "Bytes not stored because identical small files share one copy.",
+        u("/cache/dedup/saved_bytes"),
+    );
+    out.push_str(
+        "# HELP larder_tier_hits_total Reads served per tier (cache: blocks found; home: blocks waited for).\n\
+         # TYPE larder_tier_hits_total counter\n",
+    );
+    for tier in ["cache", "home"] {
+        out.push_str(&format!(
+            "larder_tier_hits_total{{tier=\"{tier}\"}} {}\n",
+            u(&format!("/tiers/{tier}/hits"))
+        ));
+    }
+    out.push_str(
+        "# HELP larder_tier_bytes_served_total Bytes handed to readers per tier.\n\
+         # TYPE larder_tier_bytes_served_total counter\n",
+    );
+    for tier in ["cache", "home"] {
+        out.push_str(&format!(
+            "larder_tier_bytes_served_total{{tier=\"{tier}\"}} {}\n",
+            u(&format!("/tiers/{tier}/bytes_served"))
+        ));
+    }
     let f = |p: &str| v.pointer(p).and_then(Value::as_f64);
     out.push_str(&format!(
         "# HELP larder_read_seconds_total Time spent serving read requests.\n# TYPE larder_read_seconds_total counter\n\
@@ -162,6 +200,11 @@ pub fn render(v: &Value) -> String {
             "larder_ecdab",
             "ecdab",
             "HCCache ECDAB over the mount's life: read bytes / (read time x cache insert bytes).",
+        ),
+        (
+            "larder_abd",
+            "abd",
+            "HCCache average block distance of files in eviction order (1: a file's blocks lie together).",
         ),
     ] {
         if let Some(x) = f(&format!("/efficiency/{key}")) {

@@ -27,7 +27,7 @@ pub struct StatusSource {
 /// into the cache) and ECDAB = Σ bytes read / (I/O time × Σ bytes put into the cache), the I/O time being
 /// the time spent in reads here (one client). Larger is better: the same latency or bandwidth bought with
 /// less cache traffic. `null` until there is something to divide by.
-fn efficiency(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats) -> Value {
+fn efficiency(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats, abd: Option<f64>) -> Value {
     let cda = store.inserted_bytes as f64;
     let ratio = |num: f64, den: f64| if den > 0.0 { json!(num / den) } else { Value::Null };
     let lookups = store.hits + store.misses;
@@ -39,8 +39,13 @@ fn efficiency(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats) -> Valu
         "hit_rate": ratio(store.hits as f64, lookups as f64),
         "ecdal": ratio(1.0, fs.read_seconds * cda),
         "ecdab": ratio(fs.read_bytes as f64, fs.read_seconds * cda),
+        "abd": abd,
     })
 }
+
+/// Units (from the eviction end) over which the average block distance is taken: bounded, because the
+/// store is locked while they are walked.
+const ABD_UNITS: usize = 100_000;
 
 impl StatusSource {
     /// The status document. The fields of the published schema (`home.ops`, `home.bytes_read`,
@@ -80,6 +85,22 @@ impl StatusSource {
                 "block_size": self.block_size,
                 "evictions": store.evictions,
                 "corrupt_blocks": store.corrupt_blocks,
+                "logical_bytes": store.logical_bytes,
+                "bytes_pinned": store.bytes_pinned,
+                "dedup": {
+                    "contents": store.dedup_contents,
+                    "files": store.dedup_files,
+                    "saved_bytes": store.logical_bytes.saturating_sub(store.bytes_used),
+                },
+            },
+            // Where readers' bytes came from. The kernel's page cache, in front of both, is not seen here.
+            "tiers": {
+                "cache": { "hits": store.hits, "bytes_served": fs.bytes_from_cache },
+                "home": {
+                    "hits": fs.home_waits,
+                    "bytes_served": fs.bytes_from_home,
+                    "bytes_fetched": c.bytes_read(),
+                },
             },
             "files_cached": store.objects,
             "write_mode": self.fs.write_mode().as_str(),
@@ -90,7 +111,7 @@ impl StatusSource {
                 "conflicts": j.conflicts,
                 "failed_ops": j.failed_ops,
             },
-            "efficiency": efficiency(&fs, &store),
+            "efficiency": efficiency(&fs, &store, self.fs.store().average_block_distance(ABD_UNITS)),
             "fs": {
                 "inodes": fs.inodes,
                 "open_handles": fs.open_handles,
@@ -102,8 +123,9 @@ impl StatusSource {
 }
 
 impl control::Handler for StatusSource {
-    fn handle(&self, cmd: &str) -> Value {
+    fn handle(&self, cmd: &str, req: &Value) -> Value {
         match cmd {
+            "prefetch" | "pin" | "unpin" | "evict" => crate::residency::serve(&self.fs, cmd, req),
             "status" => self.snapshot(),
             "conflicts" => json!({ "conflicts": self.fs.conflicts(), "failed_ops": self.fs.failed_ops() }),
             drain if drain.starts_with("drain") => {
@@ -195,6 +217,18 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 human_bytes(u("/cache/bytes_limit")),
                 100.0 * u("/cache/bytes_used") as f64 / limit as f64,
                 human_bytes(u("/cache/bytes_dirty"))
+            ),
+        ),
+        (
+            "stored",
+            format!(
+                "{} of file data in {} on disk ({} saved: {} files share {} copies), {} pinned",
+                human_bytes(u("/cache/logical_bytes")),
+                human_bytes(u("/cache/bytes_used")),
+                human_bytes(u("/cache/dedup/saved_bytes")),
+                u("/cache/dedup/files"),
+                u("/cache/dedup/contents"),
+                human_bytes(u("/cache/bytes_pinned"))
             ),
         ),
         ("files cached", u("/files_cached").to_string()),

@@ -1,0 +1,212 @@
+//! `larder prefetch`, `pin`, `unpin` and `evict`: the command walks the paths through the mount (which
+//! caches their metadata), then asks the daemon to act on the files found, a batch at a time.
+
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use larder_fs::Fs;
+use serde_json::{Value, json};
+
+use crate::cli::ResidencyArgs;
+use crate::status::human_bytes;
+use crate::{control, mounts};
+
+/// Files per request, and bytes per request (a batch is cut at whichever comes first).
+const BATCH_FILES: usize = 64;
+const BATCH_BYTES: u64 = 256 << 20;
+
+/// The daemon's side: act on the inodes in `req["inos"]`.
+pub fn serve(fs: &Arc<Fs>, cmd: &str, req: &Value) -> Value {
+    let Some(inos) = req["inos"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect::<Vec<u64>>())
+    else {
+        return json!({ "error": format!("'{cmd}' needs \"inos\": a list of inode numbers") });
+    };
+    let results = match cmd {
+        "prefetch" => fs.prefetch(&inos),
+        "pin" => fs.pin(&inos, true),
+        "unpin" => fs.pin(&inos, false),
+        _ => fs.evict(&inos),
+    };
+    let results: Vec<Value> = inos
+        .iter()
+        .zip(results)
+        .map(|(ino, r)| match r {
+            Ok(r) => json!({
+                "ino": ino, "size": r.size, "cached": r.cached, "moved": r.moved, "pinned": r.pinned,
+            }),
+            Err(e) => json!({ "ino": ino, "error": larder_fs::describe_residency_error(&e) }),
+        })
+        .collect();
+    json!({ "results": results })
+}
+
+/// The larder mount that holds `path`: its nearest ancestor (or itself) that is one.
+fn mount_of(path: &Path) -> Result<PathBuf> {
+    let abs = mounts::absolute(path)?;
+    let mut at = Some(abs.as_path());
+    while let Some(p) = at {
+        if mounts::mounted_at(p) == mounts::Mounted::Larder {
+            return Ok(p.to_path_buf());
+        }
+        at = p.parent();
+    }
+    bail!("{} is not inside a larder mount", path.display())
+}
+
+struct Target {
+    path: PathBuf,
+    ino: u64,
+    size: u64,
+}
+
+/// The files named by `args`: each file, the files in each directory, and with `--recursive` everything
+/// below. Symbolic links are not followed. Every directory is listed and every entry looked up through
+/// the mount, which is what caches their metadata.
+fn walk(args: &ResidencyArgs, mount: &Path, out: &mut Vec<Target>, dirs: &mut u64) -> Result<()> {
+    let mut stack: Vec<(PathBuf, bool)> = Vec::new();
+    for p in &args.paths {
+        let abs = mounts::absolute(p)?;
+        if !abs.starts_with(mount) {
+            bail!(
+                "{} and {} are on different mounts",
+                args.paths[0].display(),
+                p.display()
+            );
+        }
+        let meta = std::fs::symlink_metadata(&abs).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        if meta.is_dir() {
+            stack.push((abs, true));
+        } else if meta.is_file() {
+            out.push(Target {
+                path: abs,
+                ino: meta.ino(),
+                size: meta.len(),
+            });
+        }
+    }
+    while let Some((dir, named)) = stack.pop() {
+        *dirs += 1;
+        let entries = std::fs::read_dir(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        for entry in entries {
+            let entry = entry?;
+            let meta = std::fs::symlink_metadata(entry.path())?;
+            if meta.is_dir() {
+                if args.recursive {
+                    stack.push((entry.path(), false));
+                }
+            } else if meta.is_file() && (named || args.recursive) {
+                out.push(Target {
+                    path: entry.path(),
+                    ino: meta.ino(),
+                    size: meta.len(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `larder prefetch|pin|unpin|evict PATH...`.
+pub fn run(cmd: &str, args: ResidencyArgs) -> Result<()> {
+    let started = Instant::now();
+    let mount = mount_of(&args.paths[0])?;
+    let socket = mounts::socket_path(&mount);
+    let mut targets = Vec::new();
+    let mut dirs = 0;
+    walk(&args, &mount, &mut targets, &mut dirs)?;
+    let total_bytes: u64 = targets.iter().map(|t| t.size).sum();
+    let tty = std::io::stderr().is_terminal();
+    let (mut done, mut done_bytes, mut moved, mut cached) = (0usize, 0u64, 0u64, 0u64);
+    let mut failures: Vec<String> = Vec::new();
+    let mut kept_pinned = 0;
+    if !(cmd == "prefetch" && args.metadata_only) {
+        let mut i = 0;
+        while i < targets.len() {
+            let mut end = i;
+            let mut bytes = 0;
+            while end < targets.len() && end - i < BATCH_FILES && (end == i || bytes + targets[end].size <= BATCH_BYTES)
+            {
+                bytes += targets[end].size;
+                end += 1;
+            }
+            let batch = &targets[i..end];
+            let req = json!({ "cmd": cmd, "inos": batch.iter().map(|t| t.ino).collect::<Vec<_>>() });
+            // A batch takes as long as home needs to give its bytes: no timeout but the daemon's own.
+            let answer = control::send(&socket, &req, None)?;
+            let results = answer["results"].as_array().cloned().unwrap_or_default();
+            for (t, r) in batch.iter().zip(results.iter()) {
+                if let Some(e) = r["error"].as_str() {
+                    failures.push(format!("{}: {e}", t.path.display()));
+                    continue;
+                }
+                moved += r["moved"].as_u64().unwrap_or(0);
+                cached += r["cached"].as_u64().unwrap_or(0);
+                if cmd == "evict" && r["pinned"].as_bool() == Some(true) {
+                    kept_pinned += 1;
+                }
+            }
+            done += batch.len();
+            done_bytes += bytes;
+            i = end;
+            if tty {
+                let width = 30u64;
+                let filled = (done_bytes * width).checked_div(total_bytes).unwrap_or(width) as usize;
+                eprint!(
+                    "\r{cmd} [{}{}] {done}/{} files, {}/{}   ",
+                    "#".repeat(filled),
+                    "-".repeat(width as usize - filled),
+                    targets.len(),
+                    human_bytes(done_bytes),
+                    human_bytes(total_bytes),
+                );
+                let _ = std::io::stderr().flush();
+            }
+        }
+        if tty {
+            eprintln!();
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let what = match cmd {
+        "prefetch" if args.metadata_only => format!("metadata of {} files in {dirs} directories cached", targets.len()),
+        "prefetch" => format!("{} from home, {} cached", human_bytes(moved), human_bytes(cached)),
+        "pin" => format!(
+            "{} from home, {} pinned and cached",
+            human_bytes(moved),
+            human_bytes(cached)
+        ),
+        "unpin" => format!("{} cached, now evictable", human_bytes(cached)),
+        _ => format!(
+            "{} dropped, {} still cached{}",
+            human_bytes(moved),
+            human_bytes(cached),
+            if kept_pinned > 0 {
+                format!(" ({kept_pinned} pinned files kept: unpin them first)")
+            } else {
+                String::new()
+            }
+        ),
+    };
+    println!(
+        "{cmd}: {} files ({}): {what}; {} failed; {secs:.1} s",
+        targets.len(),
+        human_bytes(total_bytes),
+        failures.len()
+    );
+    for f in failures.iter().take(20) {
+        eprintln!("larder {cmd}: {f}");
+    }
+    if failures.len() > 20 {
+        eprintln!("larder {cmd}: ... and {} more", failures.len() - 20);
+    }
+    if !failures.is_empty() {
+        bail!("{} of {} files failed", failures.len(), targets.len());
+    }
+    Ok(())
+}
