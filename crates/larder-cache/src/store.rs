@@ -139,6 +139,9 @@ struct State {
     /// change must not land after it.
     epochs: HashMap<u64, u64>,
     objects: HashMap<u64, ObjectMeta>,
+    /// Objects the kernel reads directly (FUSE passthrough), with the number of handles doing so: their
+    /// blocks are not evicted, and their files never have holes punched, while held.
+    holds: HashMap<u64, u32>,
     /// Files sharing each content of the content store.
     contents: HashMap<ContentKey, u32>,
     /// Bytes on disk: blocks of objects with a file of their own, plus each content once.
@@ -195,6 +198,7 @@ impl Store {
             per_object: HashMap::new(),
             epochs: HashMap::new(),
             objects: HashMap::new(),
+            holds: HashMap::new(),
             contents: HashMap::new(),
             used: 0,
             logical: 0,
@@ -727,7 +731,7 @@ impl Store {
             *st.per_object.entry(key.0).or_default() += 1;
         }
         Self::account(st, &meta, len, dirty, true);
-        if dirty || meta.pinned {
+        if dirty || meta.pinned || st.holds.contains_key(&key.0) {
             st.policy.remove(&key);
         } else {
             st.policy.insert(key, len as u64);
@@ -758,6 +762,7 @@ impl Store {
         let meta = st.meta(key.0);
         Self::account(st, &meta, old.len, old.dirty, false);
         if meta.content.is_none()
+            && !st.holds.contains_key(&key.0)
             && let Ok(file) = self.file_locked(st, key.0)
         {
             punch_hole(&file, key.1 as u64 * self.cfg.block_size, old.len as u64);
@@ -943,6 +948,71 @@ impl Store {
         } else {
             st.objects.remove(&object);
         }
+    }
+
+    /// Hold `object` for a reader the kernel serves from its file directly: until [`Store::unhold`], its
+    /// blocks are not evicted and its file keeps its bytes (a removal unlinks it without punching it).
+    pub fn hold(&self, object: u64) {
+        let mut st = lock(&self.state);
+        let n = st.holds.entry(object).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            let keys: Vec<BlockKey> = st
+                .blocks
+                .range((object, 0)..=(object, u32::MAX))
+                .map(|(k, _)| *k)
+                .collect();
+            for key in keys {
+                st.policy.remove(&key);
+            }
+        }
+    }
+
+    /// End one hold of `object`.
+    pub fn unhold(&self, object: u64) {
+        let mut st = lock(&self.state);
+        let Some(n) = st.holds.get_mut(&object) else { return };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        st.holds.remove(&object);
+        if st.meta(object).pinned {
+            return;
+        }
+        let keys: Vec<(BlockKey, u32)> = st
+            .blocks
+            .range((object, 0)..=(object, u32::MAX))
+            .filter(|(_, e)| !e.dirty)
+            .map(|(k, e)| (*k, e.len))
+            .collect();
+        for (key, len) in keys {
+            st.policy.insert(key, len as u64);
+        }
+    }
+
+    /// Whether every block of `object` up to `size` is present and clean, in a file of its own (not in the
+    /// content store): what the kernel may read directly.
+    pub fn complete(&self, object: u64, size: u64) -> bool {
+        let st = lock(&self.state);
+        if st.meta(object).content.is_some() {
+            return false;
+        }
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for (_, e) in st.blocks.range((object, 0)..=(object, u32::MAX)) {
+            if e.dirty {
+                return false;
+            }
+            n += 1;
+            bytes += e.len as u64;
+        }
+        n == size.div_ceil(self.cfg.block_size) && bytes == size
+    }
+
+    /// Whether `object` is pinned or held (open for direct reading by the kernel).
+    pub fn kept(&self, object: u64) -> bool {
+        let st = lock(&self.state);
+        st.meta(object).pinned || st.holds.contains_key(&object)
     }
 
     /// Whether `object` is pinned.

@@ -141,7 +141,72 @@ impl Fs {
         if let Some(path) = path {
             self.revalidate(ino, &path)?;
         }
-        lock(&self.ns).open_handle(ino)
+        let mut ns = lock(&self.ns);
+        let mut reply = ns.open_handle(ino)?;
+        if self.cfg.passthrough && flags & libc::O_ACCMODE == libc::O_RDONLY {
+            let node = ns.inode(ino)?;
+            reply.passthrough = node.kind == FileKind::File
+                && node.dirty.is_empty()
+                && !node.removed
+                && node
+                    .attr
+                    .as_ref()
+                    .is_some_and(|a| self.core.store.complete(node.object, a.size))
+                && !self.queued(ino);
+        }
+        Ok(reply)
+    }
+
+    /// Whether passthrough was asked for in the configuration.
+    pub fn passthrough_wanted(&self) -> bool {
+        self.cfg.passthrough
+    }
+
+    /// The object (content version) handle `fh` reads.
+    pub fn handle_object(&self, fh: u64) -> Option<u64> {
+        lock(&self.ns).handles.get(&fh).map(|h| h.object)
+    }
+
+    /// End the hold [`Fs::passthrough`] took for `fh` when the kernel did not take the file after all.
+    pub fn unhold(&self, fh: u64) {
+        let mut ns = lock(&self.ns);
+        if let Some(h) = ns.handles.get_mut(&fh)
+            && std::mem::take(&mut h.held)
+        {
+            self.core.store.unhold(h.object);
+        }
+    }
+
+    /// The cache file the kernel may read handle `fh`'s data from directly (FUSE passthrough), for a handle
+    /// whose open said `passthrough`. From then until the handle is released, the store holds its object:
+    /// no eviction, and no hole punched under the reader. `None` if the file is no longer whole and clean.
+    pub fn passthrough(&self, fh: u64) -> Option<Arc<std::fs::File>> {
+        let mut ns = lock(&self.ns);
+        let (ino, object) = ns.handles.get(&fh).map(|h| (h.ino, h.object))?;
+        let node = ns.inode(ino).ok()?;
+        let size = node.attr.as_ref()?.size;
+        if node.object != object || !node.dirty.is_empty() {
+            return None;
+        }
+        self.core.store.hold(object);
+        let file = self
+            .core
+            .store
+            .file(object)
+            .ok()
+            .filter(|f| self.core.store.complete(object, size) && f.metadata().is_ok_and(|m| m.len() == size));
+        match file {
+            Some(file) => {
+                if let Some(h) = ns.handles.get_mut(&fh) {
+                    h.held = true;
+                }
+                Some(file)
+            }
+            None => {
+                self.core.store.unhold(object);
+                None
+            }
+        }
     }
 
     /// Create and open a regular file. An existing file is opened instead unless `O_EXCL` is given.
@@ -510,6 +575,9 @@ impl Fs {
         let Some(h) = lock(&self.ns).handles.remove(&fh) else {
             return Err(FsError::BadHandle);
         };
+        if h.held {
+            self.core.store.unhold(h.object);
+        }
         let result = if h.entries.is_none() {
             self.settle(h.ino)
         } else {

@@ -91,7 +91,7 @@ impl Fs {
                     None => {}
                 }
                 if ino != ROOT {
-                    self.detach(&mut ns, parent, &name);
+                    self.gone_at_home(&mut ns, parent, &name);
                 }
                 return Err(FsError::NotFound);
             }
@@ -131,7 +131,7 @@ impl Fs {
             .cloned()
             .collect();
         for name in gone {
-            self.detach(&mut ns, ino, &name);
+            self.gone_at_home(&mut ns, ino, &name);
         }
         // (A superset of what load_pinned would take from the journal now.)
         self.load_names(&mut ns, ino, pinned)?;

@@ -210,6 +210,8 @@ pub(crate) struct Handle {
     pub next_offset: u64,
     pub window: u64,
     pub ra_end: u64,
+    /// The kernel reads this handle's object from its cache file directly: the store holds it.
+    pub held: bool,
 }
 
 #[derive(Default)]
@@ -260,6 +262,8 @@ pub struct Fs {
     pub(crate) stopping: AtomicBool,
     pub(crate) conflicts: Mutex<Vec<crate::Conflict>>,
     pub(crate) flushers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Where invalidations for the kernel go (the FUSE adapter's notifier); unset without a kernel.
+    pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -308,7 +312,11 @@ impl Namespace {
         let keep_cache = node.kernel_object == node.object && node.object != 0;
         node.kernel_object = node.object;
         let fh = self.new_handle(ino, None);
-        Ok(OpenReply { fh, keep_cache })
+        Ok(OpenReply {
+            fh,
+            keep_cache,
+            passthrough: false,
+        })
     }
 
     /// A new handle of `ino`; directory handles carry the listing they were opened with.
@@ -325,6 +333,7 @@ impl Namespace {
                 next_offset: 0,
                 window: 0,
                 ra_end: 0,
+                held: false,
             },
         );
         fh
@@ -430,6 +439,7 @@ impl Fs {
             stopping: AtomicBool::new(false),
             conflicts: Mutex::new(conflicts),
             flushers: Mutex::new(Vec::new()),
+            invalidator: std::sync::OnceLock::new(),
         })
     }
 
@@ -635,6 +645,7 @@ impl Fs {
                 node.object = object;
                 node.home_size = None;
             }
+            self.invalidate(crate::Invalidation::Inode(ino));
         }
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.checked = Some(now);
@@ -713,7 +724,7 @@ impl Fs {
                 }
                 return Ok(ino);
             }
-            self.detach(ns, parent, name);
+            self.gone_at_home(ns, parent, name);
         }
         let db = self.core.store.db().clone();
         // Another name of an object already known here (a hard link made at home).
@@ -785,6 +796,25 @@ impl Fs {
     /// `name` left `parent` at home: forget it, dropping its data once nothing refers to it.
     pub(crate) fn detach(&self, ns: &mut Namespace, parent: u64, name: &OsStr) {
         self.unbind(ns, parent, name, true);
+    }
+
+    /// `name` in `parent` is not what the cache (and so the kernel) had: home no longer has it, or has
+    /// another object there. The kernel is told to forget its entry.
+    pub(crate) fn gone_at_home(&self, ns: &mut Namespace, parent: u64, name: &OsStr) {
+        self.detach(ns, parent, name);
+        self.invalidate(crate::Invalidation::Entry(parent, name.to_os_string()));
+    }
+
+    /// Tell the kernel (if one is attached) to drop what it caches of something.
+    pub(crate) fn invalidate(&self, what: crate::Invalidation) {
+        if let Some(f) = self.invalidator.get() {
+            f(what);
+        }
+    }
+
+    /// Send the kernel's invalidations to `f` (it must not block: it is called with locks held).
+    pub fn set_invalidator(&self, f: Box<dyn Fn(crate::Invalidation) + Send + Sync>) {
+        let _ = self.invalidator.set(f);
     }
 
     /// `name` left `parent`, at home already (`at_home`) or only here so far (home still has it there until
@@ -992,7 +1022,7 @@ impl Fs {
                 if let Some(found) = self.moved_meanwhile(&ns, parent, Some(name), &path)? {
                     return Ok(found);
                 }
-                self.detach(&mut ns, parent, name);
+                self.gone_at_home(&mut ns, parent, name);
                 if let Ok(p) = ns.inode_mut(parent) {
                     p.negatives.insert(name.to_os_string(), Instant::now());
                 }
@@ -1071,7 +1101,7 @@ impl Fs {
                     return self.entry(&ns, ino);
                 }
                 if ino != ROOT {
-                    self.detach(&mut ns, parent, &name);
+                    self.gone_at_home(&mut ns, parent, &name);
                 }
                 Err(FsError::NotFound)
             }

@@ -208,7 +208,7 @@ impl Fs {
     }
 
     /// Drop the cached data of `inos` now. Changes not yet at home stay (home does not have them), and
-    /// pinned files are kept: unpin them first.
+    /// pinned files are kept (unpin them first), as are files the kernel is reading directly.
     pub fn evict(&self, inos: &[u64]) -> Vec<FsResult<Residency>> {
         inos.iter()
             .map(|&ino| {
@@ -220,7 +220,7 @@ impl Fs {
                 if kind != FileKind::File {
                     return Ok(Residency::default());
                 }
-                let pinned = self.core.store.pinned(object);
+                let pinned = self.core.store.kept(object);
                 let moved = if pinned {
                     0
                 } else {

@@ -34,6 +34,8 @@ pub struct FsConfig {
     pub host: String,
     /// Give created objects the caller's uid/gid (needs a root daemon).
     pub set_owner: bool,
+    /// Offer files that are whole in the cache to the kernel for direct reading (FUSE passthrough).
+    pub passthrough: bool,
 }
 
 /// How changes reach home (per mount).
@@ -150,6 +152,7 @@ impl Default for FsConfig {
             conflicts_dir: std::env::temp_dir().join("larder-conflicts"),
             host: "localhost".into(),
             set_owner: false,
+            passthrough: true,
         }
     }
 }
@@ -186,12 +189,24 @@ pub struct DirItem {
     pub name: OsString,
 }
 
+/// Something the kernel caches that larder learned is out of date at home.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invalidation {
+    /// The file's data and attributes (home has a new version).
+    Inode(u64),
+    /// A name in a directory (home no longer has it, or has something else there).
+    Entry(u64, OsString),
+}
+
 /// The answer to an open.
 #[derive(Clone, Copy, Debug)]
 pub struct OpenReply {
     pub fh: u64,
     /// The kernel's page cache still holds this version: keep it.
     pub keep_cache: bool,
+    /// The file is whole and clean in the cache and opened for reading: the kernel may read it from the
+    /// cache file directly (see [`crate::Fs::passthrough`]).
+    pub passthrough: bool,
 }
 
 /// Figures of the core for status output.

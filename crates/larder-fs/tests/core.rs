@@ -435,3 +435,34 @@ fn hard_links_are_one_inode_with_several_names() {
     let c = resolve(&fs, "c").unwrap();
     assert_eq!(resolve(&fs, "d").unwrap(), c, "still one inode after a restart");
 }
+
+#[test]
+fn changes_found_at_home_are_passed_on_to_the_kernel() {
+    use larder_fs::Invalidation;
+    let s = Setup::new();
+    std::fs::write(s.home("f"), b"one").unwrap();
+    std::fs::write(s.home("g"), b"gone soon").unwrap();
+    let (fs, _) = s.fs(Duration::ZERO);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    fs.set_invalidator(Box::new(move |what| sink.lock().unwrap().push(what)));
+    let f = resolve(&fs, "f").unwrap();
+    resolve(&fs, "g").unwrap();
+    assert_eq!(read_file(&fs, f), b"one");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing changed yet: {:?}",
+        seen.lock().unwrap()
+    );
+    // A new version found at an open drops the kernel's copy of the file; a name gone from a listing
+    // drops the kernel's entry.
+    std::fs::write(s.home("f"), b"two!").unwrap();
+    assert_eq!(read_file(&fs, f), b"two!");
+    std::fs::remove_file(s.home("g")).unwrap();
+    let dir = fs.opendir(1).unwrap();
+    fs.readdir(dir, 0).unwrap();
+    fs.releasedir(dir);
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.contains(&Invalidation::Inode(f)), "{seen:?}");
+    assert!(seen.contains(&Invalidation::Entry(1, "g".into())), "{seen:?}");
+}

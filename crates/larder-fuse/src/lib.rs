@@ -3,16 +3,18 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use larder_cache::CacheError;
 use larder_fs::{Attr, Entry, Fs, FsError, OpenReply};
@@ -123,15 +125,138 @@ fn open_flags(r: &OpenReply) -> FopenFlags {
     }
 }
 
+/// How the kernel does I/O on one open file, which decides what the other opens of its inode may do. The
+/// kernel requires every open of an inode with passthrough opens to be a passthrough open on the same
+/// backing file, and refuses passthrough while an inode has page-cache opens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IoMode {
+    Cached,
+    Direct,
+    Passthrough,
+}
+
+#[derive(Default)]
+struct InodeIo {
+    cached: u32,
+    passthrough: u32,
+    /// The backing file registered for this inode's passthrough opens (one per inode), and its object.
+    backing: Option<(u64, BackingId)>,
+}
+
+#[derive(Default)]
+struct IoModes {
+    inodes: HashMap<u64, InodeIo>,
+    handles: HashMap<u64, (u64, IoMode)>,
+}
+
 /// Serves a core over FUSE.
 pub struct LarderFuse {
     fs: Arc<Fs>,
+    /// Whether the kernel agreed to passthrough at init (and it was asked for).
+    passthrough: AtomicBool,
+    io: Mutex<IoModes>,
 }
 
 impl LarderFuse {
     /// An adapter for `fs`.
     pub fn new(fs: Arc<Fs>) -> LarderFuse {
-        LarderFuse { fs }
+        LarderFuse {
+            fs,
+            passthrough: AtomicBool::new(false),
+            io: Mutex::new(IoModes::default()),
+        }
+    }
+
+    /// Answer an open the core accepted, choosing the kernel's I/O mode for it.
+    fn opened(&self, ino: u64, r: &OpenReply, reply: ReplyOpen) {
+        let mut guard = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        let io = &mut *guard;
+        let state = io.inodes.entry(ino).or_default();
+        let mut mode = IoMode::Cached;
+        let object = self.fs.handle_object(r.fh);
+        let reusable = matches!(&state.backing, Some((o, _)) if Some(*o) == object);
+        if state.passthrough > 0 && !reusable {
+            // Home has a new version while the kernel still reads the old one from its cache file: the
+            // kernel cannot open the inode another way until those readers close.
+            drop(guard);
+            tracing::warn!(
+                ino,
+                "a new version cannot be opened while readers of the old one are open"
+            );
+            let _ = self.fs.release(r.fh);
+            reply.error(Errno::from_i32(libc::EBUSY));
+            return;
+        }
+        if (r.passthrough || reusable) && state.cached == 0 && self.passthrough.load(Ordering::Relaxed) {
+            {
+                if let Some(file) = self.fs.passthrough(r.fh) {
+                    if !reusable {
+                        match reply.open_backing(file.as_ref()) {
+                            Ok(id) => state.backing = Some((object.unwrap_or(0), id)),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "the kernel refused a backing file; reading through the daemon");
+                                state.backing = None;
+                            }
+                        }
+                    }
+                    if let Some((_, id)) = &state.backing {
+                        state.passthrough += 1;
+                        io.handles.insert(r.fh, (ino, IoMode::Passthrough));
+                        reply.opened_passthrough(FileHandle(r.fh), FopenFlags::empty(), id);
+                        return;
+                    }
+                    self.fs.unhold(r.fh);
+                }
+            }
+        }
+        match mode {
+            IoMode::Cached => state.cached += 1,
+            _ => mode = IoMode::Direct,
+        }
+        io.handles.insert(r.fh, (ino, mode));
+        let flags = match mode {
+            IoMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
+            _ => open_flags(r),
+        };
+        reply.opened(FileHandle(r.fh), flags);
+    }
+
+    /// The I/O mode a created (or, without `O_EXCL`, opened) file gets: never passthrough.
+    fn created_mode(&self, ino: u64, fh: u64) -> IoMode {
+        let mut guard = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        let io = &mut *guard;
+        let state = io.inodes.entry(ino).or_default();
+        let mode = if state.passthrough > 0 {
+            IoMode::Direct
+        } else {
+            state.cached += 1;
+            IoMode::Cached
+        };
+        io.handles.insert(fh, (ino, mode));
+        mode
+    }
+
+    /// A handle is gone: its inode's I/O modes follow.
+    fn closed(&self, fh: u64) {
+        let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((ino, mode)) = io.handles.remove(&fh) else {
+            return;
+        };
+        let Some(state) = io.inodes.get_mut(&ino) else { return };
+        match mode {
+            IoMode::Cached => state.cached = state.cached.saturating_sub(1),
+            IoMode::Passthrough => {
+                state.passthrough = state.passthrough.saturating_sub(1);
+                if state.passthrough == 0 {
+                    // Closes the backing file's registration.
+                    state.backing = None;
+                }
+            }
+            IoMode::Direct => {}
+        }
+        if state.cached == 0 && state.passthrough == 0 {
+            io.inodes.remove(&ino);
+        }
     }
 }
 
@@ -147,6 +272,15 @@ impl Filesystem for LarderFuse {
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_AUTO_INVAL_DATA);
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
+        // Passthrough: the kernel reads files whole in the cache from their cache files. larder does not
+        // ask for FUSE_WRITEBACK_CACHE (writes must reach the daemon, which journals them), so nothing
+        // stands in its way but the kernel (6.9 or later) and the mount's own choice.
+        if self.fs.passthrough_wanted()
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.passthrough.store(true, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -278,7 +412,7 @@ impl Filesystem for LarderFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = span!("open", ino.0);
         match self.fs.open(ino.0, flags.0) {
-            Ok(r) => reply.opened(FileHandle(r.fh), open_flags(&r)),
+            Ok(r) => self.opened(ino.0, &r, reply),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -336,6 +470,7 @@ impl Filesystem for LarderFuse {
         reply: ReplyEmpty,
     ) {
         let _s = span!("release", ino.0);
+        self.closed(fh.0);
         reply_empty(reply, self.fs.release(fh.0));
     }
 
@@ -410,13 +545,13 @@ impl Filesystem for LarderFuse {
     ) {
         let _s = span!("create", parent.0);
         match self.fs.create(parent.0, name, mode, flags, req.uid(), req.gid()) {
-            Ok((e, r)) => reply.created(
-                &e.ttl,
-                &file_attr(&e.attr),
-                Generation(0),
-                FileHandle(r.fh),
-                open_flags(&r),
-            ),
+            Ok((e, r)) => {
+                let flags = match self.created_mode(e.attr.ino, r.fh) {
+                    IoMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
+                    _ => open_flags(&r),
+                };
+                reply.created(&e.ttl, &file_attr(&e.attr), Generation(0), FileHandle(r.fh), flags)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

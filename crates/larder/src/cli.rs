@@ -111,6 +111,11 @@ pub struct MountArgs {
     /// same bytes share one copy in the cache).
     #[arg(long)]
     pub no_dedup: bool,
+    /// Serve every read through the daemon, even of files whole in the cache (by default, on read-only
+    /// mounts, the kernel reads those from the cache file directly, with FUSE passthrough, where the
+    /// kernel offers it).
+    #[arg(long)]
+    pub no_passthrough: bool,
     /// Emulate a slow link to home, e.g. latency=20ms,bandwidth=50MiB/s.
     #[arg(long, value_parser = wan)]
     pub emulate_wan: Option<WanSpec>,

@@ -190,6 +190,26 @@ fn spawn_prober(health: Arc<Health>, home: Arc<dyn Home>, fs: std::sync::Weak<Fs
 }
 
 /// This machine's name, for conflict file names.
+/// Send the core's invalidations to the kernel from a thread of their own: a notification may wait for a
+/// lock the kernel holds while it waits for the very request that caused it.
+fn forward_invalidations(fs: &Arc<Fs>, notifier: fuser::Notifier) {
+    let (tx, rx) = std::sync::mpsc::channel::<larder_fs::Invalidation>();
+    let spawned = std::thread::Builder::new().name("larder-inval".into()).spawn(move || {
+        for what in rx {
+            // The kernel may not have the entry or inode cached (ENOENT): nothing to drop, then.
+            let _ = match &what {
+                larder_fs::Invalidation::Inode(ino) => notifier.inval_inode(fuser::INodeNo(*ino), 0, 0),
+                larder_fs::Invalidation::Entry(parent, name) => notifier.inval_entry(fuser::INodeNo(*parent), name),
+            };
+        }
+    });
+    if spawned.is_ok() {
+        fs.set_invalidator(Box::new(move |what| {
+            let _ = tx.send(what);
+        }));
+    }
+}
+
 fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it on success.
@@ -251,6 +271,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         conflicts_dir: p.cache_dir.join("conflicts"),
         host: host_name(),
         set_owner: is_root(),
+        // Every open of an inode read through passthrough must be a passthrough open too, writers
+        // included, whose writes would then bypass the journal: read-only mounts only.
+        passthrough: !args.no_passthrough && write_mode == WriteMode::ReadOnly,
     };
     let home_url = p.home.describe();
     // Layers, inside out: the backend (with emulation and counters), an optional fault switch for tests,
@@ -297,6 +320,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     config.clone_fd = true;
     let session = Session::new(LarderFuse::new(fs.clone()), &p.mountpoint, &config)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", p.mountpoint.display()))?;
+    forward_invalidations(&fs, session.notifier());
     watch_signals(signals, p.mountpoint.clone());
     tracing::info!(home = %home_url, mountpoint = %p.mountpoint.display(), cache = %p.cache_dir.display(), "serving");
     if notify {

@@ -187,7 +187,7 @@ pub fn run(cmd: &str, args: ResidencyArgs) -> Result<()> {
             human_bytes(moved),
             human_bytes(cached),
             if kept_pinned > 0 {
-                format!(" ({kept_pinned} pinned files kept: unpin them first)")
+                format!(" ({kept_pinned} pinned or open files kept)")
             } else {
                 String::new()
             }

@@ -78,7 +78,7 @@ fn prefetch_evict_pin_and_unpin_from_the_command_line() {
     assert_same_bytes(&read_uncached(&m.path("data/big.bin")), &big, "pinned big.bin");
     assert_eq!(home_reads(&m), reads, "a pinned file was evicted");
     let out = ok(&["evict", s(&m.path("data/big.bin"))]);
-    assert!(out.contains("1 pinned files kept"), "{out}");
+    assert!(out.contains("1 pinned or open files kept"), "{out}");
     ok(&["unpin", s(&m.path("data/big.bin"))]);
     let out = ok(&["evict", s(&m.path("data/big.bin"))]);
     assert!(out.contains("3.0 MiB dropped"), "{out}");
@@ -203,4 +203,70 @@ fn identical_small_files_are_stored_once_and_stay_exact() {
     m.unmount();
     assert_eq!(std::fs::read(t.home.join("same03.bin")).unwrap(), b"changed");
     assert_eq!(std::fs::read(t.home.join("same04.bin")).unwrap(), common);
+}
+
+/// Whether this kernel has FUSE passthrough (6.9 or later).
+fn kernel_has_passthrough() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (6, 9)
+}
+
+#[test]
+fn a_file_whole_in_the_cache_is_read_by_the_kernel_directly() {
+    if !kernel_has_passthrough() {
+        eprintln!("skipped: this kernel has no FUSE passthrough");
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let t = TestDir::new("passthrough");
+    let mut rng = Rng::new(45);
+    let want = write_random(&t.home.join("f.bin"), 4 << 20, &mut rng);
+    let m = t.mount(&["--write-mode", "read-only", "--validity-lag", "0"]);
+    assert_same_bytes(&read(&m.path("f.bin")), &want, "cold read");
+    // Whole and clean now: the kernel reads the cache file, and the daemon sees no read request.
+    let reads = num(&m.status(), "/efficiency/reads");
+    assert_same_bytes(&read_uncached(&m.path("f.bin")), &want, "passthrough read");
+    assert_eq!(
+        num(&m.status(), "/efficiency/reads"),
+        reads,
+        "the daemon served a read of a whole cached file"
+    );
+
+    // While a passthrough reader is open, eviction leaves the file and other readers share it.
+    let reader = std::fs::File::open(m.path("f.bin")).unwrap();
+    let out = larder(&["evict", s(&m.path("f.bin"))]);
+    assert!(
+        out.success() && out.stdout.contains("1 pinned or open files kept"),
+        "{out}"
+    );
+    assert_same_bytes(&read_uncached(&m.path("f.bin")), &want, "a second reader");
+    let mut tail = vec![0u8; 4096];
+    reader.read_exact_at(&mut tail, (4 << 20) - 4096).unwrap();
+    assert_eq!(tail, want[(4 << 20) - 4096..]);
+
+    // A new version at home cannot be opened while the old one is read directly (the kernel allows one
+    // backing file per inode): the open says so, and works once the old readers are gone.
+    let new = write_random(&t.home.join("f.bin"), 1 << 20, &mut rng);
+    set_mtime(&t.home.join("f.bin"), 1_000_000);
+    let err = std::fs::File::open(m.path("f.bin")).expect_err("opened a new version beside an old reader");
+    assert_eq!(err.raw_os_error(), Some(libc::EBUSY), "{err}");
+    drop(reader);
+    assert_same_bytes(&read(&m.path("f.bin")), &new, "the new version");
+    m.unmount();
+}
+
+#[test]
+fn without_passthrough_every_read_reaches_the_daemon() {
+    let t = TestDir::new("no-passthrough");
+    let mut rng = Rng::new(46);
+    let want = write_random(&t.home.join("f.bin"), 1 << 20, &mut rng);
+    let m = t.mount(&["--no-passthrough", "--write-mode", "read-only"]);
+    assert_same_bytes(&read(&m.path("f.bin")), &want, "cold read");
+    let reads = num(&m.status(), "/efficiency/reads");
+    assert_same_bytes(&read_uncached(&m.path("f.bin")), &want, "warm read");
+    assert!(num(&m.status(), "/efficiency/reads") > reads);
+    assert_eq!(num(&m.status(), "/home/ops_by_kind/read"), 1, "a warm read went home");
+    m.unmount();
 }
