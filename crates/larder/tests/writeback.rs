@@ -992,7 +992,13 @@ impl Workload {
         }
         let dirs = self.dirs();
         let dir = self.pick(&dirs).expect("root");
-        let got = names(&mnt.join(&dir));
+        let mut got: Vec<String> = match std::fs::read_dir(mnt.join(&dir)) {
+            Ok(entries) => entries
+                .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(e) => return Err(format!("list {dir}: {e}\nits history:\n{}", self.history_of(&dir))),
+        };
+        got.sort();
         let mut want: Vec<String> = self
             .model
             .keys()
