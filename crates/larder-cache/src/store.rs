@@ -638,33 +638,13 @@ impl Store {
         for dir in dirs.flatten() {
             if dir.file_name() == "cas" {
                 // Contents no file shares any more (a crash between a fill and its commit).
-                let Ok(files) = std::fs::read_dir(dir.path()) else {
-                    continue;
-                };
-                for f in files.flatten() {
-                    let keep = f
-                        .file_name()
-                        .to_str()
-                        .and_then(parse_content_name)
-                        .is_some_and(|k| st.contents.contains_key(&k));
-                    if !keep {
-                        let _ = std::fs::remove_file(f.path());
-                    }
-                }
-                continue;
-            }
-            let Ok(files) = std::fs::read_dir(dir.path()) else {
-                continue;
-            };
-            for f in files.flatten() {
-                let keep = f
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| u64::from_str_radix(n, 16).ok())
-                    .is_some_and(|o| live.contains(&o));
-                if !keep {
-                    let _ = std::fs::remove_file(f.path());
-                }
+                remove_unkept(&dir.path(), |name| {
+                    parse_content_name(name).is_some_and(|k| st.contents.contains_key(&k))
+                });
+            } else {
+                remove_unkept(&dir.path(), |name| {
+                    u64::from_str_radix(name, 16).is_ok_and(|o| live.contains(&o))
+                });
             }
         }
     }
@@ -1133,6 +1113,16 @@ impl Store {
                 }
             })?;
         Ok(())
+    }
+}
+
+/// Delete the files in `dir` whose names `keep` does not accept.
+fn remove_unkept(dir: &Path, keep: impl Fn(&str) -> bool) {
+    let Ok(files) = std::fs::read_dir(dir) else { return };
+    for f in files.flatten() {
+        if !f.file_name().to_str().is_some_and(&keep) {
+            let _ = std::fs::remove_file(f.path());
+        }
     }
 }
 

@@ -412,11 +412,13 @@ impl Fs {
         root.lookups = 1;
         db.submit(vec![Mutation::PutInode(ROOT, root.record().encode())]);
         ns.inodes.insert(ROOT, root);
+        let store_limit = store.stats().bytes_limit;
         let core = Arc::new(Core {
             home,
             store,
             flights: SingleFlight::default(),
-            small_file_threshold: cfg.small_file_threshold,
+            // In a cache too small for it, fetching a whole file to use one block of it only churns.
+            small_file_threshold: cfg.small_file_threshold.min(store_limit / 8),
         });
         let readahead = Readahead::new(core.clone(), cfg.ingest_streams);
         let conflicts = crate::flusher::load_conflicts(&cfg.conflicts_dir);
