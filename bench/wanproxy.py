@@ -18,7 +18,6 @@ uncapped, and prints JSON with the MiB/s of each, to show the proxy itself is no
 import argparse
 import asyncio
 import json
-import os
 import signal
 import socket
 import sys
