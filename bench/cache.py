@@ -69,6 +69,8 @@ _mounts = []  # (kind, mountpoint), unmounted in reverse order on exit
 _procs = []  # Popen objects, stopped in reverse order on exit (after the mounts)
 _notes = []  # problems worth reporting
 _disturbed = []  # figures whose best run shared the CPUs with much other work
+DISTURBED = 0.25  # share of the CPUs busy outside the measured processes that marks a run as disturbed
+WAIT_QUIET = [0.0]  # --wait-quiet, for best_of
 
 
 def log(msg):
@@ -207,17 +209,16 @@ def wait_quiet(max_seconds):
     busy = cpu_busy()
     while busy > 0.15 and time.monotonic() < deadline:
         log(f"CPUs {busy:.0%} busy with other work; waiting (at most {deadline - time.monotonic():.0f} s more)")
-        time.sleep(10)
+        time.sleep(5)
         busy = cpu_busy()
-    if busy > 0.15:
-        note(f"the CPUs were {busy:.0%} busy with other work when the run started")
     return busy
 
 
 def machine_busy_seconds():
+    """CPU time spent running tasks (kernel threads included), not interrupts, which are charged to no task."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    return (v[0] + v[1] + v[2]) / os.sysconf("SC_CLK_TCK")  # user, nice, system
 
 
 def with_cpu(pids, fn, *args):
@@ -241,17 +242,30 @@ def with_cpu(pids, fn, *args):
     return r
 
 
+def disturbed(r):
+    return (r.get("other_busy") or 0) > DISTURBED and (r.get("seconds") or 0) >= 0.5  # jiffies are coarse
+
+
 def best_of(label, n, key, measure, prepare=None):
-    """The best of n runs of measure() (prepare() before each), with every run's figure under "runs"."""
-    runs = []
-    for _ in range(max(1, n)):
+    """The best of n runs of measure() (prepare() before each), with every run's figure under "runs". A run
+    that shared the CPUs with much other work is done again (after waiting for quiet), up to n times."""
+    runs, redone = [], []
+    while len(runs) < max(1, n):
         if prepare:
             prepare()
-        runs.append(measure())
+        r = measure()
+        if disturbed(r) and len(redone) < n and WAIT_QUIET[0] > 0:
+            redone.append(r.get(key))
+            log(f"{label}: {r['other_busy']:.0%} of the CPUs busy with other work; measuring again")
+            wait_quiet(WAIT_QUIET[0])
+            continue
+        runs.append(r)
     best = dict(max(runs, key=lambda r: r.get(key) or 0))
     best["runs"] = [r.get(key) for r in runs]
     best["other_busy_runs"] = [r.get("other_busy") for r in runs]
-    if (best.get("other_busy") or 0) > 0.25 and (best.get("seconds") or 0) >= 0.5:  # jiffies are coarse
+    if redone:
+        best["disturbed_runs_redone"] = redone
+    if disturbed(best):
         _disturbed.append(f"{label} ({best['other_busy']:.0%})")
     return best
 
@@ -904,6 +918,7 @@ def main():
     a.repeat = a.repeat or (1 if quick else 3)
     if a.wait_quiet is None:
         a.wait_quiet = 0 if quick else 300
+    WAIT_QUIET[0] = min(a.wait_quiet, 120)
     a.size -= a.size % 4096
     if a.size < 4 * 4096:
         sys.exit("--size is too small")
@@ -956,7 +971,9 @@ def main():
             f.write("\n".join(rels) + "\n")
         rng = random.Random(1)
         offsets = [rng.randrange(a.size // 4096) * 4096 for _ in range(a.random_ops)]
-        res["environment"]["cpu_busy_at_start"] = wait_quiet(a.wait_quiet)
+        res["environment"]["cpu_busy_at_start"] = busy = wait_quiet(a.wait_quiet)
+        if busy > 0.15:
+            note(f"the CPUs were {busy:.0%} busy with other work when the measurements started")
         res["environment"]["loadavg_start"] = os.getloadavg()
         ctx = {"args": a, "statbench": statbench, "listfile": listfile, "offsets": offsets, "home": home,
                "extra": extra, "help_text": help_text, "passthrough_hp": passthrough_hp, "work": work}
@@ -983,8 +1000,8 @@ def main():
 
     res["environment"]["loadavg_end"] = os.getloadavg()
     if _disturbed:
-        note("over 25% of the CPUs were busy outside the measured processes (other work, or kernel threads "
-             f"such as network softirqs working for them) during the best run of: {', '.join(_disturbed)}")
+        note(f"over {DISTURBED:.0%} of the CPUs were busy outside the measured processes (other work, or "
+             f"kernel threads working for them) during the best run of: {', '.join(_disturbed)}")
     res["rows"] = build_rows(res, a)
     res["notes"] = _notes
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
