@@ -63,15 +63,21 @@ build_passthrough_hp() {
   fi
   dsc=$BUILD/fuse3_${ver#*:}.dsc
   if [ ! -s "$dsc" ]; then
-    curl -fsS --max-time 120 -o "$dsc.tmp" "$POOL/fuse3_${ver#*:}.dsc" && mv "$dsc.tmp" "$dsc" ||
-      { echo "cannot download $POOL/fuse3_${ver#*:}.dsc"; return 1; }
+    if ! curl -fsS --max-time 120 -o "$dsc.tmp" "$POOL/fuse3_${ver#*:}.dsc"; then
+      echo "cannot download $POOL/fuse3_${ver#*:}.dsc"
+      return 1
+    fi
+    mv "$dsc.tmp" "$dsc"
   fi
   orig=$(awk '/^Checksums-Sha256:/{s=1;next} /^[^ ]/{s=0} s && $3 ~ /\.orig\.tar\./ {print $3; exit}' "$dsc")
   sum=$(awk '/^Checksums-Sha256:/{s=1;next} /^[^ ]/{s=0} s && $3 ~ /\.orig\.tar\./ {print $1; exit}' "$dsc")
   [ -n "$orig" ] || { echo "no orig tarball named in $dsc"; return 1; }
   if [ ! -s "$BUILD/$orig" ] || ! echo "$sum  $BUILD/$orig" | sha256sum -c --status; then
-    curl -fsS --max-time 300 -o "$BUILD/$orig.tmp" "$POOL/$orig" && mv "$BUILD/$orig.tmp" "$BUILD/$orig" ||
-      { echo "cannot download $POOL/$orig"; return 1; }
+    if ! curl -fsS --max-time 300 -o "$BUILD/$orig.tmp" "$POOL/$orig"; then
+      echo "cannot download $POOL/$orig"
+      return 1
+    fi
+    mv "$BUILD/$orig.tmp" "$BUILD/$orig"
     echo "$sum  $BUILD/$orig" | sha256sum -c --status || { echo "$orig does not match the .dsc's SHA-256"; return 1; }
   fi
   rm -rf "$src"
