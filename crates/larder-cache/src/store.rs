@@ -103,8 +103,13 @@ struct ObjectMeta {
 }
 
 impl ObjectMeta {
+    /// Nothing beside the blocks: no need to keep it.
+    fn plain(&self) -> bool {
+        !self.whole && !self.pinned && self.content.is_none()
+    }
+
     fn mutation(&self, object: u64) -> Mutation {
-        if !self.whole && !self.pinned && self.content.is_none() {
+        if self.plain() {
             return Mutation::DelObjectMeta(object);
         }
         let flags =
@@ -156,6 +161,38 @@ struct State {
 impl State {
     fn meta(&self, object: u64) -> ObjectMeta {
         self.objects.get(&object).copied().unwrap_or_default()
+    }
+
+    /// Keep `meta` as `object`'s state (forgetting it if it is plain).
+    fn set_meta(&mut self, object: u64, meta: ObjectMeta) {
+        if meta.plain() {
+            self.objects.remove(&object);
+        } else {
+            self.objects.insert(object, meta);
+        }
+    }
+
+    /// The present blocks of `object`, in order.
+    fn blocks_of(&self, object: u64) -> std::collections::btree_map::Range<'_, BlockKey, BlockEntry> {
+        self.blocks.range((object, 0)..=(object, u32::MAX))
+    }
+
+    /// Whether the policy may evict the clean blocks of `object`: not while it is pinned or held.
+    fn evictable(&self, object: u64) -> bool {
+        !self.meta(object).pinned && !self.holds.contains_key(&object)
+    }
+
+    /// Put `object`'s blocks into the policy, or take them out, after its pin or hold changed.
+    fn repolicy(&mut self, object: u64) {
+        let evictable = self.evictable(object);
+        let blocks: Vec<(BlockKey, u32, bool)> = self.blocks_of(object).map(|(k, e)| (*k, e.len, e.dirty)).collect();
+        for (key, len, dirty) in blocks {
+            if evictable && !dirty {
+                self.policy.insert(key, len as u64);
+            } else {
+                self.policy.remove(&key);
+            }
+        }
     }
 }
 
@@ -605,11 +642,7 @@ impl Store {
             // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
             Self::bump_epoch(&mut st, object);
             if st.per_object.contains_key(&object) {
-                let keys: Vec<BlockKey> = st
-                    .blocks
-                    .range((object, 0)..=(object, u32::MAX))
-                    .map(|(k, _)| *k)
-                    .collect();
+                let keys: Vec<BlockKey> = st.blocks_of(object).map(|(k, _)| *k).collect();
                 for key in keys {
                     self.remove_locked(&mut st, key);
                 }
@@ -711,7 +744,7 @@ impl Store {
             *st.per_object.entry(key.0).or_default() += 1;
         }
         Self::account(st, &meta, len, dirty, true);
-        if dirty || meta.pinned || st.holds.contains_key(&key.0) {
+        if dirty || !st.evictable(key.0) {
             st.policy.remove(&key);
         } else {
             st.policy.insert(key, len as u64);
@@ -768,11 +801,7 @@ impl Store {
         }
         meta.whole = false;
         self.db.submit(vec![meta.mutation(object)]);
-        if meta.pinned {
-            st.objects.insert(object, meta);
-        } else {
-            st.objects.remove(&object);
-        }
+        st.set_meta(object, meta);
     }
 
     /// One file fewer shares `key`; the last one out deletes the content.
@@ -804,11 +833,7 @@ impl Store {
             .map_err(io_err)?;
         own.write_all_at(&data, 0).map_err(io_err)?;
         lock(&self.fds).files.remove(&object);
-        let logical: u64 = st
-            .blocks
-            .range((object, 0)..=(object, u32::MAX))
-            .map(|(_, e)| e.len as u64)
-            .sum();
+        let logical: u64 = st.blocks_of(object).map(|(_, e)| e.len as u64).sum();
         st.used += logical;
         let meta = ObjectMeta { content: None, ..meta };
         st.objects.insert(object, meta);
@@ -823,22 +848,19 @@ impl Store {
     /// locally since the fetch began or has blocks already (those fill one by one).
     pub fn fill_whole(&self, object: u64, data: &[u8], epoch: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
-        let blocks = data.len().div_ceil(bs as usize) as u32;
         let mut st = lock(&self.state);
         if st.epochs.get(&object).copied().unwrap_or(0) != epoch
             || st.per_object.contains_key(&object)
             || data.is_empty()
         {
             drop(st);
-            for index in 0..blocks {
-                let from = index as usize * bs as usize;
-                let to = (from + bs as usize).min(data.len());
-                self.fill((object, index), &data[from..to], epoch)?;
+            for (index, block) in data.chunks(bs as usize).enumerate() {
+                self.fill((object, index as u32), block, epoch)?;
             }
             return Ok(());
         }
         let mut meta = st.meta(object);
-        meta.whole = blocks > 1;
+        meta.whole = data.len() as u64 > bs;
         if self.cfg.dedup {
             let key = (data.len() as u64, crc32c::crc32c(data));
             match self.share_locked(&mut st, key, data) {
@@ -857,15 +879,13 @@ impl Store {
             file.write_all_at(data, 0).map_err(io_err)?;
         }
         let mut mutations = vec![meta.mutation(object)];
-        for index in 0..blocks {
-            let from = index as usize * bs as usize;
-            let to = (from + bs as usize).min(data.len());
-            let crc = crc32c::crc32c(&data[from..to]);
-            self.insert_locked(&mut st, (object, index), (to - from) as u32, crc, false);
+        for (index, block) in data.chunks(bs as usize).enumerate() {
+            let (index, len, crc) = (index as u32, block.len() as u32, crc32c::crc32c(block));
+            self.insert_locked(&mut st, (object, index), len, crc, false);
             mutations.push(Mutation::PutBlock {
                 object,
                 index,
-                len: (to - from) as u32,
+                len,
                 crc,
             });
         }
@@ -905,47 +925,24 @@ impl Store {
         if meta.pinned == pinned {
             return;
         }
-        let keys: Vec<(BlockKey, u32, bool)> = st
-            .blocks
-            .range((object, 0)..=(object, u32::MAX))
-            .map(|(k, e)| (*k, e.len, e.dirty))
-            .collect();
-        for (key, len, dirty) in keys {
-            if pinned {
-                st.pinned += len as u64;
-                st.policy.remove(&key);
-            } else {
-                st.pinned -= len as u64;
-                if !dirty {
-                    st.policy.insert(key, len as u64);
-                }
-            }
+        let bytes: u64 = st.blocks_of(object).map(|(_, e)| e.len as u64).sum();
+        if pinned {
+            st.pinned += bytes;
+        } else {
+            st.pinned -= bytes;
         }
         meta.pinned = pinned;
         self.db.submit(vec![meta.mutation(object)]);
-        if meta.whole || meta.pinned || meta.content.is_some() {
-            st.objects.insert(object, meta);
-        } else {
-            st.objects.remove(&object);
-        }
+        st.set_meta(object, meta);
+        st.repolicy(object);
     }
 
     /// Hold `object` for a reader the kernel serves from its file directly: until [`Store::unhold`], its
     /// blocks are not evicted and its file keeps its bytes (a removal unlinks it without punching it).
     pub fn hold(&self, object: u64) {
         let mut st = lock(&self.state);
-        let n = st.holds.entry(object).or_insert(0);
-        *n += 1;
-        if *n == 1 {
-            let keys: Vec<BlockKey> = st
-                .blocks
-                .range((object, 0)..=(object, u32::MAX))
-                .map(|(k, _)| *k)
-                .collect();
-            for key in keys {
-                st.policy.remove(&key);
-            }
-        }
+        *st.holds.entry(object).or_insert(0) += 1;
+        st.repolicy(object);
     }
 
     /// End one hold of `object`.
@@ -953,21 +950,9 @@ impl Store {
         let mut st = lock(&self.state);
         let Some(n) = st.holds.get_mut(&object) else { return };
         *n -= 1;
-        if *n > 0 {
-            return;
-        }
-        st.holds.remove(&object);
-        if st.meta(object).pinned {
-            return;
-        }
-        let keys: Vec<(BlockKey, u32)> = st
-            .blocks
-            .range((object, 0)..=(object, u32::MAX))
-            .filter(|(_, e)| !e.dirty)
-            .map(|(k, e)| (*k, e.len))
-            .collect();
-        for (key, len) in keys {
-            st.policy.insert(key, len as u64);
+        if *n == 0 {
+            st.holds.remove(&object);
+            st.repolicy(object);
         }
     }
 
@@ -979,7 +964,7 @@ impl Store {
             return false;
         }
         let (mut n, mut bytes) = (0u64, 0u64);
-        for (_, e) in st.blocks.range((object, 0)..=(object, u32::MAX)) {
+        for (_, e) in st.blocks_of(object) {
             if e.dirty {
                 return false;
             }
@@ -1002,11 +987,7 @@ impl Store {
 
     /// Bytes of `object` present in the cache.
     pub fn cached_bytes(&self, object: u64) -> u64 {
-        lock(&self.state)
-            .blocks
-            .range((object, 0)..=(object, u32::MAX))
-            .map(|(_, e)| e.len as u64)
-            .sum()
+        lock(&self.state).blocks_of(object).map(|(_, e)| e.len as u64).sum()
     }
 
     /// Drop the clean blocks of `object` (dirty ones stay: home does not have them yet); the bytes
@@ -1014,8 +995,7 @@ impl Store {
     pub fn evict_object(&self, object: u64) -> u64 {
         let mut st = lock(&self.state);
         let keys: Vec<(BlockKey, u32)> = st
-            .blocks
-            .range((object, 0)..=(object, u32::MAX))
+            .blocks_of(object)
             .filter(|(_, e)| !e.dirty)
             .map(|(k, e)| (*k, e.len))
             .collect();
@@ -1067,8 +1047,7 @@ impl Store {
             let mut unit = vec![key];
             if st.meta(key.0).whole {
                 unit.extend(
-                    st.blocks
-                        .range((key.0, 0)..=(key.0, u32::MAX))
+                    st.blocks_of(key.0)
                         .filter(|(k, e)| !e.dirty && **k != key)
                         .map(|(k, _)| *k),
                 );
@@ -1322,6 +1301,25 @@ mod tests {
         }
         let abd = s.average_block_distance(1000).unwrap();
         assert!((abd - (4.0 * 1.0 + 2.0 * 2.0) / 6.0).abs() < 1e-9, "{abd}");
+    }
+
+    #[test]
+    fn a_held_block_stays_through_an_unpin() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 8 * 4096);
+        s.fill((1, 0), &[1u8; 4096], 0).unwrap();
+        s.hold(1);
+        s.set_pinned(1, true);
+        s.set_pinned(1, false);
+        for i in 0..50 {
+            s.fill((2, i), &[2u8; 4096], 0).unwrap();
+        }
+        assert!(s.contains((1, 0)), "a held block was evicted after an unpin");
+        s.unhold(1);
+        for i in 50..100 {
+            s.fill((2, i), &[2u8; 4096], 0).unwrap();
+        }
+        assert!(!s.contains((1, 0)), "a block neither pinned nor held is evicted like any other");
     }
 
     #[test]
