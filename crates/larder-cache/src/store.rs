@@ -654,6 +654,17 @@ impl Store {
         let _ = std::fs::remove_file(self.path_of(object));
     }
 
+    /// `new` replaces `object` as the same file's content (a new version): the old one is removed, and a
+    /// pin, which belongs to the file, moves to the new one. Whether it did.
+    pub fn replace_object(&self, object: u64, new: u64) -> bool {
+        let pinned = self.pinned(object);
+        self.remove_object(object);
+        if pinned {
+            self.set_pinned(new, true);
+        }
+        pinned
+    }
+
     /// Drop every object not in `live` (left behind by a crash or an old version), files included.
     pub fn retain_objects(&self, live: &HashSet<u64>) {
         let stale: Vec<u64> = {
@@ -1319,7 +1330,10 @@ mod tests {
         for i in 50..100 {
             s.fill((2, i), &[2u8; 4096], 0).unwrap();
         }
-        assert!(!s.contains((1, 0)), "a block neither pinned nor held is evicted like any other");
+        assert!(
+            !s.contains((1, 0)),
+            "a block neither pinned nor held is evicted like any other"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use larder_home::{FileKind, HomeError, SetAttr, Version};
 
-use crate::namespace::{Core, FetchResult, Fs, lock};
+use crate::namespace::{Core, FetchResult, Fs, Namespace, lock};
 use crate::readahead::Job;
 use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
 
@@ -131,12 +131,7 @@ impl Fs {
             if node.kind == FileKind::Dir && flags & libc::O_ACCMODE != libc::O_RDONLY {
                 return Err(FsError::IsDir);
             }
-            let stale = node.attr.is_none() || !self.fresh(node.checked);
-            if stale && node.dirty.is_empty() && !node.removed && !self.queued(ino) {
-                ns.home_path(ino)?
-            } else {
-                None
-            }
+            self.revalidation_path(&ns, ino)?
         };
         if let Some(path) = path {
             self.revalidate(ino, &path)?;
@@ -155,6 +150,18 @@ impl Fs {
                 && !self.queued(ino);
         }
         Ok(reply)
+    }
+
+    /// Where to ask home about `ino` before its cached attributes are trusted again: `None` while they are
+    /// fresh, or while the cache's version stands anyway (changes here not yet at home, or removed).
+    pub(crate) fn revalidation_path(&self, ns: &Namespace, ino: u64) -> FsResult<Option<std::path::PathBuf>> {
+        let node = ns.inode(ino)?;
+        let stale = node.attr.is_none() || !self.fresh(node.checked);
+        if stale && node.dirty.is_empty() && !node.removed && !self.queued(ino) {
+            ns.home_path(ino)
+        } else {
+            Ok(None)
+        }
     }
 
     /// Whether passthrough was asked for in the configuration.

@@ -734,12 +734,8 @@ impl Fs {
             a.version = Version("discarded".into());
         }
         let old = node.object;
-        let pinned = self.core.store.pinned(old);
-        self.core.store.remove_object(old);
         let object = self.alloc_object(&mut ns);
-        if pinned {
-            self.core.store.set_pinned(object, true);
-        }
+        self.core.store.replace_object(old, object);
         if let Some(node) = ns.inodes.get_mut(&ino) {
             node.object = object;
             self.core

@@ -635,12 +635,9 @@ impl Fs {
         }
         let mut refetch = None;
         if let Some(old) = new_object {
-            // A pin belongs to the file, not to one version of it: the new version is pinned and fetched.
-            let pinned = self.core.store.pinned(old);
-            self.core.store.remove_object(old);
             let object = self.alloc_object(ns);
-            if pinned {
-                self.core.store.set_pinned(object, true);
+            // A pinned file's new version is pinned too, and fetched now.
+            if self.core.store.replace_object(old, object) {
                 refetch = Some(object);
             }
             if let Some(node) = ns.inodes.get_mut(&ino) {

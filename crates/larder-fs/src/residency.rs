@@ -112,10 +112,8 @@ impl Fs {
     fn want(&self, slot: usize, ino: u64) -> FsResult<(Option<(u64, u64)>, Option<Want>)> {
         let path = {
             let ns = lock(&self.ns);
-            let node = ns.inode(ino)?;
-            let stale = node.attr.is_none() || !self.fresh(node.checked);
-            if node.kind == FileKind::File && stale && node.dirty.is_empty() && !node.removed && !self.queued(ino) {
-                ns.home_path(ino)?
+            if ns.inode(ino)?.kind == FileKind::File {
+                self.revalidation_path(&ns, ino)?
             } else {
                 None
             }
