@@ -5,15 +5,20 @@
 //! Which blocks of it are present, with their checksums, lives in a persistent index ([`Db`]), written by a
 //! group-commit thread. Eviction is by block (a small file is one block), in S3-FIFO order ([`S3Fifo`]), by
 //! a harvester thread between watermarks so that fills do not wait for it; dirty blocks are never evicted.
+//! A plain LRU order ([`Lru`], chosen with [`Eviction::Lru`]) is there as a baseline for benchmarks.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod db;
 mod flight;
+mod lru;
+mod policy;
 mod s3fifo;
 mod store;
 
 pub use db::{Db, Mutation};
 pub use flight::SingleFlight;
+pub use lru::Lru;
+pub use policy::{Eviction, Policy};
 pub use s3fifo::{PolicyStats, S3Fifo};
 pub use store::{BlockKey, CacheError, CacheResult, Store, StoreConfig, StoreStats};

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::S3Fifo;
 use crate::db::{Db, Mutation};
+use crate::{Eviction, Policy};
 
 /// (object id, block index)
 pub type BlockKey = (u64, u32);
@@ -57,6 +57,8 @@ pub struct StoreConfig {
     pub low_watermark: f64,
     /// Keep one copy of identical clean small files (those filled whole).
     pub dedup: bool,
+    /// The order clean units are evicted in.
+    pub eviction: Eviction,
 }
 
 /// Figures for status output.
@@ -81,6 +83,8 @@ pub struct StoreStats {
     /// Distinct contents in the content store, and the files sharing them.
     pub dedup_contents: u64,
     pub dedup_files: u64,
+    /// The eviction policy in use.
+    pub eviction: Eviction,
 }
 
 /// Content-store key: length and crc32c of a whole small file. Equal keys are compared byte for byte before
@@ -138,7 +142,7 @@ struct State {
     /// Ordered by key, so the blocks of one object are one range.
     blocks: BTreeMap<BlockKey, BlockEntry>,
     /// The eviction policy over the clean blocks (dirty ones are not candidates).
-    policy: S3Fifo<BlockKey>,
+    policy: Policy<BlockKey>,
     per_object: HashMap<u64, u32>,
     /// Bumped by every local change of an object (write, truncate, removal): a fill fetched before the
     /// change must not land after it.
@@ -231,7 +235,7 @@ impl Store {
         std::fs::create_dir_all(&cfg.dir).map_err(io_err)?;
         let mut state = State {
             blocks: BTreeMap::new(),
-            policy: S3Fifo::new((cfg.limit as f64 * cfg.low_watermark) as u64),
+            policy: Policy::new(cfg.eviction, (cfg.limit as f64 * cfg.low_watermark) as u64),
             per_object: HashMap::new(),
             epochs: HashMap::new(),
             objects: HashMap::new(),
@@ -731,6 +735,7 @@ impl Store {
             bytes_pinned: st.pinned,
             dedup_contents: st.contents.len() as u64,
             dedup_files: st.contents.values().map(|&n| n as u64).sum(),
+            eviction: self.cfg.eviction,
         }
     }
 
@@ -1162,6 +1167,10 @@ mod tests {
     use super::*;
 
     fn store(dir: &Path, limit: u64) -> Store {
+        store_evicting(dir, limit, Eviction::S3Fifo)
+    }
+
+    fn store_evicting(dir: &Path, limit: u64, eviction: Eviction) -> Store {
         let db = Db::open(&dir.join("index.redb")).unwrap();
         let cfg = StoreConfig {
             dir: dir.join("objects"),
@@ -1170,6 +1179,7 @@ mod tests {
             high_watermark: 1.0,
             low_watermark: 0.75,
             dedup: true,
+            eviction,
         };
         Store::open(cfg, db).unwrap()
     }
@@ -1380,6 +1390,7 @@ mod tests {
             high_watermark: 0.5,
             low_watermark: 0.25,
             dedup: true,
+            eviction: Eviction::S3Fifo,
         };
         let s = Arc::new(Store::open(cfg, db).unwrap());
         s.start_harvester().unwrap();
@@ -1416,6 +1427,24 @@ mod tests {
         }
         let kept = (0..10).filter(|i| s.contains((1, *i))).count();
         assert_eq!(kept, 10, "the blocks read again were pushed out by the scan");
+    }
+
+    #[test]
+    fn with_lru_a_scan_pushes_out_the_blocks_read_again() {
+        // The baseline: the same workload as `blocks_read_again_survive_a_scan`, evicting in LRU order.
+        let dir = tempfile::tempdir().unwrap();
+        let s = store_evicting(dir.path(), 40 * 4096, Eviction::Lru);
+        assert_eq!(s.stats().eviction, Eviction::Lru);
+        for i in 0..10 {
+            s.fill((1, i), &[1u8; 4096], 0).unwrap();
+            assert!(s.read((1, i), 0, 16).unwrap().is_some());
+        }
+        for i in 0..400 {
+            s.fill((2, i), &[2u8; 4096], 0).unwrap();
+        }
+        assert!((0..10).all(|i| !s.contains((1, i))), "LRU kept blocks through a scan");
+        assert!(s.stats().bytes_used <= 40 * 4096);
+        assert!(s.stats().evictions > 0);
     }
 
     #[test]

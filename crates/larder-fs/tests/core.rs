@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use larder_cache::{Db, Store, StoreConfig};
+use larder_cache::{Db, Eviction, Store, StoreConfig};
 use larder_fs::{Fs, FsConfig, FsError};
 use larder_home::{
     Fault, FaultLayer, FileKind, Home, HomeCounters, HomeError, Layered, MetricsLayer, OpKind, PosixHome, SetAttr,
@@ -67,6 +67,7 @@ impl Setup {
             high_watermark: 0.95,
             low_watermark: 0.9,
             dedup: true,
+            eviction: Eviction::S3Fifo,
         };
         let store = Arc::new(Store::open(store_cfg, db).unwrap());
         (Fs::new(home, store, cfg).unwrap(), counters)

@@ -72,6 +72,10 @@ fn prefetch(s: &str) -> Result<larder_fs::Prefetch, String> {
     larder_fs::Prefetch::parse(s)
 }
 
+fn eviction(s: &str) -> Result<larder_cache::Eviction, String> {
+    larder_cache::Eviction::parse(s)
+}
+
 fn wan(s: &str) -> Result<WanSpec, String> {
     s.parse()
 }
@@ -111,6 +115,10 @@ pub struct MountArgs {
     /// same bytes share one copy in the cache).
     #[arg(long)]
     pub no_dedup: bool,
+    /// Eviction policy over cache units: s3fifo (scan-resistant, default) or lru (plain least-recently-used,
+    /// a baseline for benchmarks).
+    #[arg(long, default_value = "s3fifo", value_parser = eviction)]
+    pub eviction: larder_cache::Eviction,
     /// Serve every read through the daemon, even of files whole in the cache (by default, on read-only
     /// mounts, the kernel reads those from the cache file directly, with FUSE passthrough, where the
     /// kernel offers it).

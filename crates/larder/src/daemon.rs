@@ -244,6 +244,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         high_watermark: 0.95,
         low_watermark: 0.90,
         dedup: !args.no_dedup,
+        eviction: args.eviction,
     };
     let store = Arc::new(Store::open(store_cfg, db).map_err(|e| anyhow!("cache in {}: {e}", p.cache_dir.display()))?);
     store

@@ -87,6 +87,7 @@ impl StatusSource {
                 "corrupt_blocks": store.corrupt_blocks,
                 "logical_bytes": store.logical_bytes,
                 "bytes_pinned": store.bytes_pinned,
+                "eviction": store.eviction.as_str(),
                 "dedup": {
                     "contents": store.dedup_contents,
                     "files": store.dedup_files,
