@@ -321,6 +321,14 @@ impl Fs {
                 match home.rename(&path, &os(to), flags) {
                     // Gone from the source and present at the target: an earlier attempt did it.
                     Err(HomeError::NotFound) if repeated && home.stat(&os(to)).is_ok() => Ok(None),
+                    // A home that renames by copy, then delete (an object store) left an earlier attempt's
+                    // copy at the target: it holds nothing the source does not, so replacing it loses
+                    // nothing.
+                    Err(HomeError::Exists) if repeated && leftover_copy(home, &path, &os(to), &mut { COMPARE_MAX }) => {
+                        remove_copy(home, &os(to))
+                            .and_then(|()| home.rename(&path, &os(to), RenameFlags::default()))
+                            .map(|_| None)
+                    }
                     Err(HomeError::Exists) if !no_replace => {
                         // Home gained an object at the target meanwhile: keep it beside ours.
                         let aside = self.conflict_path(to);
@@ -744,4 +752,76 @@ impl Fs {
                 .submit(vec![Mutation::PutInode(ino, node.record().encode())]);
         }
     }
+}
+
+/// Whether `to` at home holds nothing but a copy of (part of) `from`: what a rename cut short leaves on a
+/// home that renames by copying, then deleting. Files must match byte for byte, a directory's every entry
+/// must be such a copy of the source's entry of that name. `budget` caps the bytes and entries compared; a
+/// larger tree counts as not a copy (the conflict path keeps both).
+fn leftover_copy(home: &dyn larder_home::Home, from: &Path, to: &Path, budget: &mut u64) -> bool {
+    use larder_home::FileKind;
+    let (Ok(a), Ok(b)) = (home.stat(from), home.stat(to)) else {
+        return false;
+    };
+    if a.kind != b.kind {
+        return false;
+    }
+    match a.kind {
+        FileKind::File => {
+            if a.size != b.size || b.size > *budget {
+                return false;
+            }
+            *budget -= b.size;
+            if a.version == b.version {
+                return true;
+            }
+            const CHUNK: u64 = 8 << 20;
+            let mut off = 0;
+            while off < a.size {
+                let len = CHUNK.min(a.size - off) as usize;
+                match (
+                    home.read(from, &a.version, off, len),
+                    home.read(to, &b.version, off, len),
+                ) {
+                    (Ok(x), Ok(y)) if x == y && x.len() == len => off += len as u64,
+                    _ => return false,
+                }
+            }
+            true
+        }
+        FileKind::Symlink => home
+            .readlink(from)
+            .ok()
+            .is_some_and(|x| home.readlink(to).ok() == Some(x)),
+        FileKind::Dir => {
+            let Ok(entries) = home.list(to) else { return false };
+            entries.iter().all(|e| {
+                if *budget == 0 {
+                    return false;
+                }
+                *budget -= 1;
+                leftover_copy(home, &from.join(&e.name), &to.join(&e.name), budget)
+            })
+        }
+        _ => false,
+    }
+}
+
+/// Remove a leftover copy found by [`leftover_copy`]: a file goes (the rename replaces it anyway), a
+/// directory is emptied so that the rename may replace it.
+fn remove_copy(home: &dyn larder_home::Home, to: &Path) -> Result<(), HomeError> {
+    let attr = home.stat(to)?;
+    if attr.kind != larder_home::FileKind::Dir {
+        return Ok(());
+    }
+    for e in home.list(to)? {
+        let p = to.join(&e.name);
+        if e.kind == larder_home::FileKind::Dir {
+            remove_copy(home, &p)?;
+            home.rmdir(&p)?;
+        } else {
+            home.unlink(&p)?;
+        }
+    }
+    Ok(())
 }

@@ -380,6 +380,84 @@ fn a_push_whose_answer_was_lost_is_recognised_on_retry() {
     fs.stop_flushers();
 }
 
+/// Write-back over a home that renames by copying, then deleting (an object store): an attempt cut short
+/// leaves a copy at the target. The retry must see that copy as its own and finish the rename, for a file
+/// and for a directory part-copied, rather than set the copy aside as a conflict.
+#[test]
+fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), pattern(5000, 2)).unwrap();
+    std::fs::create_dir(s.home("d")).unwrap();
+    std::fs::write(s.home("d/a"), pattern(100, 3)).unwrap();
+    std::fs::write(s.home("d/b"), pattern(200, 4)).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let (fs, _) = s.fs_configured(
+        faults.clone(),
+        FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::ZERO,
+            flush_threads: 1,
+            ..FsConfig::default()
+        },
+    );
+    let fs = Arc::new(fs);
+    fs.start();
+    for name in ["f", "d"] {
+        resolve(&fs, name).unwrap();
+    }
+    let cut_short = |from: &str, to: &str, copy: &dyn Fn()| {
+        let failed = fs.journal_stats().failed_ops;
+        faults.inject(Fault {
+            op: OpKind::Rename,
+            error: HomeError::NoSpace,
+            count: 1,
+            landed: false,
+        });
+        fs.rename(1, OsStr::new(from), 1, OsStr::new(to), Default::default())
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while fs.journal_stats().failed_ops == failed {
+            assert!(std::time::Instant::now() < deadline, "the push never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // What the cut-short attempt left at home.
+        copy();
+        assert!(fs.drain(Duration::from_secs(30)), "the journal drains");
+    };
+    cut_short("f", "g", &|| {
+        std::fs::copy(s.home("f"), s.home("g")).unwrap();
+    });
+    cut_short("d", "e", &|| {
+        std::fs::create_dir(s.home("e")).unwrap();
+        std::fs::copy(s.home("d/a"), s.home("e/a")).unwrap();
+    });
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    let mut names: Vec<_> = std::fs::read_dir(&s.home_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["e", "g"]);
+    assert_eq!(std::fs::read(s.home("g")).unwrap(), pattern(5000, 2));
+    assert_eq!(std::fs::read(s.home("e/a")).unwrap(), pattern(100, 3));
+    assert_eq!(std::fs::read(s.home("e/b")).unwrap(), pattern(200, 4));
+    // Something else at the target (home gained it meanwhile) is still a conflict: kept beside, not
+    // replaced.
+    cut_short("g", "h", &|| {
+        std::fs::write(s.home("h"), b"someone else's").unwrap();
+    });
+    assert_eq!(fs.conflicts().len(), 1, "{:?}", fs.conflicts());
+    assert_eq!(std::fs::read(s.home("h")).unwrap(), pattern(5000, 2));
+    let kept = std::fs::read_dir(&s.home_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.starts_with("h.conflict-"))
+        .expect("home's object kept beside");
+    assert_eq!(std::fs::read(s.home(&kept)).unwrap(), b"someone else's");
+    fs.stop_flushers();
+}
+
 #[test]
 fn a_failing_home_read_is_an_error_not_a_cached_hole() {
     let s = Setup::new();
