@@ -544,19 +544,22 @@ impl Home for S3Home {
         let (from_file, from_dir) = (self.key(from, false)?, self.key(from, true)?);
         let (to_file, to_dir) = (self.key(to, false)?, self.key(to, true)?);
         self.run(async {
+            // The source is looked at first, as rename(2) does: a missing source is NotFound whatever is at
+            // the target (a retried rename that had landed tells so by that answer).
+            let from_is_file = self.stat_file(&from_file).await?.is_some();
+            if !from_is_file && !self.dir_exists(&from_dir).await? {
+                return Err(HomeError::NotFound);
+            }
             let to_is_file = self.stat_file(&to_file).await?.is_some();
             let to_is_dir = !to_is_file && self.dir_exists(&to_dir).await?;
             if flags.no_replace && (to_is_file || to_is_dir) {
                 return Err(HomeError::Exists);
             }
-            if self.stat_file(&from_file).await?.is_some() {
+            if from_is_file {
                 if to_is_dir {
                     return Err(HomeError::Os(libc::EISDIR));
                 }
                 return self.rename_file(&from_file, &to_file).await;
-            }
-            if !self.dir_exists(&from_dir).await? {
-                return Err(HomeError::NotFound);
             }
             if to_is_file {
                 return Err(HomeError::Os(libc::ENOTDIR));
