@@ -1,9 +1,10 @@
 /* A tight stat(2) loop for bench/cache.py: stat every path listed in LIST (one per line, relative to
  * ROOT), PASSES times, and print one JSON line per pass: {"pass":N,"files":N,"errors":N,"seconds":S,"per_s":R}.
  *
- *     statbench ROOT LIST [PASSES]
+ *     statbench ROOT LIST [PASSES] [--barrier]
  *
- * The list is read into memory first, so only the stat calls are timed. */
+ * The list is read into memory first, so only the stat calls are timed. With --barrier it then prints
+ * "ready", and starts when a line arrives on stdin: several clients started together begin at once. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -49,6 +50,12 @@ int main(int argc, char **argv) {
     }
     fclose(f);
     free(line);
+    if (argc > 4 && strcmp(argv[4], "--barrier") == 0) {
+        char go[16];
+        printf("ready\n");
+        fflush(stdout);
+        if (!fgets(go, sizeof go, stdin)) return 1;
+    }
     for (int p = 1; p <= passes; p++) {
         size_t errors = 0;
         struct stat st;

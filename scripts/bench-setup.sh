@@ -5,6 +5,8 @@
 #     reference, built from the source of the very fuse3 release Debian installs (its orig tarball from the
 #     Debian archive, checked against the .dsc's SHA-256);
 #   - statbench: bench/statbench.c, a tight stat loop over a list of paths.
+# With --suite (bench/suite.py): also matplotlib for the plots, and the s3fs-fuse peer with the S3 server it
+# reads (see the s3fs block below).
 # Idempotent: installs only what is missing and rebuilds only what is absent or stale. Prints the helpers'
 # paths on its last lines as KEY=VALUE (PASSTHROUGH_HP=..., STATBENCH=...; empty when not built, with the
 # reason in PASSTHROUGH_HP_ERROR=...).
@@ -14,7 +16,13 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${LARDER_BENCH_BUILD:-/var/tmp/larder-bench-build}
 POOL=http://deb.debian.org/debian/pool/main/f/fuse3
 
+SUITE=0
+[ "${1:-}" = "--suite" ] && SUITE=1
+
 need_apt=()
+if [ "$SUITE" = 1 ] && ! python3 -c 'import matplotlib' 2>/dev/null; then
+  [ "$(command -v python3)" = /usr/bin/python3 ] && need_apt+=(python3-matplotlib)
+fi
 command -v rclone >/dev/null 2>&1 || need_apt+=(rclone)
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 [ -e /usr/include/fuse3/fuse.h ] || need_apt+=(libfuse3-dev)
@@ -36,6 +44,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null || { echo "bench-setup: apt-get install failed" >&2; exit 1; }
+fi
+if [ "$SUITE" = 1 ] && ! python3 -c 'import matplotlib' 2>/dev/null; then
+  # A python3 other than Debian's (pyenv, a venv) does not see python3-matplotlib: install from PyPI.
+  echo "bench-setup: installing matplotlib from PyPI for $(command -v python3)" >&2
+  python3 -m pip install --quiet matplotlib 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages matplotlib >/dev/null ||
+    echo "bench-setup: matplotlib not installed: the suite runs without plots" >&2
 fi
 [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
 if [ ! -e /dev/fuse ]; then
@@ -99,7 +114,55 @@ else
   echo "bench-setup: passthrough_hp not built: $PASSTHROUGH_HP_ERROR" >&2
 fi
 
+# The s3fs-fuse peer (--suite only): Debian's s3fs, and s3s-fs, an S3 server that serves a local directory's
+# subdirectories as buckets, built from crates.io into $BUILD/s3s-fs (a pinned release whose packaged lock file
+# builds with this Rust; the build directory is kept until it succeeds, so a build cut short by the time limit
+# resumes on the next run). Each is optional: when one cannot be had, its variable is empty and ..._ERROR says
+# why, and the suite runs without the peer.
+S3S_FS_VERSION=0.14.1
+install_s3fs() {
+  command -v s3fs >/dev/null 2>&1 && { command -v s3fs; return 0; }
+  [ "$(id -u)" -eq 0 ] || { echo "s3fs is not installed (need root for apt-get install s3fs)"; return 1; }
+  echo "bench-setup: installing s3fs" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq s3fs >/dev/null 2>&1 ||
+    { apt-get update -qq && apt-get install -y -qq s3fs >/dev/null 2>&1; } ||
+    { echo "apt-get install s3fs failed"; return 1; }
+  command -v s3fs
+}
+install_s3s_fs() {
+  local root=$BUILD/s3s-fs exe=$BUILD/s3s-fs/bin/s3s-fs
+  if [ -x "$exe" ] && [ "$("$exe" --version 2>/dev/null)" = "s3s-fs $S3S_FS_VERSION" ]; then
+    echo "$exe"
+    return 0
+  fi
+  command -v cargo >/dev/null 2>&1 || { echo "cargo is not installed"; return 1; }
+  echo "bench-setup: building s3s-fs $S3S_FS_VERSION from crates.io (a few minutes)" >&2
+  # From the build directory, with no inherited target directory: nothing of the repository's build is used.
+  if ! (cd "$BUILD" && env -u CARGO_TARGET_DIR -u CARGO_BUILD_TARGET_DIR timeout 1500 \
+        cargo install --quiet --locked --force --root "$root" --target-dir "$BUILD/s3s-fs-build" \
+        s3s-fs --version "$S3S_FS_VERSION" --features binary >"$BUILD/s3s-fs-install.log" 2>&1); then
+    echo "cargo install s3s-fs $S3S_FS_VERSION failed or took over 25 minutes (see $BUILD/s3s-fs-install.log)"
+    return 1
+  fi
+  rm -rf "$BUILD/s3s-fs-build"
+  echo "$exe"
+}
+if [ "$SUITE" = 1 ]; then
+  S3FS_ERROR= S3S_FS_ERROR=
+  if out=$(install_s3fs); then S3FS=$(echo "$out" | tail -n 1); else S3FS= S3FS_ERROR=$(echo "$out" | tail -n 1); fi
+  if out=$(install_s3s_fs); then S3S_FS=$(echo "$out" | tail -n 1); else S3S_FS= S3S_FS_ERROR=$(echo "$out" | tail -n 1); fi
+  [ -z "$S3FS_ERROR" ] || echo "bench-setup: no s3fs: $S3FS_ERROR" >&2
+  [ -z "$S3S_FS_ERROR" ] || echo "bench-setup: no s3s-fs: $S3S_FS_ERROR" >&2
+fi
+
 echo "RCLONE=$(command -v rclone || true)"
 echo "STATBENCH=$STATBENCH"
 echo "PASSTHROUGH_HP=$PASSTHROUGH_HP"
 echo "PASSTHROUGH_HP_ERROR=$PASSTHROUGH_HP_ERROR"
+if [ "$SUITE" = 1 ]; then
+  echo "S3FS=$S3FS"
+  echo "S3FS_ERROR=$S3FS_ERROR"
+  echo "S3S_FS=$S3S_FS"
+  echo "S3S_FS_ERROR=$S3S_FS_ERROR"
+fi
