@@ -89,18 +89,24 @@ def wait_mounted(path, seconds, proc=None):
 
 
 def unmount(kind, mnt):
+    """Unmount `mnt` the way its kind wants, falling back to a lazy unmount; never raises on a timeout."""
     if not is_mounted(mnt):
         return
+    def attempt(cmd, timeout):
+        try:
+            return run(cmd, timeout=timeout, check=False).returncode == 0
+        except subprocess.TimeoutExpired:
+            log(f"{' '.join(cmd)}: no answer in {timeout} s")
+            return False
     if kind == "larder":
-        r = run([LARDER, "unmount", mnt], timeout=120, check=False)
-        if r.returncode != 0:
-            r = run([LARDER, "unmount", mnt, "--leave-pending"], timeout=120, check=False)
+        if not attempt([LARDER, "unmount", mnt], 120):
+            attempt([LARDER, "unmount", mnt, "--leave-pending"], 60)
     else:
-        run(["fusermount3", "-u", mnt], timeout=60, check=False)
+        attempt(["fusermount3", "-u", mnt], 60)
     if is_mounted(mnt):
-        run(["fusermount3", "-uz", mnt], timeout=60, check=False)
+        attempt(["fusermount3", "-uz", mnt], 60)
     if is_mounted(mnt):
-        run(["umount", "-l", mnt], timeout=60, check=False)
+        attempt(["umount", "-l", mnt], 60)
 
 
 def forget_mount(mnt):

@@ -135,9 +135,9 @@ class Larder(System):
         try:
             pid = H.larder_status(mnt).get("pid")
             yield Mount(self, mnt, {"larder": pid}, lambda: H.larder_status(mnt), cmd)
-        finally:
-            if writable:
+            if writable:  # not when interrupted: then the unmount leaves the queue in the cache dir
                 H.run([H.LARDER, "drain", mnt, "--timeout", "600s"], timeout=700, check=False)
+        finally:
             H.unmount("larder", mnt)
             H.forget_mount(mnt)
             shutil.rmtree(cache, ignore_errors=True)
