@@ -212,6 +212,13 @@ class Context:
         os.makedirs(path, exist_ok=True)
         return path
 
+    def stop_servers(self):
+        """Stop the servers started so far. Called between scenarios: a server may keep listings of the
+        home (rclone serve's directory cache) that the next scenario's new files would make stale."""
+        for p, _ in self._servers.values():
+            H.stop_proc(p)
+        self._servers.clear()
+
     def start(self, key, cmd, port, logname):
         """A server kept for the run, started once per key; its port."""
         if key in self._servers and self._servers[key][0].poll() is None:
@@ -378,6 +385,7 @@ def main():
             mod = importlib.import_module(f"scenarios.{s}")
             log(f"=== {s}: {mod.TITLE}")
             t0 = time.monotonic()
+            ctx.stop_servers()
             try:
                 out = mod.run(ctx)
             except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as e:
