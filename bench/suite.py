@@ -118,13 +118,14 @@ class Direct(System):
 class Larder(System):
     name = "larder"
 
-    def __init__(self, name="larder", flags=()):
-        self.name, self.flags = name, list(flags)
+    def __init__(self, name="larder", flags=(), cache_size=None):
+        self.name, self.flags, self.cache_size = name, list(flags), cache_size
 
     @contextlib.contextmanager
     def mount(self, ctx, tag, link=None, writable=False, flags=()):
         mnt, cache = ctx.scratch(f"mnt-{self.name}-{tag}"), ctx.scratch(f"cache-{self.name}-{tag}")
-        args = ["--cache-size", ctx.args.cache_size, "--validity-lag", "1h"] + self.flags + list(flags)
+        size = str(self.cache_size or ctx.args.cache_size)
+        args = ["--cache-size", size, "--validity-lag", "1h"] + self.flags + list(flags)
         if not writable:
             args.append("--read-only")
         elif "--write-mode" not in args:
@@ -193,6 +194,10 @@ class Context:
                 else:
                     self.systems.append(p)
         self.plot_dir = None
+
+    def larder(self, name, flags=(), cache_size=None):
+        """A larder variant: its own name, extra mount flags and cache size."""
+        return Larder(name, flags, cache_size)
 
     def system(self, name):
         return next((s for s in self.systems if s.name == name), None)
