@@ -28,10 +28,9 @@ def add_args(ap):
 
 
 def systems(ctx):
-    larder = type(ctx.system("larder"))
     return [ctx.system("direct"),
-            larder(name="larder-wt", flags=["--write-mode", "write-through"]),
-            larder(name="larder-wb", flags=["--write-mode", "write-back"])] + ctx.peers()
+            ctx.larder("larder-wt", ["--write-mode", "write-through"]),
+            ctx.larder("larder-wb", ["--write-mode", "write-back"])] + ctx.peers()
 
 
 def drain(mnt):
