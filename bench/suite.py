@@ -195,6 +195,10 @@ class Context:
                     self.systems.append(p)
         self.plot_dir = None
 
+    def link(self, latency, bandwidth=None):
+        """An emulated link other than the suite's own (`ctx.wan`)."""
+        return Link(latency, bandwidth)
+
     def larder(self, name, flags=(), cache_size=None):
         """A larder variant: its own name, extra mount flags and cache size."""
         return Larder(name, flags, cache_size)

@@ -77,7 +77,7 @@ def run_one(ctx, s, clients, seconds, link):
 
 def run(ctx):
     seconds = ctx.args.metadata_seconds
-    link = type(ctx.wan)(ctx.args.latency)
+    link = ctx.link(ctx.args.latency)
     ctx.subhome("metadata")
     res = {"seconds": seconds, "cap": CAP, "link": link.describe(), "systems": {}}
     for s in systems(ctx):
