@@ -17,6 +17,7 @@ uncapped, and prints JSON with the MiB/s of each, to show the proxy itself is no
 """
 import argparse
 import asyncio
+import heapq
 import json
 import signal
 import socket
@@ -49,6 +50,47 @@ def parse_size(s):
     return int(float(s))
 
 
+class Timer:
+    """Wakes coroutines at a due time (loop.time(), i.e. time.monotonic()) to within tens of µs. The event
+    loop's own timers are rounded up to whole milliseconds by epoll, which would make a 1 ms link about
+    3 ms: a thread sleeps precisely on a heap of due times and wakes the loop."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.heap = []
+        self.seq = 0
+        self.cv = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    async def sleep_until(self, due):
+        if due <= time.monotonic():
+            return
+        fut = self.loop.create_future()
+        with self.cv:
+            heapq.heappush(self.heap, (due, self.seq, fut))
+            self.seq += 1
+            self.cv.notify()
+        await fut
+
+    def _run(self):
+        while True:
+            with self.cv:
+                while not self.heap:
+                    self.cv.wait()
+                due, _, fut = self.heap[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self.cv.wait(wait)
+                    continue
+                heapq.heappop(self.heap)
+            self.loop.call_soon_threadsafe(_wake, fut)
+
+
+def _wake(fut):
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Link:
     """The shared pipe: transfers queue behind each other at `bandwidth` bytes/s (None: unlimited)."""
 
@@ -70,7 +112,7 @@ class Link:
             await asyncio.sleep(wait)
 
 
-async def pump(reader, writer, one_way, link):
+async def pump(reader, writer, one_way, link, timer):
     """Copy reader to writer, each chunk released one_way seconds after it arrived, through the link."""
     loop = asyncio.get_running_loop()
     queue = asyncio.Queue()
@@ -104,9 +146,7 @@ async def pump(reader, writer, one_way, link):
                 queued[0] -= len(data)
                 if queued[0] < QUEUE_BYTES:
                     room.set()
-                wait = due - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+                await timer.sleep_until(due)
                 await link.transfer(len(data))
                 writer.write(data)
                 await writer.drain()
@@ -124,6 +164,7 @@ async def pump(reader, writer, one_way, link):
 
 async def serve(listen, target, latency, bandwidth, ready=None, stop=None):
     link = Link(bandwidth)
+    timer = Timer(asyncio.get_running_loop())
     one_way = latency / 2
     thost, tport = target
     handlers = set()
@@ -140,7 +181,8 @@ async def serve(listen, target, latency, bandwidth, ready=None, stop=None):
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await asyncio.gather(pump(creader, uwriter, one_way, link), pump(ureader, cwriter, one_way, link))
+            await asyncio.gather(pump(creader, uwriter, one_way, link, timer),
+                                 pump(ureader, cwriter, one_way, link, timer))
         except asyncio.CancelledError:
             pass  # shutting down; returning normally keeps asyncio's stream callback quiet
         finally:
