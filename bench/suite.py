@@ -382,6 +382,9 @@ def main():
         os.makedirs(home)
         ctx = Context(a, work, home, res["setup"])
         res["systems"] = [s.name for s in ctx.systems]
+        if ctx.system("s3fs"):
+            import s3fs_peer
+            res["config"]["s3fs_options"] = s3fs_peer.S3FS_OPTIONS
         res["skipped_systems"] = ctx.skipped
         os.makedirs(a.out_dir, exist_ok=True)
         if setup_plots():

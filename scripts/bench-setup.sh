@@ -9,7 +9,7 @@
 # reads (see the s3fs block below).
 # Idempotent: installs only what is missing and rebuilds only what is absent or stale. Prints the helpers'
 # paths on its last lines as KEY=VALUE (PASSTHROUGH_HP=..., STATBENCH=...; empty when not built, with the
-# reason in PASSTHROUGH_HP_ERROR=...).
+# reason in PASSTHROUGH_HP_ERROR=...; with --suite also S3FS=... and S3S_FS=..., likewise with ..._ERROR=...).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -130,13 +130,17 @@ install_s3fs() {
     { echo "apt-get install s3fs failed"; return 1; }
   command -v s3fs
 }
-install_s3s_fs() {
+s3s_fs_built() {
+  [ -x "$1" ] && [ "$("$1" --version 2>/dev/null)" = "s3s-fs $S3S_FS_VERSION" ]
+}
+install_s3s_fs() {  # in a subshell: the lock is released when it ends
   local root=$BUILD/s3s-fs exe=$BUILD/s3s-fs/bin/s3s-fs
-  if [ -x "$exe" ] && [ "$("$exe" --version 2>/dev/null)" = "s3s-fs $S3S_FS_VERSION" ]; then
-    echo "$exe"
-    return 0
-  fi
+  s3s_fs_built "$exe" && { echo "$exe"; return 0; }
   command -v cargo >/dev/null 2>&1 || { echo "cargo is not installed"; return 1; }
+  # One build at a time (two suites starting together): the second waits, then finds the binary.
+  exec 9>"$BUILD/s3s-fs.lock"
+  flock -w 1600 9 || { echo "another s3s-fs build held $BUILD/s3s-fs.lock too long"; return 1; }
+  s3s_fs_built "$exe" && { echo "$exe"; return 0; }
   echo "bench-setup: building s3s-fs $S3S_FS_VERSION from crates.io (a few minutes)" >&2
   # From the build directory, with no inherited target directory: nothing of the repository's build is used.
   if ! (cd "$BUILD" && env -u CARGO_TARGET_DIR -u CARGO_BUILD_TARGET_DIR timeout 1500 \
