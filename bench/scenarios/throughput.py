@@ -92,7 +92,8 @@ def report(r, ctx):
                 if not pts or (phase == "cold" and s == "direct"):
                     continue
                 xs = sorted(int(k) for k in pts)
-                ax.plot(xs, [pts[str(k)]["MiB_s"] for k in xs], marker="o", label=s)
+                ax.plot(xs, [pts[str(k)]["MiB_s"] for k in xs], marker="o", label=s,
+                        color=f"C{systems.index(s)}")
             if phase == "cold":
                 ax.axhline(r["limit_cold_MiB_s"], color="grey", linestyle="--", label="link bandwidth")
             ax.set_xscale("log", base=2)
