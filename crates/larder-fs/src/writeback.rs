@@ -36,8 +36,13 @@ pub(crate) enum NewKind<'a> {
 impl Fs {
     /// Record `ops` (and `removed`: inodes that lost their last name), persist them with `muts`, and wait
     /// until all of it is durable. Called with `ns` held; returns with it released.
+    ///
+    /// `mutating`, the namespace-change lock where the caller holds it, is let go with the namespace before
+    /// the wait for durability: changes made meanwhile by other callers share that wait (group commit),
+    /// and the sync that acknowledges a later change covers every earlier one.
     fn commit(
         &self,
+        mutating: Option<std::sync::MutexGuard<'_, ()>>,
         ns: std::sync::MutexGuard<'_, Namespace>,
         ops: Vec<Op>,
         removed: &[u64],
@@ -53,6 +58,7 @@ impl Fs {
             }
         }
         drop(ns);
+        drop(mutating);
         let db = self.core.store.db();
         db.submit(muts);
         self.journal_cv.notify_all();
@@ -108,7 +114,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Entry> {
-        let _m = self.free_name(parent, name)?;
+        let mutating = self.free_name(parent, name)?;
         let mut ns = lock(&self.ns);
         let p = ns.inode(parent)?;
         if p.kind != FileKind::Dir {
@@ -230,7 +236,7 @@ impl Fs {
         muts.extend(Self::record_of(&ns, parent));
         let entry = self.entry(&ns, ino)?;
         let op = Op::new(ino, path, vec![(parent, name.as_bytes().to_vec())], op_kind);
-        self.commit(ns, vec![op], &[], muts)?;
+        self.commit(Some(mutating), ns, vec![op], &[], muts)?;
         Ok(entry)
     }
 
@@ -238,7 +244,7 @@ impl Fs {
     pub(crate) fn remove_local(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
         self.writable()?;
         check_name(name)?;
-        let _m = lock(&self.mutate);
+        let mutating = lock(&self.mutate);
         let child = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
         let kind = lock(&self.ns).inode(child)?.kind;
         match (dir, kind == FileKind::Dir) {
@@ -268,7 +274,7 @@ impl Fs {
         let kind = if dir { OpKind::Rmdir } else { OpKind::Unlink };
         let op = Op::new(child, path, vec![(parent, name.as_bytes().to_vec())], kind);
         let removed = if gone { vec![child] } else { Vec::new() };
-        self.commit(ns, vec![op], &removed, muts)
+        self.commit(Some(mutating), ns, vec![op], &removed, muts)
     }
 
     /// Rename in the cache and queue the rename at home.
@@ -283,7 +289,7 @@ impl Fs {
         self.writable()?;
         check_name(name)?;
         check_name(new_name)?;
-        let _m = lock(&self.mutate);
+        let mutating = lock(&self.mutate);
         let src = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
         let dst = self.exists(new_parent, new_name)?;
         if flags.no_replace && dst.is_some() {
@@ -356,12 +362,12 @@ impl Fs {
             },
         );
         let removed: Vec<u64> = victim_gone.into_iter().collect();
-        self.commit(ns, vec![op], &removed, muts)
+        self.commit(Some(mutating), ns, vec![op], &removed, muts)
     }
 
     /// Hard-link in the cache and queue the link at home.
     pub(crate) fn link_local(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
-        let _m = self.free_name(parent, name)?;
+        let mutating = self.free_name(parent, name)?;
         let mut ns = lock(&self.ns);
         if ns.inode(parent)?.kind != FileKind::Dir {
             return Err(FsError::NotDir);
@@ -384,7 +390,7 @@ impl Fs {
         muts.extend(Self::record_of(&ns, parent));
         let entry = self.entry(&ns, ino)?;
         let op = Op::new(ino, from, vec![(parent, name.as_bytes().to_vec())], OpKind::Link { to });
-        self.commit(ns, vec![op], &[], muts)?;
+        self.commit(Some(mutating), ns, vec![op], &[], muts)?;
         Ok(entry)
     }
 
@@ -474,7 +480,7 @@ impl Fs {
         }
         let entry = self.entry(&ns, ino)?;
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
-        self.commit(ns, ops, &[], muts)?;
+        self.commit(None, ns, ops, &[], muts)?;
         Ok(entry)
     }
 
@@ -508,7 +514,7 @@ impl Fs {
         let path = path_bytes(&ns.path_of(ino)?);
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
         let op = Op::new(ino, path, Vec::new(), OpKind::Data);
-        self.commit(ns, vec![op], &[], muts)
+        self.commit(None, ns, vec![op], &[], muts)
     }
 
     /// Hold a writer back while dirty data is near the cache's capacity; `ENOSPC` if it stays there.
