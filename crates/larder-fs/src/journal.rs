@@ -415,13 +415,19 @@ impl Journal {
         let mut inside: HashSet<&[u8]> = HashSet::new();
         let mut inos: HashSet<u64> = HashSet::new();
         for (seq, op) in &self.ops {
+            let due = urgent || now.saturating_sub(op.since_ms) >= lag_ms;
+            if !due {
+                // Ops are in the order they were queued, so none after this one is due either (a coalesced
+                // data op keeps its first write's time and may wait here, at most the lag). Stopping keeps
+                // this call short while a burst of changes sits out its lag: every change wakes the pushers.
+                break;
+            }
             let blocked = inos.contains(&op.ino)
                 || op
                     .paths()
                     .any(|p| paths.contains(p) || inside.contains(p) || ancestors(p).any(|a| paths.contains(a)));
-            let due = urgent || now.saturating_sub(op.since_ms) >= lag_ms;
             let waiting = self.failed.get(seq).is_some_and(|f| f.retry_at > instant);
-            if !blocked && due && !waiting && !self.inflight.contains(seq) {
+            if !blocked && !waiting && !self.inflight.contains(seq) {
                 picked.push(*seq);
                 if picked.len() >= limit {
                     break;
