@@ -273,7 +273,10 @@ impl Fs {
             let h = ns.handles.get_mut(&fh).ok_or(FsError::BadHandle)?;
             let window = match self.cfg.prefetch {
                 Prefetch::WholeFile => u64::MAX,
-                Prefetch::Sequential if offset == h.next_offset => {
+                // A reader going on where it left off, or a little further: the pages between were read by
+                // the kernel from its page cache (another reader of the file brought them in), which must
+                // not cost this reader its window.
+                Prefetch::Sequential if offset >= h.next_offset && offset - h.next_offset <= self.cfg.readahead_max => {
                     if h.window == 0 {
                         bs
                     } else {

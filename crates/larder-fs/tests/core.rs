@@ -464,6 +464,43 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
     fs.stop_flushers();
 }
 
+/// A sequential reader whose reads skip ahead a little (the pages between came from the kernel's page
+/// cache, brought in by another reader of the file) keeps its readahead window growing.
+#[test]
+fn a_reader_skipping_ahead_keeps_its_readahead() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), pattern(32 * BS as usize, 6)).unwrap();
+    let (fs, counters) = s.fs_configured(
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            readahead_max: 8 * BS,
+            ingest_streams: 2,
+            ..FsConfig::default()
+        },
+    );
+    let ino = resolve(&fs, "f").unwrap();
+    let r = fs.open(ino, libc::O_RDONLY).unwrap();
+    for block in [0, 2, 4] {
+        let got = fs.read(r.fh, block * BS, BS as u32).unwrap();
+        assert_eq!(
+            got,
+            pattern(32 * BS as usize, 6)[(block * BS) as usize..((block + 1) * BS) as usize]
+        );
+    }
+    // The window doubled at each read: after the read of block 4 it reaches block 8.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while counters.bytes_read() < 9 * BS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} blocks came in: the skips reset the readahead",
+            counters.bytes_read() / BS
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fs.release(r.fh).unwrap();
+}
+
 #[test]
 fn a_failing_home_read_is_an_error_not_a_cached_hole() {
     let s = Setup::new();
