@@ -485,3 +485,13 @@ def md_table(header, rows):
     for r in rows:
         out.append("| " + " | ".join(fmt(v) if isinstance(v, (int, float)) or v is None else str(v) for v in r) + " |")
     return "\n".join(out)
+
+
+def save_plot(fig, path, alt, **layout):
+    """Lay out, save and close a matplotlib figure; the Markdown that embeds it in a report beside the
+    plots' directory."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return f"![{alt}]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"

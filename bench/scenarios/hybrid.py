@@ -224,6 +224,7 @@ def ratios(r, a, b):
 
 
 def plot(r, names, path):
+    """The bar charts; the Markdown that embeds them."""
     import matplotlib.pyplot as plt
     runs = r["runs"]
     panels = [("block hit rate (%)", False, lambda n: 100 * H.get(runs, n, "cache", "hit_rate")),
@@ -241,9 +242,7 @@ def plot(r, names, path):
         ax.set_title(title, fontsize=10)
     fig.suptitle(f"{r['requests']} requests by {r['clients']} clients, cache {r['cache_size'] / MiB:.0f} MiB "
                  f"of {r['touched_bytes'] / MiB:.0f} MiB requested", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return H.save_plot(fig, path, "hybrid")
 
 
 def report(r, ctx):
@@ -284,6 +283,5 @@ def report(r, ctx):
               + ", ".join(f"{n} {100 * v:.0f}%" for n, v in busy.items() if v is not None) + "."]
     path = ctx.plot("hybrid") if ctx else None
     if path:
-        plot(r, names, path)
-        lines += ["", f"![hybrid]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"]
+        lines += ["", plot(r, names, path)]
     return "\n".join(lines)

@@ -189,10 +189,7 @@ def plot(r, ctx):
         ax.set_title(f"{clients} client{'s' if clients != '1' else ''}")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return f"![latency]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"
+    return H.save_plot(fig, path, "latency", rect=(0, 0.12, 1, 1))
 
 
 def report(r, ctx):

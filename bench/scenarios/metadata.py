@@ -131,10 +131,7 @@ def plot(r, systems, ctx):
     ax.set_ylabel("creates/s (log scale, this machine)")
     ax.set_title(f"File creates, home behind {r['link']}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return ["", f"![metadata]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"]
+    return ["", H.save_plot(fig, path, "metadata")]
 
 
 def report(r, ctx):

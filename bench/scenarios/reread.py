@@ -77,10 +77,7 @@ def plot(r, systems, ctx):
     ax.set_ylabel("seconds (slowest of 4 processes, this machine)")
     ax.set_title(f"2 × {r['size'] / MiB:.0f} MiB read {r['passes']} times by 4 processes")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return ["", f"![reread]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"]
+    return ["", H.save_plot(fig, path, "reread")]
 
 
 def report(r, ctx):

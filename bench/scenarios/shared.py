@@ -162,10 +162,7 @@ def plot(r, systems, ctx):
     ax.set_ylabel("aggregate MiB/s (this machine)")
     ax.set_title(f"K readers of a {r['size'] / MiB:.0f} MiB file one writer wrote")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return ["", f"![shared]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"]
+    return ["", H.save_plot(fig, path, "shared")]
 
 
 def report(r, ctx):

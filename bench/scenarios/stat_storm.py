@@ -265,10 +265,7 @@ def plot(r, ctx, configs):
     ax.set_ylabel("slowest client's seconds (log)")
     ax.set_title(f"stat of {r['files']:,} files by each of K clients")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return f"![stat storm]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"
+    return H.save_plot(fig, path, "stat storm")
 
 
 def report(r, ctx):

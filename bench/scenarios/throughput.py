@@ -101,9 +101,5 @@ def report(r, ctx):
             ax.set_ylabel("MiB/s (this machine)")
             ax.set_title(f"{phase} read of {r['size'] / MiB:.0f} MiB")
             ax.legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        lines.append("")
-        lines.append(f"![throughput]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})")
+        lines += ["", H.save_plot(fig, path, "throughput")]
     return "\n".join(lines)
