@@ -56,18 +56,7 @@ LARDER_EXTRA = {
     "wan": [],
 }
 
-RCLONE_FLAGS = [
-    "--vfs-cache-mode", "full",
-    "--vfs-read-chunk-size", "16M",
-    "--buffer-size", "16M",
-    "--dir-cache-time", "1h",
-    "--attr-timeout", "1h",
-    "--vfs-cache-max-age", "24h",
-    "--vfs-cache-max-size", "16G",
-    "--max-read-ahead", "1M",
-    "--poll-interval", "0",
-    "--read-only",
-]
+RCLONE_FLAGS = H.RCLONE_FLAGS + ["--read-only"]
 
 
 

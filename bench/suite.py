@@ -43,17 +43,7 @@ from harness import MiB, log, note  # noqa: E402
 SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
-RCLONE_FLAGS = [
-    "--vfs-cache-mode", "full",
-    "--vfs-read-chunk-size", "16M",
-    "--buffer-size", "16M",
-    "--dir-cache-time", "1h",
-    "--attr-timeout", "1h",
-    "--vfs-cache-max-age", "24h",
-    "--vfs-cache-max-size", "16G",
-    "--max-read-ahead", "1M",
-    "--poll-interval", "0",
-]
+RCLONE_FLAGS = H.RCLONE_FLAGS
 
 
 class Link:
