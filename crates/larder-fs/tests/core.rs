@@ -54,6 +54,23 @@ impl Setup {
         )
     }
 
+    /// A started write-back file system that pushes at once, one op at a time, through `faults`.
+    fn write_back(&self, faults: Arc<FaultLayer>) -> Arc<Fs> {
+        let (fs, _) = self.fs_configured(
+            faults,
+            FsConfig {
+                validity_lag: Duration::from_secs(3600),
+                write_mode: larder_fs::WriteMode::WriteBack,
+                sync_lag: Duration::ZERO,
+                flush_threads: 1,
+                ..FsConfig::default()
+            },
+        );
+        let fs = Arc::new(fs);
+        fs.start();
+        fs
+    }
+
     fn fs_configured(&self, faults: Arc<FaultLayer>, mut cfg: FsConfig) -> (Fs, Arc<HomeCounters>) {
         // The default is shared by the whole machine: each test keeps its conflicts to itself.
         cfg.conflicts_dir = self.cache_dir.join("conflicts");
@@ -330,18 +347,7 @@ fn a_push_whose_answer_was_lost_is_recognised_on_retry() {
     let old = pattern(3 * BS as usize, 1);
     std::fs::write(s.home("f"), &old).unwrap();
     let faults = Arc::new(FaultLayer::default());
-    let (fs, _) = s.fs_configured(
-        faults.clone(),
-        FsConfig {
-            validity_lag: Duration::from_secs(3600),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::ZERO,
-            flush_threads: 1,
-            ..FsConfig::default()
-        },
-    );
-    let fs = Arc::new(fs);
-    fs.start();
+    let fs = s.write_back(faults.clone());
     let ino = resolve(&fs, "f").unwrap();
     let r = fs.open(ino, libc::O_RDWR).unwrap();
     let mut want = old.clone();
@@ -393,18 +399,7 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
     std::fs::write(s.home("d/a"), pattern(100, 3)).unwrap();
     std::fs::write(s.home("d/b"), pattern(200, 4)).unwrap();
     let faults = Arc::new(FaultLayer::default());
-    let (fs, _) = s.fs_configured(
-        faults.clone(),
-        FsConfig {
-            validity_lag: Duration::from_secs(3600),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::ZERO,
-            flush_threads: 1,
-            ..FsConfig::default()
-        },
-    );
-    let fs = Arc::new(fs);
-    fs.start();
+    let fs = s.write_back(faults.clone());
     for name in ["f", "d"] {
         resolve(&fs, name).unwrap();
     }
