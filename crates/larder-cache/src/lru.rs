@@ -4,7 +4,7 @@
 //! It exists as the baseline the benchmark suite compares larder's hybrid units + S3-FIFO against: a plain
 //! per-block LRU run of the same engine (`--eviction lru`), only the order of eviction changed. It is not
 //! what larder recommends: a one-pass scan larger than the cache pushes the whole working set out (the test
-//! `a_scan_evicts_the_working_set` below, against S3-FIFO's `a_scan_does_not_push_the_working_set_out`).
+//! `policy::a_scan_pushes_the_working_set_out_of_lru_not_out_of_s3fifo`).
 //!
 //! Every use stamps the unit with a new, increasing number; the units ordered by stamp are the LRU list
 //! (least recent first), so each operation is a map update and an ordered-map move, O(log n). Like S3-FIFO,
@@ -120,19 +120,6 @@ impl<K: Hash + Eq + Clone> Lru<K> {
 mod tests {
     use super::*;
 
-    /// A cache of `cap` unit-sized entries driven by the policy: returns whether `k` was a hit.
-    fn access(p: &mut Lru<u64>, cap: u64, k: u64) -> bool {
-        if p.contains(&k) {
-            p.touch(&k);
-            return true;
-        }
-        p.insert(k, 1);
-        while p.bytes() > cap {
-            p.evict().expect("something to evict");
-        }
-        false
-    }
-
     fn drain(p: &mut Lru<u64>) -> Vec<u64> {
         std::iter::from_fn(|| p.evict().map(|(k, _)| k)).collect()
     }
@@ -205,29 +192,5 @@ mod tests {
             p.insert(k, 0);
         }
         assert_eq!(drain(&mut p).len(), 10);
-    }
-
-    #[test]
-    fn a_scan_evicts_the_working_set() {
-        // The workload of S3-FIFO's `a_scan_does_not_push_the_working_set_out`: a working set of 200 units,
-        // reused, in a cache of 500; then one pass over 5000 units never seen again, interleaved with the
-        // working set. S3-FIFO keeps (nearly) every working-set access a hit; LRU loses most of them, as
-        // the scan pushes each working-set unit out before it comes round again.
-        let cap = 500u64;
-        let mut p = Lru::new(cap);
-        for _ in 0..4 {
-            for k in 0..200u64 {
-                access(&mut p, cap, k);
-            }
-        }
-        assert_eq!(p.stats().units, 200);
-        let mut hits = 0;
-        for i in 0..5000u64 {
-            access(&mut p, cap, 1_000_000 + i);
-            if i % 10 == 0 {
-                hits += access(&mut p, cap, (i / 10) % 200) as u32;
-            }
-        }
-        assert!(hits < 100, "LRU kept {hits} of 500 working-set accesses through a scan");
     }
 }
