@@ -321,10 +321,6 @@ impl Fs {
                 match home.rename(&path, &os(to), flags) {
                     // Gone from the source and present at the target: an earlier attempt did it.
                     Err(HomeError::NotFound) if repeated && home.stat(&os(to)).is_ok() => Ok(None),
-                    // The same, from a home that looks at the target first.
-                    Err(HomeError::Exists) if repeated && matches!(home.stat(&path), Err(HomeError::NotFound)) => {
-                        Ok(None)
-                    }
                     // A home that renames by copy, then delete (an object store) left an earlier attempt's
                     // copy at the target: it holds nothing the source does not, so replacing it loses
                     // nothing.

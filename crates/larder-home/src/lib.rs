@@ -82,7 +82,9 @@ pub trait Home: Send + Sync + 'static {
     /// Remove an empty directory.
     fn rmdir(&self, path: &Path) -> HomeResult<()>;
 
-    /// Rename `from` to `to`, replacing `to` unless `flags` say otherwise.
+    /// Rename `from` to `to`, replacing `to` unless `flags` say otherwise. A missing `from` is
+    /// [`HomeError::NotFound`] whatever is at `to`, as with rename(2): a retried rename that had landed
+    /// is told apart from a taken target by that answer.
     fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()>;
 
     /// Change attributes (mode, owner, size, times).
