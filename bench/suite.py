@@ -244,61 +244,52 @@ class Context:
             port = self.proxy(port, link)
         return f"http://127.0.0.1:{port}/"
 
-    def workers(self, cmds, phases=1, timeout=600):
-        """Run `bench/worker.py` clients as processes, releasing them together at each of their `phases`
-        barriers; their JSON results, in order."""
-        procs = [subprocess.Popen([sys.executable, os.path.join(BENCH, "worker.py")] + list(c),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    def together(self, cmds, phases, timeout, label):
+        """Start `cmds` as processes and release them together at each of their `phases` barriers (a client
+        prints "ready", then waits for a line on stdin); per client, (the JSON lines it printed, its stderr,
+        its exit code). `label(cmd)` names a client in errors."""
+        procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, start_new_session=True) for c in cmds]
         H._procs.extend(procs)
         deadline = time.monotonic() + timeout
         try:
             for _ in range(phases):
-                for p in procs:
+                for p, c in zip(procs, cmds):
                     line = p.stdout.readline()
                     if line.strip() != "ready":
-                        raise RuntimeError(f"worker {' '.join(cmds[procs.index(p)][:2])}: "
-                                           f"{line.strip() or p.stderr.read()[-800:]}")
+                        raise RuntimeError(f"{label(c)}: {line.strip() or p.stderr.read()[-800:]}")
                 for p in procs:
                     p.stdin.write("go\n")
                     p.stdin.flush()
             out = []
-            for p, c in zip(procs, cmds):
-                left = max(1, deadline - time.monotonic())
-                stdout, stderr = p.communicate(timeout=left)
-                lines = [x for x in stdout.splitlines() if x.startswith("{")]
-                if p.returncode != 0 or not lines:
-                    raise RuntimeError(f"worker {' '.join(c[:2])} failed ({p.returncode}): {stderr.strip()[-800:]}")
-                out.append(json.loads(lines[-1]))
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
+                out.append(([json.loads(x) for x in stdout.splitlines() if x.startswith("{")], stderr, p.returncode))
             return out
         finally:
             for p in procs:
                 H.stop_proc(p)
+
+    def workers(self, cmds, phases=1, timeout=600):
+        """Run `bench/worker.py` clients as processes, releasing them together at each of their `phases`
+        barriers; their JSON results, in order."""
+        worker = [sys.executable, os.path.join(BENCH, "worker.py")]
+        ran = self.together([worker + list(c) for c in cmds], phases, timeout,
+                            lambda c: f"worker {' '.join(c[2:4])}")
+        out = []
+        for c, (lines, stderr, code) in zip(cmds, ran):
+            if code != 0 or not lines:
+                raise RuntimeError(f"worker {' '.join(c[:2])} failed ({code}): {stderr.strip()[-800:]}")
+            out.append(lines[-1])
+        return out
 
     def statbench(self, root, listfile, clients, passes=1, timeout=1800):
         """K statbench processes over the same list, released together; per client, its passes."""
         exe = self.setup.get("STATBENCH")
         if not exe:
             raise RuntimeError("statbench was not built")
-        procs = [subprocess.Popen([exe, root, listfile, str(passes), "--barrier"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  start_new_session=True) for _ in range(clients)]
-        H._procs.extend(procs)
-        try:
-            for p in procs:
-                if p.stdout.readline().strip() != "ready":
-                    raise RuntimeError(f"statbench: {p.stderr.read()[-500:]}")
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            out = []
-            for p in procs:
-                stdout, stderr = p.communicate(timeout=timeout)
-                out.append([json.loads(x) for x in stdout.splitlines() if x.startswith("{")])
-            return out
-        finally:
-            for p in procs:
-                H.stop_proc(p)
+        cmd = [exe, root, listfile, str(passes), "--barrier"]
+        return [lines for lines, _, _ in self.together([cmd] * clients, 1, timeout, lambda c: "statbench")]
 
     def plot(self, name):
         """The path for a PNG plot, or None when matplotlib is missing."""
