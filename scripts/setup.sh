@@ -12,6 +12,10 @@ command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 if [ "${1:-}" = --tests ]; then
   command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
   command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+  # Real programs the tests run on mounts.
+  command -v sqlite3 >/dev/null 2>&1 || need_apt+=(sqlite3)
+  command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
+  command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
   command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 fi
 
