@@ -314,6 +314,12 @@ impl Store {
         &self.db
     }
 
+    /// 512-byte blocks the cache file of `object` takes on disk (holes take none); 0 if it has none.
+    pub fn allocated_blocks(&self, object: u64) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.path_of(object)).map_or(0, |m| m.blocks())
+    }
+
     fn path_of(&self, object: u64) -> PathBuf {
         self.cfg
             .dir
@@ -476,8 +482,18 @@ impl Store {
             return Ok(());
         }
         let file = self.file_locked(&st, key.0)?;
-        // Written under the lock, so no local change of the object can interleave with it.
-        file.write_all_at(data, start).map_err(io_err)?;
+        // Written under the lock, so no local change of the object can interleave with it. A block of
+        // zeros (a hole at home, read back) stays a hole here: nothing is allocated for it.
+        if data.iter().all(|&b| b == 0) {
+            let end = start + data.len() as u64;
+            punch_hole(&file, start, data.len() as u64);
+            if file.metadata().map_err(io_err)?.len() < end {
+                // The block is read back in full (checksums): the file reaches its end, one byte stored.
+                file.write_all_at(&[0], end - 1).map_err(io_err)?;
+            }
+        } else {
+            file.write_all_at(data, start).map_err(io_err)?;
+        }
         self.insert_locked(&mut st, key, data.len() as u32, crc, false);
         self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.db.submit(vec![Mutation::PutBlock {

@@ -634,7 +634,7 @@ impl Fs {
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
         let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
-        let (ranges, size, object, path, base, file) = {
+        let (ranges, size, object, path, base, file, mtime) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = lock(&self.ns);
@@ -651,6 +651,8 @@ impl Fs {
                 return Err(FsError::Home(HomeError::Conflict));
             }
             let size = node.attr.as_ref().map_or(0, |a| a.size);
+            // The time the mount shows (a write's, or one set since) is the time home ends with.
+            let mtime = node.attr.as_ref().map(|a| a.mtime);
             // The version these changes were made on: home must still be at it, or the push is a conflict.
             let base = node
                 .attr
@@ -688,7 +690,7 @@ impl Fs {
                         ranges: ranges.clone(),
                         size,
                     });
-                    (ranges, size, object, path, base, file)
+                    (ranges, size, object, path, base, file, mtime)
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -699,7 +701,7 @@ impl Fs {
         let result = self
             .core
             .home
-            .write(&path, &file, &ranges, size, base.as_ref())
+            .write(&path, &file, &ranges, size, base.as_ref(), mtime)
             .map_err(FsError::from);
         let mut ns = lock(&self.ns);
         ns.inode_mut(ino)?.pushing -= 1;

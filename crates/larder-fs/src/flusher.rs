@@ -218,6 +218,7 @@ impl Fs {
                 }
                 drop(ns);
                 self.core.store.db().submit(muts);
+                self.settle_dir_times(op);
             }
             Outcome::Retry(e) => {
                 tracing::debug!(error = %e, op = op.kind.name(), "home away; the op waits");
@@ -244,6 +245,77 @@ impl Fs {
             }
         }
         self.journal_cv.notify_all();
+    }
+
+    /// Home stamps what it creates with the time of the push; the mount shows the time it was made here,
+    /// or one set since. Unless later changes of it are queued (a file's data push, a time set, each
+    /// giving the time again), home gets the mount's time now. Home's attributes afterwards.
+    fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
+        if !self.core.home.keeps_times() || lock(&self.journal).has_after_current(op.ino) {
+            return attr;
+        }
+        let local = lock(&self.ns)
+            .inode(op.ino)
+            .ok()
+            .and_then(|n| n.attr.as_ref().map(|a| a.mtime));
+        let Some(mtime) = local.filter(|t| *t != attr.mtime) else {
+            return attr;
+        };
+        let changes = SetAttr {
+            mtime: Some(TimeSet::At(mtime)),
+            ..SetAttr::default()
+        };
+        match self.core.home.setattr(path, &changes) {
+            Ok(after) => after,
+            Err(e) => {
+                tracing::debug!(error = %e, path = %path.display(), "could not give a new object at home the mount's time");
+                attr
+            }
+        }
+    }
+
+    /// Home stamps a directory with the time each change of its entries reached it; the mount shows the
+    /// time each was made here (or one set since). Once the last queued change of a directory that `op`
+    /// changed has landed, home's directory gets the mount's time, so the two agree again (`rsync -a`,
+    /// `tar` and `cp -a` set directory times before or after filling them).
+    fn settle_dir_times(&self, op: &Op) {
+        if !self.core.home.keeps_times() {
+            return;
+        }
+        let mut dirs: Vec<u64> = op.names.iter().map(|(d, _)| *d).collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        for dir in dirs {
+            let (path, mtime) = {
+                let ns = lock(&self.ns);
+                if !lock(&self.journal).dir_settled(dir) {
+                    continue;
+                }
+                let Ok(node) = ns.inode(dir) else { continue };
+                let (Some(attr), false) = (node.attr.as_ref(), node.removed) else {
+                    continue;
+                };
+                let Ok(Some(path)) = ns.home_path(dir) else { continue };
+                (path, attr.mtime)
+            };
+            let changes = SetAttr {
+                mtime: Some(TimeSet::At(mtime)),
+                ..SetAttr::default()
+            };
+            match self.core.home.setattr(&path, &changes) {
+                Ok(attr) => {
+                    let mut ns = lock(&self.ns);
+                    // A change of it made meanwhile stands: its own push settles the time again.
+                    let unchanged = ns
+                        .inode(dir)
+                        .is_ok_and(|n| n.attr.as_ref().is_some_and(|a| a.mtime == mtime));
+                    if unchanged && lock(&self.journal).dir_settled(dir) {
+                        self.adopt_attr(&mut ns, dir, attr);
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, dir, "could not give home's directory the mount's time"),
+            }
+        }
     }
 
     /// An op home keeps refusing: its data (if any) is copied to the conflicts area and listed.
@@ -369,6 +441,10 @@ impl Fs {
                 )
                 .map(Some),
             OpKind::Data => return self.push_data_op(op, repeated),
+        };
+        let result = match result {
+            Ok(Some(attr)) if op.kind.creates() => Ok(Some(self.created_with_local_time(op, &path, attr))),
+            other => other,
         };
         match result {
             Ok(attr) => {
@@ -692,7 +768,7 @@ impl Fs {
                     let perm = lock(&self.ns).inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
                     let file = self.core.store.file(object)?;
                     self.core.home.create(&aside, perm, Owner::default())?;
-                    self.core.home.write(&aside, &file, &ranges, size, None)?;
+                    self.core.home.write(&aside, &file, &ranges, size, None, None)?;
                     Ok(complete)
                 });
                 match written {

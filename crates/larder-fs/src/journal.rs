@@ -88,7 +88,7 @@ impl OpKind {
         }
     }
 
-    fn creates(&self) -> bool {
+    pub(crate) fn creates(&self) -> bool {
         matches!(
             self,
             OpKind::Create { .. } | OpKind::Mkdir { .. } | OpKind::Mknod { .. } | OpKind::Symlink { .. }
@@ -239,6 +239,11 @@ impl Journal {
     /// Whether the entry `name` of directory `dir` has queued changes (home's view of it is behind).
     pub fn pinned(&self, dir: u64, name: &[u8]) -> bool {
         self.names.get(&dir).is_some_and(|m| m.contains_key(name))
+    }
+
+    /// Whether nothing queued changes directory `dir` any more: neither an entry of it nor it.
+    pub fn dir_settled(&self, dir: u64) -> bool {
+        !self.has(dir) && self.names.get(&dir).is_none_or(|m| m.is_empty())
     }
 
     /// Names of `dir` with queued changes.

@@ -297,7 +297,15 @@ impl Fs {
             let object = ns.inode(ino)?.object;
             self.core.store.truncate(object, size)?;
         }
+        let set_mtime = changes.mtime.is_some().then_some(attr.mtime);
         self.adopt_attr(&mut ns, ino, attr);
+        if let Some(t) = set_mtime
+            && let Some(a) = ns.inode_mut(ino)?.attr.as_mut()
+        {
+            // Pending writes keep their size, not their time: the time set now is the file's, and the
+            // push of those writes gives it to home again.
+            a.mtime = t;
+        }
         self.entry(&ns, ino)
     }
 }

@@ -569,10 +569,12 @@ impl Fs {
             ino,
             kind: node.kind,
             size: a.size,
-            blocks: if node.dirty.is_empty() {
+            // Local changes not yet at home: what the cache copy takes (a sparse file's holes take nothing),
+            // or home's figure if larger (parts of the file not cached here).
+            blocks: if node.dirty.is_empty() && node.home_size.is_none() {
                 a.blocks
             } else {
-                a.blocks.max(a.size.div_ceil(512))
+                a.blocks.max(self.core.store.allocated_blocks(node.object))
             },
             perm: a.perm,
             nlink: if node.removed && node.kind != FileKind::Dir {

@@ -126,6 +126,9 @@ impl<L: Layer> Home for Layered<L> {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn keeps_times(&self) -> bool {
+        self.inner.keeps_times()
+    }
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
         self.call(OpKind::Stat, 0, |h| h.stat(path), none)
     }
@@ -177,9 +180,15 @@ impl<L: Layer> Home for Layered<L> {
         ranges: &[Range<u64>],
         size: u64,
         base: Option<&Version>,
+        mtime: Option<std::time::SystemTime>,
     ) -> HomeResult<HomeAttr> {
         let out: u64 = ranges.iter().map(|r| r.end.min(size).saturating_sub(r.start)).sum();
-        self.call(OpKind::Write, out, |h| h.write(path, source, ranges, size, base), none)
+        self.call(
+            OpKind::Write,
+            out,
+            |h| h.write(path, source, ranges, size, base, mtime),
+            none,
+        )
     }
     fn statfs(&self) -> HomeResult<StatFs> {
         self.call(OpKind::StatFs, 0, |h| h.statfs(), none)

@@ -36,6 +36,7 @@ pub use wan::{WanLayer, WanSpec, parse_duration, parse_size};
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
+use std::time::SystemTime;
 
 /// What larder needs from the storage it caches.
 ///
@@ -45,6 +46,12 @@ use std::path::Path;
 pub trait Home: Send + Sync + 'static {
     /// A short human description (a path or URL) for status output and logs.
     fn describe(&self) -> String;
+
+    /// Whether times set on objects (and directories) are kept as set. A home that stamps objects with
+    /// the time they were stored (object stores) does not.
+    fn keeps_times(&self) -> bool {
+        true
+    }
 
     /// Attributes of one object, not following a final symlink.
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr>;
@@ -91,8 +98,9 @@ pub trait Home: Send + Sync + 'static {
     fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr>;
 
     /// Make the object at `path` hold the content of `source` in the byte `ranges` given (the rest is
-    /// unchanged) and be `size` bytes long, durably. With `base`, fail with [`HomeError::Conflict`] unless
-    /// home is still at that version.
+    /// unchanged) and be `size` bytes long, durably; with `mtime`, modified at that time (where the home
+    /// stores times). Holes in `source` are holes at home where the backend can keep them. With `base`,
+    /// fail with [`HomeError::Conflict`] unless home is still at that version.
     fn write(
         &self,
         path: &Path,
@@ -100,6 +108,7 @@ pub trait Home: Send + Sync + 'static {
         ranges: &[Range<u64>],
         size: u64,
         base: Option<&Version>,
+        mtime: Option<SystemTime>,
     ) -> HomeResult<HomeAttr>;
 
     /// Capacity figures of the home.

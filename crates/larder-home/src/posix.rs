@@ -249,6 +249,63 @@ fn kind_of_dtype(d_type: u8) -> Option<FileKind> {
     })
 }
 
+/// Where the next data at or after `pos` in `file` starts (`None`: only a hole follows).
+fn next_data(file: &File, pos: u64) -> HomeResult<Option<u64>> {
+    // SAFETY: lseek on a valid open descriptor; the offset it moves is not used by positioned I/O.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, libc::SEEK_DATA) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ENXIO) => Ok(None),
+        // A file system without hole reporting: everything is data.
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some(pos)),
+        _ => Err(last_error()),
+    }
+}
+
+/// Where the hole after the data at `pos` in `file` starts (its end, if none).
+fn next_hole(file: &File, pos: u64) -> HomeResult<u64> {
+    // SAFETY: as in `next_data`.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, libc::SEEK_HOLE) };
+    if r >= 0 {
+        return Ok(r as u64);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ENXIO) => Ok(pos),
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(u64::MAX),
+        _ => Err(last_error()),
+    }
+}
+
+/// Make `range` of `file` read as zeros: a punched hole where the file system can, written zeros where it
+/// cannot.
+fn zero_range(file: &File, range: Range<u64>, buf: &mut [u8]) -> HomeResult<()> {
+    if range.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: fallocate on a valid open descriptor with plain integer arguments.
+    let punched = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            range.start as libc::off_t,
+            (range.end - range.start) as libc::off_t,
+        )
+    };
+    if punched == 0 {
+        return Ok(());
+    }
+    buf.fill(0);
+    let mut pos = range.start;
+    while pos < range.end {
+        let n = ((range.end - pos) as usize).min(buf.len());
+        file.write_all_at(&buf[..n], pos)?;
+        pos += n as u64;
+    }
+    Ok(())
+}
+
 fn list_at(dir: RawFd, path: &CStr) -> HomeResult<Vec<DirEntry>> {
     let file = open_at(dir, path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
     let fd = file.into_raw_fd();
@@ -479,6 +536,7 @@ impl Home for PosixHome {
         ranges: &[Range<u64>],
         size: u64,
         base: Option<&Version>,
+        mtime: Option<SystemTime>,
     ) -> HomeResult<HomeAttr> {
         let (root, p) = self.at(path)?;
         let source = source.try_clone()?;
@@ -486,28 +544,53 @@ impl Home for PosixHome {
         let base = base.cloned();
         self.run(move || {
             let file = open_at(root.as_raw_fd(), &p, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?;
+            let current = stat_fd(&file)?;
             if let Some(base) = base
-                && stat_fd(&file)?.version != base
+                && current.version != base
             {
                 return Err(HomeError::Conflict);
             }
+            // Cut first: nothing past the new end is copied or zeroed.
+            let mut home_end = current.size;
+            if size < home_end {
+                file.set_len(size)?;
+                home_end = size;
+            }
             let mut buf = vec![0u8; COPY_CHUNK];
             for range in ranges {
-                let mut pos = range.start;
                 let end = range.end.min(size);
+                let mut pos = range.start;
                 while pos < end {
-                    let want = ((end - pos) as usize).min(COPY_CHUNK);
-                    let got = source.read_at(&mut buf[..want], pos)?;
-                    if got == 0 {
-                        // The cache copy is shorter than the range: the rest is a hole.
-                        break;
+                    // Holes in the cache copy stay holes at home: only its data is sent.
+                    let data = next_data(&source, pos)?.unwrap_or(end).min(end);
+                    if data > pos {
+                        zero_range(&file, pos..data.min(home_end), &mut buf)?;
+                        pos = data;
+                        continue;
                     }
-                    file.write_all_at(&buf[..got], pos)?;
-                    pos += got as u64;
+                    let data_end = next_hole(&source, pos)?.min(end);
+                    while pos < data_end {
+                        let want = ((data_end - pos) as usize).min(COPY_CHUNK);
+                        let got = source.read_at(&mut buf[..want], pos)?;
+                        if got == 0 {
+                            // The cache copy is shorter than the range: the rest is a hole.
+                            zero_range(&file, pos..end.min(home_end), &mut buf)?;
+                            pos = end;
+                            break;
+                        }
+                        file.write_all_at(&buf[..got], pos)?;
+                        pos += got as u64;
+                    }
                 }
             }
             if stat_fd(&file)?.size != size {
                 file.set_len(size)?;
+            }
+            if let Some(t) = mtime {
+                // The time the mount shows is the time home ends with, not the time of the push.
+                let times = [timespec(None), timespec(Some(TimeSet::At(t)))];
+                // SAFETY: a valid open descriptor and two timespecs, as futimens requires.
+                check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
             }
             file.sync_all()?;
             stat_fd(&file)
@@ -564,7 +647,7 @@ mod tests {
         std::fs::write(&src_path, b"0123456789").unwrap();
         let src = File::open(&src_path).unwrap();
         let after = home
-            .write(Path::new("f"), &src, &[2..5, 8..10], 12, Some(&attr.version))
+            .write(Path::new("f"), &src, &[2..5, 8..10], 12, Some(&attr.version), None)
             .unwrap();
         assert_eq!(after.size, 12);
         assert_eq!(
@@ -578,7 +661,8 @@ mod tests {
                 &src,
                 std::slice::from_ref(&(0..1)),
                 12,
-                Some(&attr.version)
+                Some(&attr.version),
+                None
             ),
             Err(HomeError::Conflict)
         ));

@@ -397,6 +397,10 @@ fn classify(e: opendal::Error, write: bool) -> HomeError {
 }
 
 impl Home for S3Home {
+    fn keeps_times(&self) -> bool {
+        false
+    }
+
     fn describe(&self) -> String {
         let prefix = self.spec.prefix.trim_matches('/');
         if prefix.is_empty() {
@@ -622,6 +626,8 @@ impl Home for S3Home {
         ranges: &[Range<u64>],
         size: u64,
         base: Option<&Version>,
+        // Times are not stored on S3: an object's time is that of its upload.
+        _mtime: Option<std::time::SystemTime>,
     ) -> HomeResult<HomeAttr> {
         let key = self.key(path, false)?;
         // The rewrite reads the unchanged parts and uploads the whole object: up to twice its size.

@@ -223,3 +223,240 @@ fn sqlite_wal_three_writers_and_a_reader_on_a_local_mount() {
     }
     m.unmount();
 }
+
+/// Run a shell command line (the programs users run), failing the test with its output if it fails.
+#[track_caller]
+fn sh(cmd: &str) -> String {
+    let out = run_cmd("sh", &["-c", cmd], Duration::from_secs(120));
+    assert!(out.success(), "`{cmd}` failed: {out}");
+    out.stdout
+}
+
+/// Modification times (seconds, nanoseconds) of every entry under `root` but symlinks, by relative path.
+fn mtimes(root: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    walk(root)
+        .into_iter()
+        .filter(|(_, m)| !m.file_type().is_symlink())
+        .map(|(p, m)| (p, (m.mtime(), m.mtime_nsec())))
+        .collect()
+}
+
+/// `got` has the times of `want`, to the nanosecond, or the second where `whole_seconds` (tar archives
+/// hold whole seconds).
+#[track_caller]
+fn assert_same_times(got: &Path, want: &Path, what: &str) {
+    assert_times(got, want, what, false)
+}
+
+#[track_caller]
+fn assert_times(got: &Path, want: &Path, what: &str, whole_seconds: bool) {
+    let secs = |m: std::collections::BTreeMap<std::path::PathBuf, (i64, i64)>| {
+        m.into_iter()
+            .map(|(p, (s, ns))| (p, (s, if whole_seconds { 0 } else { ns })))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let (g, w) = (secs(mtimes(got)), secs(mtimes(want)));
+    let wrong: Vec<String> = w
+        .iter()
+        .filter(|(p, t)| g.get(*p) != Some(t))
+        .map(|(p, t)| format!("{}: {:?}, want {t:?}", p.display(), g.get(p)))
+        .collect();
+    assert!(wrong.is_empty(), "{what}: times differ:\n{}", wrong.join("\n"));
+}
+
+/// A source tree with files of several sizes, a symlink, a sparse file and directory times in the past.
+fn source_tree(root: &Path) {
+    let mut rng = Rng::new(7);
+    std::fs::create_dir_all(root.join("a/b")).expect("mkdir");
+    std::fs::create_dir_all(root.join("c")).expect("mkdir");
+    for i in 0..30 {
+        write_random(&root.join(format!("a/f{i}")), i * 997 + 1, &mut rng);
+    }
+    for i in 0..10 {
+        std::fs::write(root.join(format!("a/b/g{i}")), format!("{i}\n")).expect("write");
+    }
+    std::os::unix::fs::symlink("a/f1", root.join("link")).expect("symlink");
+    sh(&format!(
+        "truncate -s 10M {0}/c/sparse && touch -d 2015-05-05 {0}/a/f3 {0}/a/b {0}/c {0}/a",
+        s(root)
+    ));
+}
+
+/// The validity lag of the programs' mounts: short, so that tests see what the mount shows after it.
+const LAG: Duration = Duration::from_secs(2);
+
+fn programs_mount(t: &TestDir, mode: &str) -> Mount {
+    t.mount(&["--write-mode", mode, "--sync-lag", "1s", "--validity-lag", "2s"])
+}
+
+#[test]
+fn times_set_before_the_push_are_the_times_home_ends_with() {
+    times_are_kept("write-back");
+}
+
+#[test]
+fn times_set_while_writes_are_pending_are_kept_in_write_through() {
+    times_are_kept("write-through");
+}
+
+fn times_are_kept(mode: &str) {
+    let t = TestDir::new("times");
+    let m = programs_mount(&t, mode);
+    let (a, d) = (m.path("a"), m.path("d"));
+    sh(&format!(
+        "echo hello > {0}; touch -d 2010-01-01 {0}; mkdir {1}; echo x > {1}/f; touch -d 2011-01-01 {1}",
+        s(&a),
+        s(&d)
+    ));
+    let (t2010, t2011) = (1_262_304_000, 1_293_840_000);
+    assert_eq!(
+        (mtime_secs(&a), mtime_secs(&d)),
+        (t2010, t2011),
+        "the mount before the push"
+    );
+    drain_ok(&m, 60);
+    assert_eq!(
+        (mtime_secs(&t.home.join("a")), mtime_secs(&t.home.join("d"))),
+        (t2010, t2011),
+        "home after the drain"
+    );
+    std::thread::sleep(LAG + Duration::from_millis(500));
+    assert_eq!(
+        (mtime_secs(&a), mtime_secs(&d)),
+        (t2010, t2011),
+        "the mount after the validity lag"
+    );
+
+    // A file written, not touched, keeps the time of its write at home, not the time of its push.
+    let w = m.path("written");
+    std::fs::write(&w, b"data").expect("write");
+    let written = mtimes(&m.mnt)[std::path::Path::new("written")];
+    std::thread::sleep(Duration::from_millis(1500));
+    drain_ok(&m, 60);
+    assert_eq!(
+        mtimes(&t.home)[std::path::Path::new("written")],
+        written,
+        "a write's time at home"
+    );
+
+    // cp -a and tar -x set every time, files' and directories', before the data reaches home.
+    let src = t.root().join("src");
+    source_tree(&src);
+    sh(&format!("cp -a {} {}", s(&src), s(&m.path("copied"))));
+    sh(&format!(
+        "tar -C {} -cf {}/t.tar . && mkdir {2} && tar -C {2} -xf {1}/t.tar",
+        s(&src),
+        s(t.root()),
+        s(&m.path("untarred"))
+    ));
+    assert_same_times(&m.path("copied"), &src, "cp -a, on the mount");
+    assert_times(&m.path("untarred"), &src, "tar -x, on the mount", true);
+    drain_ok(&m, 60);
+    std::thread::sleep(LAG + Duration::from_millis(500));
+    for (dir, whole_seconds) in [("copied", false), ("untarred", true)] {
+        assert_times(&t.home.join(dir), &src, &format!("{dir}, at home"), whole_seconds);
+        assert_times(
+            &m.path(dir),
+            &src,
+            &format!("{dir}, on the mount after the lag"),
+            whole_seconds,
+        );
+    }
+    m.unmount();
+}
+
+/// `rsync -ai` of `src` into `dst`: the changes it made, one line each (nothing when up to date).
+fn rsync_changes(src: &Path, dst: &Path) -> String {
+    sh(&format!("rsync -ai {}/ {}/", s(src), s(dst)))
+}
+
+#[test]
+fn rsync_a_twice_copies_nothing_the_second_time() {
+    let t = TestDir::new("rsync");
+    let m = programs_mount(&t, "write-back");
+    let src = t.root().join("src");
+    source_tree(&src);
+    let dst = m.path("dst");
+    let first = rsync_changes(&src, &dst);
+    assert!(first.lines().count() > 40, "the first pass copies the tree: {first}");
+    assert_eq!(rsync_changes(&src, &dst), "", "a second pass at once");
+    drain_ok(&m, 60);
+    assert_eq!(rsync_changes(&src, &dst), "", "a pass after the drain");
+    std::thread::sleep(LAG + Duration::from_millis(500));
+    assert_eq!(
+        rsync_changes(&src, &dst),
+        "",
+        "a pass after the drain and the validity lag"
+    );
+    // Home holds the same tree, times included.
+    assert_eq!(
+        sh(&format!("rsync -ain {}/ {}/", s(&src), s(&t.home.join("dst")))),
+        "",
+        "home"
+    );
+    let status = m.status();
+    m.unmount();
+    // Nothing was pushed again: the bytes written at home are those of one copy of the tree.
+    let tree_bytes: u64 = walk(&src).values().filter(|m| m.is_file()).map(|m| m.len()).sum();
+    let written = num(&status, "/home/bytes_written");
+    assert!(
+        written <= tree_bytes + 1024 * 1024,
+        "home received {written} bytes for a tree of {tree_bytes}"
+    );
+}
+
+#[test]
+fn sparse_files_stay_sparse_in_the_cache_and_at_home() {
+    use std::os::unix::fs::MetadataExt;
+    let t = TestDir::new("sparse");
+    let m = programs_mount(&t, "write-back");
+    let f = m.path("f");
+    sh(&format!("truncate -s 256M {}", s(&f)));
+    let du_kib = |p: &Path| -> u64 { std::fs::metadata(p).expect("stat").blocks() / 2 };
+    assert_eq!(std::fs::metadata(&f).expect("stat").len(), 256 << 20);
+    assert!(
+        du_kib(&f) < 1024,
+        "du through the mount shows {} KiB for an empty sparse file",
+        du_kib(&f)
+    );
+    // A little data in the middle, and a hole made by extending with truncate after it.
+    sh(&format!(
+        "printf middle | dd of={0} bs=1 seek=100000000 conv=notrunc status=none && truncate -s 512M {0}",
+        s(&f)
+    ));
+    drain_ok(&m, 120);
+    let home = t.home.join("f");
+    assert_eq!(std::fs::metadata(&home).expect("stat").len(), 512 << 20);
+    assert!(
+        du_kib(&home) < 1024,
+        "home holds {} KiB for a sparse file",
+        du_kib(&home)
+    );
+    let cache_kib = sh(&format!("du -sk {}", s(&t.cache)));
+    let cache_kib: u64 = cache_kib
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("du");
+    assert!(
+        cache_kib < 20 * 1024,
+        "the cache dir takes {cache_kib} KiB after the push"
+    );
+    // Read cold from home after the cache lets it go: the holes come back as holes.
+    let out = larder(&["evict", s(&f)]);
+    assert!(out.success(), "evict: {out}");
+    let sum = sh(&format!("cmp -s -n 536870912 {} {} && echo same", s(&f), s(&home)));
+    assert_eq!(sum.trim(), "same", "the file reads as home holds it");
+    let cache_kib = sh(&format!("du -sk {}", s(&t.cache)));
+    let cache_kib: u64 = cache_kib
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("du");
+    assert!(
+        cache_kib < 20 * 1024,
+        "the cache dir takes {cache_kib} KiB after reading the sparse file"
+    );
+    m.unmount();
+}
