@@ -1,7 +1,8 @@
 //! Integration tests of home going away and coming back: run as root with /dev/fuse.
 //!
 //! A home that is itself a mount can die and be mounted again, or have something mounted over it; larder
-//! follows the home's path.
+//! follows the home's path. While home is away, new names can be made anywhere the cache knows the
+//! directory, and are checked against home when it is back.
 
 mod common;
 
@@ -177,5 +178,146 @@ fn mount_over_home_is_followed() {
         "the mount did not follow the path back once the bind mount went"
     );
     assert_eq!(names(&m.path("")), ["a.txt"]);
+    m.unmount();
+}
+
+/// With home away, names the cache does not know can be made in any directory the cache knows, listed or
+/// not: a file, a directory, a rename's target. They land at home when it is back. Unknown names look
+/// absent (ENOENT) and that answer is not kept: once home is back they are asked again.
+#[test]
+fn offline_new_names_in_an_unlisted_directory_are_queued() {
+    let t = TestDir::new("outage-newnames");
+    std::fs::write(t.home.join("a.txt"), b"alpha").unwrap();
+    std::fs::write(t.home.join("unknown.txt"), b"never looked up").unwrap();
+    std::fs::write(t.home.join("uncached.txt"), b"looked up, never read").unwrap();
+    let fault = t.root().join("home-is-down");
+    let m = t.mount(&[
+        "--write-mode",
+        "write-back",
+        "--fault-file",
+        s(&fault),
+        "--sync-lag",
+        "1s",
+        "--validity-lag",
+        "60s",
+    ]);
+    // Known before the outage: a.txt (read) and uncached.txt (looked up); the root is never listed.
+    assert_eq!(read(&m.path("a.txt")), b"alpha");
+    assert!(m.path("uncached.txt").exists());
+
+    std::fs::write(&fault, b"").unwrap();
+    // An unknown name looks absent while home is away: that is what lets it be created.
+    let p = m.path("unknown.txt");
+    assert_eq!(
+        errno_of("stat of an unknown name offline", move || std::fs::metadata(&p)),
+        libc::ENOENT
+    );
+    wait_offline(&m, 5, "after the fault file appeared");
+    // What needs home and is not cached fails with EIO: data never read, a listing never taken.
+    let p = m.path("uncached.txt");
+    assert_eq!(
+        errno_of("reading uncached data offline", move || std::fs::read(&p)),
+        libc::EIO
+    );
+    let p = m.path("");
+    assert_eq!(
+        errno_of("listing a directory never listed, offline", move || std::fs::read_dir(
+            &p
+        )),
+        libc::EIO
+    );
+
+    // Every change to names is accepted and queued.
+    std::fs::write(m.path("new.txt"), b"x").unwrap();
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/inside.txt"), b"inside").unwrap();
+    std::fs::rename(m.path("a.txt"), m.path("b.txt")).unwrap();
+    std::os::unix::fs::symlink("new.txt", m.path("link")).unwrap();
+    assert_eq!(read(&m.path("new.txt")), b"x");
+    assert_eq!(read(&m.path("link")), b"x");
+    assert_eq!(read(&m.path("b.txt")), b"alpha");
+    assert_eq!(names(&m.path("d")), ["inside.txt"]);
+    let p = m.path("a.txt");
+    assert_eq!(
+        errno_of("stat of the rename's source", move || std::fs::metadata(&p)),
+        libc::ENOENT
+    );
+    // An object the cache does not know cannot be changed: it looks absent.
+    let p = m.path("unknown.txt");
+    assert_eq!(
+        errno_of("removing an unknown name offline", move || std::fs::remove_file(&p)),
+        libc::ENOENT
+    );
+    assert_eq!(m.status()["home"]["state"], "offline");
+
+    std::fs::remove_file(&fault).unwrap();
+    wait_online(&m, 10, "after the fault file went");
+    // The ENOENT given offline was not kept by the kernel nor by larder.
+    assert_eq!(read(&m.path("unknown.txt")), b"never looked up");
+    drain_ok(&m, 20);
+    assert_eq!(
+        names(&t.home),
+        ["b.txt", "d", "link", "new.txt", "uncached.txt", "unknown.txt"]
+    );
+    assert_eq!(std::fs::read_link(t.home.join("link")).unwrap(), Path::new("new.txt"));
+    assert_eq!(read(&t.home.join("new.txt")), b"x");
+    assert_eq!(read(&t.home.join("d/inside.txt")), b"inside");
+    assert_eq!(read(&t.home.join("b.txt")), b"alpha");
+    assert_eq!(names(&m.path("")), names(&t.home));
+    assert_eq!(m.status()["journal"]["conflicts"], 0, "{}", m.status());
+    m.unmount();
+}
+
+/// A name created offline that home turns out to have is a conflict under the policy (keep-both: both
+/// versions at home); a rename offline onto a name home has moves home's object aside; a directory made
+/// offline where home has one merges with it.
+#[test]
+fn offline_names_that_exist_at_home_are_conflicts() {
+    let t = TestDir::new("outage-clash");
+    std::fs::write(t.home.join("taken.txt"), b"home's version").unwrap();
+    std::fs::write(t.home.join("target.txt"), b"home's target").unwrap();
+    std::fs::write(t.home.join("src.txt"), b"source").unwrap();
+    std::fs::create_dir(t.home.join("shared")).unwrap();
+    std::fs::write(t.home.join("shared/x"), b"x").unwrap();
+    let fault = t.root().join("home-is-down");
+    let m = t.mount(&[
+        "--write-mode",
+        "write-back",
+        "--fault-file",
+        s(&fault),
+        "--sync-lag",
+        "1s",
+        "--conflict-policy",
+        "keep-both",
+    ]);
+    assert_eq!(read(&m.path("src.txt")), b"source");
+
+    std::fs::write(&fault, b"").unwrap();
+    std::fs::write(m.path("taken.txt"), b"the cache's version").unwrap();
+    wait_offline(&m, 5, "after the fault file appeared");
+    std::fs::rename(m.path("src.txt"), m.path("target.txt")).unwrap();
+    std::fs::create_dir(m.path("shared")).unwrap();
+    std::fs::write(m.path("shared/y"), b"y").unwrap();
+
+    std::fs::remove_file(&fault).unwrap();
+    wait_online(&m, 10, "after the fault file went");
+    drain_ok(&m, 30);
+
+    let home = names(&t.home);
+    let aside = |base: &str| {
+        let found: Vec<&String> = home.iter().filter(|n| is_conflict_name(n, base)).collect();
+        assert_eq!(found.len(), 1, "want one conflict copy of {base} at home: {home:?}");
+        t.home.join(found[0])
+    };
+    assert_eq!(read(&t.home.join("taken.txt")), b"home's version");
+    assert_eq!(read(&aside("taken.txt")), b"the cache's version");
+    assert_eq!(read(&t.home.join("target.txt")), b"source");
+    assert_eq!(read(&aside("target.txt")), b"home's target");
+    assert!(!t.home.join("src.txt").exists());
+    assert_eq!(names(&t.home.join("shared")), ["x", "y"]);
+    assert_eq!(home.len(), 5, "home holds: {home:?}");
+    let conflicts = larder(&["conflicts", s(&m.mnt), "--json"]);
+    assert!(conflicts.success(), "{conflicts}");
+    assert_eq!(num(&m.status(), "/journal/conflicts"), 2, "{}", conflicts.stdout);
     m.unmount();
 }
