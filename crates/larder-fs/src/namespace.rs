@@ -1030,17 +1030,19 @@ impl Fs {
                 Err(FsError::NotFound)
             }
             Err(e) if unreachable(&e) => {
-                // Home away: what the cache knows is the answer.
+                // Home away: what the cache knows is the answer. Where changes are journaled, a name it
+                // does not know looks absent, so that it can be created here (the kernel looks a name up
+                // before creating it; a clash with a name home turns out to have is a conflict at push).
+                // That answer is remembered neither here (no negative entry) nor by the kernel (an error
+                // reply), so the name is asked again once home is back. Without a journal nothing can be
+                // made while home is away: the honest answer is home's error.
                 let ns = lock(&self.ns);
-                if let Some(child) = known
-                    && ns.inodes.get(&child).is_some_and(|c| c.attr.is_some())
-                {
-                    return Ok(Found::Ino(child));
+                match known {
+                    Some(child) if ns.inodes.get(&child).is_some_and(|c| c.attr.is_some()) => Ok(Found::Ino(child)),
+                    None if self.cfg.write_mode.journaled() => Err(FsError::NotFound),
+                    None if ns.inode(parent)?.listed.is_some() => Err(FsError::NotFound),
+                    _ => Err(e.into()),
                 }
-                if ns.inode(parent)?.listed.is_some() && known.is_none() {
-                    return Err(FsError::NotFound);
-                }
-                Err(e.into())
             }
             Err(e) => Err(e.into()),
         }

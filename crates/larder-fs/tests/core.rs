@@ -583,3 +583,31 @@ fn changes_found_at_home_are_passed_on_to_the_kernel() {
     assert!(seen.contains(&Invalidation::Inode(f)), "{seen:?}");
     assert!(seen.contains(&Invalidation::Entry(1, "g".into())), "{seen:?}");
 }
+
+#[test]
+fn write_back_offline_names_not_known_look_absent_and_can_be_made() {
+    let s = Setup::new();
+    std::fs::write(s.home("there"), b"at home").unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let fs = s.write_back(faults.clone());
+    // Home cannot be reached and the root was never listed: the cache cannot say what is in it.
+    faults.inject(Fault {
+        op: OpKind::Stat,
+        error: HomeError::Unavailable("test".into()),
+        count: 1000,
+        landed: false,
+    });
+    assert!(matches!(fs.lookup(1, OsStr::new("there")), Err(FsError::NotFound)));
+    let (_, r) = fs.create(1, OsStr::new("new"), 0o640, libc::O_WRONLY, 0, 0).unwrap();
+    fs.write(r.fh, 0, b"made offline").unwrap();
+    fs.release(r.fh).unwrap();
+    let d = fs.mkdir(1, OsStr::new("d"), 0o755, 0, 0).unwrap().attr.ino;
+    fs.rename(1, OsStr::new("new"), d, OsStr::new("moved"), Default::default())
+        .unwrap();
+    faults.clear();
+    // Home answers again: the name that looked absent is asked again, not remembered as absent.
+    assert!(fs.lookup(1, OsStr::new("there")).is_ok());
+    assert!(fs.drain(Duration::from_secs(30)), "the journal drains");
+    assert_eq!(std::fs::read(s.home("d/moved")).unwrap(), b"made offline");
+    assert!(!s.home("new").exists());
+}

@@ -4,7 +4,10 @@
 //! Any call that fails because home cannot be reached (a timeout, a refused connection) marks home
 //! offline. While offline, every call fails with [`HomeError::Unavailable`] without reaching home, so a
 //! read of uncached data gets its error at once instead of after a timeout. [`Health::probe`] (called by
-//! the owner's checker thread) asks the unlayered home for its root; success marks home online again.
+//! the owner's checker thread) first has the unlayered home reopen its root if that was replaced or no
+//! longer answers ([`Home::reconnect`]: a home that is itself a mount that died and was mounted again),
+//! then asks it for its root; success marks home online again. While online, [`Health::recheck`] lets the
+//! home follow its path (a mount over it) and notices a root that stopped answering between calls.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -64,7 +67,7 @@ impl Health {
 
     /// Ask `home` (the unlayered backend) whether it answers; record the outcome. Returns whether online.
     pub fn probe(&self, home: &dyn Home) -> bool {
-        match home.stat(Path::new("")) {
+        match home.reconnect().and_then(|_| home.stat(Path::new(""))) {
             Ok(_) => {
                 self.set_online();
                 true
@@ -77,6 +80,25 @@ impl Health {
             Err(_) => {
                 self.set_online();
                 true
+            }
+        }
+    }
+}
+
+impl Health {
+    /// While online: have `home` (the unlayered backend) reopen its root if its path names another
+    /// directory now; a root that cannot be opened marks home offline. Returns whether the root was
+    /// replaced.
+    pub fn recheck(&self, home: &dyn Home) -> bool {
+        match home.reconnect() {
+            Ok(replaced) => replaced,
+            Err(e) if unreachable(&e) => {
+                self.set_offline(&e);
+                false
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "checking the home's root failed");
+                false
             }
         }
     }

@@ -129,6 +129,10 @@ impl<L: Layer> Home for Layered<L> {
     fn keeps_times(&self) -> bool {
         self.inner.keeps_times()
     }
+    // Not an operation on home's content: no layer sees it.
+    fn reconnect(&self) -> HomeResult<bool> {
+        self.inner.reconnect()
+    }
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
         self.call(OpKind::Stat, 0, |h| h.stat(path), none)
     }

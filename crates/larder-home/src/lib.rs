@@ -53,6 +53,15 @@ pub trait Home: Send + Sync + 'static {
         true
     }
 
+    /// Make sure calls reach what the home's name refers to now. A POSIX home holds a descriptor of its
+    /// root directory: when the path names another directory (home was remounted, or something was mounted
+    /// over it) or the descriptor no longer answers (a dead mount), it reopens the path. Returns whether
+    /// the root was replaced; fails as unreachable when the path cannot be opened. Homes that hold nothing
+    /// of the kind have nothing to do.
+    fn reconnect(&self) -> HomeResult<bool> {
+        Ok(false)
+    }
+
     /// Attributes of one object, not following a final symlink.
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr>;
 

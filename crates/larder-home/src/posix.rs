@@ -4,6 +4,11 @@
 //! server has gone away gives [`HomeError::TimedOut`] (EIO at the mount) instead of a hung caller. A
 //! worker stuck in the kernel stays stuck; the pool grows up to `MAX_WORKERS` and then calls time out
 //! while queued.
+//!
+//! The user's home is the path, not the directory first found there: [`Home::reconnect`] compares what the
+//! path names now with the descriptor held and reopens the path when they differ (home was remounted, or
+//! something was mounted over it) or when the held descriptor no longer answers (a dead FUSE or NFS mount).
+//! Calls under way keep the descriptor they started with; the old one closes when the last of them ends.
 
 use std::ffi::{CStr, CString, OsString};
 use std::fs::File;
@@ -15,7 +20,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::from_errno;
@@ -31,7 +36,8 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 /// A POSIX directory as home.
 pub struct PosixHome {
     root: PathBuf,
-    root_fd: Arc<OwnedFd>,
+    /// The root directory as last opened; replaced by [`Home::reconnect`].
+    root_fd: RwLock<Arc<OwnedFd>>,
     op_timeout: Option<Duration>,
     pool: Option<Pool>,
 }
@@ -85,20 +91,18 @@ impl PosixHome {
     /// kernel allows whatever the root's own path.
     pub fn new(root: impl Into<PathBuf>, op_timeout: Option<Duration>) -> HomeResult<PosixHome> {
         let root = root.into();
-        let c = cpath(&root)?;
-        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(last_error());
-        }
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        let root_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let root_fd = RwLock::new(Arc::new(open_root(&cpath(&root)?)?));
         Ok(PosixHome {
             root,
             root_fd,
             op_timeout,
             pool: op_timeout.map(|_| Pool::new()),
         })
+    }
+
+    /// The root descriptor in use now.
+    fn root(&self) -> Arc<OwnedFd> {
+        self.root_fd.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The root descriptor and the path relative to it (`.` for the root itself).
@@ -108,7 +112,7 @@ impl PosixHome {
         } else {
             cpath(path)?
         };
-        Ok((self.root_fd.clone(), rel))
+        Ok((self.root(), rel))
     }
 
     /// Run `f` on the pool with the deadline, or inline when there is none.
@@ -125,6 +129,26 @@ impl PosixHome {
             Err(_) => Err(HomeError::TimedOut(timeout)),
         }
     }
+}
+
+/// Open the directory at `path` as a root descriptor (`O_PATH`: no read permission needed, nothing read).
+fn open_root(path: &CStr) -> HomeResult<OwnedFd> {
+    // SAFETY: `path` is a valid NUL-terminated path for the duration of the call.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The (device, inode) of an open descriptor: which directory it is, across mounts.
+fn identity(fd: RawFd) -> HomeResult<(u64, u64)> {
+    // SAFETY: stat is plain data; zeroed is a valid initial value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer for the duration of the call; a bad `fd` is an error, not UB.
+    check(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 fn cpath(path: &Path) -> HomeResult<CString> {
@@ -357,6 +381,30 @@ fn list_at(dir: RawFd, path: &CStr) -> HomeResult<Vec<DirEntry>> {
 impl Home for PosixHome {
     fn describe(&self) -> String {
         format!("file://{}", self.root.display())
+    }
+
+    fn reconnect(&self) -> HomeResult<bool> {
+        let held = self.root();
+        let before = held.clone();
+        let path = cpath(&self.root)?;
+        let shown = self.root.display().to_string();
+        let fresh = self.run(move || {
+            let fd = open_root(&path)
+                .and_then(|fd| identity(fd.as_raw_fd()).map(|id| (fd, id)))
+                .map_err(|e| HomeError::Unavailable(format!("the home directory {shown} cannot be opened: {e}")));
+            let (fd, now) = fd?;
+            // A held descriptor that no longer answers (ENOTCONN of a dead mount, ESTALE, EIO) is replaced too.
+            Ok((identity(held.as_raw_fd()).ok() != Some(now)).then_some(fd))
+        })?;
+        let Some(fd) = fresh else { return Ok(false) };
+        let mut root = self.root_fd.write().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&root, &before) {
+            // Another reconnect got there first.
+            return Ok(true);
+        }
+        *root = Arc::new(fd);
+        tracing::warn!(home = %self.root.display(), "the home directory was replaced (remounted or mounted over); reopened it");
+        Ok(true)
     }
 
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
@@ -598,7 +646,7 @@ impl Home for PosixHome {
     }
 
     fn statfs(&self) -> HomeResult<StatFs> {
-        let root = self.root_fd.clone();
+        let root = self.root();
         self.run(move || {
             // SAFETY: statvfs is plain data; zeroed is a valid initial value.
             let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -666,6 +714,26 @@ mod tests {
             ),
             Err(HomeError::Conflict)
         ));
+    }
+
+    #[test]
+    fn reconnect_follows_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("home");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("f"), b"old").unwrap();
+        let home = PosixHome::new(&root, Some(Duration::from_secs(5))).unwrap();
+        assert!(!home.reconnect().unwrap(), "nothing changed");
+        std::fs::rename(&root, dir.path().join("was")).unwrap();
+        // The path names nothing: home is unreachable.
+        assert!(matches!(home.reconnect(), Err(HomeError::Unavailable(_))));
+        // Another directory at the path: home is that one from now on.
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("g"), b"new!").unwrap();
+        assert!(home.reconnect().unwrap(), "a new directory at the path is reopened");
+        assert!(matches!(home.stat(Path::new("f")), Err(HomeError::NotFound)));
+        assert_eq!(home.stat(Path::new("g")).unwrap().size, 4);
+        assert!(!home.reconnect().unwrap());
     }
 
     #[test]

@@ -176,13 +176,19 @@ impl Layer for FaultFile {
     }
 }
 
-/// While home is offline, ask it every second whether it is back.
+/// Every second: while home is offline, ask it whether it is back (reopening its root if needed); while
+/// online, check that its root is still the one its path names.
 fn spawn_prober(health: Arc<Health>, home: Arc<dyn Home>, fs: std::sync::Weak<Fs>) {
     let _ = std::thread::Builder::new().name("larder-health".into()).spawn(move || {
         loop {
             std::thread::sleep(Duration::from_secs(1));
             let Some(fs) = fs.upgrade() else { return };
-            if !health.online() && health.probe(home.as_ref()) {
+            let back = if health.online() {
+                health.recheck(home.as_ref())
+            } else {
+                health.probe(home.as_ref())
+            };
+            if back {
                 fs.wake();
             }
         }
