@@ -20,7 +20,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::from_errno;
 use crate::{
-    DirEntry, FileKind, Home, HomeAttr, HomeError, HomeResult, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version,
+    DirEntry, FileKind, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
+    TimeSet, Version,
 };
 
 const MAX_WORKERS: usize = 64;
@@ -34,6 +35,8 @@ pub struct PosixHome {
     root_fd: Arc<OwnedFd>,
     op_timeout: Option<Duration>,
     pool: Option<Pool>,
+    /// Read once at start: the root's file system does not change under a home.
+    limits: HomeLimits,
 }
 
 struct Pool {
@@ -93,11 +96,19 @@ impl PosixHome {
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         let root_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        // SAFETY: statvfs is plain data; zeroed is a valid initial value.
+        let mut vfs: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `root_fd` is an open descriptor and `vfs` a valid out-pointer for the duration of the call.
+        let name_max = match unsafe { libc::fstatvfs(root_fd.as_raw_fd(), &mut vfs) } {
+            0 if vfs.f_namemax > 0 => vfs.f_namemax as usize,
+            _ => 255,
+        };
         Ok(PosixHome {
             root,
             root_fd,
             op_timeout,
             pool: op_timeout.map(|_| Pool::new()),
+            limits: HomeLimits::posix(name_max),
         })
     }
 
@@ -531,6 +542,10 @@ impl Home for PosixHome {
                 name_max: s.f_namemax as u32,
             })
         })
+    }
+
+    fn limits(&self) -> HomeLimits {
+        self.limits.clone()
     }
 }
 
