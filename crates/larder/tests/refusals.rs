@@ -8,6 +8,9 @@
 mod common;
 mod moto;
 
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -29,6 +32,51 @@ fn assert_one_line_error(out: &Output, needles: &[&str]) {
         assert!(err.contains(n), "the error does not mention '{n}':\n{out}");
     }
     eprintln!("refused as it should be: {err}");
+}
+
+/// The errno of `r`, failing the test if it succeeded.
+#[track_caller]
+fn refused<T>(what: &str, r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => panic!("{what} succeeded; home cannot store it"),
+        Err(e) => errno(&e),
+    }
+}
+
+#[track_caller]
+fn assert_errno_in<T>(what: &str, r: std::io::Result<T>, want: &[i32]) {
+    let got = refused(what, r);
+    assert!(
+        want.contains(&got),
+        "{what}: errno {got} ({}), want one of {want:?}",
+        std::io::Error::from_raw_os_error(got)
+    );
+}
+
+/// `mkdirat(dir, name)`: a name relative to an open directory, so the whole path may exceed PATH_MAX.
+fn mkdir_at(dir: &std::fs::File, name: &OsStr) -> std::io::Result<()> {
+    let c = CString::new(name.as_bytes()).expect("no NUL in the name");
+    // SAFETY: a valid descriptor and NUL-terminated name.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn open_dir_at(dir: &std::fs::File, name: &OsStr) -> std::io::Result<std::fs::File> {
+    let c = CString::new(name.as_bytes()).expect("no NUL in the name");
+    // SAFETY: a valid descriptor and NUL-terminated name; the new descriptor is owned by the File.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { <std::fs::File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) })
+}
+
+fn pending(m: &Mount) -> u64 {
+    num(&m.status(), "/journal/pending_ops")
 }
 
 /// A TCP port on loopback where nothing listens (bound, then released).
@@ -130,4 +178,172 @@ fn s3_mount_refuses_unusable_homes() {
     let (out, _) = try_mount(&st.url(), &[]);
     moto_auth_after(&st, "inf");
     assert_one_line_error(&out, &[&st.url(), "credentials", "refused"]);
+}
+
+// Names and kinds home cannot store ----------------------------------------------------------------------
+
+/// On an S3 home, in every write mode, a change home could never store fails at the call and queues
+/// nothing: keys past 1,024 bytes (prefix included; a directory's marker counts its '/'), names that are
+/// not UTF-8, a rename that would push a file's key past the limit, and symlinks, hard links and special
+/// files (EPERM). A key of exactly 1,024 bytes is allowed.
+#[test]
+fn s3_changes_home_cannot_store_fail_at_the_call() {
+    let st = S3Test::new("refuse-names", "home");
+    for (i, mode) in ["write-back", "write-through", "local"].iter().enumerate() {
+        let prefix = format!("m{i}");
+        let url = format!("s3://{}/{prefix}", st.bucket);
+        let mnt = st.t.root().join(format!("mnt-{i}"));
+        let cache = st.t.root().join(format!("cache-{i}"));
+        std::fs::create_dir(&mnt).unwrap();
+        let m = st.mount_url_at(&url, &mnt, &cache, &["--write-mode", mode, "--sync-lag", "1h"]);
+        let what = |w: &str| format!("{w} ({mode})");
+
+        // `mkdir -p` of a path whose keys reach 1,200 bytes: the levels that fit are made, the first
+        // that does not is refused.
+        let level = "d".repeat(199);
+        let mut rel = String::new();
+        let mut made = 0;
+        let mut first_refusal = None;
+        for _ in 0..6 {
+            let next = if rel.is_empty() {
+                level.clone()
+            } else {
+                format!("{rel}/{level}")
+            };
+            match std::fs::create_dir(m.path(&next)) {
+                Ok(()) => {
+                    made += 1;
+                    rel = next;
+                }
+                Err(e) => {
+                    first_refusal = Some((prefix.len() + 1 + next.len() + 1, errno(&e)));
+                    break;
+                }
+            }
+        }
+        let (key_len, e) = first_refusal.unwrap_or_else(|| panic!("{}", what("mkdir -p to 1,200 bytes succeeded")));
+        assert!(key_len > 1024, "{}: refused a {key_len}-byte marker", what("mkdir -p"));
+        assert_eq!(
+            e,
+            libc::ENAMETOOLONG,
+            "{}",
+            what("mkdir of a marker key past 1,024 bytes")
+        );
+        assert_eq!(made, 5, "{}", what("levels made"));
+        let room = 1024 - (prefix.len() + 1 + rel.len() + 1);
+        assert_errno_in(
+            &what("a file with a 1,025-byte key"),
+            std::fs::File::create(m.path(&format!("{rel}/{}", "f".repeat(room + 1)))),
+            &[libc::ENAMETOOLONG],
+        );
+        assert_errno_in(
+            &what("a directory whose marker is 1,025 bytes"),
+            std::fs::create_dir(m.path(&format!("{rel}/{}", "g".repeat(room)))),
+            &[libc::ENAMETOOLONG],
+        );
+        let fits = format!("{rel}/{}", "f".repeat(room));
+        create_with(&m.path(&fits), b"fits");
+
+        // Not UTF-8.
+        assert_errno_in(
+            &what("a name that is not UTF-8"),
+            std::fs::File::create(m.path("").join(OsStr::from_bytes(b"bad-\xff-name"))),
+            &[libc::EINVAL],
+        );
+        // A rename that would make a file's key too long.
+        std::fs::create_dir(m.path("short")).unwrap();
+        create_with(&m.path("short/x"), b"x");
+        assert_errno_in(
+            &what("renaming a directory so that its file's key is too long"),
+            std::fs::rename(m.path("short"), m.path(&format!("{rel}/{}", "r".repeat(room - 1)))),
+            &[libc::ENAMETOOLONG],
+        );
+        // What S3 cannot hold at all.
+        assert_errno_in(
+            &what("symlink"),
+            std::os::unix::fs::symlink("short/x", m.path("link")),
+            &[libc::EPERM],
+        );
+        assert_errno_in(
+            &what("hard link"),
+            std::fs::hard_link(m.path("short/x"), m.path("hard")),
+            &[libc::EPERM],
+        );
+        let fifo = CString::new(m.path("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        let r = unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) };
+        assert_eq!(r, -1, "{}", what("mkfifo succeeded"));
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EPERM),
+            "{}",
+            what("mkfifo")
+        );
+        for n in ["link", "hard", "fifo"] {
+            assert!(
+                std::fs::symlink_metadata(m.path(n)).is_err(),
+                "{}",
+                what(&format!("{n} exists after its refusal"))
+            );
+        }
+
+        // Nothing refused was queued: only the changes that were allowed wait (write-back, local), and
+        // nothing waits in write-through.
+        let st_json = m.status();
+        let queued = num(&st_json, "/journal/pending_ops");
+        // The directories, then a create and a data op for each of the two files, and the mkdir of short.
+        let want = if *mode == "write-through" { 0 } else { made + 5 };
+        assert!(
+            queued <= want,
+            "{}: {queued} changes queued, at most {want} allowed ones\n{st_json}",
+            what("queue")
+        );
+        assert_eq!(num(&st_json, "/journal/failed_ops"), 0, "{}", what("refused changes"));
+        if *mode == "write-back" {
+            drain_ok(&m, 60);
+            assert_eq!(
+                st.get(&format!("{prefix}/{fits}")),
+                b"fits",
+                "{}",
+                what("the 1,024-byte key")
+            );
+        }
+        if *mode == "local" {
+            // Local changes never reach home: leave them.
+            let out = larder(&["unmount", s(&m.mnt), "--leave-pending", "--timeout", "20s"]);
+            assert!(out.success(), "unmount --leave-pending failed:\n{out}");
+            m.disarm();
+        } else {
+            m.unmount();
+        }
+    }
+}
+
+/// On a POSIX home, in write-back, a path longer than home's PATH_MAX fails at the call with
+/// ENAMETOOLONG and queues nothing (the kernel only sees names relative to a directory, so the mount
+/// itself would take it).
+#[test]
+fn posix_paths_past_path_max_fail_at_the_call() {
+    let t = TestDir::new("refuse-pathmax");
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1h"]);
+    let name = std::ffi::OsString::from("p".repeat(250));
+    let mut dir = std::fs::File::open(&m.mnt).expect("open the mount's root");
+    let mut depth = 0usize;
+    let refusal = loop {
+        assert!(depth < 20, "20 levels of 251 bytes were accepted");
+        match mkdir_at(&dir, &name) {
+            Ok(()) => {
+                depth += 1;
+                dir = open_dir_at(&dir, &name).expect("open the new level");
+            }
+            Err(e) => break e,
+        }
+    };
+    // Level n's path is n * 251 - 1 bytes: 16 levels are 4,015 bytes, 17 would be 4,266.
+    assert_eq!(depth, 16, "levels made before the refusal ({refusal})");
+    assert_eq!(errno(&refusal), libc::ENAMETOOLONG, "the refusal: {refusal}");
+    assert_eq!(pending(&m), 16, "changes queued");
+    drop(dir);
+    drain_ok(&m, 60);
+    m.unmount();
 }
