@@ -11,6 +11,7 @@ mod moto;
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -345,5 +346,92 @@ fn posix_paths_past_path_max_fail_at_the_call() {
     assert_eq!(pending(&m), 16, "changes queued");
     drop(dir);
     drain_ok(&m, 60);
+    m.unmount();
+}
+
+// Refused changes, named ---------------------------------------------------------------------------------
+
+/// Changes home refuses (here a read-only home) are named with the operation and home's reason by
+/// `larder status` and `status --json`; `larder drain` returns at once, non-zero, naming them, instead of
+/// waiting for its timeout. Once home takes changes again, a drain pushes them.
+#[test]
+fn drain_and_status_name_refused_changes() {
+    let t = TestDir::new("refuse-drain");
+    let home = s(&t.home).to_string();
+    // The home is a bind mount of itself, made read-only and writable again while larder runs (every
+    // change there then fails with EROFS). Dropped after the larder mount.
+    let out = run_cmd("mount", &["--bind", &home, &home], Duration::from_secs(10));
+    assert!(out.success(), "mount --bind failed:\n{out}");
+    struct Unbind(String);
+    impl Drop for Unbind {
+        fn drop(&mut self) {
+            let _ = run_cmd("umount", &["-l", &self.0], Duration::from_secs(10));
+        }
+    }
+    let _unbind = Unbind(home.clone());
+    let remount = |how: &str| {
+        let out = run_cmd(
+            "mount",
+            &["-o", &format!("remount,bind,{how}"), &home, &home],
+            Duration::from_secs(10),
+        );
+        assert!(out.success(), "remount {how} failed:\n{out}");
+    };
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    remount("ro");
+
+    create_with(&m.path("a.txt"), b"a");
+    std::fs::create_dir(m.path("d")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || num(&m.status(), "/journal/failed_ops") >= 1),
+        "home refused nothing: {}",
+        m.status()
+    );
+
+    let t0 = Instant::now();
+    let out = larder(&["drain", s(&m.mnt), "--timeout", "30s"]);
+    let took = t0.elapsed();
+    assert!(!out.success(), "drain succeeded with refused changes:\n{out}");
+    assert!(
+        took < Duration::from_secs(10),
+        "drain took {took:?} to report refused changes:\n{out}"
+    );
+    eprintln!("drain reported the refusals in {took:?}: {}", out.stderr.trim_end());
+    for n in ["a.txt", "create", "Read-only file system"] {
+        assert!(out.stderr.contains(n), "drain's message does not name '{n}':\n{out}");
+    }
+
+    let v = m.status();
+    let list = v["journal"]["refused"].as_array().cloned().unwrap_or_default();
+    assert!(
+        list.iter().any(|r| r["path"] == "a.txt"
+            && r["op"] == "create"
+            && r["error"].as_str().is_some_and(|e| e.contains("Read-only"))),
+        "status --json does not list the refused create of a.txt: {v}"
+    );
+    let text = larder(&["status", s(&m.mnt)]);
+    assert!(text.success(), "larder status failed:\n{text}");
+    assert!(
+        text.stdout.contains("a.txt") && text.stdout.contains("Read-only file system"),
+        "larder status does not name the refused change:\n{text}"
+    );
+
+    // `larder unmount --drain` says the same at once, and leaves the mount up.
+    let t0 = Instant::now();
+    let out = larder(&["unmount", s(&m.mnt), "--drain", "--timeout", "30s"]);
+    let took = t0.elapsed();
+    assert!(!out.success(), "unmount --drain succeeded with refused changes:\n{out}");
+    assert!(took < Duration::from_secs(10), "unmount --drain took {took:?}:\n{out}");
+    assert!(
+        out.stderr.contains("a.txt"),
+        "unmount --drain does not name a.txt:\n{out}"
+    );
+    assert!(is_mounted(&m.mnt), "unmount --drain unmounted with refused changes");
+
+    // Home takes changes again: the next drain pushes them.
+    remount("rw");
+    drain_ok(&m, 30);
+    assert_eq!(read(&t.home.join("a.txt")), b"a", "a.txt at home");
+    assert!(Path::new(&t.home.join("d")).is_dir(), "d at home");
     m.unmount();
 }
