@@ -145,7 +145,19 @@ impl S3Home {
         let endpoint = self.endpoint();
         let timeout = self.spec.op_timeout.min(PROBE_TIMEOUT);
         // A closed port or an unknown host: told by the connection alone, without the HTTP client's retries.
-        if let Some(e) = unreachable_endpoint(&endpoint, timeout) {
+        // Not through a proxy (the HTTP client honours the proxy variables; a direct connection may be
+        // barred where the proxy works): then the listing alone tells.
+        let proxied = [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
+        if !proxied && let Some(e) = unreachable_endpoint(&endpoint, timeout) {
             return Err(format!("endpoint {endpoint} does not answer ({e})"));
         }
         let listed = self.rt.block_on(async {
@@ -504,7 +516,7 @@ fn s3_answer(text: &str) -> (String, String) {
     };
     if let Some(code) = field("code").filter(|c| !c.is_empty()) {
         let reason = match field("message").filter(|m| !m.is_empty()) {
-            Some(m) => format!("{code}: {m}"),
+            Some(m) => format!("{code}: {}", m.trim_end_matches('.')),
             None => code.clone(),
         };
         return (code, reason);
