@@ -33,4 +33,7 @@ pub enum FsError {
     Invalid,
     #[error("the cache has no room for more changes not yet at home")]
     NoSpace,
+    /// Home cannot store objects of this kind at all (e.g. symlinks on S3).
+    #[error("home cannot hold {0}")]
+    HomeCannotHold(&'static str),
 }

@@ -15,7 +15,7 @@ use larder_home::{HomeAttr, HomeError, Owner, RenameFlags, SetAttr, TimeSet, Ver
 use crate::journal::{Op, OpKind};
 use crate::namespace::{Fs, Namespace, lock};
 use crate::record::from_ns;
-use crate::{Conflict, ConflictPolicy, FsError, FsResult, JournalStats, WriteMode};
+use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, RefusedChange, WriteMode};
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
 const MAX_ATTEMPTS: u32 = 6;
@@ -97,20 +97,27 @@ impl Fs {
         }
     }
 
-    /// Push everything queued now, regardless of the sync lag; wait up to `timeout`. Returns whether the
-    /// journal emptied.
-    pub fn drain(&self, timeout: Duration) -> bool {
+    /// Push everything queued now, regardless of the sync lag (ops home refused are tried again at once);
+    /// wait up to `timeout`, or until only refused ops (and those queued behind them) are left.
+    pub fn drain(&self, timeout: Duration) -> Drained {
         self.urgent.fetch_add(1, Ordering::SeqCst);
+        lock(&self.journal).retry_refused_now();
         self.journal_cv.notify_all();
         let deadline = Instant::now() + timeout;
         let mut j = lock(&self.journal);
-        let done = loop {
+        let outcome = loop {
             if j.is_empty() {
-                break true;
+                break Drained::Empty;
+            }
+            if self.cfg.write_mode != WriteMode::WriteBack {
+                break Drained::Waiting;
+            }
+            if self.health.online() && j.only_refused_left() {
+                break Drained::Refused;
             }
             let now = Instant::now();
-            if now >= deadline || self.cfg.write_mode != WriteMode::WriteBack {
-                break false;
+            if now >= deadline {
+                break Drained::Waiting;
             }
             j = self
                 .journal_cv
@@ -120,7 +127,7 @@ impl Fs {
         };
         drop(j);
         self.urgent.fetch_sub(1, Ordering::SeqCst);
-        done
+        outcome
     }
 
     /// The journal's figures.
@@ -141,20 +148,26 @@ impl Fs {
         lock(&self.conflicts).clone()
     }
 
-    /// Ops that home refused and that wait to be retried: (op name, path, error, attempts).
-    pub fn failed_ops(&self) -> Vec<(String, String, String, u32)> {
+    /// Ops that home refused and that wait to be retried, in queue order.
+    pub fn failed_ops(&self) -> Vec<RefusedChange> {
         let j = lock(&self.journal);
-        j.failures()
+        let mut out: Vec<(u64, RefusedChange)> = j
+            .failures()
             .filter_map(|(seq, f)| {
                 let op = j.get(*seq)?;
                 Some((
-                    op.kind.name().to_string(),
-                    String::from_utf8_lossy(&op.path).into_owned(),
-                    f.error.clone(),
-                    f.attempts,
+                    *seq,
+                    RefusedChange {
+                        op: op.kind.name().to_string(),
+                        path: String::from_utf8_lossy(&op.path).into_owned(),
+                        error: f.error.clone(),
+                        attempts: f.attempts,
+                    },
                 ))
             })
-            .collect()
+            .collect();
+        out.sort_by_key(|(seq, _)| *seq);
+        out.into_iter().map(|(_, c)| c).collect()
     }
 
     fn flush_worker(self: Arc<Self>) {

@@ -466,6 +466,20 @@ impl Journal {
         (op, out)
     }
 
+    /// Let every op home refused be tried again now (its count of refusals stays).
+    pub fn retry_refused_now(&mut self) {
+        let now = Instant::now();
+        for f in self.failed.values_mut() {
+            f.retry_at = f.retry_at.min(now);
+        }
+    }
+
+    /// Whether what is queued waits only on ops home refused: some were refused, none is under way, and
+    /// none could be pushed now (the others wait behind the refused ones).
+    pub fn only_refused_left(&self) -> bool {
+        !self.failed.is_empty() && self.inflight.is_empty() && self.ready(Duration::ZERO, true, 1).is_empty()
+    }
+
     /// Times home refused `seq` so far.
     pub fn refusals(&self, seq: u64) -> u32 {
         self.failed.get(&seq).map_or(0, |f| f.attempts)
@@ -502,6 +516,27 @@ mod tests {
 
     fn op(ino: u64, path: &str, kind: OpKind) -> Op {
         Op::new(ino, path.as_bytes().to_vec(), Vec::new(), kind)
+    }
+
+    #[test]
+    fn only_refused_ops_and_those_behind_them_left() {
+        let mut j = Journal::default();
+        let mkdir = OpKind::Mkdir {
+            mode: 0o755,
+            uid: None,
+            gid: None,
+        };
+        j.record(op(2, "d", mkdir));
+        j.record(op(3, "d/f", OpKind::Data));
+        assert!(!j.only_refused_left(), "nothing was refused");
+        let seq = j.ready(Duration::ZERO, true, 1)[0];
+        j.begin(seq);
+        assert!(!j.only_refused_left(), "the mkdir is under way");
+        j.fail(seq, "refused".into(), Some(Duration::from_secs(60)));
+        assert!(j.only_refused_left(), "the data op waits behind the refused mkdir");
+        j.retry_refused_now();
+        assert!(!j.only_refused_left(), "the mkdir may be tried again");
+        assert_eq!(j.ready(Duration::ZERO, true, 1), vec![seq]);
     }
 
     #[test]

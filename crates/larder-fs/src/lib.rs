@@ -37,6 +37,6 @@ pub use error::{FsError, FsResult};
 pub use namespace::Fs;
 pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};
 pub use types::{
-    Attr, Conflict, ConflictPolicy, DirItem, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply, Prefetch,
-    WriteMode,
+    Attr, Conflict, ConflictPolicy, DirItem, Drained, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply,
+    Prefetch, RefusedChange, WriteMode,
 };

@@ -34,6 +34,7 @@ impl Fs {
         &self,
         parent: u64,
         name: &OsStr,
+        kind: FileKind,
         uid: u32,
         gid: u32,
         call: impl FnOnce(&dyn Home, &std::path::Path, Owner) -> Result<HomeAttr, HomeError>,
@@ -47,6 +48,7 @@ impl Fs {
             if p.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
             }
+            self.check_storable(&ns, parent, name, kind, None)?;
             (ns.child_path(parent, name)?, self.owner(&ns, parent, uid, gid))
         };
         let attr = call(self.core.home.as_ref(), &path, owner)?;
@@ -68,7 +70,7 @@ impl Fs {
         if self.cfg.write_mode.journaled() {
             return self.make_local(parent, name, mode, NewKind::Dir, uid, gid);
         }
-        self.make(parent, name, uid, gid, |h, p, o| h.mkdir(p, mode, o))
+        self.make(parent, name, FileKind::Dir, uid, gid, |h, p, o| h.mkdir(p, mode, o))
     }
 
     /// Create a special or regular file.
@@ -76,7 +78,9 @@ impl Fs {
         if self.cfg.write_mode.journaled() {
             return self.make_local(parent, name, mode, NewKind::Special { rdev }, uid, gid);
         }
-        self.make(parent, name, uid, gid, |h, p, o| h.mknod(p, mode, rdev, o))
+        self.make(parent, name, FileKind::from_mode(mode), uid, gid, |h, p, o| {
+            h.mknod(p, mode, rdev, o)
+        })
     }
 
     /// Create a symlink.
@@ -84,7 +88,9 @@ impl Fs {
         if self.cfg.write_mode.journaled() {
             return self.make_local(parent, name, 0o777, NewKind::Symlink { target }, uid, gid);
         }
-        let entry = self.make(parent, name, uid, gid, |h, p, o| h.symlink(target, p, o))?;
+        let entry = self.make(parent, name, FileKind::Symlink, uid, gid, |h, p, o| {
+            h.symlink(target, p, o)
+        })?;
         let mut ns = lock(&self.ns);
         ns.inode_mut(entry.attr.ino)?.symlink = Some(target.to_vec());
         self.persist(&ns, entry.attr.ino);
@@ -96,7 +102,7 @@ impl Fs {
         if self.cfg.write_mode.journaled() {
             return self.make_local(parent, name, mode, NewKind::File, uid, gid);
         }
-        self.make(parent, name, uid, gid, |h, p, o| h.create(p, mode, o))
+        self.make(parent, name, FileKind::File, uid, gid, |h, p, o| h.create(p, mode, o))
     }
 
     /// Hard-link `ino` as `name` in `parent`.
@@ -112,6 +118,7 @@ impl Fs {
             if ns.inode(parent)?.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
             }
+            self.check_link(&ns, ino, parent, name)?;
             (ns.path_of(ino)?, ns.child_path(parent, name)?)
         };
         let attr = self.core.home.link(&from, &to)?;
@@ -181,6 +188,7 @@ impl Fs {
         let _m = lock(&self.mutate);
         let (from, to) = {
             let ns = lock(&self.ns);
+            self.check_rename(&ns, (parent, name), (new_parent, new_name), flags)?;
             (ns.child_path(parent, name)?, ns.child_path(new_parent, new_name)?)
         };
         self.core.home.rename(&from, &to, flags)?;

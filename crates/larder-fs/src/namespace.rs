@@ -280,7 +280,35 @@ pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
     Ok(())
 }
 
+/// Most entries below a directory being moved whose path lengths are checked against home's limits (the
+/// cached ones; a larger subtree is checked that far).
+const MOVED_SUBTREE_MAX: usize = 100_000;
+
 impl Namespace {
+    /// The longest path below `ino` that the cache knows, in bytes counted from `ino`'s own path (each
+    /// entry "/name", a directory with `dir_suffix` more).
+    fn longest_below(&self, ino: u64, dir_suffix: usize) -> usize {
+        let mut longest = 0;
+        let mut stack = vec![(ino, 0usize)];
+        let mut seen = 0;
+        while let Some((dir, len)) = stack.pop() {
+            let Some(node) = self.inodes.get(&dir) else { continue };
+            for (name, child) in &node.children {
+                seen += 1;
+                if seen > MOVED_SUBTREE_MAX {
+                    return longest;
+                }
+                let child_len = len + 1 + name.len();
+                let is_dir = self.inodes.get(child).is_some_and(|c| c.kind == FileKind::Dir);
+                longest = longest.max(child_len + if is_dir { dir_suffix } else { 0 });
+                if is_dir {
+                    stack.push((*child, child_len));
+                }
+            }
+        }
+        longest
+    }
+
     pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
         self.inodes.get(&ino).ok_or(FsError::BadHandle)
     }
@@ -539,6 +567,65 @@ impl Fs {
 
     pub(crate) fn fresh(&self, at: Option<Instant>) -> bool {
         !self.cfg.validity_lag.is_zero() && at.is_some_and(|t| t.elapsed() < self.cfg.validity_lag)
+    }
+
+    /// Check that home can hold an object of `kind` as `name` in `parent` (`moved`: an existing inode
+    /// going there, whose cached subtree must fit too). Called at the call, in every write mode, before
+    /// home is asked or anything is queued: home's limits come from [`Home::limits`], asked nothing.
+    pub(crate) fn check_storable(
+        &self,
+        ns: &Namespace,
+        parent: u64,
+        name: &OsStr,
+        kind: FileKind,
+        moved: Option<u64>,
+    ) -> FsResult<()> {
+        let limits = self.core.home.limits();
+        let path = ns.child_path(parent, name)?;
+        let below = match moved {
+            Some(ino) if kind == FileKind::Dir => ns.longest_below(ino, limits.dir_suffix),
+            _ => 0,
+        };
+        limits.check(&path, kind, below).map_err(|e| match e {
+            HomeError::Unsupported(what) => FsError::HomeCannotHold(what),
+            e => FsError::Home(e),
+        })
+    }
+
+    /// Check that home can hold a hard link to `ino` as `name` in `parent`.
+    pub(crate) fn check_link(&self, ns: &Namespace, ino: u64, parent: u64, name: &OsStr) -> FsResult<()> {
+        if !self.core.home.limits().hard_links {
+            return Err(FsError::HomeCannotHold("hard links"));
+        }
+        self.check_storable(ns, parent, name, ns.inode(ino)?.kind, None)
+    }
+
+    /// Check that home can hold what a rename makes: the moved object (and its cached subtree) at its new
+    /// path, and with `exchange` the other one at the old path.
+    pub(crate) fn check_rename(
+        &self,
+        ns: &Namespace,
+        from: (u64, &OsStr),
+        to: (u64, &OsStr),
+        flags: larder_home::RenameFlags,
+    ) -> FsResult<()> {
+        if flags.exchange && !self.core.home.limits().rename_exchange {
+            // As renameat2(2) answers where the file system cannot exchange.
+            return Err(FsError::Invalid);
+        }
+        let moved = |dir: u64, name: &OsStr| -> FsResult<Option<u64>> {
+            let node = ns.inode(dir)?;
+            Ok(node.children.get(name).copied())
+        };
+        if let Some(src) = moved(from.0, from.1)? {
+            self.check_storable(ns, to.0, to.1, ns.inode(src)?.kind, Some(src))?;
+        }
+        if flags.exchange
+            && let Some(dst) = moved(to.0, to.1)?
+        {
+            self.check_storable(ns, from.0, from.1, ns.inode(dst)?.kind, Some(dst))?;
+        }
+        Ok(())
     }
 
     pub(crate) fn read_only(&self) -> bool {

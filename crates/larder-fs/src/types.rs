@@ -238,6 +238,31 @@ pub struct JournalStats {
     pub home_online: bool,
 }
 
+/// How [`crate::Fs::drain`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drained {
+    /// Home has every change.
+    Empty,
+    /// Home refused some changes (tried again at the drain's start); nothing else can be pushed until
+    /// they are taken or set aside.
+    Refused,
+    /// Changes still wait (the timeout passed, home is away, or the mode does not push).
+    Waiting,
+}
+
+/// A queued change home refused, as `larder status` and `larder drain` name it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RefusedChange {
+    /// The operation (create, mkdir, data, rename, ...).
+    pub op: String,
+    /// Its home path.
+    pub path: String,
+    /// Home's answer at the last attempt.
+    pub error: String,
+    /// Times home refused it so far.
+    pub attempts: u32,
+}
+
 /// One conflict, as `larder conflicts` lists it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Conflict {

@@ -120,6 +120,13 @@ impl Fs {
         if p.kind != FileKind::Dir {
             return Err(FsError::NotDir);
         }
+        let new_kind = match kind {
+            NewKind::File => FileKind::File,
+            NewKind::Dir => FileKind::Dir,
+            NewKind::Special { .. } => FileKind::from_mode(mode),
+            NewKind::Symlink { .. } => FileKind::Symlink,
+        };
+        self.check_storable(&ns, parent, name, new_kind, None)?;
         let pattr = p.attr.clone();
         let path = path_bytes(&ns.child_path(parent, name)?);
         let setgid_parent = pattr.as_ref().is_some_and(|a| a.perm & 0o2000 != 0);
@@ -322,6 +329,7 @@ impl Fs {
             }
             cur = ns.inode(cur)?.parent;
         }
+        self.check_rename(&ns, (parent, name), (new_parent, new_name), flags)?;
         let from = path_bytes(&ns.child_path(parent, name)?);
         let to = path_bytes(&ns.child_path(new_parent, new_name)?);
         self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags, false)?;
@@ -372,6 +380,7 @@ impl Fs {
         if ns.inode(parent)?.kind != FileKind::Dir {
             return Err(FsError::NotDir);
         }
+        self.check_link(&ns, ino, parent, name)?;
         let from = path_bytes(&ns.path_of(ino)?);
         let to = path_bytes(&ns.child_path(parent, name)?);
         let node = ns.inode_mut(ino)?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use larder_cache::{Db, Eviction, Store, StoreConfig};
-use larder_fs::{Fs, FsConfig, FsError};
+use larder_fs::{Drained, Fs, FsConfig, FsError};
 use larder_home::{
     Fault, FaultLayer, FileKind, Home, HomeCounters, HomeError, Layered, MetricsLayer, OpKind, PosixHome, SetAttr,
 };
@@ -376,7 +376,7 @@ fn a_push_whose_answer_was_lost_is_recognised_on_retry() {
     fs.write(r.fh, 2 * BS + 7, b"third").unwrap();
     want[2 * BS as usize + 7..2 * BS as usize + 12].copy_from_slice(b"third");
     fs.flush(r.fh).unwrap();
-    assert!(fs.drain(Duration::from_secs(30)), "the journal drains");
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
     assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
     assert_eq!(std::fs::read(s.home("f")).unwrap(), want);
     let names: Vec<_> = std::fs::read_dir(&s.home_dir)
@@ -420,7 +420,7 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
         }
         // What the cut-short attempt left at home.
         copy();
-        assert!(fs.drain(Duration::from_secs(30)), "the journal drains");
+        assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
     };
     let cut_short = |from: &str, to: &str, copy: &dyn Fn()| cut_short_landed(from, to, false, copy);
     cut_short("f", "g", &|| {
@@ -607,7 +607,7 @@ fn write_back_offline_names_not_known_look_absent_and_can_be_made() {
     faults.clear();
     // Home answers again: the name that looked absent is asked again, not remembered as absent.
     assert!(fs.lookup(1, OsStr::new("there")).is_ok());
-    assert!(fs.drain(Duration::from_secs(30)), "the journal drains");
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
     assert_eq!(std::fs::read(s.home("d/moved")).unwrap(), b"made offline");
     assert!(!s.home("new").exists());
 }

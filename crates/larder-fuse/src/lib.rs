@@ -53,6 +53,8 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::ReadOnly => libc::EROFS,
         FsError::Invalid => libc::EINVAL,
         FsError::NoSpace => libc::ENOSPC,
+        // As link(2), symlink(2) and mknod(2) answer on a file system that cannot create such objects.
+        FsError::HomeCannotHold(_) => libc::EPERM,
     };
     Errno::from_i32(code)
 }

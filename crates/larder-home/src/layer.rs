@@ -5,7 +5,9 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::{DirEntry, Home, HomeAttr, HomeError, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version};
+use crate::{
+    DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version,
+};
 
 /// The kinds of home operation, for counters and emulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -196,5 +198,8 @@ impl<L: Layer> Home for Layered<L> {
     }
     fn statfs(&self) -> HomeResult<StatFs> {
         self.call(OpKind::StatFs, 0, |h| h.statfs(), none)
+    }
+    fn limits(&self) -> HomeLimits {
+        self.inner.limits()
     }
 }

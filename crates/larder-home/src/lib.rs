@@ -28,9 +28,9 @@ pub use layer::{Layer, Layered, OpKind};
 pub use metrics::{HomeCounters, MetricsLayer};
 pub use posix::PosixHome;
 #[cfg(feature = "s3")]
-pub use s3::{MAX_KEY, S3Home, S3Spec};
-pub use types::{DirEntry, FileKind, HomeAttr, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version};
-pub use url::{HomeSpec, open_home};
+pub use s3::{Checked, MAX_KEY, S3Home, S3Spec, valid_bucket_name};
+pub use types::{DirEntry, FileKind, HomeAttr, HomeLimits, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version};
+pub use url::{HomeSpec, OpenedHome, open_home};
 pub use wan::{WanLayer, WanSpec, parse_duration, parse_size};
 
 use std::fs::File;
@@ -122,4 +122,7 @@ pub trait Home: Send + Sync + 'static {
 
     /// Capacity figures of the home.
     fn statfs(&self) -> HomeResult<StatFs>;
+
+    /// What this home can store (name and path lengths, name encoding, object kinds); asks home nothing.
+    fn limits(&self) -> HomeLimits;
 }

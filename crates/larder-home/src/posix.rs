@@ -25,7 +25,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::from_errno;
 use crate::{
-    DirEntry, FileKind, Home, HomeAttr, HomeError, HomeResult, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version,
+    DirEntry, FileKind, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
+    TimeSet, Version,
 };
 
 const MAX_WORKERS: usize = 64;
@@ -40,6 +41,8 @@ pub struct PosixHome {
     root_fd: RwLock<Arc<OwnedFd>>,
     op_timeout: Option<Duration>,
     pool: Option<Pool>,
+    /// Read once at start: the root's file system does not change under a home.
+    limits: HomeLimits,
 }
 
 struct Pool {
@@ -91,12 +94,21 @@ impl PosixHome {
     /// kernel allows whatever the root's own path.
     pub fn new(root: impl Into<PathBuf>, op_timeout: Option<Duration>) -> HomeResult<PosixHome> {
         let root = root.into();
-        let root_fd = RwLock::new(Arc::new(open_root(&cpath(&root)?)?));
+        let fd = open_root(&cpath(&root)?)?;
+        // SAFETY: statvfs is plain data; zeroed is a valid initial value.
+        let mut vfs: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is an open descriptor and `vfs` a valid out-pointer for the duration of the call.
+        let name_max = match unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut vfs) } {
+            0 if vfs.f_namemax > 0 => vfs.f_namemax as usize,
+            _ => 255,
+        };
+        let root_fd = RwLock::new(Arc::new(fd));
         Ok(PosixHome {
             root,
             root_fd,
             op_timeout,
             pool: op_timeout.map(|_| Pool::new()),
+            limits: HomeLimits::posix(name_max),
         })
     }
 
@@ -662,6 +674,10 @@ impl Home for PosixHome {
                 name_max: s.f_namemax as u32,
             })
         })
+    }
+
+    fn limits(&self) -> HomeLimits {
+        self.limits.clone()
     }
 }
 

@@ -18,7 +18,11 @@
 //!
 //! **What S3 cannot do**: modes, owners and times are not stored (chmod, chown and utimens succeed and
 //! change nothing; files show 0644, directories 0755, owned by the daemon's user); no symlinks, hard links
-//! or special files (`EOPNOTSUPP`); rename is copy + delete, object by object, not atomic.
+//! or special files, and keys of at most 1024 bytes, UTF-8 (stated by [`Home::limits`], which the core
+//! checks at the call); rename is copy + delete, object by object, not atomic.
+//!
+//! **At mount**, [`S3Home::check`] tells a missing bucket, refused credentials and an endpoint that does
+//! not answer apart, without retries, each with its own one-line reason.
 
 use std::fs::File;
 use std::future::Future;
@@ -32,13 +36,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::{ErrorKind, Operator};
 
-use crate::{DirEntry, FileKind, Home, HomeAttr, HomeError, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version};
+use crate::{
+    DirEntry, FileKind, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version,
+};
 
 /// S3 refuses keys longer than this many bytes.
 pub const MAX_KEY: usize = 1024;
 const PART: usize = 8 << 20;
 /// Slowest transfer rate a call that moves data is given time for, in bytes per second.
 const MIN_RATE: u64 = 4 << 20;
+/// Longest wait for the check at mount (less when the home timeout is shorter).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where and how to reach a bucket.
 #[derive(Clone, Debug, Default)]
@@ -56,6 +64,9 @@ pub struct S3Spec {
 pub struct S3Home {
     spec: S3Spec,
     op: Operator,
+    /// The same bucket without retries, for the check at mount: a bucket that is not there or an endpoint
+    /// that does not answer is told at once.
+    op_probe: Operator,
     /// The same bucket, with a per-request timeout fit for whole-object transfers.
     op_bulk: Operator,
     rt: tokio::runtime::Runtime,
@@ -82,6 +93,10 @@ impl S3Home {
             b.region(spec.region.as_deref().unwrap_or("us-east-1"))
         };
         let attempt = (spec.op_timeout / 3).max(Duration::from_millis(500));
+        let probe = spec.op_timeout.min(PROBE_TIMEOUT);
+        let op_probe = Operator::new(builder())
+            .map_err(|e| HomeError::Unavailable(format!("S3 configuration: {e}")))?
+            .layer(TimeoutLayer::new().with_timeout(probe).with_io_timeout(probe));
         let operator = |attempt: Duration| -> HomeResult<Operator> {
             Ok(Operator::new(builder())
                 .map_err(|e| HomeError::Unavailable(format!("S3 configuration: {e}")))?
@@ -112,6 +127,7 @@ impl S3Home {
         Ok(S3Home {
             spec,
             op,
+            op_probe,
             op_bulk,
             rt,
             uid,
@@ -121,17 +137,77 @@ impl S3Home {
         })
     }
 
-    /// Check that the bucket answers (a listing of the prefix).
-    pub fn check(&self) -> HomeResult<()> {
-        // One HEAD of a key that is not there: "not found" when the bucket answers and the credentials
-        // are good, without listing anything (a listing of the root would page through all of it).
-        self.run(async {
-            match self.op.stat(".larder-probe").await {
-                Ok(_) => Ok(()),
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(classify(e, false)),
+    /// Check that the endpoint answers, the bucket exists and the credentials are accepted, with one
+    /// listing of at most one key under the prefix (no retries: a mount that cannot work is refused at
+    /// once). Fails with one line naming the problem.
+    pub fn check(&self) -> Result<Checked, String> {
+        let bucket = &self.spec.bucket;
+        let endpoint = self.endpoint();
+        let timeout = self.spec.op_timeout.min(PROBE_TIMEOUT);
+        // A closed port or an unknown host: told by the connection alone, without the HTTP client's retries.
+        // Not through a proxy (the HTTP client honours the proxy variables; a direct connection may be
+        // barred where the proxy works): then the listing alone tells.
+        let proxied = [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
+        if !proxied && let Some(e) = unreachable_endpoint(&endpoint, timeout) {
+            return Err(format!("endpoint {endpoint} does not answer ({e})"));
+        }
+        let listed = self.rt.block_on(async {
+            use futures::StreamExt;
+            let probe = async {
+                let mut lister = self.op_probe.lister_with("/").limit(1).await?;
+                lister.next().await.transpose()
+            };
+            match tokio::time::timeout(timeout + Duration::from_secs(1), probe).await {
+                Ok(r) => r.map_err(Some),
+                Err(_) => Err(None),
             }
-        })
+        });
+        match listed {
+            Ok(Some(_)) => Ok(Checked::Populated),
+            Ok(None) => Ok(Checked::Empty),
+            Err(None) => Err(format!(
+                "endpoint {endpoint} does not answer (no reply within {timeout:?})"
+            )),
+            Err(Some(e)) => {
+                let text = e.to_string();
+                let (code, reason) = s3_answer(&text);
+                Err(match e.kind() {
+                    _ if code == "NoSuchBucket" => format!("bucket '{bucket}' does not exist at {endpoint}"),
+                    ErrorKind::NotFound => format!("bucket '{bucket}' does not exist at {endpoint}"),
+                    ErrorKind::PermissionDenied => format!(
+                        "the credentials were refused by {endpoint} for bucket '{bucket}' ({reason}; check \
+                         AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+                    ),
+                    _ if code == "InvalidBucketName" => {
+                        format!("'{bucket}' is not a valid S3 bucket name at {endpoint} ({reason})")
+                    }
+                    _ if e.is_temporary() && code.is_empty() => {
+                        format!("endpoint {endpoint} does not answer ({reason})")
+                    }
+                    _ => format!("bucket '{bucket}' at {endpoint} cannot be listed ({reason})"),
+                })
+            }
+        }
+    }
+
+    /// The endpoint requests go to.
+    fn endpoint(&self) -> String {
+        match &self.spec.endpoint {
+            Some(e) => e.clone(),
+            None => format!(
+                "https://s3.{}.amazonaws.com",
+                self.spec.region.as_deref().unwrap_or("us-east-1")
+            ),
+        }
     }
 
     /// Run `f` on the runtime with the call deadline.
@@ -376,6 +452,82 @@ impl S3Home {
         }
         Ok(())
     }
+}
+
+/// What [`S3Home::check`] found under the prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// At least one object.
+    Populated,
+    /// Nothing yet: a new, empty home (S3 has no directories; a prefix exists by its objects).
+    Empty,
+}
+
+/// Whether `name` is a bucket name S3 accepts (the rules for new buckets: 3 to 63 bytes of lowercase
+/// letters, digits, `-` and `.`, starting and ending with a letter or digit, no `..`, not an IP address).
+pub fn valid_bucket_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    (3..=63).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && !name.contains("..")
+        && name.parse::<std::net::Ipv4Addr>().is_err()
+}
+
+/// Why nothing can be reached at `endpoint` (a URL), or `None` when a TCP connection opens within
+/// `timeout`.
+fn unreachable_endpoint(endpoint: &str, timeout: Duration) -> Option<String> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let (scheme, rest) = endpoint.split_once("://").unwrap_or(("https", endpoint));
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let has_port = authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !authority.ends_with(']');
+    let addr = if has_port {
+        authority.to_string()
+    } else {
+        format!("{authority}:{}", if scheme == "http" { 80 } else { 443 })
+    };
+    let addrs: Vec<_> = match addr.to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => return Some(format!("cannot resolve {addr}: {e}")),
+    };
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(_) => return None,
+            Err(e) => last = Some(format!("{a}: {e}")),
+        }
+    }
+    Some(last.unwrap_or_else(|| format!("{addr} resolves to no address")))
+}
+
+/// The S3 error code of an OpenDAL error's text (empty when S3 gave none) and a short reason: "CODE:
+/// message", else the HTTP status, else the error's first line.
+fn s3_answer(text: &str) -> (String, String) {
+    let field = |name: &str| -> Option<String> {
+        let start = text.find(&format!("{name}: \""))? + name.len() + 3;
+        let end = text[start..].find('"')? + start;
+        Some(text[start..end].to_string())
+    };
+    if let Some(code) = field("code").filter(|c| !c.is_empty()) {
+        let reason = match field("message").filter(|m| !m.is_empty()) {
+            Some(m) => format!("{code}: {}", m.trim_end_matches('.')),
+            None => code.clone(),
+        };
+        return (code, reason);
+    }
+    if let Some(i) = text.find("status: ") {
+        let status: String = text[i + 8..].chars().take_while(char::is_ascii_digit).collect();
+        if !status.is_empty() {
+            return (String::new(), format!("HTTP {status}"));
+        }
+    }
+    (String::new(), text.lines().next().unwrap_or("").trim().to_string())
 }
 
 /// Turn an OpenDAL error into a home error. `write`: a failed precondition means home changed since the
@@ -651,6 +803,22 @@ impl Home for S3Home {
         })
     }
 
+    fn limits(&self) -> HomeLimits {
+        let prefix = self.spec.prefix.trim_matches('/').len();
+        HomeLimits {
+            name_max: MAX_KEY,
+            path_max: MAX_KEY,
+            path_base: if prefix == 0 { 0 } else { prefix + 1 },
+            // A directory is also a marker object, its key ending in '/'.
+            dir_suffix: 1,
+            utf8_names: true,
+            symlinks: false,
+            hard_links: false,
+            special_files: false,
+            rename_exchange: false,
+        }
+    }
+
     fn statfs(&self) -> HomeResult<StatFs> {
         // A bucket has no capacity to speak of; report a large, mostly free file system.
         Ok(StatFs {
@@ -662,5 +830,59 @@ impl Home for S3Home {
             block_size: 4096,
             name_max: 255,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names_s3_accepts() {
+        for ok in ["abc", "my-bucket.data", "larder-s3wb-order", &"a".repeat(63)] {
+            assert!(valid_bucket_name(ok), "{ok}");
+        }
+        for bad in [
+            "ab",
+            "Bad_Name!",
+            "UPPER",
+            "-start",
+            "end-",
+            "a..b",
+            "192.168.1.1",
+            &"a".repeat(64),
+            "",
+        ] {
+            assert!(!valid_bucket_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn s3_answers_are_shortened_to_code_and_message() {
+        let text = r#"ConfigInvalid (permanent) at list, context: { response: Parts { status: 404 } } => S3Error { code: "NoSuchBucket", message: "The specified bucket does not exist", resource: "" }"#;
+        assert_eq!(
+            s3_answer(text),
+            (
+                "NoSuchBucket".into(),
+                "NoSuchBucket: The specified bucket does not exist".into()
+            )
+        );
+        assert_eq!(
+            s3_answer("Unexpected at list, context: { response: Parts { status: 502, version } }"),
+            (String::new(), "HTTP 502".into())
+        );
+    }
+
+    #[test]
+    fn a_closed_port_is_told_by_the_connection() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(
+            unreachable_endpoint(&format!("http://127.0.0.1:{port}"), Duration::from_secs(2)),
+            None
+        );
+        drop(l);
+        let why = unreachable_endpoint(&format!("http://127.0.0.1:{port}/"), Duration::from_secs(2));
+        assert!(why.is_some_and(|w| w.contains("refused")));
     }
 }

@@ -1,9 +1,13 @@
 //! Values that cross the [`crate::Home`] seam.
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+
+use crate::{HomeError, HomeResult};
 
 /// Kind of a home object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -113,4 +117,166 @@ pub struct StatFs {
     pub files_free: u64,
     pub block_size: u32,
     pub name_max: u32,
+}
+
+/// What a home can store. The core checks every new name and object kind against it at the call, in every
+/// write mode, so a change home could never take is refused before anything is queued.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HomeLimits {
+    /// Longest name (one path component), in bytes.
+    pub name_max: usize,
+    /// Longest path of an object as home counts it, in bytes: `path_base` plus the path relative to the
+    /// root (plus `dir_suffix` for a directory).
+    pub path_max: usize,
+    /// Bytes home puts in front of every relative path (an S3 home's `PREFIX/`).
+    pub path_base: usize,
+    /// Bytes a directory's own entry adds to its path (an S3 directory marker's trailing `/`).
+    pub dir_suffix: usize,
+    /// Names must be valid UTF-8 (S3 keys).
+    pub utf8_names: bool,
+    pub symlinks: bool,
+    pub hard_links: bool,
+    /// FIFOs, sockets and device nodes.
+    pub special_files: bool,
+    /// Renames that swap two names atomically (`RENAME_EXCHANGE`).
+    pub rename_exchange: bool,
+}
+
+impl HomeLimits {
+    /// The limits of a POSIX file system (`name_max` from statvfs; paths relative to the home's root).
+    pub fn posix(name_max: usize) -> HomeLimits {
+        HomeLimits {
+            name_max,
+            // PATH_MAX counts the terminating NUL.
+            path_max: libc::PATH_MAX as usize - 1,
+            path_base: 0,
+            dir_suffix: 0,
+            utf8_names: false,
+            symlinks: true,
+            hard_links: true,
+            special_files: true,
+            rename_exchange: true,
+        }
+    }
+
+    /// Whether home can hold an object of `kind` at `path` (relative to its root); `descendants`: the
+    /// length in bytes of the longest path below it (a directory being moved there), counted from `path`.
+    /// Fails with [`HomeError::NameTooLong`], [`HomeError::InvalidName`] or [`HomeError::Unsupported`].
+    pub fn check(&self, path: &Path, kind: FileKind, descendants: usize) -> HomeResult<()> {
+        match kind {
+            FileKind::Symlink if !self.symlinks => return Err(HomeError::Unsupported("symlinks")),
+            FileKind::Fifo | FileKind::Socket | FileKind::CharDevice | FileKind::BlockDevice if !self.special_files => {
+                return Err(HomeError::Unsupported("special files"));
+            }
+            _ => {}
+        }
+        for c in path.components() {
+            let name = c.as_os_str().as_bytes();
+            if name.len() > self.name_max {
+                return Err(HomeError::NameTooLong);
+            }
+            if self.utf8_names && std::str::from_utf8(name).is_err() {
+                return Err(HomeError::InvalidName(format!(
+                    "'{}' is not UTF-8",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        let mut len = self.path_base + path.as_os_str().len();
+        if kind == FileKind::Dir {
+            len += self.dir_suffix;
+        }
+        if len > self.path_max || self.path_base + path.as_os_str().len() + descendants > self.path_max {
+            return Err(HomeError::NameTooLong);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::*;
+
+    fn s3(prefix: usize) -> HomeLimits {
+        HomeLimits {
+            name_max: 1024,
+            path_max: 1024,
+            path_base: prefix + 1,
+            dir_suffix: 1,
+            utf8_names: true,
+            symlinks: false,
+            hard_links: false,
+            special_files: false,
+            rename_exchange: false,
+        }
+    }
+
+    #[test]
+    fn s3_keys_count_the_prefix_and_a_directory_marker() {
+        // "home/" + 1019 bytes = 1024: a file fits, a directory's marker ("…/") does not.
+        let l = s3(4);
+        let p = "a".repeat(1019);
+        assert!(l.check(Path::new(&p), FileKind::File, 0).is_ok());
+        assert!(matches!(
+            l.check(Path::new(&p), FileKind::Dir, 0),
+            Err(HomeError::NameTooLong)
+        ));
+        let q = format!("{}/{}", "b".repeat(500), "c".repeat(519));
+        assert!(matches!(
+            l.check(Path::new(&q), FileKind::File, 0),
+            Err(HomeError::NameTooLong)
+        ));
+        // A directory moved where the longest path below it (16 bytes) would pass the limit.
+        let d = "d".repeat(1000);
+        assert!(l.check(Path::new(&d), FileKind::Dir, 16).is_ok());
+        assert!(matches!(
+            l.check(Path::new(&d), FileKind::Dir, 20),
+            Err(HomeError::NameTooLong)
+        ));
+    }
+
+    #[test]
+    fn s3_refuses_names_not_utf8_and_objects_it_cannot_hold() {
+        let l = s3(4);
+        let bad = Path::new(OsStr::from_bytes(b"dir/bad-\xff"));
+        assert!(matches!(
+            l.check(bad, FileKind::File, 0),
+            Err(HomeError::InvalidName(_))
+        ));
+        for k in [
+            FileKind::Symlink,
+            FileKind::Fifo,
+            FileKind::Socket,
+            FileKind::CharDevice,
+            FileKind::BlockDevice,
+        ] {
+            assert!(
+                matches!(l.check(Path::new("x"), k, 0), Err(HomeError::Unsupported(_))),
+                "{k:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn posix_counts_path_max_and_name_max() {
+        let l = HomeLimits::posix(255);
+        let bad = Path::new(OsStr::from_bytes(b"bad-\xff"));
+        assert!(l.check(bad, FileKind::Symlink, 0).is_ok());
+        assert!(matches!(
+            l.check(Path::new(&"n".repeat(256)), FileKind::File, 0),
+            Err(HomeError::NameTooLong)
+        ));
+        // 16 levels of 250 bytes and 15 slashes: 4015 bytes; 17 levels: 4266.
+        let level = "p".repeat(250);
+        let sixteen = vec![level.as_str(); 16].join("/");
+        assert!(l.check(Path::new(&sixteen), FileKind::Dir, 0).is_ok());
+        let seventeen = vec![level.as_str(); 17].join("/");
+        assert!(matches!(
+            l.check(Path::new(&seventeen), FileKind::Dir, 0),
+            Err(HomeError::NameTooLong)
+        ));
+    }
 }

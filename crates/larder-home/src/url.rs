@@ -21,12 +21,24 @@ pub struct HomeSpec {
     pub s3_region: Option<String>,
 }
 
-/// Open the home `spec` names, after checking that it exists and can be read. Returns the layered home and
-/// its counters.
-pub fn open_home(spec: &HomeSpec) -> Result<(Arc<dyn Home>, Arc<HomeCounters>), String> {
+/// A home opened by [`open_home`].
+pub struct OpenedHome {
+    /// The home with its layers.
+    pub home: Arc<dyn Home>,
+    pub counters: Arc<HomeCounters>,
+    /// Something the user should know that does not stop the mount (an S3 prefix with nothing under it).
+    pub note: Option<String>,
+}
+
+/// Open the home `spec` names, after checking that it exists and can be read. Fails with one line naming
+/// the problem.
+pub fn open_home(spec: &HomeSpec) -> Result<OpenedHome, String> {
     let url = spec.url.as_str();
+    let mut note = None;
     let mut home: Arc<dyn Home> = if let Some(rest) = url.strip_prefix("s3://") {
-        open_s3(rest, spec)?
+        let (home, n) = open_s3(rest, spec)?;
+        note = n;
+        home
     } else {
         let root = if let Some(rest) = url.strip_prefix("file://") {
             if !rest.starts_with('/') {
@@ -55,14 +67,21 @@ pub fn open_home(spec: &HomeSpec) -> Result<(Arc<dyn Home>, Arc<HomeCounters>), 
         home = Arc::new(Layered::new(home, WanLayer::new(wan)));
     }
     home = Arc::new(Layered::new(home, MetricsLayer(counters.clone())));
-    Ok((home, counters))
+    Ok(OpenedHome { home, counters, note })
 }
 
+/// Open and check an S3 home; a note when its prefix holds nothing yet.
 #[cfg(feature = "s3")]
-fn open_s3(rest: &str, spec: &HomeSpec) -> Result<Arc<dyn Home>, String> {
+fn open_s3(rest: &str, spec: &HomeSpec) -> Result<(Arc<dyn Home>, Option<String>), String> {
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     if bucket.is_empty() {
         return Err(format!("home URL 's3://{rest}' names no bucket (s3://bucket/prefix)"));
+    }
+    if !crate::valid_bucket_name(bucket) {
+        return Err(format!(
+            "home 's3://{rest}': '{bucket}' is not a valid S3 bucket name (3 to 63 lowercase letters, digits, \
+             '-' and '.', starting and ending with a letter or digit)"
+        ));
     }
     if prefix.split('/').any(|seg| seg == "." || seg == "..") {
         return Err(format!(
@@ -77,12 +96,19 @@ fn open_s3(rest: &str, spec: &HomeSpec) -> Result<Arc<dyn Home>, String> {
         op_timeout: spec.op_timeout.unwrap_or(Duration::from_secs(30)),
     })
     .map_err(|e| format!("home 's3://{rest}' is not usable: {e}"))?;
-    s3.check()
+    let checked = s3
+        .check()
         .map_err(|e| format!("home 's3://{rest}' is not usable: {e}"))?;
-    Ok(Arc::new(s3))
+    let note = (checked == crate::Checked::Empty).then(|| {
+        format!(
+            "nothing is stored under {} yet: it starts as an empty home",
+            s3.describe()
+        )
+    });
+    Ok((Arc::new(s3), note))
 }
 
 #[cfg(not(feature = "s3"))]
-fn open_s3(rest: &str, _spec: &HomeSpec) -> Result<Arc<dyn Home>, String> {
+fn open_s3(rest: &str, _spec: &HomeSpec) -> Result<(Arc<dyn Home>, Option<String>), String> {
     Err(format!("home 's3://{rest}': this larder was built without S3 support"))
 }

@@ -44,6 +44,9 @@ pub fn mount(args: MountArgs) -> Result<()> {
         return result;
     }
     let prepared = preflight::check(&args)?;
+    if let Some(note) = &prepared.note {
+        eprintln!("larder: note: {note}");
+    }
     let log_path = prepared.cache_dir.join("larder.log");
     let log = OpenOptions::new()
         .create(true)

@@ -46,6 +46,24 @@ pub fn drain_mount(mnt: &Path, timeout: Duration) -> Result<()> {
             }
             return Ok(());
         }
+        if v["drained"] == "refused" {
+            if tty {
+                eprintln!();
+            }
+            let refused: Vec<String> = v
+                .pointer("/journal/refused")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(status::describe_refused)
+                .collect();
+            bail!(
+                "home refused {} change{} ({pending} wait in all; the others are queued behind them): {}",
+                refused.len(),
+                if refused.len() == 1 { "" } else { "s" },
+                refused.join("; ")
+            );
+        }
         if Instant::now() >= deadline {
             if tty {
                 eprintln!();

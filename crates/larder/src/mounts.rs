@@ -162,7 +162,8 @@ pub fn unmount(args: UnmountArgs) -> Result<()> {
     let local = status.as_ref().and_then(|v| v["write_mode"].as_str()) == Some("local");
     if pending > 0 && !local {
         if args.drain {
-            crate::journal::drain_mount(&mnt, args.timeout)?;
+            crate::journal::drain_mount(&mnt, args.timeout)
+                .context("not unmounted (--leave-pending unmounts and keeps them for the next mount)")?;
         } else if !args.leave_pending {
             bail!(
                 "{pending} changes at {} have not reached home yet: run `larder drain {}`, or unmount with --drain \

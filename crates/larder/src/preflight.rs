@@ -17,6 +17,8 @@ pub struct Prepared {
     pub counters: Arc<HomeCounters>,
     pub mountpoint: PathBuf,
     pub cache_dir: PathBuf,
+    /// Something to tell the user that does not stop the mount.
+    pub note: Option<String>,
 }
 
 /// The cache directory used when none is given.
@@ -47,7 +49,8 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         s3_endpoint: args.s3_endpoint.clone(),
         s3_region: args.s3_region.clone(),
     };
-    let (home, counters) = open_home(&spec).map_err(anyhow::Error::msg)?;
+    let opened = open_home(&spec).map_err(anyhow::Error::msg)?;
+    let (home, counters) = (opened.home, opened.counters);
     let mnt = mounts::absolute(&args.mountpoint)?;
     if args.cache_size < 4 * args.block_size {
         bail!(
@@ -126,6 +129,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         counters,
         mountpoint: mnt,
         cache_dir,
+        note: opened.note,
     })
 }
 

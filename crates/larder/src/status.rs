@@ -111,6 +111,8 @@ impl StatusSource {
                 "oldest_age_seconds": j.oldest_age_seconds,
                 "conflicts": j.conflicts,
                 "failed_ops": j.failed_ops,
+                // Each change home refused: op, path, home's answer, attempts.
+                "refused": self.fs.failed_ops(),
             },
             "efficiency": efficiency(&fs, &store, self.fs.store().average_block_distance(ABD_UNITS)),
             "fs": {
@@ -135,8 +137,14 @@ impl control::Handler for StatusSource {
                     .nth(1)
                     .and_then(|m| m.parse().ok())
                     .unwrap_or(1000u64);
-                self.fs.drain(std::time::Duration::from_millis(ms.min(5000)));
-                self.snapshot()
+                let drained = self.fs.drain(std::time::Duration::from_millis(ms.min(5000)));
+                let mut v = self.snapshot();
+                v["drained"] = json!(match drained {
+                    larder_fs::Drained::Empty => "empty",
+                    larder_fs::Drained::Refused => "refused",
+                    larder_fs::Drained::Waiting => "waiting",
+                });
+                v
             }
             other => json!({ "error": format!("unknown command '{other}'") }),
         }
@@ -157,6 +165,18 @@ pub fn human_bytes(n: u64) -> String {
     } else {
         format!("{v:.1} {}", UNITS[u])
     }
+}
+
+/// One refused change of a status's `journal.refused`: "create a/b: home's answer (3 attempts)".
+pub fn describe_refused(r: &Value) -> String {
+    format!(
+        "{} {}: {} ({} attempt{})",
+        r["op"].as_str().unwrap_or("?"),
+        r["path"].as_str().unwrap_or("?"),
+        r["error"].as_str().unwrap_or("?"),
+        r["attempts"],
+        if r["attempts"].as_u64() == Some(1) { "" } else { "s" }
+    )
 }
 
 /// Ask the daemon serving `mountpoint` for its status.
@@ -253,6 +273,14 @@ pub fn run(args: StatusArgs) -> Result<()> {
     ];
     for (k, val) in rows {
         println!("{k:<14} {val}");
+    }
+    for r in v
+        .pointer("/journal/refused")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        println!("{:<14} {}", "refused", describe_refused(r));
     }
     Ok(())
 }
