@@ -736,21 +736,6 @@ fn posix_surface_through_the_mount() {
 
 // 8 ------------------------------------------------------------------------------------------------------
 
-/// The command failed with one `larder: ` line on stderr naming every `needle`.
-#[track_caller]
-fn assert_cli_error(out: &Output, needles: &[&str]) {
-    assert!(!out.success(), "expected a failure, got success:\n{out}");
-    let err = out.stderr.trim_end();
-    assert!(
-        err.starts_with("larder: "),
-        "stderr does not start with 'larder: ':\n{out}"
-    );
-    assert_eq!(err.lines().count(), 1, "the error is not one line:\n{out}");
-    for n in needles {
-        assert!(err.contains(n), "the error does not mention '{n}':\n{out}");
-    }
-}
-
 /// A clap usage error: exit 2, "error: invalid value" naming `value`.
 #[track_caller]
 fn assert_usage_error(out: &Output, value: &str) {

@@ -135,16 +135,20 @@ fn sqlite_runs(t: &TestDir, m: &Mount, runs: u32, writers: u32) {
 
 #[test]
 fn sqlite_wal_two_writers_lose_nothing() {
-    let t = TestDir::new("sqlite-wal");
-    let m = t.mount(&["--write-mode", "write-back"]);
-    sqlite_runs(&t, &m, 20, 2);
-    m.unmount();
+    sqlite_two_writers("sqlite-wal", &[]);
 }
 
 #[test]
 fn sqlite_wal_two_writers_lose_nothing_with_home_10ms_away() {
-    let t = TestDir::new("sqlite-wal-wan");
-    let m = t.mount(&["--emulate-wan", "latency=10ms,bandwidth=200MiB/s"]);
+    sqlite_two_writers("sqlite-wal-wan", &["--emulate-wan", "latency=10ms,bandwidth=200MiB/s"]);
+}
+
+/// The two-writer WAL workload, 20 times, on a write-back mount with `extra` options.
+fn sqlite_two_writers(name: &str, extra: &[&str]) {
+    let t = TestDir::new(name);
+    let mut args = vec!["--write-mode", "write-back"];
+    args.extend_from_slice(extra);
+    let m = t.mount(&args);
     sqlite_runs(&t, &m, 20, 2);
     m.unmount();
 }

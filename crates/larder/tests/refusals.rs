@@ -19,22 +19,6 @@ use moto::*;
 
 // Helpers ------------------------------------------------------------------------------------------------
 
-/// Fail the test unless `out` is a failed command whose stderr is one `larder: ` line naming `needles`.
-#[track_caller]
-fn assert_one_line_error(out: &Output, needles: &[&str]) {
-    assert!(!out.success(), "expected a failure, got success:\n{out}");
-    let err = out.stderr.trim_end();
-    assert!(
-        err.starts_with("larder: "),
-        "stderr does not start with 'larder: ':\n{out}"
-    );
-    assert_eq!(err.lines().count(), 1, "the error is not one line:\n{out}");
-    for n in needles {
-        assert!(err.contains(n), "the error does not mention '{n}':\n{out}");
-    }
-    eprintln!("refused as it should be: {err}");
-}
-
 /// The errno of `r`, failing the test if it succeeded.
 #[track_caller]
 fn refused<T>(what: &str, r: std::io::Result<T>) -> i32 {
@@ -138,15 +122,15 @@ fn s3_mount_refuses_unusable_homes() {
     };
 
     let (out, _) = try_mount("s3://nosuchbucket/p", &[]);
-    assert_one_line_error(&out, &["s3://nosuchbucket/p", "bucket 'nosuchbucket' does not exist"]);
+    assert_cli_error(&out, &["s3://nosuchbucket/p", "bucket 'nosuchbucket' does not exist"]);
 
     let (out, _) = try_mount("s3://Bad_Name!/p", &[]);
-    assert_one_line_error(&out, &["'Bad_Name!' is not a valid S3 bucket name"]);
+    assert_cli_error(&out, &["'Bad_Name!' is not a valid S3 bucket name"]);
     let (out, _) = try_mount("s3://ab/p", &[]);
-    assert_one_line_error(&out, &["'ab' is not a valid S3 bucket name"]);
+    assert_cli_error(&out, &["'ab' is not a valid S3 bucket name"]);
 
     let (out, _) = try_mount("foo://x", &[]);
-    assert_one_line_error(&out, &["home URL scheme 'foo://' is not supported"]);
+    assert_cli_error(&out, &["home URL scheme 'foo://' is not supported"]);
 
     // Nothing listens: refused within a few seconds although the home timeout is 30 s.
     let port = closed_port();
@@ -169,7 +153,7 @@ fn s3_mount_refuses_unusable_homes() {
         larder(&["unmount", mnt, "--leave-pending", "--timeout", "10s"]);
         panic!("a refused mount left something mounted:\n{out}");
     }
-    assert_one_line_error(&out, &[&format!("endpoint {endpoint} does not answer")]);
+    assert_cli_error(&out, &[&format!("endpoint {endpoint} does not answer")]);
     assert!(took < Duration::from_secs(5), "the refusal took {took:?}");
     eprintln!("a closed endpoint was refused in {took:?}");
 
@@ -182,7 +166,7 @@ fn s3_mount_refuses_unusable_homes() {
     moto_auth_after(&st, "0");
     let (out, _) = try_mount(&st.url(), &[]);
     moto_auth_after(&st, "inf");
-    assert_one_line_error(&out, &[&st.url(), "credentials", "refused"]);
+    assert_cli_error(&out, &[&st.url(), "credentials", "refused"]);
 }
 
 // Names and kinds home cannot store ----------------------------------------------------------------------

@@ -589,3 +589,18 @@ pub fn is_conflict_name(name: &str, base: &str) -> bool {
         && b[15] == b'Z'
         && b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
 }
+
+/// The command failed with one `larder: ` line on stderr naming every `needle`.
+#[track_caller]
+pub fn assert_cli_error(out: &Output, needles: &[&str]) {
+    assert!(!out.success(), "expected a failure, got success:\n{out}");
+    let err = out.stderr.trim_end();
+    assert!(
+        err.starts_with("larder: "),
+        "stderr does not start with 'larder: ':\n{out}"
+    );
+    assert_eq!(err.lines().count(), 1, "the error is not one line:\n{out}");
+    for n in needles {
+        assert!(err.contains(n), "the error does not mention '{n}':\n{out}");
+    }
+}
