@@ -98,13 +98,14 @@ impl Fs {
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner().len()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
-        let queued = queued.map_or_else(|| "all".to_string(), |n| n.to_string());
+        let count = |f: fn(usize) -> String| queued.map_or_else(String::new, f);
         match (self.cfg.write_mode, online) {
             (WriteMode::WriteBack, false) => format!(
                 "cached data and listings are served, uncached reads fail with EIO, and changes are kept in \
-                 the journal ({queued} queued) until home is back"
+                 the journal until home is back{}",
+                count(|n| format!(" ({n} queued now)"))
             ),
-            (WriteMode::WriteBack, true) => format!("pushing the {queued} queued changes"),
+            (WriteMode::WriteBack, true) => format!("pushing the{} queued changes", count(|n| format!(" {n}"))),
             (WriteMode::WriteThrough, false) => {
                 "cached data and listings are served; uncached reads and changes fail with EIO until home is back"
                     .into()

@@ -19,10 +19,9 @@ use crate::record::{AttrRecord, InodeRecord};
 use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
 
 pub(crate) const ROOT: u64 = 1;
-/// Longest a lookup waits for a rename under way at home to settle here.
 /// Index meta key: 1 while a daemon has the cache open, 0 after a clean shutdown.
 const RUNNING: &str = "running";
-
+/// Longest a lookup waits for a rename under way at home to settle here.
 const MOVE_WAIT: Duration = Duration::from_secs(2);
 
 /// What one try of a lookup found.
