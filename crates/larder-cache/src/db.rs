@@ -79,11 +79,18 @@ fn idx_err(e: impl std::fmt::Display) -> CacheError {
 }
 
 impl Db {
-    /// Open (or create) the index at `path` and start its committer.
+    /// Open (or create, owner-only) the index at `path` and start its committer.
     pub fn open(path: &Path) -> CacheResult<Arc<Db>> {
+        let file = crate::private::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(CacheError::Io)?;
         let db = Database::builder()
             .set_cache_size(64 << 20)
-            .create(path)
+            .create_file(file)
             .map_err(idx_err)?;
         {
             let tx = db.begin_write().map_err(idx_err)?;

@@ -6,6 +6,7 @@
 //! group-commit thread. Eviction is by block (a small file is one block), in S3-FIFO order ([`S3Fifo`]), by
 //! a harvester thread between watermarks so that fills do not wait for it; dirty blocks are never evicted.
 //! A plain LRU order ([`Lru`], chosen with [`Eviction::Lru`]) is there as a baseline for benchmarks.
+//! Everything under the cache directory is its owner's alone ([`private`]).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -13,6 +14,7 @@ mod db;
 mod flight;
 mod lru;
 mod policy;
+pub mod private;
 mod s3fifo;
 mod store;
 

@@ -4,7 +4,7 @@
 //! verification run under `state` so that a block can never be refilled while it is being dropped.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
@@ -232,7 +232,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Store {
     /// Open the store in `cfg.dir`, loading the block index from `db`.
     pub fn open(cfg: StoreConfig, db: Arc<Db>) -> CacheResult<Store> {
-        std::fs::create_dir_all(&cfg.dir).map_err(io_err)?;
+        crate::private::create_dir_all(&cfg.dir).map_err(io_err)?;
         let mut state = State {
             blocks: BTreeMap::new(),
             policy: Policy::new(cfg.eviction, (cfg.limit as f64 * cfg.low_watermark) as u64),
@@ -356,7 +356,7 @@ impl Store {
             None => self.path_of(object),
         };
         let open = |p: &Path| {
-            OpenOptions::new()
+            crate::private::options()
                 .read(true)
                 .write(content.is_none())
                 .create(content.is_none())
@@ -366,7 +366,7 @@ impl Store {
         let file = match open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+                crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
                 open(&path).map_err(io_err)?
             }
             Err(e) => return Err(io_err(e)),
@@ -686,31 +686,35 @@ impl Store {
     }
 
     /// Drop every object not in `live` (left behind by a crash or an old version), files included.
-    pub fn retain_objects(&self, live: &HashSet<u64>) {
+    /// Returns how many indexed objects and how many files nothing referred to were removed.
+    pub fn retain_objects(&self, live: &HashSet<u64>) -> (u64, u64) {
         let stale: Vec<u64> = {
             let st = lock(&self.state);
             let known: HashSet<u64> = st.per_object.keys().chain(st.objects.keys()).copied().collect();
             known.into_iter().filter(|o| !live.contains(o)).collect()
         };
+        let objects = stale.len() as u64;
         for object in stale {
             self.remove_object(object);
         }
         let Ok(dirs) = std::fs::read_dir(&self.cfg.dir) else {
-            return;
+            return (objects, 0);
         };
         let st = lock(&self.state);
+        let mut files = 0;
         for dir in dirs.flatten() {
             if dir.file_name() == "cas" {
                 // Contents no file shares any more (a crash between a fill and its commit).
-                remove_unkept(&dir.path(), |name| {
+                files += remove_unkept(&dir.path(), |name| {
                     parse_content_name(name).is_some_and(|k| st.contents.contains_key(&k))
                 });
             } else {
-                remove_unkept(&dir.path(), |name| {
+                files += remove_unkept(&dir.path(), |name| {
                     u64::from_str_radix(name, 16).is_ok_and(|o| live.contains(&o))
                 });
             }
         }
+        (objects, files)
     }
 
     /// HCCache's average block distance over the files with several evictable blocks among the first
@@ -855,8 +859,8 @@ impl Store {
         let shared = self.file_locked(st, object)?;
         read_full(&shared, &mut data, 0).map_err(io_err)?;
         let path = self.path_of(object);
-        std::fs::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
-        let own = OpenOptions::new()
+        crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+        let own = crate::private::options()
             .read(true)
             .write(true)
             .create(true)
@@ -940,9 +944,9 @@ impl Store {
                 return Ok(false);
             }
         } else {
-            std::fs::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+            crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
             let tmp = path.with_extension("new");
-            std::fs::write(&tmp, data).map_err(io_err)?;
+            crate::private::write(&tmp, data).map_err(io_err)?;
             std::fs::rename(&tmp, &path).map_err(io_err)?;
             st.used += key.0;
         }
@@ -1127,14 +1131,16 @@ impl Store {
     }
 }
 
-/// Delete the files in `dir` whose names `keep` does not accept.
-fn remove_unkept(dir: &Path, keep: impl Fn(&str) -> bool) {
-    let Ok(files) = std::fs::read_dir(dir) else { return };
+/// Delete the files in `dir` whose names `keep` does not accept; returns how many went.
+fn remove_unkept(dir: &Path, keep: impl Fn(&str) -> bool) -> u64 {
+    let Ok(files) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
     for f in files.flatten() {
-        if !f.file_name().to_str().is_some_and(&keep) {
-            let _ = std::fs::remove_file(f.path());
+        if !f.file_name().to_str().is_some_and(&keep) && std::fs::remove_file(f.path()).is_ok() {
+            removed += 1;
         }
     }
+    removed
 }
 
 /// The key of a content file's name, `LEN-CRC` in hex.
@@ -1181,6 +1187,7 @@ fn punch_hole(file: &File, offset: u64, len: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
 
     fn store(dir: &Path, limit: u64) -> Store {
         store_evicting(dir, limit, Eviction::S3Fifo)

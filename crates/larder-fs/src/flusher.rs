@@ -71,6 +71,9 @@ pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
 impl Fs {
     /// Start the flusher threads (write-back mode only).
     pub fn start(self: &Arc<Self>) {
+        let fs = Arc::downgrade(self);
+        self.health
+            .set_explainer(move |online| fs.upgrade().map(|fs| fs.explain_health(online)).unwrap_or_default());
         if self.cfg.write_mode != WriteMode::WriteBack {
             return;
         }
@@ -84,6 +87,31 @@ impl Fs {
                 Ok(h) => flushers.push(h),
                 Err(e) => tracing::error!(error = %e, "cannot start a flusher thread"),
             }
+        }
+    }
+
+    /// What this mount does now that home went away (`online` false) or came back, for the log. Runs
+    /// inside home calls, perhaps under the journal's lock: it never waits for it.
+    fn explain_health(&self, online: bool) -> String {
+        let queued = match self.journal.try_lock() {
+            Ok(j) => Some(j.len()),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner().len()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        let count = |f: fn(usize) -> String| queued.map_or_else(String::new, f);
+        match (self.cfg.write_mode, online) {
+            (WriteMode::WriteBack, false) => format!(
+                "cached data and listings are served, uncached reads fail with EIO, and changes are kept in \
+                 the journal until home is back{}",
+                count(|n| format!(" ({n} queued now)"))
+            ),
+            (WriteMode::WriteBack, true) => format!("pushing the{} queued changes", count(|n| format!(" {n}"))),
+            (WriteMode::WriteThrough, false) => {
+                "cached data and listings are served; uncached reads and changes fail with EIO until home is back"
+                    .into()
+            }
+            (_, false) => "cached data and listings are served; uncached reads fail with EIO until home is back".into(),
+            (_, true) => "reads and lookups go to home again".into(),
         }
     }
 
@@ -243,7 +271,18 @@ impl Fs {
                     let backoff = Duration::from_secs(1 << j.refusals(seq).min(6));
                     j.fail(seq, e.clone(), Some(backoff))
                 };
-                tracing::warn!(error = %e, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), attempts, "home refused a change");
+                let path = String::from_utf8_lossy(&op.path);
+                if attempts == 1 {
+                    tracing::warn!(
+                        error = %e,
+                        op = op.kind.name(),
+                        path = %path,
+                        "home refused a change; it stays queued and is retried (after 1 s, then doubling); after \
+                         {MAX_ATTEMPTS} refusals it is set aside as a conflict so the queue moves on"
+                    );
+                } else {
+                    tracing::debug!(error = %e, op = op.kind.name(), path = %path, attempts, "home refused a change again");
+                }
                 if attempts >= MAX_ATTEMPTS {
                     // Keep the cache's version where it cannot be lost, and let the queue move on.
                     self.set_aside(op, &e);
@@ -344,7 +383,10 @@ impl Fs {
             "refused",
             kept,
             true,
-            format!("home refused the {} {MAX_ATTEMPTS} times: {error}", op.kind.name()),
+            format!(
+                "home refused the {} {MAX_ATTEMPTS} times ({error}); set aside so the queue moves on",
+                op.kind.name()
+            ),
         );
     }
 
@@ -689,9 +731,9 @@ impl Fs {
             detail,
         };
         tracing::warn!(path = %c.path, policy, kept_at = %c.kept_at, "conflict: {}", c.detail);
-        let _ = std::fs::create_dir_all(&self.cfg.conflicts_dir);
+        let _ = larder_cache::private::create_dir_all(&self.cfg.conflicts_dir);
         let line = serde_json::to_string(&c).unwrap_or_default();
-        let written = std::fs::OpenOptions::new()
+        let written = larder_cache::private::options()
             .create(true)
             .append(true)
             .open(self.cfg.conflicts_dir.join("conflicts.jsonl"))
@@ -733,10 +775,15 @@ impl Fs {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "root".into());
-        std::fs::create_dir_all(&self.cfg.conflicts_dir).map_err(|e| FsError::Cache(e.into()))?;
+        larder_cache::private::create_dir_all(&self.cfg.conflicts_dir).map_err(|e| FsError::Cache(e.into()))?;
         let dest = self.cfg.conflicts_dir.join(format!("{stamp}-{ino}-{base}"));
         let src = self.core.store.file(object)?;
-        let out = std::fs::File::create(&dest).map_err(|e| FsError::Cache(e.into()))?;
+        let out = larder_cache::private::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&dest)
+            .map_err(|e| FsError::Cache(e.into()))?;
         out.set_len(size).map_err(|e| FsError::Cache(e.into()))?;
         let mut buf = vec![0u8; 1 << 20];
         for r in ranges {

@@ -12,13 +12,15 @@ use std::time::{Duration, Instant};
 use larder_cache::{Mutation, SingleFlight, Store};
 use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, unreachable};
 
-use crate::journal::{Journal, Op};
+use crate::journal::{Journal, Op, OpKind};
 
 use crate::readahead::Readahead;
 use crate::record::{AttrRecord, InodeRecord};
 use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
 
 pub(crate) const ROOT: u64 = 1;
+/// Index meta key: 1 while a daemon has the cache open, 0 after a clean shutdown.
+const RUNNING: &str = "running";
 /// Longest a lookup waits for a rename under way at home to settle here.
 const MOVE_WAIT: Duration = Duration::from_secs(2);
 
@@ -413,13 +415,18 @@ impl Fs {
             next_fh: 1,
             ..Namespace::default()
         };
-        let live = collect_live(&db)?;
-        store.retain_objects(&live);
+        // Set while a daemon has the cache open, cleared by `shutdown`: found set, the last one did not
+        // stop cleanly (killed, or the machine went down).
+        let unclean = db.meta(RUNNING)? == Some(1);
+        let (live, dropped_records) = collect_live(&db)?;
+        let (orphan_objects, orphan_files) = store.retain_objects(&live);
         let mut ops = Vec::new();
         db.for_each_op(|seq, bytes| match Op::decode(bytes) {
             Some(op) => ops.push((seq, op)),
             None => tracing::error!(seq, "a journal record cannot be read; it is kept and skipped"),
         })?;
+        let data_ops = ops.iter().filter(|(_, op)| op.kind == OpKind::Data).count();
+        let interrupted = ops.iter().filter(|(_, op)| op.attempted).count();
         let journal = Journal::load(ops);
         let mut root = Inode::new(ROOT, OsString::new(), FileKind::Dir, 0);
         if let Some(rec) = db.inode(ROOT)?.and_then(|b| InodeRecord::decode(&b)) {
@@ -437,8 +444,32 @@ impl Fs {
             }
             Err(e) => return Err(e.into()),
         }
+        let pending = journal.len();
+        if unclean {
+            tracing::warn!(
+                pending_changes = pending,
+                files_with_unpushed_data = data_ops,
+                pushes_interrupted = interrupted,
+                orphan_objects_removed = orphan_objects,
+                orphan_files_removed = orphan_files,
+                unreachable_records_removed = dropped_records,
+                "recovered after an unclean stop (the daemon was killed or the machine went down): {pending} \
+                 queued changes kept, to be pushed in order ({data_ops} files with unpushed data; {interrupted} \
+                 changes interrupted mid-push are repeated, their 'already done' answers accepted); removed \
+                 {orphan_objects} cache objects and {orphan_files} cache files nothing refers to, and \
+                 {dropped_records} index records cut off from the root"
+            );
+        } else if pending > 0 {
+            tracing::info!(
+                pending_changes = pending,
+                "{pending} changes left queued by the last run are kept, to be pushed in order"
+            );
+        }
         root.lookups = 1;
-        db.submit(vec![Mutation::PutInode(ROOT, root.record().encode())]);
+        db.submit(vec![
+            Mutation::PutInode(ROOT, root.record().encode()),
+            Mutation::PutMeta(RUNNING, 1),
+        ]);
         ns.inodes.insert(ROOT, root);
         let store_limit = store.stats().bytes_limit;
         let core = Arc::new(Core {
@@ -1263,14 +1294,16 @@ impl Fs {
         for fh in handles {
             let _ = self.release(fh);
         }
-        self.core.store.db().close()?;
+        let db = self.core.store.db();
+        db.submit(vec![Mutation::PutMeta(RUNNING, 0)]);
+        db.close()?;
         Ok(())
     }
 }
 
 /// The cache objects referred to by persisted inodes reachable from the root; records not reachable (a
 /// crash between removing a directory and its children) are dropped.
-fn collect_live(db: &larder_cache::Db) -> FsResult<HashSet<u64>> {
+fn collect_live(db: &larder_cache::Db) -> FsResult<(HashSet<u64>, usize)> {
     let mut parents = HashMap::new();
     let mut objects = HashMap::new();
     let mut names = HashMap::new();
@@ -1315,12 +1348,14 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<HashSet<u64>> {
             }
         }
     }
+    let dropped = reachable.values().filter(|ok| !**ok).count();
     db.submit(dead);
-    Ok(objects
+    let live = objects
         .iter()
         .filter(|(ino, _)| reachable.get(ino) == Some(&true))
         .map(|(_, o)| *o)
-        .collect())
+        .collect();
+    Ok((live, dropped))
 }
 
 /// The cache's answer for `name` in `parent`.

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use larder_cache::CacheError;
 use larder_fs::{Attr, Entry, Fs, FsError, OpenReply};
@@ -533,6 +533,40 @@ impl Filesystem for LarderFuse {
             ),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    // Extended attributes: none is kept. The list is empty (so `getfattr -d`, `cp -a`, `rsync -X`,
+    // `os.listxattr` see nothing to do), and getting, setting or removing one is not supported. Getting
+    // one answers ENOSYS, which the kernel turns into EOPNOTSUPP for this call and every later one
+    // without asking again: a getxattr that answered at all would be asked for `security.capability`
+    // before every write(2), a second round trip per write.
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::from_i32(libc::ENOSYS));
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {

@@ -51,6 +51,13 @@ pub enum HomeError {
 }
 
 impl HomeError {
+    /// Whether this is home's answer about its objects rather than a failure: the name is not there,
+    /// is taken, or the directory is not empty. A lookup of a missing name, an exclusive create of a taken
+    /// one and an `rmdir` of a full directory were served; home did what was asked, and said no.
+    pub fn is_answer(&self) -> bool {
+        matches!(self, HomeError::NotFound | HomeError::Exists | HomeError::NotEmpty)
+    }
+
     /// Whether retrying the same call later may succeed.
     pub fn is_temporary(&self) -> bool {
         match self {

@@ -10,11 +10,14 @@
 //! home follow its path (a mount over it) and notices a root that stopped answering between calls.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{Home, HomeError, HomeResult, Layer, OpKind};
+
+/// Says what the mount does now that home went offline (`false`) or came back (`true`), for the log.
+type Explainer = Box<dyn Fn(bool) -> String + Send + Sync>;
 
 /// Whether home is reachable, shared by the layer, the prober and status output.
 #[derive(Default)]
@@ -24,6 +27,7 @@ pub struct Health {
     since: AtomicU64,
     /// Times home went offline.
     outages: AtomicU64,
+    explainer: OnceLock<Explainer>,
 }
 
 impl Health {
@@ -47,21 +51,42 @@ impl Health {
         self.outages.load(Ordering::Relaxed)
     }
 
-    /// Mark home offline (idempotent).
-    pub fn set_offline(&self, why: &HomeError) {
-        if !self.offline.swap(true, Ordering::AcqRel) {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-            self.since.store(now, Ordering::Relaxed);
-            self.outages.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %why, "home is unreachable; working offline");
+    /// Have each transition's log line say what the mount does about it (`f(false)`: home went away,
+    /// `f(true)`: it is back). Set once; `f` runs inside home calls, so it must not wait for locks.
+    pub fn set_explainer(&self, f: impl Fn(bool) -> String + Send + Sync + 'static) {
+        let _ = self.explainer.set(Box::new(f));
+    }
+
+    fn explain(&self, online: bool) -> String {
+        match self.explainer.get().map(|f| f(online)) {
+            Some(what) if !what.is_empty() => format!(": {what}"),
+            _ => String::new(),
         }
     }
 
-    /// Mark home online (idempotent).
+    /// Mark home offline (idempotent): one log line per outage.
+    pub fn set_offline(&self, why: &HomeError) {
+        if !self.offline.swap(true, Ordering::AcqRel) {
+            self.since.store(now(), Ordering::Relaxed);
+            let outage = self.outages.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(
+                error = %why,
+                outage,
+                "home is unreachable; working offline{}",
+                self.explain(false)
+            );
+        }
+    }
+
+    /// Mark home online (idempotent): one log line per return.
     pub fn set_online(&self) {
         if self.offline.swap(false, Ordering::AcqRel) {
-            self.since.store(0, Ordering::Relaxed);
-            tracing::info!("home is reachable again");
+            let away = now().saturating_sub(self.since.swap(0, Ordering::Relaxed));
+            tracing::info!(
+                offline_seconds = away,
+                "home is reachable again after {away} s offline{}",
+                self.explain(true)
+            );
         }
     }
 
@@ -83,9 +108,7 @@ impl Health {
             }
         }
     }
-}
 
-impl Health {
     /// While online: have `home` (the unlayered backend) reopen its root if its path names another
     /// directory now; a root that cannot be opened marks home offline. Returns whether the root was
     /// replaced.
@@ -102,6 +125,10 @@ impl Health {
             }
         }
     }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Errors that mean home cannot be reached at all.

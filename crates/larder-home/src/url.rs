@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Home, HomeCounters, Layered, MetricsLayer, PosixHome, WanLayer, WanSpec};
+use crate::{
+    Home, HomeCounters, HomeError, HomeResult, Layer, Layered, MetricsLayer, OpKind, PosixHome, WanLayer, WanSpec,
+};
 
 /// How to open a home.
 #[derive(Clone, Debug, Default)]
@@ -19,6 +21,25 @@ pub struct HomeSpec {
     pub s3_endpoint: Option<String>,
     /// S3 region.
     pub s3_region: Option<String>,
+    /// Testing aid: while this file exists every call fails as if home could not be reached. It sits below
+    /// the counters, so those calls count as the failed home operations they stand for.
+    pub fault_file: Option<PathBuf>,
+}
+
+/// Fails every home call while a file exists (home "goes away" and comes back).
+struct FaultFile(PathBuf);
+
+impl Layer for FaultFile {
+    fn before(&self, _op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        if self.0.exists() {
+            Err(HomeError::Unavailable(format!(
+                "fault file {} is present",
+                self.0.display()
+            )))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// A home opened by [`open_home`].
@@ -65,6 +86,9 @@ pub fn open_home(spec: &HomeSpec) -> Result<OpenedHome, String> {
     let counters = Arc::new(HomeCounters::default());
     if let Some(wan) = spec.wan {
         home = Arc::new(Layered::new(home, WanLayer::new(wan)));
+    }
+    if let Some(f) = &spec.fault_file {
+        home = Arc::new(Layered::new(home, FaultFile(f.clone())));
     }
     home = Arc::new(Layered::new(home, MetricsLayer(counters.clone())));
     Ok(OpenedHome { home, counters, note })

@@ -1,13 +1,13 @@
 //! The control socket: one JSON request line in, one JSON answer line out. Owner-only.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
 /// Answers control requests.
@@ -19,10 +19,10 @@ pub trait Handler: Send + Sync + 'static {
 /// Listen at `path` (replacing a stale socket) and answer requests on a thread.
 pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        private_dir(dir)?;
     }
     let _ = std::fs::remove_file(path);
+    // Bound inside a directory only its owner can enter: no one else can reach it even before the chmod.
     let listener = UnixListener::bind(path).with_context(|| format!("cannot listen at {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     std::thread::Builder::new()
@@ -38,6 +38,26 @@ pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<()> {
                     });
             }
         })?;
+    Ok(())
+}
+
+/// Create `dir` owner-only, or check that the one there is this user's own directory (in a shared
+/// place such as /tmp another user could have made it first) and make it owner-only.
+fn private_dir(dir: &Path) -> Result<()> {
+    larder_cache::private::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let m = std::fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me {
+        bail!(
+            "{} is not a directory of uid {me} (it belongs to uid {}): control sockets cannot be kept private there",
+            dir.display(),
+            m.uid()
+        );
+    }
+    if m.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use larder_cache::{Db, Store, StoreConfig};
 use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
-use larder_home::{Health, HealthLayer, Home, HomeError, Layer, Layered, OpKind};
+use larder_home::{Health, HealthLayer, Home, Layered};
 
 use crate::cli::MountArgs;
 use crate::status::StatusSource;
@@ -48,7 +48,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
         eprintln!("larder: note: {note}");
     }
     let log_path = prepared.cache_dir.join("larder.log");
-    let log = OpenOptions::new()
+    let log = larder_cache::private::options()
         .create(true)
         .append(true)
         .open(&log_path)
@@ -143,7 +143,7 @@ fn watch_signals(set: libc::sigset_t, mountpoint: PathBuf) {
 
 fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
     let path = dir.join("lock");
-    let file = OpenOptions::new()
+    let file = larder_cache::private::options()
         .create(true)
         .truncate(false)
         .read(true)
@@ -163,18 +163,30 @@ fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-/// Fails every home call while a file exists (a testing aid: home "goes away" and comes back).
-struct FaultFile(PathBuf);
+/// The cache dir holds copies of files the mount may deny other users: it and everything in it must be
+/// this user's alone. What is found wider (made by an older larder, or by hand) is narrowed, once, with a
+/// warning naming it.
+fn make_cache_dir_private(dir: &Path) -> Result<()> {
+    let fixed = larder_cache::private::make_private(dir)
+        .map_err(|e| anyhow!("cache dir {} cannot be made private to its owner: {e}", dir.display()))?;
+    if !fixed.is_empty() {
+        tracing::warn!(
+            cache_dir = %dir.display(),
+            "the cache dir was open to other users; made it owner-only (directories 0700, files 0600): {}",
+            fixed.describe(12)
+        );
+    }
+    Ok(())
+}
 
-impl Layer for FaultFile {
-    fn before(&self, _op: OpKind, _bytes_out: u64) -> larder_home::HomeResult<()> {
-        if self.0.exists() {
-            Err(HomeError::Unavailable(format!(
-                "fault file {} is present",
-                self.0.display()
-            )))
-        } else {
-            Ok(())
+/// Makes the cache durable and marks it closed cleanly however `serve` ends once the core is up (a mount
+/// that fails after that is no crash to recover from at the next start).
+struct CloseOnExit(Arc<Fs>);
+
+impl Drop for CloseOnExit {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.shutdown() {
+            tracing::error!(error = %e, "shutting down the cache failed");
         }
     }
 }
@@ -239,11 +251,14 @@ fn host_name() -> String {
 /// Run the daemon in this process until the mount goes away.
 fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     init_logging(&args.log_level);
-    // SAFETY: umask has no preconditions; created objects get exactly the modes callers ask for.
+    // Objects created at home get exactly the modes callers ask for (the kernel applied their umask).
+    // Everything in the cache dir is created with an explicit owner-only mode (`larder_cache::private`).
+    // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
     let signals = block_signals();
     let p = preflight::check(args)?;
     let _lock = lock_cache_dir(&p.cache_dir)?;
+    make_cache_dir_private(&p.cache_dir)?;
     let db = Db::open(&p.cache_dir.join("index.redb"))
         .map_err(|e| anyhow!("cache index in {}: {e}", p.cache_dir.display()))?;
     let store_cfg = StoreConfig {
@@ -286,17 +301,15 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         passthrough: !args.no_passthrough && write_mode == WriteMode::ReadOnly,
     };
     let home_url = p.home.describe();
-    // Layers, inside out: the backend (with emulation and counters), an optional fault switch for tests,
-    // then the health gate. The prober asks the home below the gate.
-    let mut below_gate = p.home.clone();
-    if let Some(f) = &args.fault_file {
-        below_gate = Arc::new(Layered::new(below_gate, FaultFile(f.clone())));
-    }
+    // Layers, inside out: the backend (with emulation, the tests' fault switch and counters), then the
+    // health gate. The prober asks the home below the gate.
+    let below_gate = p.home.clone();
     let health = Health::new();
     let gated: Arc<dyn Home> = Arc::new(Layered::new(below_gate.clone(), HealthLayer(health.clone())));
     let fs =
         Arc::new(Fs::with_health(gated, store, fs_cfg, health.clone()).map_err(|e| anyhow!("home {home_url}: {e}"))?);
     fs.start();
+    let closer = CloseOnExit(fs.clone());
     spawn_prober(health, below_gate, Arc::downgrade(&fs));
     let source = Arc::new(StatusSource {
         fs: fs.clone(),
@@ -342,9 +355,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         }
     }
     let result = session.run();
-    if let Err(e) = fs.shutdown() {
-        tracing::error!(error = %e, "shutting down the cache failed");
-    }
+    drop(closer);
     let _ = std::fs::remove_file(&socket);
     tracing::info!("unmounted; exiting");
     result.map_err(|e| anyhow!("the FUSE session failed: {e}"))

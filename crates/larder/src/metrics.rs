@@ -41,7 +41,7 @@ pub fn render(v: &Value) -> String {
     metric(
         HOME_ERRORS,
         "counter",
-        "Home operations that failed.",
+        "Home operations that failed (answers are not failures: not found, exists, not empty).",
         u("/home/errors"),
     );
     metric(

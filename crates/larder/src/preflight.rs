@@ -48,6 +48,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         wan: args.emulate_wan,
         s3_endpoint: args.s3_endpoint.clone(),
         s3_region: args.s3_region.clone(),
+        fault_file: args.fault_file.clone(),
     };
     let opened = open_home(&spec).map_err(anyhow::Error::msg)?;
     let (home, counters) = (opened.home, opened.counters);
@@ -103,7 +104,8 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
             mnt.display()
         );
     }
-    if let Err(e) = std::fs::create_dir_all(&cache_dir) {
+    // Owner-only from the start; one found wider is narrowed by the daemon once it holds the lock.
+    if let Err(e) = larder_cache::private::create_dir_all(&cache_dir) {
         bail!("cache dir {} cannot be created: {e}", cache_dir.display());
     }
     let cache_dir = std::fs::canonicalize(&cache_dir)?;
@@ -115,7 +117,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         );
     }
     let probe = cache_dir.join(".larder-probe");
-    if let Err(e) = std::fs::write(&probe, b"ok") {
+    if let Err(e) = larder_cache::private::write(&probe, b"ok") {
         bail!("cache dir {} is not writable: {e}", cache_dir.display());
     }
     let _ = std::fs::remove_file(&probe);

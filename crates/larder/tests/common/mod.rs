@@ -173,7 +173,7 @@ fn fnv64(bytes: &[u8]) -> u64 {
 }
 
 /// The control socket larder uses for `mnt` (root): removed after a forced cleanup.
-fn socket_path(mnt: &Path) -> PathBuf {
+pub fn socket_path(mnt: &Path) -> PathBuf {
     PathBuf::from("/run/larder").join(format!("{:016x}.sock", fnv64(mnt.as_os_str().as_bytes())))
 }
 
@@ -513,6 +513,19 @@ impl Mount {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Mount, Output> {
+        Mount::try_new_with(home, mnt, cache, extra, env, None)
+    }
+
+    /// Like [`Mount::try_new_env`], the `larder mount` command started under `umask` if given (through
+    /// `sh`), as a user whose shell has that umask would start it.
+    pub fn try_new_with(
+        home: &str,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        umask: Option<u32>,
+    ) -> Result<Mount, Output> {
         let mut args: Vec<&str> = vec!["mount", home, s(mnt), "--cache-dir", s(cache)];
         args.extend_from_slice(extra);
         // Tests of the part-one behaviour check home right after each call: they run write-through unless
@@ -520,7 +533,15 @@ impl Mount {
         if !extra.iter().any(|a| *a == "--write-mode" || *a == "--read-only") {
             args.extend_from_slice(&["--write-mode", "write-through"]);
         }
-        let out = run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE);
+        let out = match umask {
+            None => run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE),
+            Some(u) => {
+                let u = format!("{u:03o}");
+                let mut sh: Vec<&str> = vec!["-c", "umask \"$0\" && exec \"$@\"", &u, LARDER];
+                sh.extend_from_slice(&args);
+                run_cmd_env("sh", &sh, env, COMMAND_DEADLINE)
+            }
+        };
         if !out.success() {
             return Err(out);
         }
