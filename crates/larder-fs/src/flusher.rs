@@ -303,7 +303,7 @@ impl Fs {
     /// or one set since. Unless later changes of it are queued (a file's data push, a time set, each
     /// giving the time again), home gets the mount's time now. Home's attributes afterwards.
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
-        if !self.core.home.keeps_times() || lock(&self.journal).has_after_current(op.ino) {
+        if !self.core.home.limits().times || lock(&self.journal).has_after_current(op.ino) {
             return attr;
         }
         let local = lock(&self.ns)
@@ -331,7 +331,7 @@ impl Fs {
     /// changed has landed, home's directory gets the mount's time, so the two agree again (`rsync -a`,
     /// `tar` and `cp -a` set directory times before or after filling them).
     fn settle_dir_times(&self, op: &Op) {
-        if !self.core.home.keeps_times() {
+        if !self.core.home.limits().times {
             return;
         }
         let mut dirs: Vec<u64> = op.names.iter().map(|(d, _)| *d).collect();

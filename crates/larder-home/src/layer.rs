@@ -128,9 +128,6 @@ impl<L: Layer> Home for Layered<L> {
     fn describe(&self) -> String {
         self.inner.describe()
     }
-    fn keeps_times(&self) -> bool {
-        self.inner.keeps_times()
-    }
     // Not an operation on home's content: no layer sees it.
     fn reconnect(&self) -> HomeResult<bool> {
         self.inner.reconnect()
@@ -188,7 +185,12 @@ impl<L: Layer> Home for Layered<L> {
         base: Option<&Version>,
         mtime: Option<std::time::SystemTime>,
     ) -> HomeResult<HomeAttr> {
-        let out: u64 = ranges.iter().map(|r| r.end.min(size).saturating_sub(r.start)).sum();
+        // Holes in the source are not sent to a home that keeps them.
+        let out = if self.inner.limits().holes {
+            crate::posix::data_bytes(source, ranges, size)
+        } else {
+            ranges.iter().map(|r| r.end.min(size).saturating_sub(r.start)).sum()
+        };
         self.call(
             OpKind::Write,
             out,

@@ -47,12 +47,6 @@ pub trait Home: Send + Sync + 'static {
     /// A short human description (a path or URL) for status output and logs.
     fn describe(&self) -> String;
 
-    /// Whether times set on objects (and directories) are kept as set. A home that stamps objects with
-    /// the time they were stored (object stores) does not.
-    fn keeps_times(&self) -> bool {
-        true
-    }
-
     /// Make sure calls reach what the home's name refers to now. A POSIX home holds a descriptor of its
     /// root directory: when the path names another directory (home was remounted, or something was mounted
     /// over it) or the descriptor no longer answers (a dead mount), it reopens the path. Returns whether

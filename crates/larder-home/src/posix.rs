@@ -286,7 +286,7 @@ fn kind_of_dtype(d_type: u8) -> Option<FileKind> {
 }
 
 /// Where the next data at or after `pos` in `file` starts (`None`: only a hole follows).
-fn next_data(file: &File, pos: u64) -> HomeResult<Option<u64>> {
+pub(crate) fn next_data(file: &File, pos: u64) -> HomeResult<Option<u64>> {
     // SAFETY: lseek on a valid open descriptor; the offset it moves is not used by positioned I/O.
     let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, libc::SEEK_DATA) };
     if r >= 0 {
@@ -301,7 +301,7 @@ fn next_data(file: &File, pos: u64) -> HomeResult<Option<u64>> {
 }
 
 /// Where the hole after the data at `pos` in `file` starts (its end, if none).
-fn next_hole(file: &File, pos: u64) -> HomeResult<u64> {
+pub(crate) fn next_hole(file: &File, pos: u64) -> HomeResult<u64> {
     // SAFETY: as in `next_data`.
     let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, libc::SEEK_HOLE) };
     if r >= 0 {
@@ -312,6 +312,26 @@ fn next_hole(file: &File, pos: u64) -> HomeResult<u64> {
         Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(u64::MAX),
         _ => Err(last_error()),
     }
+}
+
+/// How many bytes of `ranges` (clipped to `size`) are data in `source`, not holes: what a write of them
+/// sends to a home that keeps holes.
+pub(crate) fn data_bytes(source: &File, ranges: &[Range<u64>], size: u64) -> u64 {
+    let mut total = 0;
+    for range in ranges {
+        let end = range.end.min(size);
+        let mut pos = range.start;
+        while pos < end {
+            let Ok(Some(data)) = next_data(source, pos) else { break };
+            if data >= end {
+                break;
+            }
+            let hole = next_hole(source, data).unwrap_or(end).min(end);
+            total += hole - data;
+            pos = hole.max(data + 1);
+        }
+    }
+    total
 }
 
 /// Make `range` of `file` read as zeros: a punched hole where the file system can, written zeros where it

@@ -549,10 +549,6 @@ fn classify(e: opendal::Error, write: bool) -> HomeError {
 }
 
 impl Home for S3Home {
-    fn keeps_times(&self) -> bool {
-        false
-    }
-
     fn describe(&self) -> String {
         let prefix = self.spec.prefix.trim_matches('/');
         if prefix.is_empty() {
@@ -816,6 +812,8 @@ impl Home for S3Home {
             hard_links: false,
             special_files: false,
             rename_exchange: false,
+            times: false,
+            holes: false,
         }
     }
 

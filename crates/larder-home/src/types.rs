@@ -140,6 +140,11 @@ pub struct HomeLimits {
     pub special_files: bool,
     /// Renames that swap two names atomically (`RENAME_EXCHANGE`).
     pub rename_exchange: bool,
+    /// Times set on objects and directories are kept as set (an object store stamps each object with the
+    /// time it was stored).
+    pub times: bool,
+    /// Holes in a file are kept as holes, and not sent when written (an object store uploads them).
+    pub holes: bool,
 }
 
 impl HomeLimits {
@@ -156,6 +161,8 @@ impl HomeLimits {
             hard_links: true,
             special_files: true,
             rename_exchange: true,
+            times: true,
+            holes: true,
         }
     }
 
@@ -211,6 +218,8 @@ mod tests {
             hard_links: false,
             special_files: false,
             rename_exchange: false,
+            times: false,
+            holes: false,
         }
     }
 

@@ -430,6 +430,8 @@ fn sparse_files_stay_sparse_in_the_cache_and_at_home() {
         s(&f)
     ));
     drain_ok(&m, 120);
+    let written = num(&m.status(), "/home/bytes_written");
+    assert!(written < 1 << 20, "the push sent {written} bytes for 6 bytes of data");
     let home = t.home.join("f");
     assert_eq!(std::fs::metadata(&home).expect("stat").len(), 512 << 20);
     assert!(
