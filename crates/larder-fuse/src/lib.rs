@@ -271,10 +271,10 @@ macro_rules! span {
 impl Filesystem for LarderFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Not FUSE_AUTO_INVAL_DATA: with it the kernel drops a file's pages whenever fresh attributes show
-        // a new mtime, and every local write gives one. A page dropped while another process's write of it
-        // is still on its way to the daemon is read back without that write, and the stale page then
-        // stands in the page cache: two SQLite processes sharing a database in WAL mode lost committed
-        // rows that way. larder tells the kernel itself when home has a new version (an inode
+        // a new mtime, and every local write gives one. Pages dropped while other processes write the file
+        // came back stale (the daemon's answers were exact): two SQLite processes sharing a database in
+        // WAL mode lost committed rows that way (docs/design/009). larder tells the kernel itself when
+        // home has a new version (an inode
         // invalidation, and an open without FOPEN_KEEP_CACHE), which is the only time its pages are wrong.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         let _ = config.set_max_write(1 << 20);
