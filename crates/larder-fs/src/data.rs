@@ -38,6 +38,10 @@ impl Core {
         if home_end > 0 && home_end <= self.small_file_threshold {
             // A small file comes in whole, in one request, and is kept as one unit.
             let whole = self.flights.run(flight_key(object, WHOLE_FILE, version), || {
+                // A caller that missed just before an earlier flight filled the file finds it here.
+                if let Some(data) = self.cached_whole(object, home_end) {
+                    return Ok(Arc::new(data));
+                }
                 let data = self.home.read(path, version, 0, home_end as usize)?;
                 if let Err(e) = self.store.fill_whole(object, &data, epoch) {
                     tracing::warn!(error = %e, path = %path.display(), "could not keep a fetched file in the cache");
@@ -62,6 +66,22 @@ impl Core {
             }
             Ok(Arc::new(data))
         })
+    }
+
+    /// The first `len` bytes of `object` if every block of them is in the store.
+    fn cached_whole(&self, object: u64, len: u64) -> Option<Vec<u8>> {
+        if !self.store.complete(object, len) {
+            return None;
+        }
+        let bs = self.store.block_size();
+        let mut out = Vec::with_capacity(len as usize);
+        for index in 0..len.div_ceil(bs) {
+            let want = (len - index * bs).min(bs) as usize;
+            let mut block = self.store.read((object, index as u32), 0, want).ok()??;
+            block.resize(want, 0);
+            out.extend_from_slice(&block);
+        }
+        Some(out)
     }
 }
 
