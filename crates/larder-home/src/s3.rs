@@ -800,21 +800,7 @@ impl Home for S3Home {
     }
 
     fn limits(&self) -> HomeLimits {
-        let prefix = self.spec.prefix.trim_matches('/').len();
-        HomeLimits {
-            name_max: MAX_KEY,
-            path_max: MAX_KEY,
-            path_base: if prefix == 0 { 0 } else { prefix + 1 },
-            // A directory is also a marker object, its key ending in '/'.
-            dir_suffix: 1,
-            utf8_names: true,
-            symlinks: false,
-            hard_links: false,
-            special_files: false,
-            rename_exchange: false,
-            times: false,
-            holes: false,
-        }
+        HomeLimits::object_store(MAX_KEY, self.spec.prefix.trim_matches('/').len())
     }
 
     fn statfs(&self) -> HomeResult<StatFs> {

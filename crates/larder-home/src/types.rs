@@ -166,6 +166,25 @@ impl HomeLimits {
         }
     }
 
+    /// The limits of an object store whose keys are at most `max_key` bytes, under a prefix of
+    /// `prefix_len` bytes (0: none) followed by `/`.
+    pub fn object_store(max_key: usize, prefix_len: usize) -> HomeLimits {
+        HomeLimits {
+            name_max: max_key,
+            path_max: max_key,
+            path_base: if prefix_len == 0 { 0 } else { prefix_len + 1 },
+            // A directory is also a marker object, its key ending in '/'.
+            dir_suffix: 1,
+            utf8_names: true,
+            symlinks: false,
+            hard_links: false,
+            special_files: false,
+            rename_exchange: false,
+            times: false,
+            holes: false,
+        }
+    }
+
     /// Whether home can hold an object of `kind` at `path` (relative to its root); `descendants`: the
     /// length in bytes of the longest path below it (a directory being moved there), counted from `path`.
     /// Fails with [`HomeError::NameTooLong`], [`HomeError::InvalidName`] or [`HomeError::Unsupported`].
@@ -208,19 +227,7 @@ mod tests {
     use super::*;
 
     fn s3(prefix: usize) -> HomeLimits {
-        HomeLimits {
-            name_max: 1024,
-            path_max: 1024,
-            path_base: prefix + 1,
-            dir_suffix: 1,
-            utf8_names: true,
-            symlinks: false,
-            hard_links: false,
-            special_files: false,
-            rename_exchange: false,
-            times: false,
-            holes: false,
-        }
+        HomeLimits::object_store(1024, prefix)
     }
 
     #[test]

@@ -191,16 +191,7 @@ fn offline_new_names_in_an_unlisted_directory_are_queued() {
     std::fs::write(t.home.join("unknown.txt"), b"never looked up").unwrap();
     std::fs::write(t.home.join("uncached.txt"), b"looked up, never read").unwrap();
     let fault = t.root().join("home-is-down");
-    let m = t.mount(&[
-        "--write-mode",
-        "write-back",
-        "--fault-file",
-        s(&fault),
-        "--sync-lag",
-        "1s",
-        "--validity-lag",
-        "60s",
-    ]);
+    let m = t.mount_with_fault(&fault, &["--validity-lag", "60s"]);
     // Known before the outage: a.txt (read) and uncached.txt (looked up); the root is never listed.
     assert_eq!(read(&m.path("a.txt")), b"alpha");
     assert!(m.path("uncached.txt").exists());
@@ -280,16 +271,7 @@ fn offline_names_that_exist_at_home_are_conflicts() {
     std::fs::create_dir(t.home.join("shared")).unwrap();
     std::fs::write(t.home.join("shared/x"), b"x").unwrap();
     let fault = t.root().join("home-is-down");
-    let m = t.mount(&[
-        "--write-mode",
-        "write-back",
-        "--fault-file",
-        s(&fault),
-        "--sync-lag",
-        "1s",
-        "--conflict-policy",
-        "keep-both",
-    ]);
+    let m = t.mount_with_fault(&fault, &["--conflict-policy", "keep-both"]);
     assert_eq!(read(&m.path("src.txt")), b"source");
 
     std::fs::write(&fault, b"").unwrap();

@@ -603,16 +603,7 @@ fn the_log_tells_of_an_outage_once_each_way() {
     std::fs::write(t.home.join("cached.txt"), b"cached").unwrap();
     std::fs::write(t.home.join("uncached.txt"), b"uncached").unwrap();
     let fault = t.root().join("home-is-down");
-    let m = t.mount(&[
-        "--write-mode",
-        "write-back",
-        "--fault-file",
-        s(&fault),
-        "--sync-lag",
-        "1s",
-        "--validity-lag",
-        "60s",
-    ]);
+    let m = t.mount_with_fault(&fault, &["--validity-lag", "60s"]);
     assert_eq!(read(&m.path("cached.txt")), b"cached");
     assert_eq!(names(&m.path("")), ["cached.txt", "uncached.txt"]);
     std::fs::write(&fault, b"").unwrap();

@@ -410,6 +410,15 @@ fn rsync_a_twice_copies_nothing_the_second_time() {
     );
 }
 
+/// KiB a tree takes on disk (`du -sk`).
+fn du_sk(path: &Path) -> u64 {
+    let out = sh(&format!("du -sk {}", s(path)));
+    out.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("du -sk prints a number")
+}
+
 #[test]
 fn sparse_files_stay_sparse_in_the_cache_and_at_home() {
     use std::os::unix::fs::MetadataExt;
@@ -439,12 +448,7 @@ fn sparse_files_stay_sparse_in_the_cache_and_at_home() {
         "home holds {} KiB for a sparse file",
         du_kib(&home)
     );
-    let cache_kib = sh(&format!("du -sk {}", s(&t.cache)));
-    let cache_kib: u64 = cache_kib
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .expect("du");
+    let cache_kib = du_sk(&t.cache);
     assert!(
         cache_kib < 20 * 1024,
         "the cache dir takes {cache_kib} KiB after the push"
@@ -454,12 +458,7 @@ fn sparse_files_stay_sparse_in_the_cache_and_at_home() {
     assert!(out.success(), "evict: {out}");
     let sum = sh(&format!("cmp -s -n 536870912 {} {} && echo same", s(&f), s(&home)));
     assert_eq!(sum.trim(), "same", "the file reads as home holds it");
-    let cache_kib = sh(&format!("du -sk {}", s(&t.cache)));
-    let cache_kib: u64 = cache_kib
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .expect("du");
+    let cache_kib = du_sk(&t.cache);
     assert!(
         cache_kib < 20 * 1024,
         "the cache dir takes {cache_kib} KiB after reading the sparse file"

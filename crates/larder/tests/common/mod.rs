@@ -625,3 +625,20 @@ pub fn assert_cli_error(out: &Output, needles: &[&str]) {
         assert!(err.contains(n), "the error does not mention '{n}':\n{out}");
     }
 }
+
+impl TestDir {
+    /// A write-back mount whose home is away while the file `fault` exists (the hidden `--fault-file`),
+    /// pushing after 1 s, with `extra` options.
+    pub fn mount_with_fault(&self, fault: &Path, extra: &[&str]) -> Mount {
+        let mut args = vec![
+            "--write-mode",
+            "write-back",
+            "--fault-file",
+            s(fault),
+            "--sync-lag",
+            "1s",
+        ];
+        args.extend_from_slice(extra);
+        self.mount(&args)
+    }
+}
