@@ -187,7 +187,7 @@ impl<L: Layer> Home for Layered<L> {
     ) -> HomeResult<HomeAttr> {
         // Holes in the source are not sent to a home that keeps them.
         let out = if self.inner.limits().holes {
-            crate::posix::data_bytes(source, ranges, size)
+            crate::extents::data_bytes(source, ranges, size)
         } else {
             ranges.iter().map(|r| r.end.min(size).saturating_sub(r.start)).sum()
         };

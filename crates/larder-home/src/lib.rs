@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod error;
+mod extents;
 #[cfg(feature = "mock")]
 mod fault;
 mod health;

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::from_errno;
+use crate::extents::data_extents;
 use crate::{
     DirEntry, FileKind, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
     TimeSet, Version,
@@ -283,55 +284,6 @@ fn kind_of_dtype(d_type: u8) -> Option<FileKind> {
         libc::DT_REG => FileKind::File,
         _ => return None,
     })
-}
-
-/// Where the next data at or after `pos` in `file` starts (`None`: only a hole follows).
-pub(crate) fn next_data(file: &File, pos: u64) -> HomeResult<Option<u64>> {
-    // SAFETY: lseek on a valid open descriptor; the offset it moves is not used by positioned I/O.
-    let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, libc::SEEK_DATA) };
-    if r >= 0 {
-        return Ok(Some(r as u64));
-    }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::ENXIO) => Ok(None),
-        // A file system without hole reporting: everything is data.
-        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some(pos)),
-        _ => Err(last_error()),
-    }
-}
-
-/// Where the hole after the data at `pos` in `file` starts (its end, if none).
-pub(crate) fn next_hole(file: &File, pos: u64) -> HomeResult<u64> {
-    // SAFETY: as in `next_data`.
-    let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, libc::SEEK_HOLE) };
-    if r >= 0 {
-        return Ok(r as u64);
-    }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::ENXIO) => Ok(pos),
-        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(u64::MAX),
-        _ => Err(last_error()),
-    }
-}
-
-/// How many bytes of `ranges` (clipped to `size`) are data in `source`, not holes: what a write of them
-/// sends to a home that keeps holes.
-pub(crate) fn data_bytes(source: &File, ranges: &[Range<u64>], size: u64) -> u64 {
-    let mut total = 0;
-    for range in ranges {
-        let end = range.end.min(size);
-        let mut pos = range.start;
-        while pos < end {
-            let Ok(Some(data)) = next_data(source, pos) else { break };
-            if data >= end {
-                break;
-            }
-            let hole = next_hole(source, data).unwrap_or(end).min(end);
-            total += hole - data;
-            pos = hole.max(data + 1);
-        }
-    }
-    total
 }
 
 /// Make `range` of `file` read as zeros: a punched hole where the file system can, written zeros where it
@@ -638,30 +590,25 @@ impl Home for PosixHome {
             }
             let mut buf = vec![0u8; COPY_CHUNK];
             for range in ranges {
-                let end = range.end.min(size);
+                let range = range.start..range.end.min(size);
+                // Holes in the cache copy stay holes at home: only its data is sent, and where home had
+                // bytes under a hole they are zeroed.
                 let mut pos = range.start;
-                while pos < end {
-                    // Holes in the cache copy stay holes at home: only its data is sent.
-                    let data = next_data(&source, pos)?.unwrap_or(end).min(end);
-                    if data > pos {
-                        zero_range(&file, pos..data.min(home_end), &mut buf)?;
-                        pos = data;
-                        continue;
-                    }
-                    let data_end = next_hole(&source, pos)?.min(end);
-                    while pos < data_end {
-                        let want = ((data_end - pos) as usize).min(COPY_CHUNK);
+                for extent in data_extents(&source, range.clone())? {
+                    zero_range(&file, pos..extent.start.min(home_end), &mut buf)?;
+                    pos = extent.start;
+                    while pos < extent.end {
+                        let want = ((extent.end - pos) as usize).min(COPY_CHUNK);
                         let got = source.read_at(&mut buf[..want], pos)?;
                         if got == 0 {
-                            // The cache copy is shorter than the range: the rest is a hole.
-                            zero_range(&file, pos..end.min(home_end), &mut buf)?;
-                            pos = end;
+                            // The cache copy is shorter than it was: the rest is a hole.
                             break;
                         }
                         file.write_all_at(&buf[..got], pos)?;
                         pos += got as u64;
                     }
                 }
+                zero_range(&file, pos..range.end.min(home_end), &mut buf)?;
             }
             if stat_fd(&file)?.size != size {
                 file.set_len(size)?;
