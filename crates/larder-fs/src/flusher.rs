@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use larder_cache::Mutation;
-use larder_home::{HomeAttr, HomeError, Owner, RenameFlags, SetAttr, TimeSet, Version, unreachable};
+use larder_home::{FileKind, HomeAttr, HomeError, Owner, RenameFlags, SetAttr, TimeSet, Version, unreachable};
 
 use crate::journal::{Op, OpKind};
 use crate::namespace::{Fs, Namespace, lock};
@@ -301,7 +301,9 @@ impl Fs {
 
     /// Home stamps what it creates with the time of the push; the mount shows the time it was made here,
     /// or one set since. Unless later changes of it are queued (a file's data push, a time set, each
-    /// giving the time again), home gets the mount's time now. Home's attributes afterwards.
+    /// giving the time again), home gets the mount's time now. Home's attributes afterwards: they are
+    /// adopted, so the mount's time must be home's first. (A directory whose entries are queued gets its
+    /// time again once they have landed: [`Fs::settle_dir_times`].)
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
         if !self.core.home.limits().times || lock(&self.journal).has_after_current(op.ino) {
             return attr;
@@ -313,28 +315,39 @@ impl Fs {
         let Some(mtime) = local.filter(|t| *t != attr.mtime) else {
             return attr;
         };
+        self.give_home_time(path, mtime).unwrap_or(attr)
+    }
+
+    /// Set the mtime of `path` at home to `mtime`: home's attributes afterwards, `None` if it failed (the
+    /// time is then home's own, as before; nothing else depends on it).
+    fn give_home_time(&self, path: &Path, mtime: std::time::SystemTime) -> Option<HomeAttr> {
         let changes = SetAttr {
             mtime: Some(TimeSet::At(mtime)),
             ..SetAttr::default()
         };
-        match self.core.home.setattr(path, &changes) {
-            Ok(after) => after,
-            Err(e) => {
-                tracing::debug!(error = %e, path = %path.display(), "could not give a new object at home the mount's time");
-                attr
-            }
-        }
+        self.core
+            .home
+            .setattr(path, &changes)
+            .inspect_err(
+                |e| tracing::debug!(error = %e, path = %path.display(), "could not give home the mount's time"),
+            )
+            .ok()
     }
 
-    /// Home stamps a directory with the time each change of its entries reached it; the mount shows the
-    /// time each was made here (or one set since). Once the last queued change of a directory that `op`
-    /// changed has landed, home's directory gets the mount's time, so the two agree again (`rsync -a`,
-    /// `tar` and `cp -a` set directory times before or after filling them).
+    /// Home stamps a directory with the time it was made and each change of its entries reached it; the
+    /// mount shows the time each was made here (or one set since). Once the last queued change of a
+    /// directory `op` changed (an entry of it, or the directory itself) has landed, home's directory gets
+    /// the mount's time, so the two agree again (`rsync -a`, `tar` and `cp -a` set directory times before
+    /// or after filling them).
     fn settle_dir_times(&self, op: &Op) {
         if !self.core.home.limits().times {
             return;
         }
         let mut dirs: Vec<u64> = op.names.iter().map(|(d, _)| *d).collect();
+        // A time just given to it (set, or given to what was just created) is home's already.
+        if !op.kind.creates() && !matches!(op.kind, OpKind::SetAttr { mtime: Some(_), .. }) {
+            dirs.push(op.ino);
+        }
         dirs.sort_unstable();
         dirs.dedup();
         for dir in dirs {
@@ -344,28 +357,22 @@ impl Fs {
                     continue;
                 }
                 let Ok(node) = ns.inode(dir) else { continue };
-                let (Some(attr), false) = (node.attr.as_ref(), node.removed) else {
+                let (Some(attr), false, FileKind::Dir) = (node.attr.as_ref(), node.removed, node.kind) else {
                     continue;
                 };
                 let Ok(Some(path)) = ns.home_path(dir) else { continue };
                 (path, attr.mtime)
             };
-            let changes = SetAttr {
-                mtime: Some(TimeSet::At(mtime)),
-                ..SetAttr::default()
+            let Some(attr) = self.give_home_time(&path, mtime) else {
+                continue;
             };
-            match self.core.home.setattr(&path, &changes) {
-                Ok(attr) => {
-                    let mut ns = lock(&self.ns);
-                    // A change of it made meanwhile stands: its own push settles the time again.
-                    let unchanged = ns
-                        .inode(dir)
-                        .is_ok_and(|n| n.attr.as_ref().is_some_and(|a| a.mtime == mtime));
-                    if unchanged && lock(&self.journal).dir_settled(dir) {
-                        self.adopt_attr(&mut ns, dir, attr);
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, dir, "could not give home's directory the mount's time"),
+            let mut ns = lock(&self.ns);
+            // A change of it made meanwhile stands: its own push settles the time again.
+            let unchanged = ns
+                .inode(dir)
+                .is_ok_and(|n| n.attr.as_ref().is_some_and(|a| a.mtime == mtime));
+            if unchanged && lock(&self.journal).dir_settled(dir) {
+                self.adopt_attr(&mut ns, dir, attr);
             }
         }
     }

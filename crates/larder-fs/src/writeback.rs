@@ -120,13 +120,6 @@ impl Fs {
         if p.kind != FileKind::Dir {
             return Err(FsError::NotDir);
         }
-        let new_kind = match kind {
-            NewKind::File => FileKind::File,
-            NewKind::Dir => FileKind::Dir,
-            NewKind::Special { .. } => FileKind::from_mode(mode),
-            NewKind::Symlink { .. } => FileKind::Symlink,
-        };
-        self.check_storable(&ns, parent, name, new_kind, None)?;
         let pattr = p.attr.clone();
         let path = path_bytes(&ns.child_path(parent, name)?);
         let setgid_parent = pattr.as_ref().is_some_and(|a| a.perm & 0o2000 != 0);
@@ -196,6 +189,8 @@ impl Fs {
                 0,
             ),
         };
+        // Nothing is changed before this check: a name home cannot store is refused with nothing queued.
+        self.check_storable(&ns, parent, name, file_kind, None)?;
         let now = SystemTime::now();
         let attr = HomeAttr {
             kind: file_kind,

@@ -274,8 +274,8 @@ impl Filesystem for LarderFuse {
         // a new mtime, and every local write gives one. Pages dropped while other processes write the file
         // came back stale (the daemon's answers were exact): two SQLite processes sharing a database in
         // WAL mode lost committed rows that way (docs/design/009). larder tells the kernel itself when
-        // home has a new version (an inode
-        // invalidation, and an open without FOPEN_KEEP_CACHE), which is the only time its pages are wrong.
+        // home has a new version (an inode invalidation, and an open without FOPEN_KEEP_CACHE), which is
+        // the only time its pages are wrong.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
