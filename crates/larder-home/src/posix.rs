@@ -44,6 +44,10 @@ pub struct PosixHome {
     pool: Option<Pool>,
     /// Read once at start: the root's file system does not change under a home.
     limits: HomeLimits,
+    /// The home was a mount point when opened (an NFS, FUSE or bind mount of its own). While its mount is
+    /// away (a dead mount cleared, not yet mounted again), the path names the empty directory beneath:
+    /// that is not the home, and reconnecting to it would push changes where nobody sees them.
+    mount_point: bool,
 }
 
 struct Pool {
@@ -103,6 +107,7 @@ impl PosixHome {
             0 if vfs.f_namemax > 0 => vfs.f_namemax as usize,
             _ => 255,
         };
+        let mount_point = is_mount_root(fd.as_raw_fd()).unwrap_or(false);
         let root_fd = RwLock::new(Arc::new(fd));
         Ok(PosixHome {
             root,
@@ -110,6 +115,7 @@ impl PosixHome {
             op_timeout,
             pool: op_timeout.map(|_| Pool::new()),
             limits: HomeLimits::posix(name_max),
+            mount_point,
         })
     }
 
@@ -153,6 +159,21 @@ fn open_root(path: &CStr) -> HomeResult<OwnedFd> {
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The mount id of what `path` names relative to the directory `dir` (`path` empty: `dir` itself).
+fn mount_id(dir: RawFd, path: &CStr) -> HomeResult<u64> {
+    // SAFETY: statx is plain data; zeroed is a valid initial value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = if path.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
+    // SAFETY: `path` is NUL-terminated and `stx` a valid out-pointer for the duration of the call.
+    check(unsafe { libc::statx(dir, path.as_ptr(), flags, libc::STATX_MNT_ID, &mut stx) })?;
+    Ok(stx.stx_mnt_id)
+}
+
+/// Whether the directory `dir` is the root of a mount of its own (its parent is in another mount).
+fn is_mount_root(dir: RawFd) -> HomeResult<bool> {
+    Ok(mount_id(dir, c"")? != mount_id(dir, c"..")?)
 }
 
 /// The (device, inode) of an open descriptor: which directory it is, across mounts.
@@ -372,11 +393,18 @@ impl Home for PosixHome {
         let before = held.clone();
         let path = cpath(&self.root)?;
         let shown = self.root.display().to_string();
+        let mount_point = self.mount_point;
         let fresh = self.run(move || {
             let fd = open_root(&path)
                 .and_then(|fd| identity(fd.as_raw_fd()).map(|id| (fd, id)))
                 .map_err(|e| HomeError::Unavailable(format!("the home directory {shown} cannot be opened: {e}")));
             let (fd, now) = fd?;
+            if mount_point && !is_mount_root(fd.as_raw_fd()).unwrap_or(true) {
+                // The directory beneath a mount that is not there (yet): not the home.
+                return Err(HomeError::Unavailable(format!(
+                    "the home {shown} was a mount point and nothing is mounted there now"
+                )));
+            }
             // A held descriptor that no longer answers (ENOTCONN of a dead mount, ESTALE, EIO) is replaced too.
             Ok((identity(held.as_raw_fd()).ok() != Some(now)).then_some(fd))
         })?;

@@ -121,6 +121,22 @@ fn home_mount_killed_and_mounted_again_is_reconnected() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(m.status()["home"]["state"], "offline");
 
+    // The dead mount is cleared before the home is mounted again: for a while the path names the empty
+    // directory beneath. That is not the home: larder stays offline and puts nothing there.
+    let out = run_cmd("umount", &["-l", s(&t.mnt)], Duration::from_secs(30));
+    assert!(out.success(), "umount -l of the dead home mount: {out}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        m.status()["home"]["state"],
+        "offline",
+        "the directory beneath the home's mount was taken for the home"
+    );
+    assert_eq!(
+        names(&t.mnt),
+        Vec::<String>::new(),
+        "changes landed beneath the home's mount"
+    );
+
     // The home is mounted again at the same path (larder mount clears the dead one).
     let home_again = Mount::new(&t.home, &t.mnt, &t.cache, &["--write-mode", "write-through"]);
     assert_ne!(home_again.pid, home_pid);
