@@ -73,7 +73,10 @@ impl Fs {
                 let node = ns.inode(ino)?;
                 let (parent, name) = (node.parent, node.name.clone());
                 if self.queued(ino) || self.local_name(&ns, parent, &name)? {
-                    self.load_pinned(&mut ns, ino)?;
+                    // Home lacks it where the cache says home has it, and changes of it (a rename of it,
+                    // perhaps one that landed before a crash could record it) are queued: the cache's
+                    // entries, all of them, are the answer.
+                    self.load_cached(&mut ns, ino)?;
                     return self.snapshot(&ns, ino);
                 }
                 match self.moved_meanwhile(&ns, ino, None, &path)? {
@@ -85,7 +88,7 @@ impl Fs {
                     }
                     Some(_) => {
                         // A rename above it is landing or was tried: what the cache holds stands.
-                        self.load_pinned(&mut ns, ino)?;
+                        self.load_cached(&mut ns, ino)?;
                         return self.snapshot(&ns, ino);
                     }
                     None => {}
@@ -167,6 +170,12 @@ impl Fs {
         } else {
             lock(&self.journal).pinned_in(ino).into_iter().collect()
         };
+        self.load_names(ns, ino, names)
+    }
+
+    /// Bind every persisted child of `ino`: the cache's whole view of it, for when home cannot say.
+    fn load_cached(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
+        let names = self.core.store.db().dentries_of(ino)?.into_iter().map(|(n, _)| n);
         self.load_names(ns, ino, names)
     }
 

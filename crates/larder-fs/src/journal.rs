@@ -246,7 +246,6 @@ impl Journal {
         !self.has(dir) && self.names.get(&dir).is_none_or(|m| m.is_empty())
     }
 
-    /// Names of `dir` with queued changes.
     /// Whether home may have moved `path` (or a directory above it) already, without the cache knowing
     /// yet: a rename of it that was attempted and has not concluded. `Some(true)` while that push is under
     /// way (its answer and settling are moments away), `Some(false)` if it failed and waits for a retry.
@@ -269,6 +268,7 @@ impl Journal {
         found
     }
 
+    /// Names of `dir` with queued changes.
     pub fn pinned_in(&self, dir: u64) -> HashSet<Vec<u8>> {
         self.names
             .get(&dir)

@@ -1061,7 +1061,12 @@ impl Fs {
                 Found::Ino(ino) => return Ok(ino),
                 Found::Moved => {}
                 Found::Moving if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-                Found::Moving | Found::Unsure => return Err(FsError::NotFound),
+                // Home's answer cannot be trusted while a rename above the name is unsettled: the cache's
+                // (its persisted entries included) is the answer.
+                Found::Moving | Found::Unsure => {
+                    let mut ns = lock(&self.ns);
+                    return self.load_child(&mut ns, parent, name)?.ok_or(FsError::NotFound);
+                }
             }
         }
     }

@@ -611,3 +611,87 @@ fn write_back_offline_names_not_known_look_absent_and_can_be_made() {
     assert_eq!(std::fs::read(s.home("d/moved")).unwrap(), b"made offline");
     assert!(!s.home("new").exists());
 }
+
+/// Names of the entries of directory `ino` (without `.` and `..`), sorted.
+fn list(fs: &Fs, ino: u64) -> Vec<String> {
+    let fh = fs.opendir(ino).unwrap();
+    let mut names: Vec<String> = fs
+        .readdir(fh, 0)
+        .unwrap()
+        .into_iter()
+        .map(|(_, e)| e.name.into_string().unwrap())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    fs.releasedir(fh);
+    names.sort();
+    names
+}
+
+/// A directory under two renamed parents, after a restart while the first rename had landed at home but
+/// its answer was lost: home lacks the directory where the cache last knew it, and cannot say yet where
+/// it is. Its listing and its entries, known here, are the cache's, never empty or "not found".
+#[test]
+fn a_directory_under_two_renamed_parents_lists_and_finds_its_entries_while_unsure() {
+    let s = Setup::new();
+    std::fs::create_dir_all(s.home("a/b/d")).unwrap();
+    std::fs::write(s.home("a/b/d/x"), pattern(100, 1)).unwrap();
+    std::fs::write(s.home("a/b/d/y"), pattern(200, 2)).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    {
+        let fs = s.write_back(faults.clone());
+        let d = resolve(&fs, "a/b/d").unwrap();
+        assert_eq!(list(&fs, d), ["x", "y"]);
+        // Known here, content and all.
+        for (name, seed) in [("x", 1), ("y", 2)] {
+            let ino = fs.lookup(d, OsStr::new(name)).unwrap().attr.ino;
+            assert_eq!(read_file(&fs, ino).len(), 100 * seed as usize);
+        }
+        // The first rename reaches home; its answer does not come back.
+        faults.inject(Fault {
+            op: OpKind::Rename,
+            error: HomeError::NoSpace,
+            count: 1,
+            landed: true,
+        });
+        fs.rename(1, OsStr::new("a"), 1, OsStr::new("a2"), Default::default())
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while fs.journal_stats().failed_ops == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first rename was never pushed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // From now on renames are refused: the journal keeps both.
+        faults.inject(Fault {
+            op: OpKind::Rename,
+            error: HomeError::NoSpace,
+            count: 1000,
+            landed: false,
+        });
+        let a2 = resolve(&fs, "a2").unwrap();
+        fs.rename(a2, OsStr::new("b"), a2, OsStr::new("b2"), Default::default())
+            .unwrap();
+        assert!(s.home("a2/b/d/x").exists(), "the first rename landed at home");
+        fs.stop_flushers();
+        fs.shutdown().unwrap();
+    }
+    // After the restart every rename is still refused: the cache cannot learn where home has `d`.
+    let fs = s.write_back(faults.clone());
+    let d = resolve(&fs, "a2/b2/d").unwrap();
+    assert_eq!(list(&fs, d), ["x", "y"], "the listing under two renamed parents");
+    let x = fs
+        .lookup(d, OsStr::new("x"))
+        .expect("an entry under two renamed parents")
+        .attr
+        .ino;
+    assert_eq!(read_file(&fs, x), pattern(100, 1));
+    faults.clear();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    assert_eq!(std::fs::read(s.home("a2/b2/d/y")).unwrap(), pattern(200, 2));
+    assert!(!s.home("a").exists() && !s.home("a2/b").exists());
+    assert_eq!(list(&fs, d), ["x", "y"]);
+    fs.stop_flushers();
+}
