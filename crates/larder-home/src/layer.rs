@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::{
-    DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version,
+    ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
+    Version,
 };
 
 /// The kinds of home operation, for counters and emulation.
@@ -131,6 +132,10 @@ impl<L: Layer> Home for Layered<L> {
     // Not an operation on home's content: no layer sees it.
     fn reconnect(&self) -> HomeResult<bool> {
         self.inner.reconnect()
+    }
+    // Asks home nothing.
+    fn content_id(&self, path: &Path, version: &Version) -> ContentId {
+        self.inner.content_id(path, version)
     }
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
         self.call(OpKind::Stat, 0, |h| h.stat(path), none)

@@ -30,7 +30,9 @@ pub use metrics::{HomeCounters, MetricsLayer};
 pub use posix::PosixHome;
 #[cfg(feature = "s3")]
 pub use s3::{Checked, MAX_KEY, S3Home, S3Spec, valid_bucket_name};
-pub use types::{DirEntry, FileKind, HomeAttr, HomeLimits, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version};
+pub use types::{
+    ContentId, DirEntry, FileKind, HomeAttr, HomeLimits, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version,
+};
 pub use url::{HomeSpec, OpenedHome, open_home};
 pub use wan::{WanLayer, WanSpec, parse_duration, parse_size};
 
@@ -68,6 +70,13 @@ pub trait Home: Send + Sync + 'static {
     /// [`HomeError::Stale`] when the object is no longer at `version`, so a cached copy is never stitched
     /// together from two versions.
     fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>>;
+
+    /// How every node names the content of the object at `path` at `version` (portable cache keys). The
+    /// default names it by path and version, right for homes whose versions are per path (an object
+    /// store's ETag); a home with object identities of its own says so.
+    fn content_id(&self, path: &Path, version: &Version) -> ContentId {
+        ContentId::named(path, version)
+    }
 
     /// The target of a symlink.
     fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>>;

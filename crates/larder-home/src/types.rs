@@ -41,6 +41,34 @@ impl FileKind {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Version(pub String);
 
+/// How every node names one version of a file's content, so that cache keys agree between nodes. A home
+/// builds it from what it reports about the object, never from anything local to the node reading it
+/// (a device number, a cache object id).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ContentId {
+    /// A POSIX home: the inode number as home reports it, the size, and the modification time (seconds
+    /// and nanoseconds since the epoch).
+    Inode {
+        ino: u64,
+        size: u64,
+        mtime_s: i64,
+        mtime_ns: u32,
+    },
+    /// A home that names objects by path (an object store: the key and its ETag): the path below home's
+    /// root, and the version home gave.
+    Named { path: Vec<u8>, version: Vec<u8> },
+}
+
+impl ContentId {
+    /// The path-and-version name of `version` of the object at `path`.
+    pub fn named(path: &Path, version: &Version) -> ContentId {
+        ContentId::Named {
+            path: path.as_os_str().as_bytes().to_vec(),
+            version: version.0.as_bytes().to_vec(),
+        }
+    }
+}
+
 /// Attributes of a home object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HomeAttr {
