@@ -9,17 +9,40 @@ use std::time::SystemTime;
 
 use larder_home::{FileKind, HomeError, SetAttr, Version};
 
+use crate::key::{Content, Part, UnitKey};
 use crate::namespace::{Core, FetchResult, Fs, Namespace, lock};
 use crate::readahead::Job;
+use crate::tier::{Local, Want};
 use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
 
 /// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Core {
-    /// Block `index` of `object`, from the store or else from home (one fetch per block and version at a
-    /// time), put into the store beside the caller. Callers asking for another version of the block (our
-    /// own push moved home on) do not join a fetch of the older one: its answer would be `Stale` for them.
+    /// The unit that holds block `index` of the file at `path`, `version` (whose content from home ends at
+    /// `home_end`): the whole file if it is small, else the block. With the bytes of the file it covers.
+    pub(crate) fn unit_of(&self, index: u32, path: &Path, version: &Version, home_end: u64) -> (UnitKey, Range<u64>) {
+        let home = self.home_id.clone();
+        let content = Content::Home(self.home.content_id(path, version));
+        if home_end > 0 && home_end <= self.small_file_threshold {
+            // A small file comes in whole, in one request, and is kept as one unit.
+            let part = Part::Whole { len: home_end };
+            return (UnitKey { home, content, part }, 0..home_end);
+        }
+        let bs = self.store.block_size();
+        let start = index as u64 * bs;
+        let len = home_end.saturating_sub(start).min(bs);
+        let part = Part::Block {
+            index,
+            block_size: bs,
+            len,
+        };
+        (UnitKey { home, content, part }, start..start + len)
+    }
+
+    /// Block `index` of `object` through the tiers (the store, then home; one fetch per unit at a time),
+    /// kept in the nearer tiers on the way back. Callers asking for another version of the block (our own
+    /// push moved home on) do not join a fetch of the older one: its key is another.
     ///
     /// `home_end` is where home's part of the file's content ends (the file's size, or less after a local
     /// truncation not yet pushed) and `epoch` the object's change epoch taken together with it: the block
@@ -34,66 +57,22 @@ impl Core {
         home_end: u64,
         epoch: u64,
     ) -> FetchResult {
-        let bs = self.store.block_size();
-        if home_end > 0 && home_end <= self.small_file_threshold {
-            // A small file comes in whole, in one request, and is kept as one unit.
-            let whole = self.flights.run(flight_key(object, WHOLE_FILE, version), || {
-                // A caller that missed just before an earlier flight filled the file finds it here.
-                if let Some(data) = self.cached_whole(object, home_end) {
-                    return Ok(Arc::new(data));
-                }
-                let data = self.home.read(path, version, 0, home_end as usize)?;
-                if let Err(e) = self.store.fill_whole(object, &data, epoch) {
-                    tracing::warn!(error = %e, path = %path.display(), "could not keep a fetched file in the cache");
-                }
-                Ok(Arc::new(data))
-            })?;
-            let from = (index as u64 * bs).min(whole.len() as u64) as usize;
-            let to = (from + bs as usize).min(whole.len());
-            return Ok(Arc::new(whole[from..to].to_vec()));
+        let (key, range) = self.unit_of(index, path, version, home_end);
+        let local = Local {
+            object,
+            epoch,
+            path,
+            version,
+        };
+        let unit = self.tiers.fetch(&Want::new(&key, range, local))?;
+        if let Part::Whole { .. } = key.part {
+            let bs = self.store.block_size();
+            let from = (index as u64 * bs).min(unit.len() as u64) as usize;
+            let to = (from + bs as usize).min(unit.len());
+            return Ok(Arc::new(unit[from..to].to_vec()));
         }
-        self.flights.run(flight_key(object, index, version), || {
-            if self.store.contains((object, index))
-                && let Ok(Some(d)) = self.store.read((object, index), 0, bs as usize)
-            {
-                return Ok(Arc::new(d));
-            }
-            let start = index as u64 * bs;
-            let len = home_end.saturating_sub(start).min(bs) as usize;
-            let data = self.home.read(path, version, start, len)?;
-            if let Err(e) = self.store.fill((object, index), &data, epoch) {
-                tracing::warn!(error = %e, path = %path.display(), "could not keep a fetched block in the cache");
-            }
-            Ok(Arc::new(data))
-        })
+        Ok(unit)
     }
-
-    /// The first `len` bytes of `object` if every block of them is in the store.
-    fn cached_whole(&self, object: u64, len: u64) -> Option<Vec<u8>> {
-        if !self.store.complete(object, len) {
-            return None;
-        }
-        let bs = self.store.block_size();
-        let mut out = Vec::with_capacity(len as usize);
-        for index in 0..len.div_ceil(bs) {
-            let want = (len - index * bs).min(bs) as usize;
-            let mut block = self.store.read((object, index as u32), 0, want).ok()??;
-            block.resize(want, 0);
-            out.extend_from_slice(&block);
-        }
-        Some(out)
-    }
-}
-
-/// The block index standing for a whole small file in single-flight keys.
-const WHOLE_FILE: u32 = u32::MAX;
-
-/// The single-flight key of a block fetch: object, block and version.
-pub(crate) fn flight_key(object: u64, index: u32, version: &Version) -> (u64, u32, u64) {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    version.hash(&mut h);
-    (object, index, h.finish())
 }
 
 /// Insert `r` into a sorted list of disjoint ranges, merging neighbours.

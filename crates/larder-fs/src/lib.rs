@@ -7,8 +7,9 @@
 //!   negative entries are trusted for the validity lag, then revalidated (a directory whose home version
 //!   is unchanged is not listed again).
 //! * **Data.** Each version of a file's content has its own cache object, so a version change at home
-//!   makes the old cached data unreachable. Reads take blocks from the store or fetch them from home, one
-//!   fetch per block however many readers wait; sequential readers get a growing readahead window.
+//!   makes the old cached data unreachable. Reads take blocks from the store or fetch them through the
+//!   [`tier`]s (today home; peers and a shared bank later), named by portable [`key`]s, one fetch per
+//!   block however many readers wait; sequential readers get a growing readahead window.
 //! * **Writes** land in the file's cache object (dirty ranges tracked) and are pushed to home on
 //!   `flush`/`fsync`/`release` (write-through: the call returns once home has them). The push is the seam
 //!   where a write-back journal slots in.
@@ -25,11 +26,13 @@ mod flusher;
 mod journal;
 #[cfg(test)]
 mod journal_model;
+pub mod key;
 mod mutations;
 mod namespace;
 mod readahead;
 mod record;
 mod residency;
+pub mod tier;
 mod types;
 mod writeback;
 

@@ -9,13 +9,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use larder_cache::{Mutation, SingleFlight, Store};
+use larder_cache::{Mutation, Store};
 use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, unreachable};
 
 use crate::journal::{Journal, Op, OpKind};
 
+use crate::key::HomeId;
 use crate::readahead::Readahead;
 use crate::record::{AttrRecord, InodeRecord};
+use crate::tier::{HomeTier, StoreTier, Tier, TierStats, Tiers};
 use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
 
 pub(crate) const ROOT: u64 = 1;
@@ -227,14 +229,16 @@ pub(crate) struct Namespace {
     pub next_fh: u64,
 }
 
-/// A fetched block, or why home could not give it; shared by everyone waiting for the same block.
-pub(crate) type FetchResult = Result<Arc<Vec<u8>>, HomeError>;
+pub(crate) use crate::tier::FetchResult;
 
 /// Shared by the file system and its readahead workers.
 pub(crate) struct Core {
     pub home: Arc<dyn Home>,
     pub store: Arc<Store>,
-    pub flights: SingleFlight<(u64, u32, u64), FetchResult>,
+    /// The read path: the store, any tiers between, home; one fetch per unit at a time.
+    pub tiers: Tiers,
+    /// The home's name in portable keys.
+    pub home_id: HomeId,
     /// Files at most this large are fetched whole.
     pub small_file_threshold: u64,
 }
@@ -408,6 +412,17 @@ impl Fs {
     /// As [`Fs::new`], sharing `health` with the home's health layer: while it says home is offline, the
     /// cached namespace is served and changes wait in the journal.
     pub fn with_health(home: Arc<dyn Home>, store: Arc<Store>, cfg: FsConfig, health: Arc<Health>) -> FsResult<Fs> {
+        Fs::with_tiers(home, store, cfg, health, Vec::new())
+    }
+
+    /// As [`Fs::with_health`], reading through `between` (nearest first) after the store and before home.
+    pub fn with_tiers(
+        home: Arc<dyn Home>,
+        store: Arc<Store>,
+        cfg: FsConfig,
+        health: Arc<Health>,
+        between: Vec<Arc<dyn Tier>>,
+    ) -> FsResult<Fs> {
         let db = store.db().clone();
         let mut ns = Namespace {
             next_ino: db.meta("next_ino")?.unwrap_or(ROOT + 1),
@@ -472,10 +487,14 @@ impl Fs {
         ]);
         ns.inodes.insert(ROOT, root);
         let store_limit = store.stats().bytes_limit;
+        let mut tiers: Vec<Arc<dyn Tier>> = vec![Arc::new(StoreTier::new(store.clone()))];
+        tiers.extend(between);
+        tiers.push(Arc::new(HomeTier::new(home.clone())));
         let core = Arc::new(Core {
+            home_id: HomeId::new(cfg.home_id.clone().unwrap_or_else(|| home.describe())),
             home,
             store,
-            flights: SingleFlight::default(),
+            tiers: Tiers::new(tiers),
             // In a cache too small for it, fetching a whole file to use one block of it only churns.
             small_file_threshold: cfg.small_file_threshold.min(store_limit / 8),
         });
@@ -502,6 +521,11 @@ impl Fs {
             flushers: Mutex::new(Vec::new()),
             invalidator: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Counts of the read path's tiers, nearest first (the store, ..., home).
+    pub fn tier_stats(&self) -> Vec<TierStats> {
+        self.core.tiers.stats()
     }
 
     /// Whether home is believed reachable.

@@ -64,8 +64,8 @@ impl Readahead {
                     while let Some((job, index)) = next(&shared) {
                         if core.store.contains((job.object, index))
                             || core
-                                .flights
-                                .in_flight(&crate::data::flight_key(job.object, index, &job.version))
+                                .tiers
+                                .in_flight(&core.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
                         {
                             continue;
                         }

@@ -36,6 +36,9 @@ pub struct FsConfig {
     pub set_owner: bool,
     /// Offer files that are whole in the cache to the kernel for direct reading (FUSE passthrough).
     pub passthrough: bool,
+    /// The home's name in the cache keys that nodes share (design note 010); `None`: its URL. Nodes that
+    /// reach one home by different URLs (or different homes by one URL) must set it.
+    pub home_id: Option<String>,
 }
 
 /// How changes reach home (per mount).
@@ -153,6 +156,7 @@ impl Default for FsConfig {
             host: "localhost".into(),
             set_owner: false,
             passthrough: true,
+            home_id: None,
         }
     }
 }

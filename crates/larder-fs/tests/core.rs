@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use larder_cache::{Db, Eviction, Store, StoreConfig};
+use larder_fs::tier::{FaultTier, Faults, MemoryTier, Tier};
 use larder_fs::{Drained, Fs, FsConfig, FsError};
 use larder_home::{
     Fault, FaultLayer, FileKind, Home, HomeCounters, HomeError, Layered, MetricsLayer, OpKind, PosixHome, SetAttr,
@@ -71,16 +72,28 @@ impl Setup {
         fs
     }
 
-    fn fs_configured(&self, faults: Arc<FaultLayer>, mut cfg: FsConfig) -> (Fs, Arc<HomeCounters>) {
+    fn fs_configured(&self, faults: Arc<FaultLayer>, cfg: FsConfig) -> (Fs, Arc<HomeCounters>) {
+        self.fs_tiered(faults, cfg, &self.cache_dir, Vec::new())
+    }
+
+    /// A file system caching in `cache_dir`, reading through `between` after its store and before home.
+    fn fs_tiered(
+        &self,
+        faults: Arc<FaultLayer>,
+        mut cfg: FsConfig,
+        cache_dir: &Path,
+        between: Vec<Arc<dyn Tier>>,
+    ) -> (Fs, Arc<HomeCounters>) {
         // The default is shared by the whole machine: each test keeps its conflicts to itself.
-        cfg.conflicts_dir = self.cache_dir.join("conflicts");
+        cfg.conflicts_dir = cache_dir.join("conflicts");
         let counters = Arc::new(HomeCounters::default());
         let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&self.home_dir, Some(Duration::from_secs(10))).unwrap());
         let faulty: Arc<dyn Home> = Arc::new(Layered::new(posix, faults));
         let home: Arc<dyn Home> = Arc::new(Layered::new(faulty, MetricsLayer(counters.clone())));
-        let db = Db::open(&self.cache_dir.join("index.redb")).unwrap();
+        std::fs::create_dir_all(cache_dir).unwrap();
+        let db = Db::open(&cache_dir.join("index.redb")).unwrap();
         let store_cfg = StoreConfig {
-            dir: self.cache_dir.join("objects"),
+            dir: cache_dir.join("objects"),
             block_size: BS,
             limit: 64 << 20,
             high_watermark: 0.95,
@@ -89,7 +102,8 @@ impl Setup {
             eviction: Eviction::S3Fifo,
         };
         let store = Arc::new(Store::open(store_cfg, db).unwrap());
-        (Fs::new(home, store, cfg).unwrap(), counters)
+        let fs = Fs::with_tiers(home, store, cfg, larder_home::Health::new(), between).unwrap();
+        (fs, counters)
     }
 }
 
@@ -245,6 +259,83 @@ fn writes_reach_home_on_flush_and_partial_blocks_keep_home_data() {
     .unwrap();
     assert_eq!(std::fs::read(s.home("f")).unwrap(), expect[..10]);
     assert_eq!(read_file(&fs, ino), expect[..10]);
+}
+
+#[test]
+fn a_tier_between_store_and_home_is_filled_and_serves_another_node_but_never_bad_bytes() {
+    let s = Setup::new();
+    let big = pattern(5 * BS as usize + 99, 5);
+    let small = pattern(1000, 9);
+    std::fs::write(s.home("big"), &big).unwrap();
+    std::fs::write(s.home("small"), &small).unwrap();
+    // One tier shared by two nodes (two caches over one home), standing for a bank.
+    let bank = Arc::new(MemoryTier::shared(64 << 20));
+    let faulty = Arc::new(FaultTier::new(bank.clone()));
+    let node = |name: &str| {
+        let cfg = FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            ingest_streams: 1,
+            ..FsConfig::default()
+        };
+        s.fs_tiered(
+            Arc::new(FaultLayer::default()),
+            cfg,
+            &s.cache_dir.join(name),
+            vec![faulty.clone()],
+        )
+    };
+    let (first, c1) = node("one");
+    for name in ["big", "small"] {
+        let ino = resolve(&first, name).unwrap();
+        read_file(&first, ino);
+    }
+    assert_eq!(c1.bytes_read(), (big.len() + small.len()) as u64);
+    let bank_bytes = bank.bytes();
+    assert_eq!(
+        bank_bytes,
+        (big.len() + small.len()) as u64,
+        "every unit fetched went to the bank"
+    );
+
+    // Another node finds every unit in the bank: its keys are the same.
+    let (second, c2) = node("two");
+    for (name, data) in [("big", &big), ("small", &small)] {
+        let ino = resolve(&second, name).unwrap();
+        assert_eq!(&read_file(&second, ino), data);
+    }
+    assert_eq!(c2.ops_of(OpKind::Read), 0, "served by the bank, not home");
+
+    // A bank answering with damaged bytes or another version's is not served: home is.
+    for faults in [
+        Faults {
+            corrupt: true,
+            ..Faults::default()
+        },
+        Faults {
+            wrong_version: true,
+            ..Faults::default()
+        },
+        Faults {
+            error: true,
+            ..Faults::default()
+        },
+    ] {
+        faulty.set(faults.clone());
+        let dir = format!("three-{faults:?}").replace(|c: char| !c.is_ascii_alphanumeric(), "");
+        let (third, c3) = node(&dir);
+        for (name, data) in [("big", &big), ("small", &small)] {
+            let ino = resolve(&third, name).unwrap();
+            assert_eq!(&read_file(&third, ino), data, "{faults:?}");
+        }
+        assert_eq!(c3.bytes_read(), (big.len() + small.len()) as u64, "{faults:?}");
+        let stats = third.tier_stats();
+        assert_eq!(
+            stats.iter().map(|t| t.name).collect::<Vec<_>>(),
+            ["cache", "fault", "home"]
+        );
+        assert_eq!(stats[1].hits, 0);
+        assert_eq!(stats[2].hits, 7, "six blocks and a small file from home");
+    }
 }
 
 #[test]

@@ -299,6 +299,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         // Every open of an inode read through passthrough must be a passthrough open too, writers
         // included, whose writes would then bypass the journal: read-only mounts only.
         passthrough: !args.no_passthrough && write_mode == WriteMode::ReadOnly,
+        home_id: None,
     };
     let home_url = p.home.describe();
     // Layers, inside out: the backend (with emulation, the tests' fault switch and counters), then the

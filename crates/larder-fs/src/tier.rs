@@ -1,0 +1,297 @@
+//! Tiers: the places a unit of content may be found, nearest first, and the walk that reads through them.
+//!
+//! A [`Tier`] answers for a unit ([`Want`]: its portable [`UnitKey`], the file bytes it covers, and where
+//! this node keeps the content) with a [`Unit`] (the bytes, their crc32c, and the key digest the tier says
+//! they are), `None` (a miss) or a [`TierError`]. [`Tiers`] asks them in order, today the local store
+//! ([`StoreTier`]) and then home ([`HomeTier`]); cluster peers and a shared bank go in between. The rules
+//! (design note 010):
+//!
+//! * An answer whose digest is not the one asked for (another version, another block), whose length is
+//!   not the unit's, or whose bytes fail their checksum is a miss, counted, and never served or kept.
+//! * A tier's error is a miss and a count, except at the last tier (home), whose error is the read's.
+//! * Verified bytes from a tier are offered to every nearer one; content not yet pushed is never offered to
+//!   a tier shared with other nodes.
+//! * One walk per key at a time, however many readers wait ([`SingleFlight`]).
+//! * A tier enforces its own deadline (a timeout is its error, so a miss); the walk cannot cancel a call.
+
+#[cfg(any(test, feature = "mock"))]
+mod fault;
+mod local;
+#[cfg(any(test, feature = "mock"))]
+mod memory;
+
+#[cfg(any(test, feature = "mock"))]
+pub use fault::{FaultTier, Faults};
+pub use local::{HomeTier, StoreTier};
+#[cfg(any(test, feature = "mock"))]
+pub use memory::MemoryTier;
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use larder_cache::SingleFlight;
+use larder_home::{HomeError, Version};
+
+use crate::key::{KeyDigest, UnitKey};
+
+/// A unit fetched, or why the last tier could not give it; shared by everyone waiting for the same unit.
+pub type FetchResult = Result<Arc<Vec<u8>>, HomeError>;
+
+/// What a tier is asked for.
+pub struct Want<'a> {
+    /// The unit's portable name, and its digest.
+    pub key: &'a UnitKey,
+    pub digest: KeyDigest,
+    /// The bytes of the file the unit holds.
+    pub range: Range<u64>,
+    /// Where this node has the content; tiers shared between nodes go by the key alone.
+    pub local: Local<'a>,
+}
+
+/// This node's names for the content of a [`Want`].
+#[derive(Clone, Copy)]
+pub struct Local<'a> {
+    /// The cache object of this version of the file.
+    pub object: u64,
+    /// The object's change epoch when the read was decided: a fill after a local change is dropped.
+    pub epoch: u64,
+    /// Where home has the file, and the version expected there.
+    pub path: &'a Path,
+    pub version: &'a Version,
+}
+
+impl<'a> Want<'a> {
+    pub fn new(key: &'a UnitKey, range: Range<u64>, local: Local<'a>) -> Want<'a> {
+        Want {
+            digest: key.digest(),
+            key,
+            range,
+            local,
+        }
+    }
+}
+
+/// A tier's answer: bytes, their crc32c, and the unit they claim to be.
+#[derive(Clone, Debug)]
+pub struct Unit {
+    pub data: Arc<Vec<u8>>,
+    pub crc32c: u32,
+    /// The digest of the key the bytes are of: the version (and home, file and part) they claim.
+    pub key: KeyDigest,
+}
+
+impl Unit {
+    /// `data` as unit `key`, with its checksum.
+    pub fn new(key: KeyDigest, data: Arc<Vec<u8>>) -> Unit {
+        Unit {
+            crc32c: crc32c::crc32c(&data),
+            data,
+            key,
+        }
+    }
+
+    /// Why this answer cannot be served for `want`, if it cannot. The checksum is recomputed unless the
+    /// tier checked it itself (`checked`).
+    fn fault(&self, want: &Want, exact_len: bool, checked: bool) -> Option<&'static str> {
+        if self.key != want.digest {
+            Some("another version or unit")
+        } else if exact_len && self.data.len() as u64 != want.key.part.len() {
+            Some("the wrong length")
+        } else if !checked && crc32c::crc32c(&self.data) != self.crc32c {
+            Some("bytes that fail their checksum")
+        } else {
+            None
+        }
+    }
+}
+
+/// Why a tier could not answer.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum TierError {
+    /// Home's own error (only the home tier gives these).
+    #[error(transparent)]
+    Home(#[from] HomeError),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+impl TierError {
+    fn into_home(self) -> HomeError {
+        match self {
+            TierError::Home(e) => e,
+            TierError::TimedOut(d) => HomeError::TimedOut(d),
+            TierError::Unavailable(s) => HomeError::Unavailable(s),
+            TierError::Io(_) => HomeError::Os(libc::EIO),
+        }
+    }
+}
+
+/// A place that may hold units.
+pub trait Tier: Send + Sync {
+    /// A short stable name, for logs and metrics.
+    fn name(&self) -> &'static str;
+
+    /// Whether other nodes read and fill this tier too (a peer, a bank): content not yet pushed is never
+    /// offered to it.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Whether the tier checks its answers' checksums itself (the local store against its index) or is
+    /// the source of truth (home): the walk then skips recomputing them.
+    fn checks_own_answers(&self) -> bool {
+        false
+    }
+
+    /// The unit `want` names, if this tier has it. Must return within the tier's own deadline.
+    fn get(&self, want: &Want) -> Result<Option<Unit>, TierError>;
+
+    /// Keep `unit`, verified bytes of `want` fetched from a farther tier, if the tier wants to.
+    fn offer(&self, want: &Want, unit: &Unit) -> Result<(), TierError> {
+        let _ = (want, unit);
+        Ok(())
+    }
+}
+
+/// A tier's counts since start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub name: &'static str,
+    /// Answers served.
+    pub hits: u64,
+    /// Asked, and it did not have the unit.
+    pub misses: u64,
+    /// Asked, and it failed (counted as a miss too, except at the last tier).
+    pub errors: u64,
+    /// Answers refused: another version, the wrong length, or a failed checksum.
+    pub rejected: u64,
+    /// Units offered to it, and offers it failed.
+    pub offers: u64,
+    pub offer_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    errors: AtomicU64,
+    rejected: AtomicU64,
+    offers: AtomicU64,
+    offer_errors: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The ordered tiers of the read path, nearest first; the last is home.
+pub struct Tiers {
+    tiers: Vec<(Arc<dyn Tier>, Counters)>,
+    flights: SingleFlight<KeyDigest, FetchResult>,
+}
+
+impl Tiers {
+    /// Read through `tiers`, nearest first; there must be one at least (the last is the source).
+    pub fn new(tiers: Vec<Arc<dyn Tier>>) -> Tiers {
+        assert!(!tiers.is_empty(), "the read path needs a tier");
+        Tiers {
+            tiers: tiers.into_iter().map(|t| (t, Counters::default())).collect(),
+            flights: SingleFlight::default(),
+        }
+    }
+
+    /// The unit `want` names from the nearest tier that has it, filling the nearer ones. One walk per key
+    /// at a time: callers that arrive meanwhile wait for its result.
+    pub fn fetch(&self, want: &Want) -> FetchResult {
+        self.flights.run(want.digest, || self.walk(want))
+    }
+
+    /// Whether a walk for `digest` is under way.
+    pub fn in_flight(&self, digest: &KeyDigest) -> bool {
+        self.flights.in_flight(digest)
+    }
+
+    pub fn stats(&self) -> Vec<TierStats> {
+        self.tiers
+            .iter()
+            .map(|(t, c)| TierStats {
+                name: t.name(),
+                hits: c.hits.load(Ordering::Relaxed),
+                misses: c.misses.load(Ordering::Relaxed),
+                errors: c.errors.load(Ordering::Relaxed),
+                rejected: c.rejected.load(Ordering::Relaxed),
+                offers: c.offers.load(Ordering::Relaxed),
+                offer_errors: c.offer_errors.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    fn walk(&self, want: &Want) -> FetchResult {
+        let last = self.tiers.len() - 1;
+        for (i, (tier, counts)) in self.tiers.iter().enumerate() {
+            let answer = match tier.get(want) {
+                Ok(answer) => answer,
+                Err(e) if i == last => {
+                    bump(&counts.errors);
+                    return Err(e.into_home());
+                }
+                Err(e) => {
+                    bump(&counts.errors);
+                    bump(&counts.misses);
+                    tracing::debug!(tier = tier.name(), error = %e, key = %want.digest, "tier failed; asking the next");
+                    continue;
+                }
+            };
+            let Some(unit) = answer else {
+                bump(&counts.misses);
+                if i == last {
+                    return Err(HomeError::NotFound);
+                }
+                continue;
+            };
+            // The last tier is the source: its length is the truth (short only at the end of the file).
+            if let Some(why) = unit.fault(want, i != last, tier.checks_own_answers()) {
+                bump(&counts.rejected);
+                tracing::warn!(tier = tier.name(), key = %want.digest, "a tier answered with {why}; not served");
+                if i == last {
+                    return Err(HomeError::Os(libc::EIO));
+                }
+                bump(&counts.misses);
+                continue;
+            }
+            bump(&counts.hits);
+            self.fill(&self.tiers[..i], want, &unit);
+            return Ok(unit.data);
+        }
+        unreachable!("the last tier answers or fails")
+    }
+
+    /// Offer verified `unit` to the `nearer` tiers.
+    fn fill(&self, nearer: &[(Arc<dyn Tier>, Counters)], want: &Want, unit: &Unit) {
+        for (tier, counts) in nearer {
+            if tier.shared() && !want.key.shareable() {
+                continue;
+            }
+            bump(&counts.offers);
+            if let Err(e) = tier.offer(want, unit) {
+                bump(&counts.offer_errors);
+                tracing::warn!(
+                    tier = tier.name(),
+                    error = %e,
+                    path = %want.local.path.display(),
+                    "could not keep fetched data in a nearer tier"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

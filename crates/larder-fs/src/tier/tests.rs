@@ -1,0 +1,205 @@
+//! The walk's rules, with in-memory and fault-injecting tiers.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use larder_home::{ContentId, HomeError, Version};
+
+use super::*;
+use crate::key::{Content, HomeId, NodeId, Part, UnitKey};
+
+const DATA: &[u8] = b"the right bytes of block two";
+
+fn key(version: &str) -> UnitKey {
+    UnitKey {
+        home: HomeId::new("s3://bucket"),
+        content: Content::Home(ContentId::Named {
+            path: b"f".to_vec(),
+            version: version.as_bytes().to_vec(),
+        }),
+        part: Part::Block {
+            index: 2,
+            block_size: 64,
+            len: DATA.len() as u64,
+        },
+    }
+}
+
+fn want(key: &UnitKey) -> Want<'_> {
+    static VERSION: Version = Version(String::new());
+    Want::new(
+        key,
+        128..128 + DATA.len() as u64,
+        Local {
+            object: 1,
+            epoch: 0,
+            path: Path::new("f"),
+            version: &VERSION,
+        },
+    )
+}
+
+/// A source holding `DATA` as `key`, behind a fault switch that counts its calls.
+fn origin(key: &UnitKey) -> Arc<FaultTier> {
+    let source = MemoryTier::new(1 << 20);
+    source.put(Unit::new(key.digest(), Arc::new(DATA.to_vec())));
+    Arc::new(FaultTier::new(Arc::new(source)))
+}
+
+/// A middle tier holding `data` as `key`, behind `faults`.
+fn middle(key: &UnitKey, data: &[u8], faults: Faults) -> Arc<FaultTier> {
+    let tier = MemoryTier::new(1 << 20);
+    tier.put(Unit::new(key.digest(), Arc::new(data.to_vec())));
+    let tier = Arc::new(FaultTier::new(Arc::new(tier)));
+    tier.set(faults);
+    tier
+}
+
+fn stats_of(tiers: &Tiers, i: usize) -> TierStats {
+    tiers.stats()[i].clone()
+}
+
+#[test]
+fn a_corrupt_answer_is_a_miss_and_the_next_tier_serves() {
+    let k = key("v1");
+    let near = Arc::new(MemoryTier::new(1 << 20));
+    let bad = middle(
+        &k,
+        DATA,
+        Faults {
+            corrupt: true,
+            ..Faults::default()
+        },
+    );
+    let source = origin(&k);
+    let tiers = Tiers::new(vec![near.clone(), bad.clone(), source.clone()]);
+    assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA);
+    assert_eq!(source.gets(), 1);
+    assert_eq!(stats_of(&tiers, 1).rejected, 1);
+    assert_eq!(stats_of(&tiers, 1).hits, 0);
+    // The near tier was filled with the verified bytes, and serves them next.
+    assert!(near.holds(&k.digest()));
+    assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA);
+    assert_eq!(source.gets(), 1);
+    assert_eq!(stats_of(&tiers, 0).hits, 1);
+}
+
+#[test]
+fn another_versions_answer_is_a_miss() {
+    let k = key("v1");
+    let stale = middle(
+        &k,
+        b"bytes of another version of it",
+        Faults {
+            wrong_version: true,
+            ..Faults::default()
+        },
+    );
+    let source = origin(&k);
+    let tiers = Tiers::new(vec![stale.clone(), source.clone()]);
+    assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA);
+    assert_eq!(stats_of(&tiers, 0).rejected, 1);
+    assert_eq!(source.gets(), 1);
+    // The same bytes asked for as another version are not found either.
+    let other = key("v2");
+    let tiers = Tiers::new(vec![Arc::new(MemoryTier::new(1 << 20)), origin(&other)]);
+    assert_eq!(&tiers.fetch(&want(&other)).unwrap()[..], DATA);
+    assert_eq!(stats_of(&tiers, 0).misses, 1);
+}
+
+#[test]
+fn an_answer_of_the_wrong_length_is_a_miss() {
+    let k = key("v1");
+    let short = middle(&k, &DATA[..4], Faults::default());
+    let source = origin(&k);
+    let tiers = Tiers::new(vec![short, source.clone()]);
+    assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA);
+    assert_eq!(stats_of(&tiers, 0).rejected, 1);
+    assert_eq!(source.gets(), 1);
+}
+
+#[test]
+fn a_failing_tier_is_a_miss_but_the_last_ones_error_is_the_reads() {
+    let k = key("v1");
+    let down = middle(
+        &k,
+        DATA,
+        Faults {
+            error: true,
+            ..Faults::default()
+        },
+    );
+    let source = origin(&k);
+    let tiers = Tiers::new(vec![down.clone(), source.clone()]);
+    assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA);
+    let s = stats_of(&tiers, 0);
+    assert_eq!((s.errors, s.misses, s.offers, s.offer_errors), (1, 1, 1, 1));
+
+    source.set(Faults {
+        error: true,
+        ..Faults::default()
+    });
+    let tiers = Tiers::new(vec![Arc::new(MemoryTier::new(1 << 20)), source.clone()]);
+    assert!(matches!(tiers.fetch(&want(&k)), Err(HomeError::Unavailable(_))));
+    // A last tier whose answer fails verification gives no bytes either.
+    source.set(Faults {
+        corrupt: true,
+        ..Faults::default()
+    });
+    assert!(matches!(tiers.fetch(&want(&k)), Err(HomeError::Os(libc::EIO))));
+    assert_eq!(stats_of(&tiers, 1).rejected, 1);
+}
+
+#[test]
+fn concurrent_readers_make_one_farther_fetch() {
+    let k = key("v1");
+    let near = Arc::new(MemoryTier::new(1 << 20));
+    let source = origin(&k);
+    source.set(Faults {
+        delay: Duration::from_millis(150),
+        ..Faults::default()
+    });
+    let tiers = Tiers::new(vec![near.clone(), source.clone()]);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA));
+        }
+    });
+    assert_eq!(source.gets(), 1);
+    assert!(!tiers.in_flight(&k.digest()));
+    assert!(near.holds(&k.digest()));
+}
+
+#[test]
+fn every_nearer_tier_is_filled_and_no_farther_one() {
+    let k = key("v1");
+    let (a, b) = (Arc::new(MemoryTier::new(1 << 20)), Arc::new(MemoryTier::new(1 << 20)));
+    let beyond = Arc::new(FaultTier::new(Arc::new(MemoryTier::new(1 << 20))));
+    let mid = middle(&k, DATA, Faults::default());
+    let tiers = Tiers::new(vec![a.clone(), b.clone(), mid.clone(), beyond.clone()]);
+    assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA);
+    assert!(a.holds(&k.digest()) && b.holds(&k.digest()));
+    assert_eq!((mid.offers(), beyond.gets(), beyond.offers()), (0, 0, 0));
+}
+
+#[test]
+fn unpushed_content_is_never_offered_to_a_shared_tier() {
+    let mut k = key("v1");
+    k.content = Content::Unpushed {
+        node: NodeId(3),
+        seq: 9,
+    };
+    let shared = Arc::new(MemoryTier::shared(1 << 20));
+    let private = Arc::new(MemoryTier::new(1 << 20));
+    let tiers = Tiers::new(vec![private.clone(), shared.clone(), origin(&k)]);
+    assert_eq!(&tiers.fetch(&want(&k)).unwrap()[..], DATA);
+    assert!(private.holds(&k.digest()));
+    assert!(!shared.holds(&k.digest()));
+    assert_eq!(stats_of(&tiers, 1).offers, 0);
+    // Content that is at home is.
+    let k = key("v1");
+    let tiers = Tiers::new(vec![shared.clone(), origin(&k)]);
+    tiers.fetch(&want(&k)).unwrap();
+    assert!(shared.holds(&k.digest()));
+}
