@@ -198,8 +198,7 @@ mod strategy {
     /// Workloads of up to 80 steps; in half of them, ops are pushed while the workload runs.
     pub(super) fn workload(exchange: bool) -> impl Strategy<Value = Workload> {
         any::<bool>().prop_flat_map(move |early| {
-            (vec(step(exchange, early), 1..80), vec(round(), 0..8))
-                .prop_map(|(steps, drain)| Workload { steps, drain })
+            (vec(step(exchange, early), 1..80), vec(round(), 0..8)).prop_map(|(steps, drain)| Workload { steps, drain })
         })
     }
 }
