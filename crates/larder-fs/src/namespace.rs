@@ -1157,7 +1157,12 @@ impl Fs {
                 // That answer is remembered neither here (no negative entry) nor by the kernel (an error
                 // reply), so the name is asked again once home is back. Without a journal nothing can be
                 // made while home is away: the honest answer is home's error.
-                let ns = lock(&self.ns);
+                let mut ns = lock(&self.ns);
+                // A name known before a restart is in the index, if not in memory yet.
+                let known = match known {
+                    Some(child) => Some(child),
+                    None => self.load_child(&mut ns, parent, name)?,
+                };
                 match known {
                     Some(child) if ns.inodes.get(&child).is_some_and(|c| c.attr.is_some()) => Ok(Found::Ino(child)),
                     None if self.cfg.write_mode.journaled() => Err(FsError::NotFound),
