@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use larder_fs::Fs;
 use larder_home::{HomeCounters, OpKind};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::cli::StatusArgs;
@@ -26,26 +27,40 @@ pub struct StatusSource {
 /// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
 /// into the cache) and ECDAB = Σ bytes read / (I/O time × Σ bytes put into the cache), the I/O time being
 /// the time spent in reads here (one client). Larger is better: the same latency or bandwidth bought with
-/// less cache traffic. `null` until there is something to divide by.
-fn efficiency(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats, abd: Option<f64>) -> Value {
-    let cda = store.inserted_bytes as f64;
-    let ratio = |num: f64, den: f64| if den > 0.0 { json!(num / den) } else { Value::Null };
-    let lookups = store.hits + store.misses;
-    json!({
-        "reads": fs.reads,
-        "read_bytes": fs.read_bytes,
-        "read_seconds": fs.read_seconds,
-        "cache_inserted_bytes": store.inserted_bytes,
-        "hit_rate": ratio(store.hits as f64, lookups as f64),
-        "ecdal": ratio(1.0, fs.read_seconds * cda),
-        "ecdab": ratio(fs.read_bytes as f64, fs.read_seconds * cda),
-        "abd": abd,
-    })
+/// less cache traffic. A ratio is `None` (`null`) until there is something to divide by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Efficiency {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub read_seconds: f64,
+    pub cache_inserted_bytes: u64,
+    pub hit_rate: Option<f64>,
+    pub ecdal: Option<f64>,
+    pub ecdab: Option<f64>,
+    /// Average block distance of files in eviction order (1: a file's blocks lie together).
+    pub abd: Option<f64>,
+}
+
+impl Efficiency {
+    pub fn of(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats, abd: Option<f64>) -> Efficiency {
+        let cda = store.inserted_bytes as f64;
+        let ratio = |num: f64, den: f64| (den > 0.0).then(|| num / den);
+        Efficiency {
+            reads: fs.reads,
+            read_bytes: fs.read_bytes,
+            read_seconds: fs.read_seconds,
+            cache_inserted_bytes: store.inserted_bytes,
+            hit_rate: ratio(store.hits as f64, (store.hits + store.misses) as f64),
+            ecdal: ratio(1.0, fs.read_seconds * cda),
+            ecdab: ratio(fs.read_bytes as f64, fs.read_seconds * cda),
+            abd,
+        }
+    }
 }
 
 /// Units (from the eviction end) over which the average block distance is taken: bounded, because the
 /// store is locked while they are walked.
-const ABD_UNITS: usize = 100_000;
+pub const ABD_UNITS: usize = 100_000;
 
 impl StatusSource {
     /// The status document. The fields of the published schema (`home.ops`, `home.bytes_read`,
@@ -114,7 +129,7 @@ impl StatusSource {
                 // Each change home refused: op, path, home's answer, attempts.
                 "refused": self.fs.failed_ops(),
             },
-            "efficiency": efficiency(&fs, &store, self.fs.store().average_block_distance(ABD_UNITS)),
+            "efficiency": Efficiency::of(&fs, &store, self.fs.store().average_block_distance(ABD_UNITS)),
             "fs": {
                 "inodes": fs.inodes,
                 "open_handles": fs.open_handles,
