@@ -251,7 +251,7 @@ pub enum Drained {
 }
 
 /// A queued change home refused, as `larder status` and `larder drain` name it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RefusedChange {
     /// The operation (create, mkdir, data, rename, ...).
     pub op: String,
