@@ -1,6 +1,5 @@
 //! `larder drain` and `larder conflicts`: the client side of the write-back journal.
 
-use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -9,14 +8,15 @@ use anyhow::{Result, bail};
 use crate::cli::{ConflictsArgs, DrainArgs};
 use crate::control::{Drained, Request, Response};
 use crate::status::HomeState;
-use crate::{control, mounts, status};
+use crate::{control, mounts, progress, status};
 
 /// Push everything queued at `mnt` to home, waiting up to `timeout`; a progress line on a terminal.
 pub fn drain_mount(mnt: &Path, timeout: Duration) -> Result<()> {
     let socket = mounts::socket_path(mnt);
     let deadline = Instant::now() + timeout;
-    let tty = std::io::stderr().is_terminal();
-    let total = status::fetch(mnt)?.journal.pending_ops.max(1);
+    // Changes waiting at the start, or since, whichever is more: the bar's length.
+    let mut total = status::fetch(mnt)?.journal.pending_ops;
+    let bar = progress::bar(total, progress::DRAIN, format!("{total} changes left"));
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let step = left.min(Duration::from_secs(1));
@@ -29,29 +29,18 @@ pub fn drain_mount(mnt: &Path, timeout: Duration) -> Result<()> {
         };
         let pending = v.journal.pending_ops;
         let online = v.home.state == HomeState::Online;
-        if tty {
-            let done = total.saturating_sub(pending);
-            let width = 30;
-            let filled = (done * width / total) as usize;
-            eprint!(
-                "\r[{}{}] {pending} changes left, {} dirty{}   ",
-                "#".repeat(filled),
-                "-".repeat(width as usize - filled),
-                status::human_bytes(v.journal.dirty_bytes),
-                if online { "" } else { " (home offline)" }
-            );
-            let _ = std::io::stderr().flush();
-        }
+        total = total.max(pending);
+        bar.set_length(total);
+        bar.set_position(total - pending);
+        bar.set_message(format!(
+            "{pending} changes left, {} dirty{}",
+            status::human_bytes(v.journal.dirty_bytes),
+            if online { "" } else { " (home offline)" }
+        ));
         if pending == 0 {
-            if tty {
-                eprintln!();
-            }
             return Ok(());
         }
         if drained == Drained::Refused {
-            if tty {
-                eprintln!();
-            }
             let refused: Vec<String> = v.journal.refused.iter().map(status::describe_refused).collect();
             bail!(
                 "home refused {} change{} ({pending} wait in all; the others are queued behind them): {}",
@@ -61,9 +50,6 @@ pub fn drain_mount(mnt: &Path, timeout: Duration) -> Result<()> {
             );
         }
         if Instant::now() >= deadline {
-            if tty {
-                eprintln!();
-            }
             bail!(
                 "{pending} changes still wait for home after {timeout:?}{}",
                 if online { "" } else { " (home is offline)" }

@@ -10,6 +10,7 @@ mod journal;
 mod metrics;
 mod mounts;
 mod preflight;
+mod progress;
 mod residency;
 mod status;
 

@@ -1,7 +1,6 @@
 //! `larder prefetch`, `pin`, `unpin` and `evict`: the command walks the paths through the mount (which
 //! caches their metadata), then asks the daemon to act on the files found, a batch at a time.
 
-use std::io::{IsTerminal, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use larder_fs::Fs;
 use crate::cli::ResidencyArgs;
 use crate::control::{FileResidency, Request, ResidencyAction, Response};
 use crate::status::human_bytes;
-use crate::{control, mounts};
+use crate::{control, mounts, progress};
 
 /// Files per request, and bytes per request (a batch is cut at whichever comes first).
 const BATCH_FILES: usize = 64;
@@ -118,11 +117,12 @@ pub fn run(action: ResidencyAction, args: ResidencyArgs) -> Result<()> {
     let mut dirs = 0;
     walk(&args, &mount, &mut targets, &mut dirs)?;
     let total_bytes: u64 = targets.iter().map(|t| t.size).sum();
-    let tty = std::io::stderr().is_terminal();
     let (mut done, mut done_bytes, mut moved, mut cached) = (0usize, 0u64, 0u64, 0u64);
     let mut failures: Vec<String> = Vec::new();
     let mut kept_pinned = 0;
     if !(action == ResidencyAction::Prefetch && args.metadata_only) {
+        let bar = progress::bar(total_bytes, progress::RESIDENCY, format!("0/{} files", targets.len()));
+        bar.set_prefix(cmd);
         let mut i = 0;
         while i < targets.len() {
             let mut end = i;
@@ -157,22 +157,8 @@ pub fn run(action: ResidencyAction, args: ResidencyArgs) -> Result<()> {
             done += batch.len();
             done_bytes += bytes;
             i = end;
-            if tty {
-                let width = 30u64;
-                let filled = (done_bytes * width).checked_div(total_bytes).unwrap_or(width) as usize;
-                eprint!(
-                    "\r{cmd} [{}{}] {done}/{} files, {}/{}   ",
-                    "#".repeat(filled),
-                    "-".repeat(width as usize - filled),
-                    targets.len(),
-                    human_bytes(done_bytes),
-                    human_bytes(total_bytes),
-                );
-                let _ = std::io::stderr().flush();
-            }
-        }
-        if tty {
-            eprintln!();
+            bar.set_position(done_bytes);
+            bar.set_message(format!("{done}/{} files", targets.len()));
         }
     }
     let secs = started.elapsed().as_secs_f64();
