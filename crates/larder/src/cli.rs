@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use larder_home::{WanSpec, parse_duration, parse_size};
+use larder_home::WanSpec;
+
+use crate::units::{parse_duration, parse_size, parse_wan};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,14 +44,6 @@ pub enum Command {
     Demo(DemoArgs),
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s)
-}
-
-fn size(s: &str) -> Result<u64, String> {
-    parse_size(s)
-}
-
 fn block_size(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
     if !(4096..=(64 << 20)).contains(&v) || !v.is_power_of_two() {
@@ -76,10 +70,6 @@ fn eviction(s: &str) -> Result<larder_cache::Eviction, String> {
     larder_cache::Eviction::parse(s)
 }
 
-fn wan(s: &str) -> Result<WanSpec, String> {
-    s.parse()
-}
-
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
     /// The home: a directory path, file:// URL or s3://bucket/prefix URL.
@@ -90,16 +80,16 @@ pub struct MountArgs {
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Most bytes of file data to keep cached.
-    #[arg(long, default_value = "10GiB", value_parser = size)]
+    #[arg(long, default_value = "10GiB", value_parser = parse_size)]
     pub cache_size: u64,
     /// How long cached attributes and listings are trusted before home is asked again (0: every open).
-    #[arg(long, default_value = "15s", value_parser = duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub validity_lag: Duration,
     /// Unit of fetching and eviction for large files.
     #[arg(long, default_value = "1MiB", value_parser = block_size)]
     pub block_size: u64,
     /// Largest readahead window for sequential readers.
-    #[arg(long, default_value = "16MiB", value_parser = size)]
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub readahead: u64,
     /// Concurrent home requests bringing in the blocks of large files ahead of their readers.
     #[arg(long, default_value_t = 8)]
@@ -109,7 +99,7 @@ pub struct MountArgs {
     #[arg(long, default_value = "sequential", value_parser = prefetch)]
     pub prefetch: larder_fs::Prefetch,
     /// Files at most this large are fetched, kept and evicted whole; larger ones per block.
-    #[arg(long, default_value = "256KiB", value_parser = size)]
+    #[arg(long, default_value = "256KiB", value_parser = parse_size)]
     pub small_file_threshold: u64,
     /// Keep a copy per file even when small files are identical (by default clean small files with the
     /// same bytes share one copy in the cache).
@@ -125,10 +115,10 @@ pub struct MountArgs {
     #[arg(long)]
     pub no_passthrough: bool,
     /// Emulate a slow link to home, e.g. latency=20ms,bandwidth=50MiB/s.
-    #[arg(long, value_parser = wan)]
+    #[arg(long, value_parser = parse_wan)]
     pub emulate_wan: Option<WanSpec>,
     /// Give up on a home call after this long (the caller gets EIO).
-    #[arg(long, default_value = "30s", value_parser = duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub home_timeout: Duration,
     /// S3 endpoint for s3:// homes on S3-compatible servers, e.g. http://127.0.0.1:9000.
     #[arg(long)]
@@ -147,7 +137,7 @@ pub struct MountArgs {
     #[arg(long, default_value = "write-back", value_parser = write_mode)]
     pub write_mode: larder_fs::WriteMode,
     /// How long a change waits in the cache before it is pushed to home (write-back).
-    #[arg(long, default_value = "5s", value_parser = duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub sync_lag: Duration,
     /// Threads pushing independent changes to home in parallel (write-back).
     #[arg(long, default_value_t = 8)]
@@ -185,7 +175,7 @@ pub struct UnmountArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
     /// How long to wait for the daemon to exit (and, with --drain, for home to take every change).
-    #[arg(long, default_value = "30s", value_parser = duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Push every queued change to home first.
     #[arg(long, conflicts_with = "leave_pending")]
@@ -200,7 +190,7 @@ pub struct DrainArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
     /// Give up (exit non-zero) after this long.
-    #[arg(long, default_value = "10m", value_parser = duration)]
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
 }
 
@@ -235,9 +225,9 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 400)]
     pub small_files: usize,
     /// Size of the large file.
-    #[arg(long, default_value = "256MiB", value_parser = size)]
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub big_size: u64,
     /// The emulated link to the demo home.
-    #[arg(long, default_value = "latency=20ms,bandwidth=50MiB/s", value_parser = wan)]
+    #[arg(long, default_value = "latency=20ms,bandwidth=50MiB/s", value_parser = parse_wan)]
     pub wan: WanSpec,
 }

@@ -13,6 +13,7 @@ mod preflight;
 mod progress;
 mod residency;
 mod status;
+mod units;
 
 use std::process::ExitCode;
 
