@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use larder_home::WanSpec;
 
 use crate::units::{parse_duration, parse_size, parse_wan};
@@ -54,20 +54,86 @@ fn block_size(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
-fn write_mode(s: &str) -> Result<larder_fs::WriteMode, String> {
-    larder_fs::WriteMode::parse(s)
+/// `--write-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WriteModeArg {
+    /// Durable in the cache, pushed after the sync lag.
+    WriteBack,
+    /// Each change returns once home has it.
+    WriteThrough,
+    /// Every change is refused.
+    ReadOnly,
+    /// Changes stay in the cache, never pushed.
+    Local,
 }
 
-fn conflict_policy(s: &str) -> Result<larder_fs::ConflictPolicy, String> {
-    larder_fs::ConflictPolicy::parse(s)
+impl From<WriteModeArg> for larder_fs::WriteMode {
+    fn from(m: WriteModeArg) -> Self {
+        match m {
+            WriteModeArg::WriteBack => larder_fs::WriteMode::WriteBack,
+            WriteModeArg::WriteThrough => larder_fs::WriteMode::WriteThrough,
+            WriteModeArg::ReadOnly => larder_fs::WriteMode::ReadOnly,
+            WriteModeArg::Local => larder_fs::WriteMode::Local,
+        }
+    }
 }
 
-fn prefetch(s: &str) -> Result<larder_fs::Prefetch, String> {
-    larder_fs::Prefetch::parse(s)
+/// `--conflict-policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConflictPolicyArg {
+    /// The cache's version lands beside home's as NAME.conflict-HOST-TIME.
+    KeepBoth,
+    /// The cache's version replaces home's.
+    CacheWins,
+    /// Home's version stays; the cache's is kept in the cache directory's conflicts area.
+    HomeWins,
 }
 
-fn eviction(s: &str) -> Result<larder_cache::Eviction, String> {
-    larder_cache::Eviction::parse(s)
+impl From<ConflictPolicyArg> for larder_fs::ConflictPolicy {
+    fn from(p: ConflictPolicyArg) -> Self {
+        match p {
+            ConflictPolicyArg::KeepBoth => larder_fs::ConflictPolicy::KeepBoth,
+            ConflictPolicyArg::CacheWins => larder_fs::ConflictPolicy::CacheWins,
+            ConflictPolicyArg::HomeWins => larder_fs::ConflictPolicy::HomeWins,
+        }
+    }
+}
+
+/// `--prefetch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrefetchArg {
+    /// A readahead window that doubles on each sequential read.
+    Sequential,
+    /// The first read queues every block.
+    WholeFile,
+}
+
+impl From<PrefetchArg> for larder_fs::Prefetch {
+    fn from(p: PrefetchArg) -> Self {
+        match p {
+            PrefetchArg::Sequential => larder_fs::Prefetch::Sequential,
+            PrefetchArg::WholeFile => larder_fs::Prefetch::WholeFile,
+        }
+    }
+}
+
+/// `--eviction`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EvictionArg {
+    /// S3-FIFO: scan-resistant.
+    #[value(name = "s3fifo")]
+    S3Fifo,
+    /// Plain least-recently-used.
+    Lru,
+}
+
+impl From<EvictionArg> for larder_cache::Eviction {
+    fn from(e: EvictionArg) -> Self {
+        match e {
+            EvictionArg::S3Fifo => larder_cache::Eviction::S3Fifo,
+            EvictionArg::Lru => larder_cache::Eviction::Lru,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -94,10 +160,9 @@ pub struct MountArgs {
     /// Concurrent home requests bringing in the blocks of large files ahead of their readers.
     #[arg(long, default_value_t = 8)]
     pub ingest_streams: usize,
-    /// What a read of a large file brings in ahead of it: sequential (a readahead window that doubles on
-    /// each sequential read, up to --readahead) or whole-file (the first read queues every block).
-    #[arg(long, default_value = "sequential", value_parser = prefetch)]
-    pub prefetch: larder_fs::Prefetch,
+    /// What a read of a large file brings in ahead of it (the sequential window grows up to --readahead).
+    #[arg(long, value_enum, default_value_t = PrefetchArg::Sequential)]
+    pub prefetch: PrefetchArg,
     /// Files at most this large are fetched, kept and evicted whole; larger ones per block.
     #[arg(long, default_value = "256KiB", value_parser = parse_size)]
     pub small_file_threshold: u64,
@@ -105,10 +170,9 @@ pub struct MountArgs {
     /// same bytes share one copy in the cache).
     #[arg(long)]
     pub no_dedup: bool,
-    /// Eviction policy over cache units: s3fifo (scan-resistant, default) or lru (plain least-recently-used,
-    /// a baseline for benchmarks).
-    #[arg(long, default_value = "s3fifo", value_parser = eviction)]
-    pub eviction: larder_cache::Eviction,
+    /// Eviction policy over cache units (lru is a baseline for benchmarks).
+    #[arg(long, value_enum, default_value_t = EvictionArg::S3Fifo)]
+    pub eviction: EvictionArg,
     /// Serve every read through the daemon, even of files whole in the cache (by default, on read-only
     /// mounts, the kernel reads those from the cache file directly, with FUSE passthrough, where the
     /// kernel offers it).
@@ -132,21 +196,18 @@ pub struct MountArgs {
     /// Refuse all changes (the same as --write-mode read-only).
     #[arg(long)]
     pub read_only: bool,
-    /// How changes reach home: write-back (durable in the cache, pushed after the sync lag),
-    /// write-through (each change returns once home has it), read-only, or local (never pushed).
-    #[arg(long, default_value = "write-back", value_parser = write_mode)]
-    pub write_mode: larder_fs::WriteMode,
+    /// How changes reach home.
+    #[arg(long, value_enum, default_value_t = WriteModeArg::WriteBack)]
+    pub write_mode: WriteModeArg,
     /// How long a change waits in the cache before it is pushed to home (write-back).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub sync_lag: Duration,
     /// Threads pushing independent changes to home in parallel (write-back).
     #[arg(long, default_value_t = 8)]
     pub flush_threads: usize,
-    /// When home changed a file that has local changes: keep-both (the cache's version lands beside
-    /// home's as NAME.conflict-HOST-TIME), cache-wins, or home-wins (the cache's version is kept in the
-    /// cache directory's conflicts area).
-    #[arg(long, default_value = "keep-both", value_parser = conflict_policy)]
-    pub conflict_policy: larder_fs::ConflictPolicy,
+    /// What to do when home changed a file that has local changes.
+    #[arg(long, value_enum, default_value_t = ConflictPolicyArg::KeepBoth)]
+    pub conflict_policy: ConflictPolicyArg,
     /// Testing aid: while this file exists, home is unreachable (every call fails).
     #[arg(long, hide = true)]
     pub fault_file: Option<PathBuf>,
@@ -230,4 +291,36 @@ pub struct DemoArgs {
     /// The emulated link to the demo home.
     #[arg(long, default_value = "latency=20ms,bandwidth=50MiB/s", value_parser = parse_wan)]
     pub wan: WanSpec,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the options take are the ones status output and the docs use.
+    #[test]
+    fn choices_are_named_as_the_core_names_them() {
+        fn name(v: &impl ValueEnum) -> String {
+            v.to_possible_value().expect("a visible value").get_name().to_string()
+        }
+        for m in WriteModeArg::value_variants() {
+            assert_eq!(name(m), larder_fs::WriteMode::from(*m).as_str());
+        }
+        for p in ConflictPolicyArg::value_variants() {
+            assert_eq!(name(p), larder_fs::ConflictPolicy::from(*p).as_str());
+        }
+        for p in PrefetchArg::value_variants() {
+            assert_eq!(name(p), larder_fs::Prefetch::from(*p).as_str());
+        }
+        for e in EvictionArg::value_variants() {
+            assert_eq!(name(e), larder_cache::Eviction::from(*e).as_str());
+        }
+    }
+
+    #[test]
+    fn unknown_choices_are_refused_with_the_list() {
+        let e = Cli::try_parse_from(["larder", "mount", "h", "m", "--write-mode", "sometimes"]).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("write-back") && text.contains("local"), "{text}");
+    }
 }
