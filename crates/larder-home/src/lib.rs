@@ -32,7 +32,7 @@ pub use posix::PosixHome;
 pub use s3::{Checked, MAX_KEY, S3Home, S3Spec, valid_bucket_name};
 pub use types::{DirEntry, FileKind, HomeAttr, HomeLimits, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version};
 pub use url::{HomeSpec, OpenedHome, open_home};
-pub use wan::{WanLayer, WanSpec, parse_duration, parse_size};
+pub use wan::{WanLayer, WanSpec};
 
 use std::fs::File;
 use std::ops::Range;
