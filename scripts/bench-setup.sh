@@ -4,11 +4,12 @@
 #   - passthrough_hp: libfuse's high-performance passthrough example, the "thinnest FUSE file system"
 #     reference, built from the source of the very fuse3 release Debian installs (its orig tarball from the
 #     Debian archive, checked against the .dsc's SHA-256);
-#   - statbench: bench/statbench.c, a tight stat loop over a list of paths.
+#   - statbench: bench/statbench.c, a tight stat loop over a list of paths;
+#   - randread: bench/randread.c, random 4 KiB reads by several threads (bench/hotpath.py).
 # With --suite (bench/suite.py): also matplotlib for the plots, and the s3fs-fuse peer with the S3 server it
 # reads (see the s3fs block below).
 # Idempotent: installs only what is missing and rebuilds only what is absent or stale. Prints the helpers'
-# paths on its last lines as KEY=VALUE (PASSTHROUGH_HP=..., STATBENCH=...; empty when not built, with the
+# paths on its last lines as KEY=VALUE (PASSTHROUGH_HP=..., STATBENCH=..., RANDREAD=...; empty when not built, with the
 # reason in PASSTHROUGH_HP_ERROR=...; with --suite also S3FS=... and S3S_FS=..., likewise with ..._ERROR=...).
 set -uo pipefail
 
@@ -63,6 +64,12 @@ mkdir -p "$BUILD"
 STATBENCH=$BUILD/statbench
 if [ ! -x "$STATBENCH" ] || [ "$ROOT/bench/statbench.c" -nt "$STATBENCH" ]; then
   cc -O2 -Wall -o "$STATBENCH.tmp" "$ROOT/bench/statbench.c" && mv "$STATBENCH.tmp" "$STATBENCH" || STATBENCH=
+fi
+
+# randread: bench/randread.c, random 4 KiB reads by several threads.
+RANDREAD=$BUILD/randread
+if [ ! -x "$RANDREAD" ] || [ "$ROOT/bench/randread.c" -nt "$RANDREAD" ]; then
+  cc -O2 -Wall -pthread -o "$RANDREAD.tmp" "$ROOT/bench/randread.c" && mv "$RANDREAD.tmp" "$RANDREAD" || RANDREAD=
 fi
 
 # passthrough_hp from the installed fuse3's upstream release.
@@ -162,6 +169,7 @@ fi
 
 echo "RCLONE=$(command -v rclone || true)"
 echo "STATBENCH=$STATBENCH"
+echo "RANDREAD=$RANDREAD"
 echo "PASSTHROUGH_HP=$PASSTHROUGH_HP"
 echo "PASSTHROUGH_HP_ERROR=$PASSTHROUGH_HP_ERROR"
 if [ "$SUITE" = 1 ]; then

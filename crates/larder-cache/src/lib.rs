@@ -10,6 +10,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod contention;
 mod db;
 mod flight;
 mod lru;

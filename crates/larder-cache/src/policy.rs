@@ -17,16 +17,7 @@ pub enum Eviction {
 }
 
 impl Eviction {
-    /// Parse a policy name: `s3fifo` or `lru`.
-    pub fn parse(s: &str) -> Result<Eviction, String> {
-        match s {
-            "s3fifo" => Ok(Eviction::S3Fifo),
-            "lru" => Ok(Eviction::Lru),
-            _ => Err(format!("unknown eviction policy {s:?}: use s3fifo or lru")),
-        }
-    }
-
-    /// The policy's name, as `parse` takes it.
+    /// The policy's name, as `--eviction` takes it.
     pub fn as_str(self) -> &'static str {
         match self {
             Eviction::S3Fifo => "s3fifo",
@@ -176,13 +167,11 @@ mod tests {
     }
 
     #[test]
-    fn names_round_trip_and_the_default_is_s3fifo() {
+    fn the_policy_is_the_one_chosen_and_the_default_is_s3fifo() {
         for e in [Eviction::S3Fifo, Eviction::Lru] {
-            assert_eq!(Eviction::parse(e.as_str()), Ok(e));
             assert_eq!(Policy::<u64>::new(e, 10).eviction(), e);
         }
         assert_eq!(Eviction::default(), Eviction::S3Fifo);
-        assert!(Eviction::parse("LFU").is_err());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::db::{Db, Mutation};
 use crate::{Eviction, Policy};
@@ -225,9 +225,7 @@ pub struct Store {
     inserted: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::contention::lock;
 
 impl Store {
     /// Open the store in `cfg.dir`, loading the block index from `db`.

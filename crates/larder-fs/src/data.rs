@@ -633,7 +633,7 @@ impl Fs {
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
         let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
-        let (ranges, size, object, path, base, file, mtime) = {
+        let (ranges, size, object, path, base, file, mtime, record) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = lock(&self.ns);
@@ -689,7 +689,15 @@ impl Fs {
                         ranges: ranges.clone(),
                         size,
                     });
-                    (ranges, size, object, path, base, file, mtime)
+                    // Where changes are journaled, what this push sends is on record before home sees any
+                    // of it: after a crash, home holding it (whole, or cut short) is told from a change
+                    // made by someone else.
+                    let record = self
+                        .cfg
+                        .write_mode
+                        .journaled()
+                        .then(|| larder_cache::Mutation::PutInode(ino, node.record().encode()));
+                    (ranges, size, object, path, base, file, mtime, record)
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -697,6 +705,20 @@ impl Fs {
                 }
             }
         };
+        if let Some(record) = record {
+            let db = self.core.store.db();
+            db.submit(vec![record]);
+            if let Err(e) = db.sync() {
+                let mut ns = lock(&self.ns);
+                let node = ns.inode_mut(ino)?;
+                node.pushing -= 1;
+                node.attempt = None;
+                for r in ranges {
+                    add_range(&mut node.dirty, r);
+                }
+                return Err(e.into());
+            }
+        }
         let result = self
             .core
             .home

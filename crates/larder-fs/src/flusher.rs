@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, HomeError, Owner, RenameFlags, SetAttr, TimeSet, Version, unreachable};
 
@@ -19,6 +20,10 @@ use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, 
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
 const MAX_ATTEMPTS: u32 = 6;
+/// Wait before the second attempt at an op home refused; each refusal doubles it, up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest wait between attempts at a refused op, before jitter.
+const MAX_BACKOFF: Duration = Duration::from_secs(64);
 /// Most bytes compared with home to tell whether a repeated push had already landed.
 const COMPARE_MAX: u64 = 256 << 20;
 
@@ -57,6 +62,22 @@ fn utc(t: SystemTime) -> (String, String) {
         format!("{y:04}{m:02}{d:02}T{h:02}{mi:02}{s:02}Z"),
         format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z"),
     )
+}
+
+/// How long an op waits after its `refusals`+1-th failed attempt: [`MIN_BACKOFF`] doubling per refusal up
+/// to [`MAX_BACKOFF`], plus up to as much again at random, so that ops refused together (a read-only home
+/// refuses every queued op at once) do not all come back in the same instant.
+fn refusal_backoff(refusals: u32) -> Duration {
+    let steps = ExponentialBuilder::new()
+        .with_min_delay(MIN_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build();
+    // Past log2(MAX / MIN) + 1 steps the delay stays at the cap: no need to walk further.
+    let capped = refusals.min((MAX_BACKOFF.as_secs() / MIN_BACKOFF.as_secs()).ilog2() + 1);
+    steps.into_iter().nth(capped as usize).unwrap_or(MAX_BACKOFF)
 }
 
 /// The conflicts recorded in `dir` by earlier runs.
@@ -228,7 +249,9 @@ impl Fs {
             // this op are recognised as ours.
             if let Err(e) = self.core.store.db().sync() {
                 tracing::error!(error = %e, "cannot record a push attempt; not pushing");
-                lock(&self.journal).fail(seq, e.to_string(), Some(Duration::from_secs(1)));
+                let mut j = lock(&self.journal);
+                let backoff = refusal_backoff(j.refusals(seq));
+                j.fail(seq, e.to_string(), Some(backoff));
                 continue;
             }
             let outcome = self.push_op(&op, !first_attempt);
@@ -268,7 +291,7 @@ impl Fs {
             Outcome::Refused(e) => {
                 let attempts = {
                     let mut j = lock(&self.journal);
-                    let backoff = Duration::from_secs(1 << j.refusals(seq).min(6));
+                    let backoff = refusal_backoff(j.refusals(seq));
                     j.fail(seq, e.clone(), Some(backoff))
                 };
                 let path = String::from_utf8_lossy(&op.path);
@@ -967,4 +990,22 @@ fn remove_copy(home: &dyn larder_home::Home, to: &Path) -> Result<(), HomeError>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_backoff_doubles_from_one_second_up_to_the_cap_with_jitter() {
+        for refusals in 0..12u32 {
+            let base = MIN_BACKOFF * (1 << refusals.min(6));
+            for _ in 0..50 {
+                let d = refusal_backoff(refusals);
+                assert!(d >= base && d < base * 2, "refusal {refusals}: {d:?}, base {base:?}");
+            }
+        }
+        assert_eq!(MIN_BACKOFF * (1 << 6), MAX_BACKOFF);
+        assert!(refusal_backoff(u32::MAX) < MAX_BACKOFF * 2);
+    }
 }

@@ -1,14 +1,17 @@
 //! Property test of the journal: coalescing and cancellation never change the final home state versus
 //! pushing every operation one by one.
 //!
-//! A seeded generator drives a model of the local file system (inodes, directories, hard links) from an
-//! initial tree that home also has, builds each change's [`Op`] the way the file system does and records
-//! it in a [`Journal`] (calling `forget_removed` when an inode loses its last name); the same ops,
-//! uncoalesced, are kept in a plain list. Both are replayed against a model of home keyed by path: the
-//! list in order, the journal through `ready`/`begin`/`finish` in a random order within what is under way,
-//! in some runs partly while the workload still runs (so coalescing and cancellation meet ops already
-//! pushed or under way); a few pushes fail cleanly and are retried. The local tree and the two homes must
-//! agree on every path: object, kind, content, mode and owner; the journal may make no more home calls.
+//! Proptest generates workloads: lists of abstract steps (create, write, setattr, unlink, rmdir, rename,
+//! link, and, in half of them, beginning and pushing ops while the workload runs), each interpreted
+//! against a model of the local file system (inodes, directories, hard links) from an initial tree that
+//! home also has. Each change's [`Op`] is built the way the file system does and recorded in a [`Journal`]
+//! (calling `forget_removed` when an inode loses its last name); the same ops, uncoalesced, are kept in a
+//! plain list. Both are replayed against a model of home keyed by path: the list in order, the journal
+//! through `ready`/`begin`/`finish` in an order the workload picks within what is under way (so
+//! coalescing and cancellation meet ops already pushed or under way); a few pushes fail cleanly and are
+//! retried. The local tree and the two homes must agree on every path: object, kind, content, mode and
+//! owner; the journal may make no more home calls. A failing workload is shrunk to a minimal one, and its
+//! seed kept in `proptest-regressions/journal_model.txt`, run first from then on.
 //!
 //! A `Data` op pushes what the inode holds when the push runs (the final content once the workload is
 //! over); every write records one, so a write after an early push always leaves a later `Data` op.
@@ -25,44 +28,178 @@ const PERMS: [u32; 4] = [0o600, 0o644, 0o700, 0o755];
 /// Deepest directory the generator makes (it may move one deeper by a rename).
 const MAX_DEPTH: usize = 3;
 
-/// xorshift64*.
-struct Rng(u64);
+/// Picks one of the candidates a step has (modulo their number): shrinks toward the first.
+type Pick = u8;
 
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        let state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-        Rng(if state == 0 { 1 } else { state })
+fn pick<T: Clone>(items: &[T], p: Pick) -> Option<T> {
+    (!items.is_empty()).then(|| items[p as usize % items.len()].clone())
+}
+
+fn name(p: Pick) -> &'static str {
+    NAMES[p as usize % NAMES.len()]
+}
+
+fn perm(p: Pick) -> u32 {
+    PERMS[p as usize % PERMS.len()]
+}
+
+/// One step of a workload, interpreted against the local model as it stands: the picks choose among what
+/// exists then, and a step that does not apply (a name taken, nothing to remove) is skipped.
+#[derive(Clone, Debug)]
+enum Step {
+    Create {
+        kind: Kind,
+        dir: Pick,
+        name: Pick,
+        perm: Pick,
+    },
+    /// A write or truncate: the file's content changes.
+    Write {
+        file: Pick,
+    },
+    SetAttr {
+        ino: Pick,
+        perm: Option<Pick>,
+        uid: Option<u32>,
+    },
+    Unlink {
+        entry: Pick,
+    },
+    Rmdir {
+        entry: Pick,
+    },
+    /// `exchange` applies only where the target exists (and the run makes exchanges), `no_replace` only
+    /// where it does not.
+    Rename {
+        entry: Pick,
+        dir: Pick,
+        name: Pick,
+        exchange: bool,
+        no_replace: bool,
+    },
+    Link {
+        entry: Pick,
+        dir: Pick,
+        name: Pick,
+    },
+    /// Begin up to `limit` ready ops while the workload runs.
+    Begin {
+        limit: usize,
+    },
+    /// Push and finish some of the ops under way while the workload runs.
+    Push(Vec<Push>),
+}
+
+/// One op under way (picked among them) pushed to home, or failing cleanly (home untouched).
+#[derive(Clone, Copy, Debug)]
+enum Push {
+    Done(Pick),
+    /// Back to the queue: at once (`retry_now`) or as a refusal with no wait.
+    Fail {
+        op: Pick,
+        retry_now: bool,
+    },
+}
+
+/// One round of the final drain: begin up to `limit` ready ops (all when `None`), push `pushes`, then the
+/// rest of those under way if `rest`. Once the rounds are used up, each round begins and pushes all.
+#[derive(Clone, Debug)]
+struct Round {
+    limit: Option<usize>,
+    pushes: Vec<Push>,
+    rest: bool,
+}
+
+/// A workload and how the journal's ops reach home.
+#[derive(Clone, Debug)]
+struct Workload {
+    steps: Vec<Step>,
+    drain: Vec<Round>,
+}
+
+mod strategy {
+    use proptest::collection::vec;
+    use proptest::option;
+    use proptest::prelude::*;
+
+    use super::{Kind, Pick, Push, Round, Step, Workload};
+
+    fn push() -> impl Strategy<Value = Push> {
+        prop_oneof![
+            24 => any::<Pick>().prop_map(Push::Done),
+            1 => (any::<Pick>(), any::<bool>()).prop_map(|(op, retry_now)| Push::Fail { op, retry_now }),
+        ]
     }
 
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<T: Clone>(&mut self, items: &[T]) -> Option<T> {
-        (!items.is_empty()).then(|| items[self.below(items.len())].clone())
-    }
-
-    fn name(&mut self) -> &'static str {
-        NAMES[self.below(NAMES.len())]
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            items.swap(i, self.below(i + 1));
+    fn step(exchange: bool, early: bool) -> BoxedStrategy<Step> {
+        let p = any::<Pick>;
+        let kind =
+            prop_oneof![7 => Just(Kind::File), 4 => Just(Kind::Dir), 1 => Just(Kind::Symlink), 1 => Just(Kind::Node)];
+        let setattr = prop_oneof![
+            (p(), p()).prop_map(|(ino, perm)| Step::SetAttr {
+                ino,
+                perm: Some(perm),
+                uid: None
+            }),
+            (p(), 0..3u32).prop_map(|(ino, uid)| Step::SetAttr {
+                ino,
+                perm: None,
+                uid: Some(uid)
+            }),
+            (p(), p(), 0..3u32).prop_map(|(ino, perm, uid)| Step::SetAttr {
+                ino,
+                perm: Some(perm),
+                uid: Some(uid)
+            }),
+        ];
+        let exchange = if exchange {
+            prop::bool::weighted(0.4).boxed()
+        } else {
+            Just(false).boxed()
+        };
+        let rename = (p(), p(), p(), exchange, prop::bool::weighted(0.3)).prop_map(
+            |(entry, dir, name, exchange, no_replace)| Step::Rename {
+                entry,
+                dir,
+                name,
+                exchange,
+                no_replace,
+            },
+        );
+        let change = prop_oneof![
+            25 => (kind, p(), p(), p()).prop_map(|(kind, dir, name, perm)| Step::Create { kind, dir, name, perm }),
+            18 => p().prop_map(|file| Step::Write { file }),
+            8 => setattr,
+            12 => p().prop_map(|entry| Step::Unlink { entry }),
+            6 => p().prop_map(|entry| Step::Rmdir { entry }),
+            24 => rename,
+            7 => (p(), p(), p()).prop_map(|(entry, dir, name)| Step::Link { entry, dir, name }),
+        ];
+        if !early {
+            return change.boxed();
         }
+        prop_oneof![
+            84 => change,
+            8 => (1..4usize).prop_map(|limit| Step::Begin { limit }),
+            8 => vec(push(), 1..4).prop_map(Step::Push),
+        ]
+        .boxed()
+    }
+
+    fn round() -> impl Strategy<Value = Round> {
+        (
+            option::weighted(0.5, 1..4usize),
+            vec(push(), 0..3),
+            prop::bool::weighted(0.7),
+        )
+            .prop_map(|(limit, pushes, rest)| Round { limit, pushes, rest })
+    }
+
+    /// Workloads of up to 80 steps; in half of them, ops are pushed while the workload runs.
+    pub(super) fn workload(exchange: bool) -> impl Strategy<Value = Workload> {
+        any::<bool>().prop_flat_map(move |early| {
+            (vec(step(exchange, early), 1..80), vec(round(), 0..8)).prop_map(|(steps, drain)| Workload { steps, drain })
+        })
     }
 }
 
@@ -518,16 +655,6 @@ fn diff(a: &Snapshot, b: &Snapshot) -> String {
     out
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Params {
-    /// Local changes to make.
-    ops: usize,
-    /// Push (and leave under way) some ops while the workload runs.
-    early: bool,
-    /// Also make `RENAME_EXCHANGE` renames.
-    exchange: bool,
-}
-
 struct Outcome {
     /// Home calls one by one.
     reference: usize,
@@ -536,8 +663,6 @@ struct Outcome {
 }
 
 struct Run {
-    rng: Rng,
-    params: Params,
     local: Local,
     journal: Journal,
     /// Every op, in order, uncoalesced.
@@ -553,11 +678,9 @@ struct Run {
 type Change = (Op, Vec<u64>);
 
 impl Run {
-    fn new(seed: u64, params: Params) -> Run {
+    fn new() -> Run {
         let local = Local::initial();
         Run {
-            rng: Rng::new(seed),
-            params,
             home: Home::of(&local),
             local,
             journal: Journal::default(),
@@ -568,41 +691,48 @@ impl Run {
     }
 
     /// A path of `ino` (any of its names).
-    fn some_path(&mut self, ino: u64) -> String {
+    fn some_path(&self, ino: u64, p: Pick) -> String {
         if ino == ROOT {
             return String::new();
         }
         let names: Vec<(u64, String)> = self.local.names[&ino].iter().cloned().collect();
-        let (parent, name) = self.rng.pick(&names).expect("named");
+        let (parent, name) = pick(&names, p).expect("named");
         self.local.path(parent, &name)
     }
 
-    fn generate(&mut self) -> Option<Change> {
-        let roll = self.rng.below(100);
-        match roll {
-            0..14 => self.create(Kind::File),
-            14..22 => self.create(Kind::Dir),
-            22..24 => self.create(Kind::Symlink),
-            24..25 => self.create(Kind::Node),
-            25..43 => self.write(),
-            43..51 => self.setattr(),
-            51..63 => self.unlink(),
-            63..69 => self.rmdir(),
-            69..93 => self.rename(),
-            _ => self.link(),
+    /// The change `step` makes, if it is one and applies.
+    fn change(&mut self, step: &Step) -> Option<Change> {
+        match *step {
+            Step::Create {
+                kind,
+                dir,
+                name: n,
+                perm: m,
+            } => self.create(kind, dir, name(n), perm(m)),
+            Step::Write { file } => self.write(file),
+            Step::SetAttr { ino, perm: m, uid } => self.setattr(ino, m.map(perm), uid),
+            Step::Unlink { entry } => self.unlink(entry),
+            Step::Rmdir { entry } => self.rmdir(entry),
+            Step::Rename {
+                entry,
+                dir,
+                name: n,
+                exchange,
+                no_replace,
+            } => self.rename(entry, dir, name(n), exchange, no_replace),
+            Step::Link { entry, dir, name: n } => self.link(entry, dir, name(n)),
+            Step::Begin { .. } | Step::Push(_) => None,
         }
     }
 
-    fn create(&mut self, kind: Kind) -> Option<Change> {
-        let parent = self.rng.pick(&self.local.live(|o| o.kind == Kind::Dir))?;
-        let name = self.rng.name();
+    fn create(&mut self, kind: Kind, dir: Pick, name: &str, mode: u32) -> Option<Change> {
+        let parent = pick(&self.local.live(|o| o.kind == Kind::Dir), dir)?;
         if self.local.entries.contains_key(&(parent, name.to_string()))
             || (kind == Kind::Dir && self.local.depth(parent) >= MAX_DEPTH)
         {
             return None;
         }
         let path = self.local.path(parent, name);
-        let mode = PERMS[self.rng.below(PERMS.len())];
         let (op_kind, o) = match kind {
             Kind::File => (
                 OpKind::Create {
@@ -653,28 +783,20 @@ impl Run {
         ))
     }
 
-    /// A write or truncate: the file's content changes.
-    fn write(&mut self) -> Option<Change> {
-        let ino = self.rng.pick(&self.local.live(|o| o.kind == Kind::File))?;
+    fn write(&mut self, file: Pick) -> Option<Change> {
+        let ino = pick(&self.local.live(|o| o.kind == Kind::File), file)?;
         let v = self.local.version();
         self.local.inodes.get_mut(&ino).expect("live").content = v;
-        let path = self.some_path(ino);
+        let path = self.some_path(ino, file);
         Some((Op::new(ino, path.into_bytes(), Vec::new(), OpKind::Data), Vec::new()))
     }
 
-    fn setattr(&mut self) -> Option<Change> {
-        let ino = self
-            .rng
-            .pick(&self.local.live(|o| matches!(o.kind, Kind::File | Kind::Dir)))?;
-        let (perm, uid) = match self.rng.below(3) {
-            0 => (Some(PERMS[self.rng.below(PERMS.len())]), None),
-            1 => (None, Some(self.rng.below(3) as u32)),
-            _ => (Some(PERMS[self.rng.below(PERMS.len())]), Some(self.rng.below(3) as u32)),
-        };
+    fn setattr(&mut self, which: Pick, perm: Option<u32>, uid: Option<u32>) -> Option<Change> {
+        let ino = pick(&self.local.live(|o| matches!(o.kind, Kind::File | Kind::Dir)), which)?;
         let o = self.local.inodes.get_mut(&ino).expect("live");
         o.mode = perm.unwrap_or(o.mode);
         o.uid = uid.unwrap_or(o.uid);
-        let path = self.some_path(ino);
+        let path = self.some_path(ino, which);
         let kind = OpKind::SetAttr {
             perm,
             uid,
@@ -685,8 +807,8 @@ impl Run {
         Some((Op::new(ino, path.into_bytes(), Vec::new(), kind), Vec::new()))
     }
 
-    fn unlink(&mut self) -> Option<Change> {
-        let (parent, name, ino) = self.rng.pick(&self.local.entries_where(|_, o| o.kind != Kind::Dir))?;
+    fn unlink(&mut self, entry: Pick) -> Option<Change> {
+        let (parent, name, ino) = pick(&self.local.entries_where(|_, o| o.kind != Kind::Dir), entry)?;
         let path = self.local.path(parent, &name);
         self.local.remove(parent, &name);
         let gone = if self.local.named(ino) { Vec::new() } else { vec![ino] };
@@ -701,11 +823,11 @@ impl Run {
         ))
     }
 
-    fn rmdir(&mut self) -> Option<Change> {
+    fn rmdir(&mut self, entry: Pick) -> Option<Change> {
         let empty = self
             .local
             .entries_where(|ino, o| o.kind == Kind::Dir && self.local.is_empty_dir(ino));
-        let (parent, name, ino) = self.rng.pick(&empty)?;
+        let (parent, name, ino) = pick(&empty, entry)?;
         let path = self.local.path(parent, &name);
         self.local.remove(parent, &name);
         Some((
@@ -714,10 +836,9 @@ impl Run {
         ))
     }
 
-    fn rename(&mut self) -> Option<Change> {
-        let (from_dir, from_name, ino) = self.rng.pick(&self.local.entries_where(|_, _| true))?;
-        let to_dir = self.rng.pick(&self.local.live(|o| o.kind == Kind::Dir))?;
-        let to_name = self.rng.name();
+    fn rename(&mut self, entry: Pick, dir: Pick, to_name: &str, exchange: bool, no_replace: bool) -> Option<Change> {
+        let (from_dir, from_name, ino) = pick(&self.local.entries_where(|_, _| true), entry)?;
+        let to_dir = pick(&self.local.live(|o| o.kind == Kind::Dir), dir)?;
         let is_dir = self.local.kind(ino) == Kind::Dir;
         if (from_dir, from_name.as_str()) == (to_dir, to_name)
             || (is_dir && (self.local.within(to_dir, ino) || self.local.depth(to_dir) >= MAX_DEPTH))
@@ -725,7 +846,7 @@ impl Run {
             return None;
         }
         let target = self.local.entries.get(&(to_dir, to_name.to_string())).copied();
-        let exchange = target.is_some() && self.params.exchange && self.rng.chance(40);
+        let exchange = target.is_some() && exchange;
         if let Some(t) = target {
             let t_dir = self.local.kind(t) == Kind::Dir;
             let fits = if exchange {
@@ -747,7 +868,7 @@ impl Run {
         ];
         let kind = OpKind::Rename {
             to: to.into_bytes(),
-            no_replace: target.is_none() && self.rng.chance(30),
+            no_replace: target.is_none() && no_replace,
             exchange,
             replaced: target.is_some(),
         };
@@ -768,10 +889,9 @@ impl Run {
         Some((Op::new(ino, from.into_bytes(), names, kind), gone))
     }
 
-    fn link(&mut self) -> Option<Change> {
-        let (from_dir, from_name, ino) = self.rng.pick(&self.local.entries_where(|_, o| o.kind != Kind::Dir))?;
-        let to_dir = self.rng.pick(&self.local.live(|o| o.kind == Kind::Dir))?;
-        let to_name = self.rng.name();
+    fn link(&mut self, entry: Pick, dir: Pick, to_name: &str) -> Option<Change> {
+        let (from_dir, from_name, ino) = pick(&self.local.entries_where(|_, o| o.kind != Kind::Dir), entry)?;
+        let to_dir = pick(&self.local.live(|o| o.kind == Kind::Dir), dir)?;
         if self.local.entries.contains_key(&(to_dir, to_name.to_string())) {
             return None;
         }
@@ -818,20 +938,18 @@ impl Run {
         Ok(())
     }
 
-    /// Push and finish some (or all) of the ops under way, in a random order: they were claimed independent.
-    /// A few pushes fail cleanly (home untouched) and go back to the queue.
-    fn finish(&mut self, all: bool) -> Result<(), String> {
-        self.rng.shuffle(&mut self.inflight);
-        let n = if all {
-            self.inflight.len()
-        } else {
-            1 + self.rng.below(self.inflight.len())
-        };
-        let done: Vec<(u64, Op)> = self.inflight.drain(..n).collect();
-        for (seq, op) in done {
-            if self.rng.chance(4) {
+    /// Push and finish ops under way in the order `pushes` picks them (any order will do: they were claimed
+    /// independent). A failed push leaves home untouched; the op goes back to the queue.
+    fn finish(&mut self, pushes: impl IntoIterator<Item = Push>) -> Result<(), String> {
+        for push in pushes {
+            if self.inflight.is_empty() {
+                break;
+            }
+            let (Push::Done(p) | Push::Fail { op: p, .. }) = push;
+            let (seq, op) = self.inflight.remove(p as usize % self.inflight.len());
+            if let Push::Fail { retry_now, .. } = push {
                 self.log.push(format!("fail #{seq}"));
-                let backoff = self.rng.chance(50).then_some(Duration::ZERO);
+                let backoff = (!retry_now).then_some(Duration::ZERO);
                 self.journal.fail(seq, "model failure".to_string(), backoff);
                 continue;
             }
@@ -848,41 +966,42 @@ impl Run {
         Ok(())
     }
 
-    fn run(&mut self) -> Result<Outcome, String> {
+    /// Push everything under way, oldest first.
+    fn finish_all(&mut self) -> Result<(), String> {
+        let n = self.inflight.len();
+        self.finish(std::iter::repeat_n(Push::Done(0), n))
+    }
+
+    fn run(&mut self, w: &Workload) -> Result<Outcome, String> {
         let initial = self.home.clone();
-        let mut made = 0;
-        let mut tries = 0;
-        while made < self.params.ops && tries < self.params.ops * 50 {
-            tries += 1;
-            if self.params.early {
-                if self.rng.chance(8) {
-                    let limit = 1 + self.rng.below(3);
-                    self.start(limit)?;
+        for step in &w.steps {
+            match step {
+                Step::Begin { limit } => self.start(*limit)?,
+                Step::Push(pushes) => self.finish(pushes.iter().copied())?,
+                _ => {
+                    if let Some(change) = self.change(step) {
+                        self.record(change);
+                    }
                 }
-                if !self.inflight.is_empty() && self.rng.chance(10) {
-                    self.finish(false)?;
-                }
-            }
-            if let Some(change) = self.generate() {
-                self.record(change);
-                made += 1;
             }
         }
-        for _ in 0..10_000 {
+        let default = Round {
+            limit: None,
+            pushes: Vec::new(),
+            rest: true,
+        };
+        for round in w.drain.iter().chain(std::iter::repeat(&default)).take(10_000) {
             if self.journal.is_empty() && self.inflight.is_empty() {
                 break;
             }
-            let limit = if self.rng.chance(50) {
-                usize::MAX
-            } else {
-                1 + self.rng.below(3)
-            };
-            self.start(limit)?;
+            self.start(round.limit.unwrap_or(usize::MAX))?;
             if self.inflight.is_empty() {
                 return Err(format!("deadlock: {} ops queued, none ready", self.journal.len()));
             }
-            let all = !self.rng.chance(30);
-            self.finish(all)?;
+            self.finish(round.pushes.iter().copied())?;
+            if round.rest {
+                self.finish_all()?;
+            }
         }
         if !self.journal.is_empty() {
             return Err(format!("journal did not drain: {} ops left", self.journal.len()));
@@ -922,11 +1041,11 @@ impl Run {
     }
 }
 
-/// Run one seed; on failure, the report names the seed and lists the ops and what the journal did.
-fn run(seed: u64, params: Params) -> Result<Outcome, String> {
-    let mut r = Run::new(seed, params);
-    r.run().map_err(|e| {
-        let mut report = format!("seed {seed} {params:?}: {e}\nops, one by one:\n");
+/// Run one workload; on failure, the report lists the ops and what the journal did.
+fn run(w: &Workload) -> Result<Outcome, String> {
+    let mut r = Run::new();
+    r.run(w).map_err(|e| {
+        let mut report = format!("{e}\nops, one by one:\n");
         for (i, op) in r.all.iter().enumerate() {
             let _ = writeln!(report, "  {i:3} {}", describe(op));
         }
@@ -938,29 +1057,35 @@ fn run(seed: u64, params: Params) -> Result<Outcome, String> {
     })
 }
 
-/// Seeds 0..2000 with 30 to 60 changes each; odd seeds push while the workload runs.
-fn check_seeds(exchange: bool) -> (usize, usize) {
-    let (mut reference, mut pushed) = (0, 0);
-    for seed in 0..2000u64 {
-        let params = Params {
-            ops: 30 + (seed % 31) as usize,
-            early: seed % 2 == 1,
-            exchange,
-        };
-        match run(seed, params) {
-            Ok(o) => {
-                reference += o.reference;
-                pushed += o.pushed;
-            }
-            Err(report) => panic!("{report}"),
-        }
+/// Random workloads (a bounded number: the whole test takes seconds in a debug build); a failing one is
+/// shrunk, and its seed saved under `proptest-regressions/` to be run first next time. Returns the home
+/// calls made one by one and through the journal, over all workloads.
+fn check_workloads(exchange: bool) -> (usize, usize) {
+    use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
+
+    let config = Config {
+        cases: 1000,
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
+        ..Config::default()
+    };
+    let totals = std::cell::Cell::new((0, 0));
+    let result = TestRunner::new(config).run(&strategy::workload(exchange), |w| {
+        let o = run(&w).map_err(TestCaseError::fail)?;
+        let (reference, pushed) = totals.get();
+        totals.set((reference + o.reference, pushed + o.pushed));
+        Ok(())
+    });
+    match result {
+        Ok(()) => totals.get(),
+        Err(TestError::Fail(why, w)) => panic!("{why}\nminimal failing workload: {w:#?}"),
+        Err(e) => panic!("{e}"),
     }
-    (reference, pushed)
 }
 
 #[test]
 fn coalescing_and_cancellation_keep_the_final_home_state() {
-    let (reference, pushed) = check_seeds(false);
+    let (reference, pushed) = check_workloads(false);
     eprintln!("{reference} ops one by one, {pushed} pushed through the journal");
     assert!(pushed < reference, "nothing was coalesced or cancelled");
 }
@@ -1093,6 +1218,6 @@ fn an_exchange_keeps_its_partner() {
 
 #[test]
 fn coalescing_and_cancellation_keep_the_final_home_state_with_exchanges() {
-    let (reference, pushed) = check_seeds(true);
+    let (reference, pushed) = check_workloads(true);
     assert!(pushed < reference, "nothing was coalesced or cancelled");
 }

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_cache::{Mutation, Store};
@@ -272,9 +272,7 @@ pub struct Fs {
     pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use larder_cache::contention::lock;
 
 pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
     if name.len() > NAME_MAX {
@@ -1183,7 +1181,12 @@ impl Fs {
                 // That answer is remembered neither here (no negative entry) nor by the kernel (an error
                 // reply), so the name is asked again once home is back. Without a journal nothing can be
                 // made while home is away: the honest answer is home's error.
-                let ns = lock(&self.ns);
+                let mut ns = lock(&self.ns);
+                // A name known before a restart is in the index, if not in memory yet.
+                let known = match known {
+                    Some(child) => Some(child),
+                    None => self.load_child(&mut ns, parent, name)?,
+                };
                 match known {
                     Some(child) if ns.inodes.get(&child).is_some_and(|c| c.attr.is_some()) => Ok(Found::Ino(child)),
                     None if self.cfg.write_mode.journaled() => Err(FsError::NotFound),

@@ -55,18 +55,6 @@ pub enum WriteMode {
 }
 
 impl WriteMode {
-    pub fn parse(s: &str) -> Result<WriteMode, String> {
-        match s {
-            "read-only" => Ok(WriteMode::ReadOnly),
-            "write-through" => Ok(WriteMode::WriteThrough),
-            "write-back" => Ok(WriteMode::WriteBack),
-            "local" => Ok(WriteMode::Local),
-            _ => Err(format!(
-                "unknown write mode {s:?}: use write-back, write-through, read-only or local"
-            )),
-        }
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             WriteMode::ReadOnly => "read-only",
@@ -92,14 +80,6 @@ pub enum Prefetch {
 }
 
 impl Prefetch {
-    pub fn parse(s: &str) -> Result<Prefetch, String> {
-        match s {
-            "sequential" => Ok(Prefetch::Sequential),
-            "whole-file" => Ok(Prefetch::WholeFile),
-            _ => Err(format!("unknown prefetch policy {s:?}: use sequential or whole-file")),
-        }
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Prefetch::Sequential => "sequential",
@@ -120,17 +100,6 @@ pub enum ConflictPolicy {
 }
 
 impl ConflictPolicy {
-    pub fn parse(s: &str) -> Result<ConflictPolicy, String> {
-        match s {
-            "keep-both" => Ok(ConflictPolicy::KeepBoth),
-            "cache-wins" => Ok(ConflictPolicy::CacheWins),
-            "home-wins" => Ok(ConflictPolicy::HomeWins),
-            _ => Err(format!(
-                "unknown conflict policy {s:?}: use keep-both, cache-wins or home-wins"
-            )),
-        }
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             ConflictPolicy::KeepBoth => "keep-both",
@@ -255,7 +224,7 @@ pub enum Drained {
 }
 
 /// A queued change home refused, as `larder status` and `larder drain` name it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RefusedChange {
     /// The operation (create, mkdir, data, rename, ...).
     pub op: String,

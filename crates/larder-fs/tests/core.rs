@@ -786,3 +786,43 @@ fn a_directory_under_two_renamed_parents_lists_and_finds_its_entries_while_unsur
     assert_eq!(list(&fs, d), ["x", "y"]);
     fs.stop_flushers();
 }
+
+/// A name the cache knew before a restart is still known while home is away after it: made again, it is
+/// refused as existing, not made over home's object (which would be a conflict at push).
+#[test]
+fn write_back_offline_after_a_restart_names_known_before_still_exist() {
+    let s = Setup::new();
+    std::fs::write(s.home("there"), b"at home").unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    {
+        let fs = s.write_back(faults.clone());
+        assert!(fs.lookup(1, OsStr::new("there")).is_ok());
+        // Home goes away with a change queued (a mount with nothing queued does not start offline).
+        for op in [OpKind::Stat, OpKind::Create] {
+            faults.inject(Fault {
+                op,
+                error: HomeError::Unavailable("test".into()),
+                count: 1000,
+                landed: false,
+            });
+        }
+        let (_, r) = fs.create(1, OsStr::new("new"), 0o640, libc::O_WRONLY, 0, 0).unwrap();
+        fs.release(r.fh).unwrap();
+        fs.stop_flushers();
+        fs.shutdown().unwrap();
+    }
+    let fs = s.write_back(faults.clone());
+    assert!(
+        matches!(
+            fs.create(1, OsStr::new("there"), 0o640, libc::O_WRONLY | libc::O_EXCL, 0, 0),
+            Err(FsError::Exists)
+        ),
+        "a known name made again while home is away"
+    );
+    let there = fs
+        .lookup(1, OsStr::new("there"))
+        .expect("known from before the restart");
+    assert_eq!(there.attr.size, 7);
+    assert_eq!(std::fs::read(s.home("there")).unwrap(), b"at home");
+    fs.stop_flushers();
+}

@@ -34,7 +34,7 @@ pub use types::{
     ContentId, DirEntry, FileKind, HomeAttr, HomeLimits, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version,
 };
 pub use url::{HomeSpec, OpenedHome, open_home};
-pub use wan::{WanLayer, WanSpec, parse_duration, parse_size};
+pub use wan::{WanLayer, WanSpec};
 
 use std::fs::File;
 use std::ops::Range;

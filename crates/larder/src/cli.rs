@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use larder_home::{WanSpec, parse_duration, parse_size};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use larder_home::WanSpec;
+
+use crate::units::{parse_duration, parse_size, parse_wan};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,14 +44,6 @@ pub enum Command {
     Demo(DemoArgs),
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s)
-}
-
-fn size(s: &str) -> Result<u64, String> {
-    parse_size(s)
-}
-
 fn block_size(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
     if !(4096..=(64 << 20)).contains(&v) || !v.is_power_of_two() {
@@ -60,24 +54,86 @@ fn block_size(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
-fn write_mode(s: &str) -> Result<larder_fs::WriteMode, String> {
-    larder_fs::WriteMode::parse(s)
+/// `--write-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WriteModeArg {
+    /// Durable in the cache, pushed after the sync lag.
+    WriteBack,
+    /// Each change returns once home has it.
+    WriteThrough,
+    /// Every change is refused.
+    ReadOnly,
+    /// Changes stay in the cache, never pushed.
+    Local,
 }
 
-fn conflict_policy(s: &str) -> Result<larder_fs::ConflictPolicy, String> {
-    larder_fs::ConflictPolicy::parse(s)
+impl From<WriteModeArg> for larder_fs::WriteMode {
+    fn from(m: WriteModeArg) -> Self {
+        match m {
+            WriteModeArg::WriteBack => larder_fs::WriteMode::WriteBack,
+            WriteModeArg::WriteThrough => larder_fs::WriteMode::WriteThrough,
+            WriteModeArg::ReadOnly => larder_fs::WriteMode::ReadOnly,
+            WriteModeArg::Local => larder_fs::WriteMode::Local,
+        }
+    }
 }
 
-fn prefetch(s: &str) -> Result<larder_fs::Prefetch, String> {
-    larder_fs::Prefetch::parse(s)
+/// `--conflict-policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConflictPolicyArg {
+    /// The cache's version lands beside home's as NAME.conflict-HOST-TIME.
+    KeepBoth,
+    /// The cache's version replaces home's.
+    CacheWins,
+    /// Home's version stays; the cache's is kept in the cache directory's conflicts area.
+    HomeWins,
 }
 
-fn eviction(s: &str) -> Result<larder_cache::Eviction, String> {
-    larder_cache::Eviction::parse(s)
+impl From<ConflictPolicyArg> for larder_fs::ConflictPolicy {
+    fn from(p: ConflictPolicyArg) -> Self {
+        match p {
+            ConflictPolicyArg::KeepBoth => larder_fs::ConflictPolicy::KeepBoth,
+            ConflictPolicyArg::CacheWins => larder_fs::ConflictPolicy::CacheWins,
+            ConflictPolicyArg::HomeWins => larder_fs::ConflictPolicy::HomeWins,
+        }
+    }
 }
 
-fn wan(s: &str) -> Result<WanSpec, String> {
-    s.parse()
+/// `--prefetch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrefetchArg {
+    /// A readahead window that doubles on each sequential read.
+    Sequential,
+    /// The first read queues every block.
+    WholeFile,
+}
+
+impl From<PrefetchArg> for larder_fs::Prefetch {
+    fn from(p: PrefetchArg) -> Self {
+        match p {
+            PrefetchArg::Sequential => larder_fs::Prefetch::Sequential,
+            PrefetchArg::WholeFile => larder_fs::Prefetch::WholeFile,
+        }
+    }
+}
+
+/// `--eviction`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EvictionArg {
+    /// S3-FIFO: scan-resistant.
+    #[value(name = "s3fifo")]
+    S3Fifo,
+    /// Plain least-recently-used.
+    Lru,
+}
+
+impl From<EvictionArg> for larder_cache::Eviction {
+    fn from(e: EvictionArg) -> Self {
+        match e {
+            EvictionArg::S3Fifo => larder_cache::Eviction::S3Fifo,
+            EvictionArg::Lru => larder_cache::Eviction::Lru,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -90,45 +146,43 @@ pub struct MountArgs {
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Most bytes of file data to keep cached.
-    #[arg(long, default_value = "10GiB", value_parser = size)]
+    #[arg(long, default_value = "10GiB", value_parser = parse_size)]
     pub cache_size: u64,
     /// How long cached attributes and listings are trusted before home is asked again (0: every open).
-    #[arg(long, default_value = "15s", value_parser = duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub validity_lag: Duration,
     /// Unit of fetching and eviction for large files.
     #[arg(long, default_value = "1MiB", value_parser = block_size)]
     pub block_size: u64,
     /// Largest readahead window for sequential readers.
-    #[arg(long, default_value = "16MiB", value_parser = size)]
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub readahead: u64,
     /// Concurrent home requests bringing in the blocks of large files ahead of their readers.
     #[arg(long, default_value_t = 8)]
     pub ingest_streams: usize,
-    /// What a read of a large file brings in ahead of it: sequential (a readahead window that doubles on
-    /// each sequential read, up to --readahead) or whole-file (the first read queues every block).
-    #[arg(long, default_value = "sequential", value_parser = prefetch)]
-    pub prefetch: larder_fs::Prefetch,
+    /// What a read of a large file brings in ahead of it (the sequential window grows up to --readahead).
+    #[arg(long, value_enum, default_value_t = PrefetchArg::Sequential)]
+    pub prefetch: PrefetchArg,
     /// Files at most this large are fetched, kept and evicted whole; larger ones per block.
-    #[arg(long, default_value = "256KiB", value_parser = size)]
+    #[arg(long, default_value = "256KiB", value_parser = parse_size)]
     pub small_file_threshold: u64,
     /// Keep a copy per file even when small files are identical (by default clean small files with the
     /// same bytes share one copy in the cache).
     #[arg(long)]
     pub no_dedup: bool,
-    /// Eviction policy over cache units: s3fifo (scan-resistant, default) or lru (plain least-recently-used,
-    /// a baseline for benchmarks).
-    #[arg(long, default_value = "s3fifo", value_parser = eviction)]
-    pub eviction: larder_cache::Eviction,
+    /// Eviction policy over cache units (lru is a baseline for benchmarks).
+    #[arg(long, value_enum, default_value_t = EvictionArg::S3Fifo)]
+    pub eviction: EvictionArg,
     /// Serve every read through the daemon, even of files whole in the cache (by default, on read-only
     /// mounts, the kernel reads those from the cache file directly, with FUSE passthrough, where the
     /// kernel offers it).
     #[arg(long)]
     pub no_passthrough: bool,
     /// Emulate a slow link to home, e.g. latency=20ms,bandwidth=50MiB/s.
-    #[arg(long, value_parser = wan)]
+    #[arg(long, value_parser = parse_wan)]
     pub emulate_wan: Option<WanSpec>,
     /// Give up on a home call after this long (the caller gets EIO).
-    #[arg(long, default_value = "30s", value_parser = duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub home_timeout: Duration,
     /// S3 endpoint for s3:// homes on S3-compatible servers, e.g. http://127.0.0.1:9000.
     #[arg(long)]
@@ -142,21 +196,18 @@ pub struct MountArgs {
     /// Refuse all changes (the same as --write-mode read-only).
     #[arg(long)]
     pub read_only: bool,
-    /// How changes reach home: write-back (durable in the cache, pushed after the sync lag),
-    /// write-through (each change returns once home has it), read-only, or local (never pushed).
-    #[arg(long, default_value = "write-back", value_parser = write_mode)]
-    pub write_mode: larder_fs::WriteMode,
+    /// How changes reach home.
+    #[arg(long, value_enum, default_value_t = WriteModeArg::WriteBack)]
+    pub write_mode: WriteModeArg,
     /// How long a change waits in the cache before it is pushed to home (write-back).
-    #[arg(long, default_value = "5s", value_parser = duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub sync_lag: Duration,
     /// Threads pushing independent changes to home in parallel (write-back).
     #[arg(long, default_value_t = 8)]
     pub flush_threads: usize,
-    /// When home changed a file that has local changes: keep-both (the cache's version lands beside
-    /// home's as NAME.conflict-HOST-TIME), cache-wins, or home-wins (the cache's version is kept in the
-    /// cache directory's conflicts area).
-    #[arg(long, default_value = "keep-both", value_parser = conflict_policy)]
-    pub conflict_policy: larder_fs::ConflictPolicy,
+    /// What to do when home changed a file that has local changes.
+    #[arg(long, value_enum, default_value_t = ConflictPolicyArg::KeepBoth)]
+    pub conflict_policy: ConflictPolicyArg,
     /// Testing aid: while this file exists, home is unreachable (every call fails).
     #[arg(long, hide = true)]
     pub fault_file: Option<PathBuf>,
@@ -185,7 +236,7 @@ pub struct UnmountArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
     /// How long to wait for the daemon to exit (and, with --drain, for home to take every change).
-    #[arg(long, default_value = "30s", value_parser = duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Push every queued change to home first.
     #[arg(long, conflicts_with = "leave_pending")]
@@ -200,7 +251,7 @@ pub struct DrainArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
     /// Give up (exit non-zero) after this long.
-    #[arg(long, default_value = "10m", value_parser = duration)]
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
 }
 
@@ -235,9 +286,41 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 400)]
     pub small_files: usize,
     /// Size of the large file.
-    #[arg(long, default_value = "256MiB", value_parser = size)]
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub big_size: u64,
     /// The emulated link to the demo home.
-    #[arg(long, default_value = "latency=20ms,bandwidth=50MiB/s", value_parser = wan)]
+    #[arg(long, default_value = "latency=20ms,bandwidth=50MiB/s", value_parser = parse_wan)]
     pub wan: WanSpec,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the options take are the ones status output and the docs use.
+    #[test]
+    fn choices_are_named_as_the_core_names_them() {
+        fn name(v: &impl ValueEnum) -> String {
+            v.to_possible_value().expect("a visible value").get_name().to_string()
+        }
+        for m in WriteModeArg::value_variants() {
+            assert_eq!(name(m), larder_fs::WriteMode::from(*m).as_str());
+        }
+        for p in ConflictPolicyArg::value_variants() {
+            assert_eq!(name(p), larder_fs::ConflictPolicy::from(*p).as_str());
+        }
+        for p in PrefetchArg::value_variants() {
+            assert_eq!(name(p), larder_fs::Prefetch::from(*p).as_str());
+        }
+        for e in EvictionArg::value_variants() {
+            assert_eq!(name(e), larder_cache::Eviction::from(*e).as_str());
+        }
+    }
+
+    #[test]
+    fn unknown_choices_are_refused_with_the_list() {
+        let e = Cli::try_parse_from(["larder", "mount", "h", "m", "--write-mode", "sometimes"]).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("write-back") && text.contains("local"), "{text}");
+    }
 }

@@ -268,7 +268,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         high_watermark: 0.95,
         low_watermark: 0.90,
         dedup: !args.no_dedup,
-        eviction: args.eviction,
+        eviction: args.eviction.into(),
     };
     let store = Arc::new(Store::open(store_cfg, db).map_err(|e| anyhow!("cache in {}: {e}", p.cache_dir.display()))?);
     store
@@ -277,13 +277,13 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let write_mode = if args.read_only {
         WriteMode::ReadOnly
     } else {
-        args.write_mode
+        args.write_mode.into()
     };
     let fs_cfg = FsConfig {
         validity_lag: args.validity_lag,
         readahead_max: args.readahead,
         ingest_streams: args.ingest_streams.max(1),
-        prefetch: args.prefetch,
+        prefetch: args.prefetch.into(),
         small_file_threshold: args.small_file_threshold,
         write_mode,
         sync_lag: if write_mode == WriteMode::WriteThrough {
@@ -292,7 +292,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
             args.sync_lag
         },
         flush_threads: args.flush_threads.max(1),
-        conflict_policy: args.conflict_policy,
+        conflict_policy: args.conflict_policy.into(),
         conflicts_dir: p.cache_dir.join("conflicts"),
         host: host_name(),
         set_owner: is_root(),

@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 
 use crate::cli::DemoArgs;
 use crate::{mounts, status};
@@ -99,8 +98,7 @@ struct Cost {
 
 fn counters(mnt: &Path) -> Result<(u64, u64)> {
     let v = status::fetch(mnt)?;
-    let u = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    Ok((u("/home/ops"), u("/home/bytes_read")))
+    Ok((v.home.ops, v.home.bytes_read))
 }
 
 fn measure(mnt: &Path, f: impl FnOnce() -> Result<()>) -> Result<Cost> {

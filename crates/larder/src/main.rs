@@ -10,8 +10,10 @@ mod journal;
 mod metrics;
 mod mounts;
 mod preflight;
+mod progress;
 mod residency;
 mod status;
+mod units;
 
 use std::process::ExitCode;
 
@@ -25,10 +27,10 @@ fn main() -> ExitCode {
         cli::Command::Unmount(args) => mounts::unmount(args),
         cli::Command::Drain(args) => journal::drain(args),
         cli::Command::Conflicts(args) => journal::conflicts(args),
-        cli::Command::Prefetch(args) => residency::run("prefetch", args),
-        cli::Command::Pin(args) => residency::run("pin", args),
-        cli::Command::Unpin(args) => residency::run("unpin", args),
-        cli::Command::Evict(args) => residency::run("evict", args),
+        cli::Command::Prefetch(args) => residency::run(control::ResidencyAction::Prefetch, args),
+        cli::Command::Pin(args) => residency::run(control::ResidencyAction::Pin, args),
+        cli::Command::Unpin(args) => residency::run(control::ResidencyAction::Unpin, args),
+        cli::Command::Evict(args) => residency::run(control::ResidencyAction::Evict, args),
         cli::Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -153,13 +153,9 @@ pub fn unmount(args: UnmountArgs) -> Result<()> {
         Mounted::Other(t) => bail!("{} is a {t} mount, not a larder mount", mnt.display()),
         Mounted::Nothing => bail!("{} is not mounted", mnt.display()),
     }
-    let status = control::request(&socket_path(&mnt), "status").ok();
-    let pending = status
-        .as_ref()
-        .and_then(|v| v.pointer("/journal/pending_ops"))
-        .and_then(serde_json::Value::as_u64)
-        .unwrap_or(0);
-    let local = status.as_ref().and_then(|v| v["write_mode"].as_str()) == Some("local");
+    let status = control::status(&socket_path(&mnt)).ok();
+    let pending = status.as_ref().map_or(0, |v| v.journal.pending_ops);
+    let local = status.as_ref().is_some_and(|v| v.write_mode == "local");
     if pending > 0 && !local {
         if args.drain {
             crate::journal::drain_mount(&mnt, args.timeout)
@@ -173,7 +169,7 @@ pub fn unmount(args: UnmountArgs) -> Result<()> {
             );
         }
     }
-    let pid = status.and_then(|v| v["pid"].as_i64()).map(|p| p as i32);
+    let pid = status.map(|v| v.pid as i32);
     match kernel_unmount(&mnt, false) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => bail!(

@@ -62,8 +62,8 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
     }
 
     if mounts::mounted_at(&mnt) == mounts::Mounted::Larder {
-        if let Ok(v) = control::request(&mounts::socket_path(&mnt), "status") {
-            bail!("another larder (pid {}) already serves {}", v["pid"], mnt.display());
+        if let Ok(v) = control::status(&mounts::socket_path(&mnt)) {
+            bail!("another larder (pid {}) already serves {}", v.pid, mnt.display());
         }
         // A daemon that died without unmounting leaves a dead mount: clear it.
         mounts::kernel_unmount(&mnt, true).map_err(|e| {

@@ -1,7 +1,6 @@
 //! `larder prefetch`, `pin`, `unpin` and `evict`: the command walks the paths through the mount (which
 //! caches their metadata), then asks the daemon to act on the files found, a batch at a time.
 
-use std::io::{IsTerminal, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,41 +8,37 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use larder_fs::Fs;
-use serde_json::{Value, json};
 
 use crate::cli::ResidencyArgs;
+use crate::control::{FileResidency, Request, ResidencyAction, Response};
 use crate::status::human_bytes;
-use crate::{control, mounts};
+use crate::{control, mounts, progress};
 
 /// Files per request, and bytes per request (a batch is cut at whichever comes first).
 const BATCH_FILES: usize = 64;
 const BATCH_BYTES: u64 = 256 << 20;
 
-/// The daemon's side: act on the inodes in `req["inos"]`.
-pub fn serve(fs: &Arc<Fs>, cmd: &str, req: &Value) -> Value {
-    let Some(inos) = req["inos"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_u64).collect::<Vec<u64>>())
-    else {
-        return json!({ "error": format!("'{cmd}' needs \"inos\": a list of inode numbers") });
+/// The daemon's side: act on the files with inode numbers `inos`.
+pub fn serve(fs: &Arc<Fs>, action: ResidencyAction, inos: &[u64]) -> Response {
+    let results = match action {
+        ResidencyAction::Prefetch => fs.prefetch(inos),
+        ResidencyAction::Pin => fs.pin(inos, true),
+        ResidencyAction::Unpin => fs.pin(inos, false),
+        ResidencyAction::Evict => fs.evict(inos),
     };
-    let results = match cmd {
-        "prefetch" => fs.prefetch(&inos),
-        "pin" => fs.pin(&inos, true),
-        "unpin" => fs.pin(&inos, false),
-        _ => fs.evict(&inos),
-    };
-    let results: Vec<Value> = inos
-        .iter()
-        .zip(results)
-        .map(|(ino, r)| match r {
-            Ok(r) => json!({
-                "ino": ino, "size": r.size, "cached": r.cached, "moved": r.moved, "pinned": r.pinned,
+    let results = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(r) => Ok(FileResidency {
+                size: r.size,
+                cached: r.cached,
+                moved: r.moved,
+                pinned: r.pinned,
             }),
-            Err(e) => json!({ "ino": ino, "error": larder_fs::describe_residency_error(&e) }),
+            Err(e) => Err(larder_fs::describe_residency_error(&e)),
         })
         .collect();
-    json!({ "results": results })
+    Response::Residency { results }
 }
 
 /// The larder mount that holds `path`: its nearest ancestor (or itself) that is one.
@@ -113,7 +108,8 @@ fn walk(args: &ResidencyArgs, mount: &Path, out: &mut Vec<Target>, dirs: &mut u6
 }
 
 /// `larder prefetch|pin|unpin|evict PATH...`.
-pub fn run(cmd: &str, args: ResidencyArgs) -> Result<()> {
+pub fn run(action: ResidencyAction, args: ResidencyArgs) -> Result<()> {
+    let cmd = action.as_str();
     let started = Instant::now();
     let mount = mount_of(&args.paths[0])?;
     let socket = mounts::socket_path(&mount);
@@ -121,11 +117,12 @@ pub fn run(cmd: &str, args: ResidencyArgs) -> Result<()> {
     let mut dirs = 0;
     walk(&args, &mount, &mut targets, &mut dirs)?;
     let total_bytes: u64 = targets.iter().map(|t| t.size).sum();
-    let tty = std::io::stderr().is_terminal();
     let (mut done, mut done_bytes, mut moved, mut cached) = (0usize, 0u64, 0u64, 0u64);
     let mut failures: Vec<String> = Vec::new();
     let mut kept_pinned = 0;
-    if !(cmd == "prefetch" && args.metadata_only) {
+    if !(action == ResidencyAction::Prefetch && args.metadata_only) {
+        let bar = progress::bar(total_bytes, progress::RESIDENCY, format!("0/{} files", targets.len()));
+        bar.set_prefix(cmd);
         let mut i = 0;
         while i < targets.len() {
             let mut end = i;
@@ -136,53 +133,47 @@ pub fn run(cmd: &str, args: ResidencyArgs) -> Result<()> {
                 end += 1;
             }
             let batch = &targets[i..end];
-            let req = json!({ "cmd": cmd, "inos": batch.iter().map(|t| t.ino).collect::<Vec<_>>() });
+            let request = Request::Residency {
+                action,
+                inos: batch.iter().map(|t| t.ino).collect(),
+            };
             // A batch takes as long as home needs to give its bytes: no timeout but the daemon's own.
-            let answer = control::send(&socket, &req, None)?;
-            let results = answer["results"].as_array().cloned().unwrap_or_default();
-            for (t, r) in batch.iter().zip(results.iter()) {
-                if let Some(e) = r["error"].as_str() {
-                    failures.push(format!("{}: {e}", t.path.display()));
-                    continue;
-                }
-                moved += r["moved"].as_u64().unwrap_or(0);
-                cached += r["cached"].as_u64().unwrap_or(0);
-                if cmd == "evict" && r["pinned"].as_bool() == Some(true) {
-                    kept_pinned += 1;
+            let results = match control::send(&socket, &request, None)? {
+                Response::Residency { results } => results,
+                other => return Err(control::unexpected(cmd, &other)),
+            };
+            for (t, r) in batch.iter().zip(results) {
+                match r {
+                    Err(e) => failures.push(format!("{}: {e}", t.path.display())),
+                    Ok(r) => {
+                        moved += r.moved;
+                        cached += r.cached;
+                        if action == ResidencyAction::Evict && r.pinned {
+                            kept_pinned += 1;
+                        }
+                    }
                 }
             }
             done += batch.len();
             done_bytes += bytes;
             i = end;
-            if tty {
-                let width = 30u64;
-                let filled = (done_bytes * width).checked_div(total_bytes).unwrap_or(width) as usize;
-                eprint!(
-                    "\r{cmd} [{}{}] {done}/{} files, {}/{}   ",
-                    "#".repeat(filled),
-                    "-".repeat(width as usize - filled),
-                    targets.len(),
-                    human_bytes(done_bytes),
-                    human_bytes(total_bytes),
-                );
-                let _ = std::io::stderr().flush();
-            }
-        }
-        if tty {
-            eprintln!();
+            bar.set_position(done_bytes);
+            bar.set_message(format!("{done}/{} files", targets.len()));
         }
     }
     let secs = started.elapsed().as_secs_f64();
-    let what = match cmd {
-        "prefetch" if args.metadata_only => format!("metadata of {} files in {dirs} directories cached", targets.len()),
-        "prefetch" => format!("{} from home, {} cached", human_bytes(moved), human_bytes(cached)),
-        "pin" => format!(
+    let what = match action {
+        ResidencyAction::Prefetch if args.metadata_only => {
+            format!("metadata of {} files in {dirs} directories cached", targets.len())
+        }
+        ResidencyAction::Prefetch => format!("{} from home, {} cached", human_bytes(moved), human_bytes(cached)),
+        ResidencyAction::Pin => format!(
             "{} from home, {} pinned and cached",
             human_bytes(moved),
             human_bytes(cached)
         ),
-        "unpin" => format!("{} cached, now evictable", human_bytes(cached)),
-        _ => format!(
+        ResidencyAction::Unpin => format!("{} cached, now evictable", human_bytes(cached)),
+        ResidencyAction::Evict => format!(
             "{} dropped, {} still cached{}",
             human_bytes(moved),
             human_bytes(cached),

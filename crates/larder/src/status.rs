@@ -1,15 +1,17 @@
 //! `larder status`, and the snapshot the daemon serves on its control socket and metrics endpoint.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use larder_fs::Fs;
+use larder_fs::{Fs, RefusedChange};
 use larder_home::{HomeCounters, OpKind};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 use crate::cli::StatusArgs;
+use crate::control::{Request, Response};
 use crate::{control, mounts};
 
 /// Everything a status snapshot is made of.
@@ -26,127 +28,240 @@ pub struct StatusSource {
 /// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
 /// into the cache) and ECDAB = Σ bytes read / (I/O time × Σ bytes put into the cache), the I/O time being
 /// the time spent in reads here (one client). Larger is better: the same latency or bandwidth bought with
-/// less cache traffic. `null` until there is something to divide by.
-fn efficiency(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats, abd: Option<f64>) -> Value {
-    let cda = store.inserted_bytes as f64;
-    let ratio = |num: f64, den: f64| if den > 0.0 { json!(num / den) } else { Value::Null };
-    let lookups = store.hits + store.misses;
-    json!({
-        "reads": fs.reads,
-        "read_bytes": fs.read_bytes,
-        "read_seconds": fs.read_seconds,
-        "cache_inserted_bytes": store.inserted_bytes,
-        "hit_rate": ratio(store.hits as f64, lookups as f64),
-        "ecdal": ratio(1.0, fs.read_seconds * cda),
-        "ecdab": ratio(fs.read_bytes as f64, fs.read_seconds * cda),
-        "abd": abd,
-    })
+/// less cache traffic. A ratio is `None` (`null`) until there is something to divide by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Efficiency {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub read_seconds: f64,
+    pub cache_inserted_bytes: u64,
+    pub hit_rate: Option<f64>,
+    pub ecdal: Option<f64>,
+    pub ecdab: Option<f64>,
+    /// Average block distance of files in eviction order (1: a file's blocks lie together).
+    pub abd: Option<f64>,
+}
+
+impl Efficiency {
+    pub fn of(fs: &larder_fs::FsStats, store: &larder_cache::StoreStats, abd: Option<f64>) -> Efficiency {
+        let cda = store.inserted_bytes as f64;
+        let ratio = |num: f64, den: f64| (den > 0.0).then(|| num / den);
+        Efficiency {
+            reads: fs.reads,
+            read_bytes: fs.read_bytes,
+            read_seconds: fs.read_seconds,
+            cache_inserted_bytes: store.inserted_bytes,
+            hit_rate: ratio(store.hits as f64, (store.hits + store.misses) as f64),
+            ecdal: ratio(1.0, fs.read_seconds * cda),
+            ecdab: ratio(fs.read_bytes as f64, fs.read_seconds * cda),
+            abd,
+        }
+    }
 }
 
 /// Units (from the eviction end) over which the average block distance is taken: bounded, because the
 /// store is locked while they are walked.
-const ABD_UNITS: usize = 100_000;
+pub const ABD_UNITS: usize = 100_000;
+
+/// The status document, as `larder status --json` prints it. The fields of the published schema
+/// (`home.ops`, `home.bytes_read`, `home.bytes_written`, `cache.hits`, `cache.misses`, `cache.bytes_used`,
+/// `cache.bytes_limit`, `files_cached`) keep their names.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub mountpoint: PathBuf,
+    pub pid: u32,
+    pub uptime_seconds: f64,
+    pub validity_lag_seconds: f64,
+    pub home: HomeStatus,
+    pub cache: CacheStatus,
+    /// Where readers' bytes came from. The kernel's page cache, in front of both, is not seen here.
+    pub tiers: Tiers,
+    pub files_cached: u64,
+    pub write_mode: String,
+    pub journal: JournalStatus,
+    pub efficiency: Efficiency,
+    pub fs: FsStatus,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HomeState {
+    Online,
+    Offline,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HomeStatus {
+    pub url: String,
+    pub state: HomeState,
+    pub ops: u64,
+    pub errors: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub ops_by_kind: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CacheStatus {
+    pub dir: PathBuf,
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes_used: u64,
+    pub bytes_limit: u64,
+    pub bytes_dirty: u64,
+    pub blocks: u64,
+    pub block_size: u64,
+    pub evictions: u64,
+    pub corrupt_blocks: u64,
+    pub logical_bytes: u64,
+    pub bytes_pinned: u64,
+    pub eviction: String,
+    pub dedup: Dedup,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Dedup {
+    pub contents: u64,
+    pub files: u64,
+    pub saved_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Tiers {
+    pub cache: CacheTier,
+    pub home: HomeTier,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct CacheTier {
+    pub hits: u64,
+    pub bytes_served: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct HomeTier {
+    pub hits: u64,
+    pub bytes_served: u64,
+    pub bytes_fetched: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JournalStatus {
+    pub pending_ops: u64,
+    pub dirty_bytes: u64,
+    pub oldest_age_seconds: f64,
+    pub conflicts: u64,
+    pub failed_ops: u64,
+    /// Each change home refused: op, path, home's answer, attempts.
+    pub refused: Vec<RefusedChange>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct FsStatus {
+    pub inodes: u64,
+    pub open_handles: u64,
+    pub dirty_files: u64,
+    pub readahead_blocks: u64,
+}
 
 impl StatusSource {
-    /// The status document. The fields of the published schema (`home.ops`, `home.bytes_read`,
-    /// `home.bytes_written`, `cache.hits`, `cache.misses`, `cache.bytes_used`, `cache.bytes_limit`,
-    /// `files_cached`) keep their names.
-    pub fn snapshot(&self) -> Value {
+    /// The status document now.
+    pub fn snapshot(&self) -> Status {
         let c = &self.counters;
         let store = self.fs.store().stats();
         let fs = self.fs.stats();
         let j = self.fs.journal_stats();
-        let by_kind: serde_json::Map<String, Value> = OpKind::ALL
-            .iter()
-            .map(|k| (k.as_str().to_string(), json!(c.ops_of(*k))))
-            .collect();
-        json!({
-            "mountpoint": self.mountpoint,
-            "pid": std::process::id(),
-            "uptime_seconds": self.started.elapsed().as_secs_f64(),
-            "validity_lag_seconds": self.fs.validity_lag().as_secs_f64(),
-            "home": {
-                "url": self.home,
-                "state": if j.home_online { "online" } else { "offline" },
-                "ops": c.ops(),
-                "errors": c.errors(),
-                "bytes_read": c.bytes_read(),
-                "bytes_written": c.bytes_written(),
-                "ops_by_kind": by_kind,
+        Status {
+            mountpoint: self.mountpoint.clone(),
+            pid: std::process::id(),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            validity_lag_seconds: self.fs.validity_lag().as_secs_f64(),
+            home: HomeStatus {
+                url: self.home.clone(),
+                state: if j.home_online {
+                    HomeState::Online
+                } else {
+                    HomeState::Offline
+                },
+                ops: c.ops(),
+                errors: c.errors(),
+                bytes_read: c.bytes_read(),
+                bytes_written: c.bytes_written(),
+                ops_by_kind: OpKind::ALL
+                    .iter()
+                    .map(|k| (k.as_str().to_string(), c.ops_of(*k)))
+                    .collect(),
             },
-            "cache": {
-                "dir": self.cache_dir,
-                "hits": store.hits,
-                "misses": store.misses,
-                "bytes_used": store.bytes_used,
-                "bytes_limit": store.bytes_limit,
-                "bytes_dirty": store.bytes_dirty,
-                "blocks": store.blocks,
-                "block_size": self.block_size,
-                "evictions": store.evictions,
-                "corrupt_blocks": store.corrupt_blocks,
-                "logical_bytes": store.logical_bytes,
-                "bytes_pinned": store.bytes_pinned,
-                "eviction": store.eviction.as_str(),
-                "dedup": {
-                    "contents": store.dedup_contents,
-                    "files": store.dedup_files,
-                    "saved_bytes": store.logical_bytes.saturating_sub(store.bytes_used),
+            cache: CacheStatus {
+                dir: self.cache_dir.clone(),
+                hits: store.hits,
+                misses: store.misses,
+                bytes_used: store.bytes_used,
+                bytes_limit: store.bytes_limit,
+                bytes_dirty: store.bytes_dirty,
+                blocks: store.blocks,
+                block_size: self.block_size,
+                evictions: store.evictions,
+                corrupt_blocks: store.corrupt_blocks,
+                logical_bytes: store.logical_bytes,
+                bytes_pinned: store.bytes_pinned,
+                eviction: store.eviction.as_str().to_string(),
+                dedup: Dedup {
+                    contents: store.dedup_contents,
+                    files: store.dedup_files,
+                    saved_bytes: store.logical_bytes.saturating_sub(store.bytes_used),
                 },
             },
-            // Where readers' bytes came from. The kernel's page cache, in front of both, is not seen here.
-            "tiers": {
-                "cache": { "hits": store.hits, "bytes_served": fs.bytes_from_cache },
-                "home": {
-                    "hits": fs.home_waits,
-                    "bytes_served": fs.bytes_from_home,
-                    "bytes_fetched": c.bytes_read(),
+            tiers: Tiers {
+                cache: CacheTier {
+                    hits: store.hits,
+                    bytes_served: fs.bytes_from_cache,
+                },
+                home: HomeTier {
+                    hits: fs.home_waits,
+                    bytes_served: fs.bytes_from_home,
+                    bytes_fetched: c.bytes_read(),
                 },
             },
-            "files_cached": store.objects,
-            "write_mode": self.fs.write_mode().as_str(),
-            "journal": {
-                "pending_ops": j.pending_ops,
-                "dirty_bytes": j.dirty_bytes,
-                "oldest_age_seconds": j.oldest_age_seconds,
-                "conflicts": j.conflicts,
-                "failed_ops": j.failed_ops,
-                // Each change home refused: op, path, home's answer, attempts.
-                "refused": self.fs.failed_ops(),
+            files_cached: store.objects,
+            write_mode: self.fs.write_mode().as_str().to_string(),
+            journal: JournalStatus {
+                pending_ops: j.pending_ops,
+                dirty_bytes: j.dirty_bytes,
+                oldest_age_seconds: j.oldest_age_seconds,
+                conflicts: j.conflicts,
+                failed_ops: j.failed_ops,
+                refused: self.fs.failed_ops(),
             },
-            "efficiency": efficiency(&fs, &store, self.fs.store().average_block_distance(ABD_UNITS)),
-            "fs": {
-                "inodes": fs.inodes,
-                "open_handles": fs.open_handles,
-                "dirty_files": fs.dirty_files,
-                "readahead_blocks": fs.readahead_blocks,
+            efficiency: Efficiency::of(&fs, &store, self.fs.store().average_block_distance(ABD_UNITS)),
+            fs: FsStatus {
+                inodes: fs.inodes,
+                open_handles: fs.open_handles,
+                dirty_files: fs.dirty_files,
+                readahead_blocks: fs.readahead_blocks,
             },
-        })
+        }
     }
 }
 
 impl control::Handler for StatusSource {
-    fn handle(&self, cmd: &str, req: &Value) -> Value {
-        match cmd {
-            "prefetch" | "pin" | "unpin" | "evict" => crate::residency::serve(&self.fs, cmd, req),
-            "status" => self.snapshot(),
-            "conflicts" => json!({ "conflicts": self.fs.conflicts(), "failed_ops": self.fs.failed_ops() }),
-            drain if drain.starts_with("drain") => {
-                let ms = drain
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(1000u64);
-                let drained = self.fs.drain(std::time::Duration::from_millis(ms.min(5000)));
-                let mut v = self.snapshot();
-                v["drained"] = json!(match drained {
-                    larder_fs::Drained::Empty => "empty",
-                    larder_fs::Drained::Refused => "refused",
-                    larder_fs::Drained::Waiting => "waiting",
-                });
-                v
+    fn handle(&self, request: Request) -> Response {
+        match request {
+            Request::Status => Response::Status(Box::new(self.snapshot())),
+            Request::Conflicts => Response::Conflicts {
+                conflicts: self.fs.conflicts(),
+                failed_ops: self.fs.failed_ops(),
+            },
+            Request::Drain { wait_ms } => {
+                let drained = self
+                    .fs
+                    .drain(Duration::from_millis(wait_ms.min(control::DRAIN_STEP_MAX_MS)));
+                Response::Drain {
+                    drained: drained.into(),
+                    status: Box::new(self.snapshot()),
+                }
             }
-            other => json!({ "error": format!("unknown command '{other}'") }),
+            Request::Residency { action, inos } => crate::residency::serve(&self.fs, action, &inos),
         }
     }
 }
@@ -168,24 +283,24 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 /// One refused change of a status's `journal.refused`: "create a/b: home's answer (3 attempts)".
-pub fn describe_refused(r: &Value) -> String {
+pub fn describe_refused(r: &RefusedChange) -> String {
     format!(
         "{} {}: {} ({} attempt{})",
-        r["op"].as_str().unwrap_or("?"),
-        r["path"].as_str().unwrap_or("?"),
-        r["error"].as_str().unwrap_or("?"),
-        r["attempts"],
-        if r["attempts"].as_u64() == Some(1) { "" } else { "s" }
+        r.op,
+        r.path,
+        r.error,
+        r.attempts,
+        if r.attempts == 1 { "" } else { "s" }
     )
 }
 
 /// Ask the daemon serving `mountpoint` for its status.
-pub fn fetch(mountpoint: &std::path::Path) -> Result<Value> {
+pub fn fetch(mountpoint: &std::path::Path) -> Result<Status> {
     let mnt = mounts::absolute(mountpoint)?;
     if mounts::mounted_at(&mnt) != mounts::Mounted::Larder {
         bail!("{} is not a larder mount", mnt.display());
     }
-    control::request(&mounts::socket_path(&mnt), "status")
+    control::status(&mounts::socket_path(&mnt))
 }
 
 /// `larder status`.
@@ -195,91 +310,86 @@ pub fn run(args: StatusArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    let u = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    let (hits, misses) = (u("/cache/hits"), u("/cache/misses"));
+    let (hits, misses) = (v.cache.hits, v.cache.misses);
     let rate = if hits + misses == 0 {
         0.0
     } else {
         100.0 * hits as f64 / (hits + misses) as f64
     };
-    let limit = u("/cache/bytes_limit").max(1);
+    let limit = v.cache.bytes_limit.max(1);
     let rows = [
         (
             "mount",
             format!(
                 "{} (pid {}, up {:.0}s)",
-                v["mountpoint"].as_str().unwrap_or("?"),
-                v["pid"],
-                v["uptime_seconds"].as_f64().unwrap_or(0.0)
+                v.mountpoint.display(),
+                v.pid,
+                v.uptime_seconds
             ),
         ),
         (
             "home",
             format!(
                 "{} ({})",
-                v["home"]["url"].as_str().unwrap_or("?"),
-                v["home"]["state"].as_str().unwrap_or("?")
+                v.home.url,
+                match v.home.state {
+                    HomeState::Online => "online",
+                    HomeState::Offline => "offline",
+                }
             ),
         ),
-        ("home ops", format!("{} ({} failed)", u("/home/ops"), u("/home/errors"))),
+        ("home ops", format!("{} ({} failed)", v.home.ops, v.home.errors)),
         (
             "home bytes",
             format!(
                 "{} read, {} written",
-                human_bytes(u("/home/bytes_read")),
-                human_bytes(u("/home/bytes_written"))
+                human_bytes(v.home.bytes_read),
+                human_bytes(v.home.bytes_written)
             ),
         ),
         (
             "cache",
             format!(
                 "{} of {} ({:.1}%), {} dirty",
-                human_bytes(u("/cache/bytes_used")),
-                human_bytes(u("/cache/bytes_limit")),
-                100.0 * u("/cache/bytes_used") as f64 / limit as f64,
-                human_bytes(u("/cache/bytes_dirty"))
+                human_bytes(v.cache.bytes_used),
+                human_bytes(v.cache.bytes_limit),
+                100.0 * v.cache.bytes_used as f64 / limit as f64,
+                human_bytes(v.cache.bytes_dirty)
             ),
         ),
         (
             "stored",
             format!(
                 "{} of file data in {} on disk ({} saved: {} files share {} copies), {} pinned",
-                human_bytes(u("/cache/logical_bytes")),
-                human_bytes(u("/cache/bytes_used")),
-                human_bytes(u("/cache/dedup/saved_bytes")),
-                u("/cache/dedup/files"),
-                u("/cache/dedup/contents"),
-                human_bytes(u("/cache/bytes_pinned"))
+                human_bytes(v.cache.logical_bytes),
+                human_bytes(v.cache.bytes_used),
+                human_bytes(v.cache.dedup.saved_bytes),
+                v.cache.dedup.files,
+                v.cache.dedup.contents,
+                human_bytes(v.cache.bytes_pinned)
             ),
         ),
-        ("files cached", u("/files_cached").to_string()),
+        ("files cached", v.files_cached.to_string()),
         ("hits / misses", format!("{hits} / {misses} ({rate:.1}% hits)")),
-        ("evictions", u("/cache/evictions").to_string()),
+        ("evictions", v.cache.evictions.to_string()),
         (
             "journal",
             format!(
                 "{} ({} changes waiting, {} dirty, oldest {:.1}s, {} conflicts, {} refused)",
-                v["write_mode"].as_str().unwrap_or("?"),
-                u("/journal/pending_ops"),
-                human_bytes(u("/journal/dirty_bytes")),
-                v.pointer("/journal/oldest_age_seconds")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(0.0),
-                u("/journal/conflicts"),
-                u("/journal/failed_ops")
+                v.write_mode,
+                v.journal.pending_ops,
+                human_bytes(v.journal.dirty_bytes),
+                v.journal.oldest_age_seconds,
+                v.journal.conflicts,
+                v.journal.failed_ops
             ),
         ),
-        ("cache dir", v["cache"]["dir"].as_str().unwrap_or("?").to_string()),
+        ("cache dir", v.cache.dir.display().to_string()),
     ];
     for (k, val) in rows {
         println!("{k:<14} {val}");
     }
-    for r in v
-        .pointer("/journal/refused")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for r in &v.journal.refused {
         println!("{:<14} {}", "refused", describe_refused(r));
     }
     Ok(())
