@@ -151,8 +151,9 @@ struct State {
     /// Objects the kernel reads directly (FUSE passthrough), with the number of handles doing so: their
     /// blocks are not evicted, and their files never have holes punched, while held.
     holds: HashMap<u64, u32>,
-    /// Files sharing each content of the content store.
+    /// Files sharing each content of the content store, and their sum.
     contents: HashMap<ContentKey, u32>,
+    shares: u64,
     /// Bytes on disk: blocks of objects with a file of their own, plus each content once.
     used: u64,
     /// Bytes of all blocks.
@@ -223,7 +224,12 @@ pub struct Store {
     evictions: AtomicU64,
     corrupt: AtomicU64,
     inserted: AtomicU64,
+    /// The last average block distance: when, over how many units, and its value.
+    abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
 }
+
+/// How long an average block distance is reused.
+const ABD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 use crate::contention::lock;
 
@@ -239,6 +245,7 @@ impl Store {
             objects: HashMap::new(),
             holds: HashMap::new(),
             contents: HashMap::new(),
+            shares: 0,
             used: 0,
             logical: 0,
             dirty: 0,
@@ -253,6 +260,7 @@ impl Store {
                     state.used += key.0;
                 }
                 *refs += 1;
+                state.shares += 1;
             }
             let meta = ObjectMeta {
                 whole: flags & WHOLE != 0,
@@ -299,6 +307,7 @@ impl Store {
             evictions: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
+            abd: Mutex::new(None),
         })
     }
 
@@ -393,38 +402,53 @@ impl Store {
         // The bytes are read without the lock; if the block was evicted (or evicted and filled again)
         // meanwhile, they may be a punched hole: read again, or call it a miss.
         for _ in 0..8 {
-            let (generation, file) = {
+            let (generation, file, check) = {
                 let mut st = lock(&self.state);
                 let Some(entry) = st.blocks.get(&key) else {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
                 };
-                let (blen, crc, verified) = (entry.len as usize, entry.crc, entry.verified || entry.dirty);
+                let (blen, crc, generation) = (entry.len as usize, entry.crc, entry.generation);
+                let check = !(entry.verified || entry.dirty);
                 let file = self.file_locked(&st, key.0)?;
-                if !verified {
-                    let mut whole = vec![0u8; blen];
-                    let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
-                    if !ok {
-                        tracing::warn!(
-                            object = key.0,
-                            block = key.1,
-                            "cached block failed its checksum; refetching"
-                        );
-                        self.corrupt.fetch_add(1, Ordering::Relaxed);
-                        self.remove_locked(&mut st, key);
-                        self.misses.fetch_add(1, Ordering::Relaxed);
-                        return Ok(None);
-                    }
-                    if let Some(e) = st.blocks.get_mut(&key) {
-                        e.verified = true;
-                    }
+                if !check {
+                    st.policy.touch(&key);
                 }
-                let Some(generation) = st.blocks.get(&key).map(|e| e.generation) else {
-                    return Ok(None);
-                };
-                st.policy.touch(&key);
-                (generation, file)
+                (generation, file, check.then_some((blen, crc)))
             };
+            if let Some((blen, crc)) = check {
+                // The first read of the block since the start: its checksum, checked without the lock, is
+                // taken as the block's only if the block is still the one that was looked at.
+                let mut whole = vec![0u8; blen];
+                let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
+                let mut st = lock(&self.state);
+                match st.blocks.get_mut(&key) {
+                    Some(e) if e.generation == generation && e.crc == crc && !e.dirty && !e.verified => {
+                        if !ok {
+                            tracing::warn!(
+                                object = key.0,
+                                block = key.1,
+                                "cached block failed its checksum; refetching"
+                            );
+                            self.corrupt.fetch_add(1, Ordering::Relaxed);
+                            self.remove_locked(&mut st, key);
+                            self.misses.fetch_add(1, Ordering::Relaxed);
+                            return Ok(None);
+                        }
+                        e.verified = true;
+                        st.policy.touch(&key);
+                        drop(st);
+                        self.hits.fetch_add(1, Ordering::Relaxed);
+                        let from = (offset as usize).min(whole.len());
+                        let to = (from + len).min(whole.len());
+                        whole.truncate(to);
+                        whole.drain(..from);
+                        return Ok(Some(whole));
+                    }
+                    // Changed meanwhile (written, refilled, verified by another reader, or gone): look again.
+                    _ => continue,
+                }
+            }
             let mut buf = vec![0u8; len];
             let n = read_upto(&file, &mut buf, start + offset).map_err(io_err)?;
             buf.truncate(n);
@@ -719,10 +743,30 @@ impl Store {
     /// `most` units in eviction order: how far apart in that order the blocks of one file lie, per block
     /// (1.0: together, as a whole file; larger: scattered, so a file is evicted piecemeal). `None` when no
     /// such file is there.
+    /// Computed at most once per [`ABD_EVERY`] (status and every metrics scrape ask for it): the order is
+    /// copied under the lock, and walked outside it.
     pub fn average_block_distance(&self, most: usize) -> Option<f64> {
-        let st = lock(&self.state);
+        let mut last = lock(&self.abd);
+        if let Some((at, n, v)) = *last
+            && n == most
+            && at.elapsed() < ABD_EVERY
+        {
+            return v;
+        }
+        let v = self.block_distance_now(most);
+        *last = Some((std::time::Instant::now(), most, v));
+        v
+    }
+
+    /// [`Store::average_block_distance`], computed now.
+    fn block_distance_now(&self, most: usize) -> Option<f64> {
+        let order: Vec<BlockKey> = lock(&self.state).policy.eviction_order(most).copied().collect();
+        Self::block_distance(&order)
+    }
+
+    fn block_distance(order: &[BlockKey]) -> Option<f64> {
         let mut spans: HashMap<u64, (usize, usize, usize)> = HashMap::new();
-        for (pos, key) in st.policy.eviction_order(most).enumerate() {
+        for (pos, key) in order.iter().enumerate() {
             let e = spans.entry(key.0).or_insert((pos, pos, 0));
             e.1 = pos;
             e.2 += 1;
@@ -752,7 +796,7 @@ impl Store {
             logical_bytes: st.logical,
             bytes_pinned: st.pinned,
             dedup_contents: st.contents.len() as u64,
-            dedup_files: st.contents.values().map(|&n| n as u64).sum(),
+            dedup_files: st.shares,
             eviction: self.cfg.eviction,
         }
     }
@@ -842,6 +886,7 @@ impl Store {
     fn release_content(&self, st: &mut State, key: ContentKey) {
         let Some(refs) = st.contents.get_mut(&key) else { return };
         *refs -= 1;
+        st.shares -= 1;
         if *refs == 0 {
             st.contents.remove(&key);
             st.used -= key.0;
@@ -949,6 +994,7 @@ impl Store {
             st.used += key.0;
         }
         *st.contents.entry(key).or_insert(0) += 1;
+        st.shares += 1;
         Ok(true)
     }
 
@@ -1331,17 +1377,17 @@ mod tests {
     fn whole_files_lie_together_in_eviction_order() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path(), 1 << 30);
-        assert_eq!(s.average_block_distance(1000), None);
+        assert_eq!(s.block_distance_now(1000), None);
         for object in 1..=4u64 {
             s.fill_whole(object, &content(object as u8, 3 * 4096), 0).unwrap();
         }
-        assert_eq!(s.average_block_distance(1000), Some(1.0));
+        assert_eq!(s.block_distance_now(1000), Some(1.0));
         // Blocks of two large files filled in turns lie two apart.
         for i in 0..4 {
             s.fill((10, i), &[1u8; 4096], 0).unwrap();
             s.fill((11, i), &[2u8; 4096], 0).unwrap();
         }
-        let abd = s.average_block_distance(1000).unwrap();
+        let abd = s.block_distance_now(1000).unwrap();
         assert!((abd - (4.0 * 1.0 + 2.0 * 2.0) / 6.0).abs() < 1e-9, "{abd}");
     }
 
