@@ -15,6 +15,14 @@ use crate::readahead::Job;
 use crate::tier::{Local, Want};
 use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
 
+/// What a read needs to fetch missing blocks (see [`Fs::fetch_state`]).
+struct FetchState {
+    path: Option<std::path::PathBuf>,
+    home_size: u64,
+    version: Version,
+    epoch: u64,
+}
+
 /// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -267,7 +275,9 @@ impl Fs {
 
     fn read_range(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let bs = self.core.store.block_size();
-        let (ino, object, file_size, path, version, window, ra_end) = {
+        // A hit needs the handle and the file's size only: where home has the file, and the rest a fetch
+        // needs, are taken when a block is missing (or readahead is due).
+        let (ino, object, file_size, window, ra_end) = {
             let mut ns = lock(&self.ns);
             let h = ns.handles.get_mut(&fh).ok_or(FsError::BadHandle)?;
             let window = match self.cfg.prefetch {
@@ -288,36 +298,18 @@ impl Fs {
             h.next_offset = offset + size as u64;
             let ra_end = h.ra_end;
             let (ino, opened) = (h.ino, h.object);
-            let path = ns.home_path(ino)?;
             let node = ns.inode(ino)?;
             if node.object != opened {
                 // Home has another version now: this handle's version is gone, and mixing is not allowed.
                 return Err(FsError::Home(HomeError::Stale));
             }
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
-            // Bytes past what home holds of this version exist only here: a gap there is a hole.
-            let home_size = if path.is_some() {
-                node.home_size.unwrap_or(u64::MAX).min(attr.size)
-            } else {
-                0
-            };
-            // Taken with the state above: a block fetched on its word is not kept once the file changed
-            // here (a truncation would otherwise let home's old bytes back in).
-            let epoch = self.core.store.epoch(node.object);
-            (
-                ino,
-                node.object,
-                attr.size,
-                (path, home_size, epoch),
-                attr.version.clone(),
-                window,
-                ra_end,
-            )
+            (ino, node.object, attr.size, window, ra_end)
         };
-        let (path, home_size, epoch) = path;
         if offset >= file_size || size == 0 {
             return Ok(Vec::new());
         }
+        let mut fetching: Option<FetchState> = None;
         let end = (offset + size as u64).min(file_size);
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut pos = offset;
@@ -332,22 +324,30 @@ impl Fs {
                     None
                 }
             };
-            let chunk = match (cached, &path) {
-                (Some(d), _) => {
+            let chunk = match cached {
+                Some(d) => {
                     self.cache_bytes
                         .fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     d
                 }
-                (None, None) => Vec::new(),
-                (None, Some(_)) if index as u64 * bs >= home_size => Vec::new(),
-                (None, Some(path)) => {
-                    let block = self.fetch_block(ino, object, index, path, &version, home_size, epoch)?;
-                    let from = (within as usize).min(block.len());
-                    let to = (within as usize + want).min(block.len());
-                    self.home_bytes
-                        .fetch_add((to - from) as u64, std::sync::atomic::Ordering::Relaxed);
-                    self.home_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    block[from..to].to_vec()
+                None => {
+                    if fetching.is_none() {
+                        fetching = Some(self.fetch_state(ino, object)?);
+                    }
+                    let f = fetching.as_ref().expect("just set");
+                    match &f.path {
+                        None => Vec::new(),
+                        Some(_) if index as u64 * bs >= f.home_size => Vec::new(),
+                        Some(path) => {
+                            let block = self.fetch_block(ino, object, index, path, &f.version, f.home_size, f.epoch)?;
+                            let from = (within as usize).min(block.len());
+                            let to = (within as usize + want).min(block.len());
+                            self.home_bytes
+                                .fetch_add((to - from) as u64, std::sync::atomic::Ordering::Relaxed);
+                            self.home_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            block[from..to].to_vec()
+                        }
+                    }
                 }
             };
             let got = chunk.len();
@@ -360,26 +360,57 @@ impl Fs {
         }
         // Queue what the window adds past the blocks already queued for this handle (a reader that went
         // back before them is served by its own reads and the blocks still queued).
-        let ahead_end = end.saturating_add(window).min(file_size).min(home_size);
-        if window > 0
-            && let Some(path) = path
-            && ahead_end.div_ceil(bs) > ra_end.max(end).div_ceil(bs)
-        {
-            let first = ra_end.max(end).div_ceil(bs);
-            let last = ahead_end.div_ceil(bs);
-            if let Some(h) = lock(&self.ns).handles.get_mut(&fh) {
-                h.ra_end = last * bs;
+        if window > 0 && end.saturating_add(window).min(file_size).div_ceil(bs) > ra_end.max(end).div_ceil(bs) {
+            let f = match fetching {
+                Some(f) => f,
+                None => self.fetch_state(ino, object)?,
+            };
+            let ahead_end = end.saturating_add(window).min(file_size).min(f.home_size);
+            if let Some(path) = f.path
+                && ahead_end.div_ceil(bs) > ra_end.max(end).div_ceil(bs)
+            {
+                let first = ra_end.max(end).div_ceil(bs);
+                let last = ahead_end.div_ceil(bs);
+                if let Some(h) = lock(&self.ns).handles.get_mut(&fh) {
+                    h.ra_end = last * bs;
+                }
+                self.readahead.submit(Job {
+                    object,
+                    blocks: first as u32..last as u32,
+                    path,
+                    version: f.version,
+                    home_end: f.home_size,
+                    epoch: f.epoch,
+                });
             }
-            self.readahead.submit(Job {
-                object,
-                blocks: first as u32..last as u32,
-                path,
-                version,
-                home_end: home_size,
-                epoch,
-            });
         }
         Ok(out)
+    }
+
+    /// What fetching blocks of `ino`'s `object` from home needs, taken together: where home has it, how
+    /// much of its content is home's, its version there, and the object's change epoch (a block fetched on
+    /// its word is not kept once the file changed here: a truncation would otherwise let home's old bytes
+    /// back in). `Stale` if the file's object is another now.
+    fn fetch_state(&self, ino: u64, object: u64) -> FsResult<FetchState> {
+        let ns = lock(&self.ns);
+        let path = ns.home_path(ino)?;
+        let node = ns.inode(ino)?;
+        if node.object != object {
+            return Err(FsError::Home(HomeError::Stale));
+        }
+        let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
+        // Bytes past what home holds of this version exist only here: a gap there is a hole.
+        let home_size = if path.is_some() {
+            node.home_size.unwrap_or(u64::MAX).min(attr.size)
+        } else {
+            0
+        };
+        Ok(FetchState {
+            path,
+            home_size,
+            version: attr.version.clone(),
+            epoch: self.core.store.epoch(node.object),
+        })
     }
 
     /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.
