@@ -159,7 +159,7 @@ impl Fs {
     /// Bind the entries of `ino` that have queued changes (or, for a directory not at home, all its
     /// persisted entries) which are not in memory yet: after a restart, they are known only to the index.
     fn load_pinned(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
-        let names: Vec<Vec<u8>> = if ns.home_path(ino)?.is_none() {
+        let names: Vec<Vec<u8>> = if !ns.at_home(ino)? {
             self.core
                 .store
                 .db()

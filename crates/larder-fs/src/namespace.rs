@@ -390,6 +390,23 @@ impl Namespace {
         Ok(Some(parts.iter().rev().collect()))
     }
 
+    /// Whether home has `ino` (and every directory above it): [`Namespace::home_path`] without building it.
+    pub(crate) fn at_home(&self, ino: u64) -> FsResult<bool> {
+        let mut cur = ino;
+        let mut depth = 0;
+        while cur != ROOT {
+            let Some((p, _)) = &self.inode(cur)?.home_loc else {
+                return Ok(false);
+            };
+            cur = *p;
+            depth += 1;
+            if depth > 4096 {
+                return Err(FsError::Invalid);
+            }
+        }
+        Ok(true)
+    }
+
     /// Home path of `name` in `parent`, if `parent` is at home.
     pub(crate) fn home_child_path(&self, parent: u64, name: &OsStr) -> FsResult<Option<PathBuf>> {
         Ok(self.home_path(parent)?.map(|p| p.join(name)))
@@ -1033,7 +1050,7 @@ impl Fs {
         if lock(&self.journal).pinned(parent, name.as_bytes()) {
             return Ok(true);
         }
-        Ok(ns.home_path(parent)?.is_none())
+        Ok(!ns.at_home(parent)?)
     }
 
     /// Whether `ino`'s attributes are the cache's to say: changes of it are queued.
@@ -1125,6 +1142,14 @@ impl Fs {
             let p = ns.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
+            }
+            // A hit: known, and checked within the validity lag (or changed here). Nothing else is asked.
+            if let Some(&child) = p.children.get(name)
+                && let Some(c) = ns.inodes.get(&child)
+                && c.attr.is_some()
+                && (self.fresh(c.checked) || !c.dirty.is_empty())
+            {
+                return Ok(Found::Ino(child));
             }
             let local = self.local_name(&ns, parent, name)?;
             let p = ns.inode(parent)?;
