@@ -1,7 +1,9 @@
 //! The block store: sparse object files plus an in-memory view of the persistent block index.
 //!
-//! Lock order: `state` before `fds`. Syscalls that punch or read block data for eviction and checksum
-//! verification run under `state` so that a block can never be refilled while it is being dropped.
+//! Lock order (see docs/design/011-locks-and-the-hit-path.md): `abd` before `state` before `fds`. Syscalls
+//! that fill or punch block data run under `state`, so that a block can never be refilled while it is
+//! being dropped; a read, and the checksum check of a block's first read, run outside it and check
+//! afterwards that the block was not replaced meanwhile.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;

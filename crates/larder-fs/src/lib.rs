@@ -11,11 +11,11 @@
 //!   [`tier`]s (today home; peers and a shared bank later), named by portable [`key`]s, one fetch per
 //!   block however many readers wait; sequential readers get a growing readahead window.
 //! * **Writes** land in the file's cache object (dirty ranges tracked) and are pushed to home on
-//!   `flush`/`fsync`/`release` (write-through: the call returns once home has them). The push is the seam
-//!   where a write-back journal slots in.
+//!   `flush`/`fsync`/`release` in write-through (the call returns once home has them); in write-back and
+//!   local modes the change is durable in the cache when the call returns and queued in the journal, which
+//!   the flushers push to home in order (docs/design/007).
 //!
-//! Locks: `mutate` (serialises namespace changes at home) before `ns` (in-memory namespace and handles)
-//! before the store's own locks. No home call is made while `ns` is held.
+//! Locks: the order is written down once, in docs/design/011-locks-and-the-hit-path.md.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -250,7 +250,7 @@ pub struct Fs {
     pub(crate) ns: Mutex<Namespace>,
     pub(crate) mutate: Mutex<()>,
     pub(crate) readahead: Readahead,
-    /// Changes not yet at home. Taken after `ns` when both are needed.
+    /// Changes not yet at home. Taken after `ns` when both are needed (lock order: design note 011).
     pub(crate) journal: Mutex<Journal>,
     /// Woken when the journal gains work, finishes an op, or home comes back.
     pub(crate) journal_cv: Condvar,
