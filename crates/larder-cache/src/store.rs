@@ -1045,6 +1045,16 @@ impl Store {
         if st.meta(object).content.is_some() {
             return false;
         }
+        Self::all_present(&st, object, size, self.cfg.block_size)
+    }
+
+    /// Whether every block of the first `size` bytes of `object` is present and clean, wherever its bytes
+    /// are kept (its own file, or a content it shares): [`Store::read`] serves them all.
+    pub fn present(&self, object: u64, size: u64) -> bool {
+        Self::all_present(&lock(&self.state), object, size, self.cfg.block_size)
+    }
+
+    fn all_present(st: &State, object: u64, size: u64, block_size: u64) -> bool {
         let (mut n, mut bytes) = (0u64, 0u64);
         for (_, e) in st.blocks_of(object) {
             if e.dirty {
@@ -1053,7 +1063,7 @@ impl Store {
             n += 1;
             bytes += e.len as u64;
         }
-        n == size.div_ceil(self.cfg.block_size) && bytes == size
+        n == size.div_ceil(block_size) && bytes == size
     }
 
     /// Whether `object` is pinned or held (open for direct reading by the kernel).

@@ -20,7 +20,7 @@ impl StoreTier {
 
     /// The first `len` bytes of `object` if every block of them is in the store.
     fn cached_whole(&self, object: u64, len: u64) -> Option<Vec<u8>> {
-        if !self.store.complete(object, len) {
+        if !self.store.present(object, len) {
             return None;
         }
         let bs = self.store.block_size();
