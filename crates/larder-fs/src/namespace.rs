@@ -1083,6 +1083,14 @@ impl Fs {
 
     /// Look `name` up in `parent`; counts one kernel reference on success.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        {
+            // A hit (see `find_once`) is answered and counted in one critical section.
+            let mut ns = lock(&self.ns);
+            if let Some(child) = self.fresh_child(&ns, parent, name) {
+                ns.inode_mut(child)?.lookups += 1;
+                return self.entry(&ns, child);
+            }
+        }
         let ino = self.find(parent, name)?;
         let mut ns = lock(&self.ns);
         ns.inode_mut(ino)?.lookups += 1;
@@ -1135,6 +1143,14 @@ impl Fs {
         })
     }
 
+    /// A hit: `name` in directory `parent` is known, and was checked within the validity lag (or changed
+    /// here). Nothing else is asked.
+    fn fresh_child(&self, ns: &Namespace, parent: u64, name: &OsStr) -> Option<u64> {
+        let child = *ns.inodes.get(&parent)?.children.get(name)?;
+        let c = ns.inodes.get(&child)?;
+        (c.attr.is_some() && (self.fresh(c.checked) || !c.dirty.is_empty())).then_some(child)
+    }
+
     /// One try of [`Fs::find`].
     fn find_once(&self, parent: u64, name: &OsStr) -> FsResult<Found> {
         let (path, known) = {
@@ -1143,12 +1159,7 @@ impl Fs {
             if p.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
             }
-            // A hit: known, and checked within the validity lag (or changed here). Nothing else is asked.
-            if let Some(&child) = p.children.get(name)
-                && let Some(c) = ns.inodes.get(&child)
-                && c.attr.is_some()
-                && (self.fresh(c.checked) || !c.dirty.is_empty())
-            {
+            if let Some(child) = self.fresh_child(&ns, parent, name) {
                 return Ok(Found::Ino(child));
             }
             let local = self.local_name(&ns, parent, name)?;
