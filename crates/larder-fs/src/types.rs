@@ -20,7 +20,7 @@ pub struct FsConfig {
     pub prefetch: Prefetch,
     /// Files at most this large are fetched (and kept, and evicted) whole.
     pub small_file_threshold: u64,
-    /// How changes reach home.
+    /// How changes reach home (write-back by default, as the command line's default).
     pub write_mode: WriteMode,
     /// How long a change waits in the journal before it is pushed (write-back).
     pub sync_lag: Duration,
@@ -117,7 +117,7 @@ impl Default for FsConfig {
             ingest_streams: 8,
             prefetch: Prefetch::Sequential,
             small_file_threshold: 256 << 10,
-            write_mode: WriteMode::WriteThrough,
+            write_mode: WriteMode::WriteBack,
             sync_lag: Duration::from_secs(5),
             flush_threads: 8,
             conflict_policy: ConflictPolicy::KeepBoth,

@@ -48,6 +48,7 @@ impl Setup {
         self.fs_configured(
             faults,
             FsConfig {
+                write_mode: larder_fs::WriteMode::WriteThrough,
                 validity_lag: lag,
                 ingest_streams: 2,
                 ..FsConfig::default()
@@ -273,6 +274,7 @@ fn a_tier_between_store_and_home_is_filled_and_serves_another_node_but_never_bad
     let faulty = Arc::new(FaultTier::new(bank.clone()));
     let node = |name: &str| {
         let cfg = FsConfig {
+            write_mode: larder_fs::WriteMode::WriteThrough,
             validity_lag: Duration::from_secs(3600),
             ingest_streams: 1,
             ..FsConfig::default()
@@ -559,6 +561,7 @@ fn a_reader_skipping_ahead_keeps_its_readahead() {
     let (fs, counters) = s.fs_configured(
         Arc::new(FaultLayer::default()),
         FsConfig {
+            write_mode: larder_fs::WriteMode::WriteThrough,
             validity_lag: Duration::from_secs(3600),
             readahead_max: 8 * BS,
             ingest_streams: 2,
