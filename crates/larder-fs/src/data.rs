@@ -721,8 +721,8 @@ impl Fs {
                         size,
                     });
                     // Where changes are journaled, what this push sends is on record before home sees any
-                    // of it: after a crash, home holding it (whole, or cut short) is told from a change
-                    // made by someone else.
+                    // of it, with the flusher's record of the attempt (one sync for both): after a crash,
+                    // home holding it is recognised as ours.
                     let record = self
                         .cfg
                         .write_mode

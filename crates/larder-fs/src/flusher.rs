@@ -246,8 +246,11 @@ impl Fs {
                 }
             };
             // The attempt is on record before home sees it: after a crash, "already done" answers to
-            // this op are recognised as ours.
-            if let Err(e) = self.core.store.db().sync() {
+            // this op are recognised as ours. A data push records what it sends and makes that durable
+            // with this together, in one sync, just before it writes to home (`Fs::push_data`).
+            if op.kind != OpKind::Data
+                && let Err(e) = self.core.store.db().sync()
+            {
                 tracing::error!(error = %e, "cannot record a push attempt; not pushing");
                 let mut j = lock(&self.journal);
                 let backoff = refusal_backoff(j.refusals(seq));
