@@ -42,7 +42,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: Rust (cargo >= 1.85) is required; install it with rustup (https://rustup.rs)" >&2
+  echo "setup: Rust (cargo >= 1.91) is required; install it with rustup (https://rustup.rs)" >&2
   exit 1
 fi
 
