@@ -1,0 +1,125 @@
+//! The content store: one copy of identical clean small files, shared until one of them changes.
+
+use super::*;
+
+impl Store {
+    pub(super) fn content_path(&self, key: ContentKey) -> PathBuf {
+        self.cfg.dir.join("cas").join(format!("{:x}-{:08x}", key.0, key.1))
+    }
+
+    /// One file fewer shares `key`; the last one out deletes the content.
+    pub(super) fn release_content(&self, st: &mut State, key: ContentKey) {
+        let Some(refs) = st.contents.get_mut(&key) else { return };
+        *refs -= 1;
+        st.shares -= 1;
+        if *refs == 0 {
+            st.contents.remove(&key);
+            st.used -= key.0;
+            let _ = std::fs::remove_file(self.content_path(key));
+        }
+    }
+
+    /// Give `object` a file of its own if it shares a content, before it is changed.
+    pub(super) fn unshare_locked(&self, st: &mut State, object: u64) -> CacheResult<()> {
+        let meta = st.meta(object);
+        let Some(key) = meta.content else { return Ok(()) };
+        let mut data = vec![0u8; key.0 as usize];
+        let shared = self.file_locked(st, object)?;
+        read_full(&shared, &mut data, 0).map_err(io_err)?;
+        let path = self.path_of(object);
+        crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+        let own = crate::private::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_err)?;
+        own.write_all_at(&data, 0).map_err(io_err)?;
+        lock(&self.fds).files.remove(&object);
+        let logical: u64 = st.blocks_of(object).map(|(_, e)| e.len as u64).sum();
+        st.used += logical;
+        let meta = ObjectMeta { content: None, ..meta };
+        st.objects.insert(object, meta);
+        self.release_content(st, key);
+        self.db.submit(vec![meta.mutation(object)]);
+        Ok(())
+    }
+
+    /// Store a clean small file fetched whole from home at change epoch `epoch`: every block of it, kept
+    /// and evicted as one unit. With dedup on, a file whose bytes the content store holds already shares
+    /// them, and a new content is stored there for the next one. Nothing is stored if the object changed
+    /// locally since the fetch began or has blocks already (those fill one by one).
+    pub fn fill_whole(&self, object: u64, data: &[u8], epoch: u64) -> CacheResult<()> {
+        let bs = self.cfg.block_size;
+        let mut st = lock(&self.state);
+        if st.epochs.get(&object).copied().unwrap_or(0) != epoch
+            || st.per_object.contains_key(&object)
+            || data.is_empty()
+        {
+            drop(st);
+            for (index, block) in data.chunks(bs as usize).enumerate() {
+                self.fill((object, index as u32), block, epoch)?;
+            }
+            return Ok(());
+        }
+        let mut meta = st.meta(object);
+        meta.whole = data.len() as u64 > bs;
+        if self.cfg.dedup {
+            let key = (data.len() as u64, crc32c::crc32c(data));
+            match self.share_locked(&mut st, key, data) {
+                Ok(true) => {
+                    meta.whole = true;
+                    meta.content = Some(key);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::debug!(error = %e, "could not store a file in the content store"),
+            }
+        }
+        st.objects.insert(object, meta);
+        lock(&self.fds).files.remove(&object);
+        if meta.content.is_none() {
+            let file = self.file_locked(&st, object)?;
+            file.write_all_at(data, 0).map_err(io_err)?;
+        }
+        let mut mutations = vec![meta.mutation(object)];
+        for (index, block) in data.chunks(bs as usize).enumerate() {
+            let (index, len, crc) = (index as u32, block.len() as u32, crc32c::crc32c(block));
+            self.insert_locked(&mut st, (object, index), len, crc, false);
+            mutations.push(Mutation::PutBlock {
+                object,
+                index,
+                len,
+                crc,
+            });
+        }
+        self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.db.submit(mutations);
+        self.evict_if_needed(&mut st);
+        Ok(())
+    }
+
+    /// Take a share of content `key` holding `data`, storing it if it is new; `false` if another content
+    /// has the same key (the caller keeps its own copy).
+    pub(super) fn share_locked(&self, st: &mut State, key: ContentKey, data: &[u8]) -> CacheResult<bool> {
+        let path = self.content_path(key);
+        if st.contents.contains_key(&key) {
+            let mut have = vec![0u8; data.len()];
+            let same = File::open(&path)
+                .and_then(|f| read_full(&f, &mut have, 0))
+                .is_ok_and(|()| have == data);
+            if !same {
+                return Ok(false);
+            }
+        } else {
+            crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+            let tmp = path.with_extension("new");
+            crate::private::write(&tmp, data).map_err(io_err)?;
+            std::fs::rename(&tmp, &path).map_err(io_err)?;
+            st.used += key.0;
+        }
+        *st.contents.entry(key).or_insert(0) += 1;
+        st.shares += 1;
+        Ok(true)
+    }
+}

@@ -1,0 +1,232 @@
+//! Residency: pins, holds, completeness, eviction between watermarks (the harvester), and the average
+//! block distance of the eviction order.
+
+use super::*;
+
+impl Store {
+    /// HCCache's average block distance over the files with several evictable blocks among the first
+    /// `most` units in eviction order: how far apart in that order the blocks of one file lie, per block
+    /// (1.0: together, as a whole file; larger: scattered, so a file is evicted piecemeal). `None` when no
+    /// such file is there.
+    /// Computed at most once per [`ABD_EVERY`] (status and every metrics scrape ask for it): the order is
+    /// copied under the lock, and walked outside it.
+    pub fn average_block_distance(&self, most: usize) -> Option<f64> {
+        let mut last = lock(&self.abd);
+        if let Some((at, n, v)) = *last
+            && n == most
+            && at.elapsed() < ABD_EVERY
+        {
+            return v;
+        }
+        let v = self.block_distance_now(most);
+        *last = Some((std::time::Instant::now(), most, v));
+        v
+    }
+
+    /// [`Store::average_block_distance`], computed now.
+    pub(super) fn block_distance_now(&self, most: usize) -> Option<f64> {
+        let order: Vec<BlockKey> = lock(&self.state).policy.eviction_order(most).copied().collect();
+        Self::block_distance(&order)
+    }
+
+    pub(super) fn block_distance(order: &[BlockKey]) -> Option<f64> {
+        let mut spans: HashMap<u64, (usize, usize, usize)> = HashMap::new();
+        for (pos, key) in order.iter().enumerate() {
+            let e = spans.entry(key.0).or_insert((pos, pos, 0));
+            e.1 = pos;
+            e.2 += 1;
+        }
+        let abds: Vec<f64> = spans
+            .values()
+            .filter(|(_, _, n)| *n > 1)
+            .map(|(first, last, n)| (last - first) as f64 / (*n - 1) as f64)
+            .collect();
+        (!abds.is_empty()).then(|| abds.iter().sum::<f64>() / abds.len() as f64)
+    }
+
+    /// Pin `object` (its blocks are never evicted) or unpin it; the setting is kept with the object.
+    pub fn set_pinned(&self, object: u64, pinned: bool) {
+        let mut st = lock(&self.state);
+        let mut meta = st.meta(object);
+        if meta.pinned == pinned {
+            return;
+        }
+        let bytes: u64 = st.blocks_of(object).map(|(_, e)| e.len as u64).sum();
+        if pinned {
+            st.pinned += bytes;
+        } else {
+            st.pinned -= bytes;
+        }
+        meta.pinned = pinned;
+        self.db.submit(vec![meta.mutation(object)]);
+        st.set_meta(object, meta);
+        st.repolicy(object);
+    }
+
+    /// Hold `object` for a reader the kernel serves from its file directly: until [`Store::unhold`], its
+    /// blocks are not evicted and its file keeps its bytes (a removal unlinks it without punching it).
+    pub fn hold(&self, object: u64) {
+        let mut st = lock(&self.state);
+        *st.holds.entry(object).or_insert(0) += 1;
+        st.repolicy(object);
+    }
+
+    /// End one hold of `object`.
+    pub fn unhold(&self, object: u64) {
+        let mut st = lock(&self.state);
+        let Some(n) = st.holds.get_mut(&object) else { return };
+        *n -= 1;
+        if *n == 0 {
+            st.holds.remove(&object);
+            st.repolicy(object);
+        }
+    }
+
+    /// Whether every block of `object` up to `size` is present and clean, in a file of its own (not in the
+    /// content store): what the kernel may read directly.
+    pub fn complete(&self, object: u64, size: u64) -> bool {
+        let st = lock(&self.state);
+        if st.meta(object).content.is_some() {
+            return false;
+        }
+        Self::all_present(&st, object, size, self.cfg.block_size)
+    }
+
+    /// Whether every block of the first `size` bytes of `object` is present and clean, wherever its bytes
+    /// are kept (its own file, or a content it shares): [`Store::read`] serves them all.
+    pub fn present(&self, object: u64, size: u64) -> bool {
+        Self::all_present(&lock(&self.state), object, size, self.cfg.block_size)
+    }
+
+    pub(super) fn all_present(st: &State, object: u64, size: u64, block_size: u64) -> bool {
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for (_, e) in st.blocks_of(object) {
+            if e.dirty {
+                return false;
+            }
+            n += 1;
+            bytes += e.len as u64;
+        }
+        n == size.div_ceil(block_size) && bytes == size
+    }
+
+    /// Whether `object` is pinned or held (open for direct reading by the kernel).
+    pub fn kept(&self, object: u64) -> bool {
+        let st = lock(&self.state);
+        st.meta(object).pinned || st.holds.contains_key(&object)
+    }
+
+    /// Whether `object` is pinned.
+    pub fn pinned(&self, object: u64) -> bool {
+        lock(&self.state).meta(object).pinned
+    }
+
+    /// Bytes of `object` present in the cache.
+    pub fn cached_bytes(&self, object: u64) -> u64 {
+        lock(&self.state).blocks_of(object).map(|(_, e)| e.len as u64).sum()
+    }
+
+    /// Drop the clean blocks of `object` (dirty ones stay: home does not have them yet); the bytes
+    /// dropped.
+    pub fn evict_object(&self, object: u64) -> u64 {
+        let mut st = lock(&self.state);
+        let keys: Vec<(BlockKey, u32)> = st
+            .blocks_of(object)
+            .filter(|(_, e)| !e.dirty)
+            .map(|(k, e)| (*k, e.len))
+            .collect();
+        let mut freed = 0;
+        let mut mutations = Vec::new();
+        for (key, len) in keys {
+            self.remove_locked(&mut st, key);
+            freed += len as u64;
+            mutations.push(Mutation::DelBlock {
+                object: key.0,
+                index: key.1,
+            });
+        }
+        self.db.submit(mutations);
+        freed
+    }
+
+    pub(super) fn watermarks(&self) -> (u64, u64) {
+        let at = |w: f64| (self.cfg.limit as f64 * w) as u64;
+        (at(self.cfg.high_watermark), at(self.cfg.low_watermark))
+    }
+
+    /// Called after usage grew. Past the high watermark the harvester is woken to evict down to the low
+    /// one, and the caller goes on; only past the limit itself (the harvester has fallen behind) does the
+    /// caller evict, down to the high watermark. Without a harvester the caller evicts to the low one.
+    pub(super) fn evict_if_needed(&self, st: &mut State) {
+        let (high, low) = self.watermarks();
+        if st.used <= high {
+            return;
+        }
+        if self.harvesting.load(Ordering::Relaxed) {
+            *lock(&self.harvest) = true;
+            self.harvest_cv.notify_one();
+            if st.used > self.cfg.limit {
+                self.evict_to(st, high, usize::MAX);
+            }
+            return;
+        }
+        self.evict_to(st, low, usize::MAX);
+    }
+
+    /// Evict clean blocks in the policy's order until usage is at most `target` or `most` are gone;
+    /// whether usage reached the target.
+    pub(super) fn evict_to(&self, st: &mut State, target: u64, most: usize) -> bool {
+        let mut mutations = Vec::new();
+        while st.used > target && mutations.len() < most {
+            let Some((key, _)) = st.policy.evict() else { break };
+            // A whole unit goes together: its other clean blocks follow the one the policy chose.
+            let mut unit = vec![key];
+            if st.meta(key.0).whole {
+                unit.extend(
+                    st.blocks_of(key.0)
+                        .filter(|(k, e)| !e.dirty && **k != key)
+                        .map(|(k, _)| *k),
+                );
+            }
+            for key in unit {
+                self.remove_locked(st, key);
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                mutations.push(Mutation::DelBlock {
+                    object: key.0,
+                    index: key.1,
+                });
+            }
+        }
+        self.db.submit(mutations);
+        st.used <= target || st.policy.stats().units == 0
+    }
+
+    /// Start the harvester: a thread that evicts down to the low watermark once usage passes the high one,
+    /// so that a fill does not wait for eviction. It stops when the store is dropped.
+    pub fn start_harvester(self: &Arc<Store>) -> io::Result<()> {
+        let weak = Arc::downgrade(self);
+        self.harvesting.store(true, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name("larder-harvest".into())
+            .spawn(move || {
+                loop {
+                    let Some(store) = weak.upgrade() else { return };
+                    {
+                        let flag = lock(&store.harvest);
+                        let (mut flag, _) = store
+                            .harvest_cv
+                            .wait_timeout_while(flag, std::time::Duration::from_millis(200), |f| !*f)
+                            .unwrap_or_else(|p| p.into_inner());
+                        *flag = false;
+                    }
+                    let (high, low) = store.watermarks();
+                    if lock(&store.state).used <= high {
+                        continue;
+                    }
+                    // In batches, so that readers and fills get the lock in between.
+                    while !store.evict_to(&mut lock(&store.state), low, 64) {}
+                }
+            })?;
+        Ok(())
+    }
+}

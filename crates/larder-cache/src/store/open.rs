@@ -1,0 +1,127 @@
+//! Opening the store: the block index loaded from the persistent index, and after a crash, the objects
+//! and files nothing refers to removed.
+
+use super::*;
+
+impl Store {
+    /// Open the store in `cfg.dir`, loading the block index from `db`.
+    pub fn open(cfg: StoreConfig, db: Arc<Db>) -> CacheResult<Store> {
+        crate::private::create_dir_all(&cfg.dir).map_err(io_err)?;
+        let mut state = State {
+            blocks: BTreeMap::new(),
+            policy: Policy::new(cfg.eviction, (cfg.limit as f64 * cfg.low_watermark) as u64),
+            per_object: HashMap::new(),
+            epochs: HashMap::new(),
+            objects: HashMap::new(),
+            holds: HashMap::new(),
+            contents: HashMap::new(),
+            shares: 0,
+            used: 0,
+            logical: 0,
+            dirty: 0,
+            pinned: 0,
+            tick: 0,
+        };
+        db.for_each_object(|object, flags, len, crc| {
+            let content = (flags & SHARED != 0).then_some((len, crc));
+            if let Some(key) = content {
+                let refs = state.contents.entry(key).or_insert(0);
+                if *refs == 0 {
+                    state.used += key.0;
+                }
+                *refs += 1;
+                state.shares += 1;
+            }
+            let meta = ObjectMeta {
+                whole: flags & WHOLE != 0,
+                pinned: flags & PINNED != 0,
+                content,
+            };
+            state.objects.insert(object, meta);
+        })?;
+        db.for_each_block(|object, index, len, crc| {
+            state.tick += 1;
+            let tick = state.tick;
+            state.blocks.insert(
+                (object, index),
+                BlockEntry {
+                    len,
+                    crc,
+                    generation: tick,
+                    verified: false,
+                    dirty: false,
+                },
+            );
+            let meta = state.meta(object);
+            if meta.pinned {
+                state.pinned += len as u64;
+            } else {
+                state.policy.insert((object, index), len as u64);
+            }
+            *state.per_object.entry(object).or_default() += 1;
+            state.logical += len as u64;
+            if meta.content.is_none() {
+                state.used += len as u64;
+            }
+        })?;
+        Ok(Store {
+            cfg,
+            db,
+            state: Mutex::new(state),
+            fds: Mutex::new(FdCache::default()),
+            harvest: Mutex::new(false),
+            harvest_cv: Condvar::new(),
+            harvesting: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
+            inserted: AtomicU64::new(0),
+            abd: Mutex::new(None),
+        })
+    }
+
+    /// Drop every object not in `live` (left behind by a crash or an old version), files included.
+    /// Returns how many indexed objects and how many files nothing referred to were removed.
+    pub fn retain_objects(&self, live: &HashSet<u64>) -> (u64, u64) {
+        let stale: Vec<u64> = {
+            let st = lock(&self.state);
+            let known: HashSet<u64> = st.per_object.keys().chain(st.objects.keys()).copied().collect();
+            known.into_iter().filter(|o| !live.contains(o)).collect()
+        };
+        let objects = stale.len() as u64;
+        for object in stale {
+            self.remove_object(object);
+        }
+        let Ok(dirs) = std::fs::read_dir(&self.cfg.dir) else {
+            return (objects, 0);
+        };
+        let st = lock(&self.state);
+        let mut files = 0;
+        for dir in dirs.flatten() {
+            if dir.file_name() == "cas" {
+                // Contents no file shares any more (a crash between a fill and its commit).
+                files += remove_unkept(&dir.path(), |name| {
+                    parse_content_name(name).is_some_and(|k| st.contents.contains_key(&k))
+                });
+            } else {
+                files += remove_unkept(&dir.path(), |name| {
+                    u64::from_str_radix(name, 16).is_ok_and(|o| live.contains(&o))
+                });
+            }
+        }
+        (objects, files)
+    }
+}
+
+/// Delete the files in `dir` whose names `keep` does not accept; returns how many went.
+fn remove_unkept(dir: &Path, keep: impl Fn(&str) -> bool) -> u64 {
+    let Ok(files) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for f in files.flatten() {
+        if !f.file_name().to_str().is_some_and(&keep) && std::fs::remove_file(f.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}

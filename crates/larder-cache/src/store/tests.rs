@@ -1,0 +1,325 @@
+//! Tests of the block store.
+
+use super::*;
+use std::fs::OpenOptions;
+
+fn store(dir: &Path, limit: u64) -> Store {
+    store_evicting(dir, limit, Eviction::S3Fifo)
+}
+
+fn store_evicting(dir: &Path, limit: u64, eviction: Eviction) -> Store {
+    let db = Db::open(&dir.join("index.redb")).unwrap();
+    let cfg = StoreConfig {
+        dir: dir.join("objects"),
+        block_size: 4096,
+        limit,
+        high_watermark: 1.0,
+        low_watermark: 0.75,
+        dedup: true,
+        eviction,
+    };
+    Store::open(cfg, db).unwrap()
+}
+
+#[test]
+fn fill_read_and_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = store(dir.path(), 1 << 20);
+        assert!(s.read((1, 0), 0, 10).unwrap().is_none());
+        s.fill((1, 0), &[7u8; 4096], 0).unwrap();
+        s.fill((1, 1), &[9u8; 100], 0).unwrap();
+        assert_eq!(s.read((1, 1), 10, 200).unwrap().unwrap(), vec![9u8; 90]);
+        s.db().sync().unwrap();
+    }
+    let s = store(dir.path(), 1 << 20);
+    assert_eq!(s.stats().bytes_used, 4196);
+    assert_eq!(s.read((1, 0), 4090, 100).unwrap().unwrap(), vec![7u8; 6]);
+}
+
+fn content(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+}
+
+#[test]
+fn identical_small_files_share_one_copy_until_one_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = content(1, 10_000);
+    let b = content(2, 10_000);
+    {
+        let s = store(dir.path(), 1 << 20);
+        for object in 1..=3 {
+            s.fill_whole(object, &a, 0).unwrap();
+        }
+        s.fill_whole(4, &b, 0).unwrap();
+        let st = s.stats();
+        assert_eq!(st.logical_bytes, 40_000);
+        assert_eq!(st.bytes_used, 20_000, "three copies of one content are stored once");
+        assert_eq!((st.dedup_contents, st.dedup_files), (2, 4));
+        // Changing one sharer gives it its own copy; the others keep the old bytes.
+        s.write(2, 0, b"changed").unwrap();
+        s.commit(2, [0], 10_000).unwrap();
+        assert_eq!(&s.read((2, 0), 0, 7).unwrap().unwrap(), b"changed");
+        assert_eq!(s.read((1, 0), 0, 4096).unwrap().unwrap(), a[..4096]);
+        assert_eq!(s.read((3, 2), 0, 4096).unwrap().unwrap(), a[8192..]);
+        assert_eq!(s.stats().bytes_used, 30_000);
+        s.db().sync().unwrap();
+    }
+    // Sharing, and the copy of its own, survive a restart.
+    let s = store(dir.path(), 1 << 20);
+    s.retain_objects(&[1, 2, 3, 4].into_iter().collect());
+    let st = s.stats();
+    assert_eq!((st.logical_bytes, st.bytes_used), (40_000, 30_000));
+    assert_eq!(s.read((3, 1), 0, 4096).unwrap().unwrap(), a[4096..8192]);
+    assert_eq!(&s.read((2, 0), 0, 7).unwrap().unwrap(), b"changed");
+    // The last sharer out takes the content with it.
+    s.remove_object(1);
+    s.remove_object(3);
+    let st = s.stats();
+    assert_eq!(
+        (st.logical_bytes, st.bytes_used, st.dedup_contents),
+        (20_000, 20_000, 1)
+    );
+    assert_eq!(std::fs::read_dir(dir.path().join("objects/cas")).unwrap().count(), 1);
+}
+
+#[test]
+fn a_truncated_sharer_leaves_the_others_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 1 << 20);
+    let a = content(7, 9000);
+    s.fill_whole(1, &a, 0).unwrap();
+    s.fill_whole(2, &a, 0).unwrap();
+    s.truncate(2, 100).unwrap();
+    assert_eq!(s.read((1, 2), 0, 4096).unwrap().unwrap(), a[8192..]);
+    assert_eq!(s.read((2, 0), 0, 4096).unwrap().unwrap(), a[..100]);
+}
+
+#[test]
+fn a_small_file_is_evicted_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 16 * 4096);
+    // Three-block files, all different: the store holds five of them at most.
+    for object in 1..=12u64 {
+        s.fill_whole(object, &content(object as u8, 3 * 4096), 0).unwrap();
+        for object in 1..=object {
+            let present = (0..3).filter(|i| s.contains((object, *i))).count();
+            assert!(
+                present == 0 || present == 3,
+                "object {object} is partly cached: {present} blocks"
+            );
+        }
+    }
+    assert!(s.stats().evictions > 0);
+}
+
+#[test]
+fn pinned_blocks_are_never_evicted_and_the_pin_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = store(dir.path(), 8 * 4096);
+        s.fill((1, 0), &[1u8; 4096], 0).unwrap();
+        s.fill((1, 1), &[1u8; 4096], 0).unwrap();
+        s.set_pinned(1, true);
+        for i in 0..50 {
+            s.fill((2, i), &[2u8; 4096], 0).unwrap();
+        }
+        assert!(s.contains((1, 0)) && s.contains((1, 1)), "a pinned block was evicted");
+        assert_eq!(s.stats().bytes_pinned, 8192);
+        assert_eq!(s.evict_object(1), 8192, "an explicit eviction drops pinned blocks too");
+        s.fill((1, 0), &[1u8; 4096], 0).unwrap();
+        s.db().sync().unwrap();
+    }
+    let s = store(dir.path(), 8 * 4096);
+    assert!(s.pinned(1));
+    for i in 0..50 {
+        s.fill((3, i), &[3u8; 4096], 0).unwrap();
+    }
+    assert!(s.contains((1, 0)));
+    s.set_pinned(1, false);
+    for i in 50..100 {
+        s.fill((3, i), &[3u8; 4096], 0).unwrap();
+    }
+    assert!(!s.contains((1, 0)), "an unpinned block is evicted like any other");
+}
+
+#[test]
+fn whole_files_lie_together_in_eviction_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 1 << 30);
+    assert_eq!(s.block_distance_now(1000), None);
+    for object in 1..=4u64 {
+        s.fill_whole(object, &content(object as u8, 3 * 4096), 0).unwrap();
+    }
+    assert_eq!(s.block_distance_now(1000), Some(1.0));
+    // Blocks of two large files filled in turns lie two apart.
+    for i in 0..4 {
+        s.fill((10, i), &[1u8; 4096], 0).unwrap();
+        s.fill((11, i), &[2u8; 4096], 0).unwrap();
+    }
+    let abd = s.block_distance_now(1000).unwrap();
+    assert!((abd - (4.0 * 1.0 + 2.0 * 2.0) / 6.0).abs() < 1e-9, "{abd}");
+}
+
+#[test]
+fn a_held_block_stays_through_an_unpin() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 8 * 4096);
+    s.fill((1, 0), &[1u8; 4096], 0).unwrap();
+    s.hold(1);
+    s.set_pinned(1, true);
+    s.set_pinned(1, false);
+    for i in 0..50 {
+        s.fill((2, i), &[2u8; 4096], 0).unwrap();
+    }
+    assert!(s.contains((1, 0)), "a held block was evicted after an unpin");
+    s.unhold(1);
+    for i in 50..100 {
+        s.fill((2, i), &[2u8; 4096], 0).unwrap();
+    }
+    assert!(
+        !s.contains((1, 0)),
+        "a block neither pinned nor held is evicted like any other"
+    );
+}
+
+#[test]
+fn corrupt_block_is_a_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = store(dir.path(), 1 << 20);
+        s.fill((5, 0), &[1u8; 4096], 0).unwrap();
+        s.db().sync().unwrap();
+    }
+    let f = OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("objects/05/0000000000000005"))
+        .unwrap();
+    f.write_all_at(b"garbage", 100).unwrap();
+    let s = store(dir.path(), 1 << 20);
+    assert!(s.read((5, 0), 0, 10).unwrap().is_none());
+    assert_eq!(s.stats().corrupt_blocks, 1);
+    assert_eq!(s.stats().bytes_used, 0);
+}
+
+#[test]
+fn eviction_keeps_usage_under_limit_and_spares_dirty_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 10 * 4096);
+    s.write(99, 0, &[3u8; 4096]).unwrap();
+    for i in 0..40 {
+        s.fill((1, i), &[i as u8; 4096], 0).unwrap();
+        assert!(s.stats().bytes_used <= 10 * 4096);
+    }
+    assert!(s.contains((99, 0)), "dirty block was evicted");
+    assert!(s.contains((1, 39)) && !s.contains((1, 0)));
+    assert!(s.stats().evictions >= 30);
+}
+
+#[test]
+fn the_harvester_evicts_so_that_fills_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("index.redb")).unwrap();
+    let cfg = StoreConfig {
+        dir: dir.path().join("objects"),
+        block_size: 4096,
+        limit: 20 * 4096,
+        high_watermark: 0.5,
+        low_watermark: 0.25,
+        dedup: true,
+        eviction: Eviction::S3Fifo,
+    };
+    let s = Arc::new(Store::open(cfg, db).unwrap());
+    s.start_harvester().unwrap();
+    for i in 0..100 {
+        s.fill((1, i), &[i as u8; 4096], 0).unwrap();
+        assert!(s.stats().bytes_used <= 20 * 4096, "over the limit after fill {i}");
+    }
+    // Past the high watermark (10 blocks) the harvester evicts down to the low one (5 blocks), so usage
+    // ends at most at the high watermark, and most blocks were evicted.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.stats().bytes_used > 10 * 4096 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "usage stays at {}",
+            s.stats().bytes_used
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(s.stats().evictions >= 90, "{} evictions", s.stats().evictions);
+    assert!(s.contains((1, 99)), "the newest block stays");
+}
+
+#[test]
+fn blocks_read_again_survive_a_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 40 * 4096);
+    for i in 0..10 {
+        s.fill((1, i), &[1u8; 4096], 0).unwrap();
+        assert!(s.read((1, i), 0, 16).unwrap().is_some());
+    }
+    // One pass over 400 blocks never read again.
+    for i in 0..400 {
+        s.fill((2, i), &[2u8; 4096], 0).unwrap();
+    }
+    let kept = (0..10).filter(|i| s.contains((1, *i))).count();
+    assert_eq!(kept, 10, "the blocks read again were pushed out by the scan");
+}
+
+#[test]
+fn with_lru_a_scan_pushes_out_the_blocks_read_again() {
+    // The baseline: the same workload as `blocks_read_again_survive_a_scan`, evicting in LRU order.
+    let dir = tempfile::tempdir().unwrap();
+    let s = store_evicting(dir.path(), 40 * 4096, Eviction::Lru);
+    assert_eq!(s.stats().eviction, Eviction::Lru);
+    for i in 0..10 {
+        s.fill((1, i), &[1u8; 4096], 0).unwrap();
+        assert!(s.read((1, i), 0, 16).unwrap().is_some());
+    }
+    for i in 0..400 {
+        s.fill((2, i), &[2u8; 4096], 0).unwrap();
+    }
+    assert!((0..10).all(|i| !s.contains((1, i))), "LRU kept blocks through a scan");
+    assert!(s.stats().bytes_used <= 40 * 4096);
+    assert!(s.stats().evictions > 0);
+}
+
+#[test]
+fn a_fill_fetched_before_a_local_change_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 1 << 20);
+    let before = s.epoch(3);
+    s.write(3, 0, &[8u8; 100]).unwrap();
+    s.fill((3, 0), &[1u8; 4096], before).unwrap();
+    assert_eq!(
+        s.read((3, 0), 0, 100).unwrap().unwrap(),
+        vec![8u8; 100],
+        "the local write wins"
+    );
+    let before = s.epoch(4);
+    s.truncate(4, 0).unwrap();
+    s.fill((4, 0), &[1u8; 4096], before).unwrap();
+    assert!(!s.contains((4, 0)), "no stale block after a truncate");
+    let before = s.epoch(6);
+    s.remove_object(6);
+    s.fill((6, 0), &[1u8; 4096], before).unwrap();
+    assert!(
+        !dir.path().join("objects/06/0000000000000006").exists(),
+        "a removed object stays removed"
+    );
+}
+
+#[test]
+fn truncate_keeps_the_prefix_of_the_last_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 1 << 20);
+    s.fill((2, 0), &[1u8; 4096], 0).unwrap();
+    s.fill((2, 1), &[2u8; 4096], 0).unwrap();
+    s.truncate(2, 5000).unwrap();
+    assert_eq!(s.stats().bytes_used, 5000);
+    assert_eq!(s.read((2, 1), 0, 4096).unwrap().unwrap(), vec![2u8; 904]);
+    s.truncate(2, 100).unwrap();
+    assert!(!s.contains((2, 1)));
+    s.remove_object(2);
+    assert_eq!(s.stats().bytes_used, 0);
+}
