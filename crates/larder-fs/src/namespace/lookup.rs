@@ -1,0 +1,305 @@
+//! Looking names up: from the cache while it is fresh, else from home, and what an answer from home
+//! means while renames above a name are landing or unsure.
+
+use super::*;
+
+impl Fs {
+    /// Whether the entry `name` of `parent` is answered here, not by home: it has queued changes, or
+    /// `parent` itself is not at home yet.
+    pub(crate) fn local_name(&self, ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<bool> {
+        if lock(&self.journal).pinned(parent, name.as_bytes()) {
+            return Ok(true);
+        }
+        Ok(!ns.at_home(parent)?)
+    }
+
+    /// Whether `ino`'s attributes are the cache's to say: changes of it are queued.
+    pub(crate) fn queued(&self, ino: u64) -> bool {
+        lock(&self.journal).has(ino)
+    }
+
+    /// The child `name` of `parent` from the persisted namespace (after a restart, before anything looked
+    /// it up), bound in memory.
+    pub(crate) fn load_child(&self, ns: &mut Namespace, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
+        if let Some(&ino) = ns.inode(parent)?.children.get(name) {
+            return Ok(Some(ino));
+        }
+        let Some(ino) = self.core.store.db().dentry(parent, name.as_bytes())? else {
+            return Ok(None);
+        };
+        if !ns.inodes.contains_key(&ino) && self.load_inode(ns, ino).is_err() {
+            return Ok(None);
+        }
+        let node = ns.inode_mut(ino)?;
+        if node.removed {
+            return Ok(None);
+        }
+        if !node.has_name(parent, name) {
+            node.aliases.push((parent, name.to_os_string()));
+        }
+        ns.inode_mut(parent)?.children.insert(name.to_os_string(), ino);
+        Ok(Some(ino))
+    }
+
+    /// Look `name` up in `parent`; counts one kernel reference on success.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        {
+            // A hit (see `find_once`) is answered and counted in one critical section.
+            let mut ns = lock(&self.ns);
+            if let Some(child) = self.fresh_child(&ns, parent, name) {
+                ns.inode_mut(child)?.lookups += 1;
+                return self.entry(&ns, child);
+            }
+        }
+        let ino = self.find(parent, name)?;
+        let mut ns = lock(&self.ns);
+        ns.inode_mut(ino)?.lookups += 1;
+        self.entry(&ns, ino)
+    }
+
+    /// The inode of `name` in `parent`, asking home when the cache cannot say; counts no reference.
+    pub(crate) fn find(&self, parent: u64, name: &OsStr) -> FsResult<u64> {
+        check_name(name)?;
+        // A directory can move at home while home is asked (a queued rename lands): then ask again, once
+        // the rename has settled here.
+        let deadline = Instant::now() + MOVE_WAIT;
+        loop {
+            match self.find_once(parent, name)? {
+                Found::Ino(ino) => return Ok(ino),
+                Found::Moved => {}
+                Found::Moving if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                // Home's answer cannot be trusted while a rename above the name is unsettled: the cache's
+                // (its persisted entries included) is the answer.
+                Found::Moving | Found::Unsure => {
+                    let mut ns = lock(&self.ns);
+                    return self.load_child(&mut ns, parent, name)?.ok_or(FsError::NotFound);
+                }
+            }
+        }
+    }
+
+    /// Whether home's "not found" for `asked` (the home path of `ino`, or of `name` in it) may be a move
+    /// of it or a directory above it not yet settled here: [`Found::Moved`] if the home path is another
+    /// now, [`Found::Moving`] if a rename that covers it was attempted and has not concluded.
+    pub(crate) fn moved_meanwhile(
+        &self,
+        ns: &Namespace,
+        ino: u64,
+        name: Option<&OsStr>,
+        asked: &Path,
+    ) -> FsResult<Option<Found>> {
+        let now = match name {
+            Some(n) => ns.home_child_path(ino, n)?,
+            None => ns.home_path(ino)?,
+        };
+        if now.as_deref() != Some(asked) {
+            return Ok(Some(Found::Moved));
+        }
+        Ok(match lock(&self.journal).moving(asked.as_os_str().as_bytes()) {
+            Some(true) => Some(Found::Moving),
+            // Failed, waiting for a retry: home may or may not have it; the cache's view stands.
+            Some(false) => Some(Found::Unsure),
+            None => None,
+        })
+    }
+
+    /// A hit: `name` in directory `parent` is known, and was checked within the validity lag (or changed
+    /// here). Nothing else is asked.
+    pub(super) fn fresh_child(&self, ns: &Namespace, parent: u64, name: &OsStr) -> Option<u64> {
+        let child = *ns.inodes.get(&parent)?.children.get(name)?;
+        let c = ns.inodes.get(&child)?;
+        (c.attr.is_some() && (self.fresh(c.checked) || !c.dirty.is_empty())).then_some(child)
+    }
+
+    /// One try of [`Fs::find`].
+    pub(super) fn find_once(&self, parent: u64, name: &OsStr) -> FsResult<Found> {
+        let (path, known) = {
+            let mut ns = lock(&self.ns);
+            let p = ns.inode(parent)?;
+            if p.kind != FileKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            if let Some(child) = self.fresh_child(&ns, parent, name) {
+                return Ok(Found::Ino(child));
+            }
+            let local = self.local_name(&ns, parent, name)?;
+            let p = ns.inode(parent)?;
+            let listed_fresh = self.fresh(p.listed.as_ref().map(|l| l.0));
+            let negative_fresh = self.fresh(p.negatives.get(name).copied());
+            if let Some(&child) = p.children.get(name) {
+                let c = ns.inode(child)?;
+                if c.attr.is_some() && (local || self.fresh(c.checked) || !c.dirty.is_empty() || self.queued(child)) {
+                    return Ok(Found::Ino(child));
+                }
+            } else if local {
+                return self
+                    .load_child(&mut ns, parent, name)?
+                    .ok_or(FsError::NotFound)
+                    .map(Found::Ino);
+            } else if listed_fresh || negative_fresh {
+                return Err(FsError::NotFound);
+            }
+            let known = ns.inode(parent)?.children.get(name).copied();
+            match ns.home_child_path(parent, name)? {
+                Some(path) => (path, known),
+                None => return Err(FsError::NotFound),
+            }
+        };
+        let asked = Instant::now();
+        match self.core.home.stat(&path) {
+            Ok(attr) => {
+                let mut ns = lock(&self.ns);
+                if self.local_name(&ns, parent, name)? {
+                    // Changed here while home was asked: the cache's answer stands.
+                    return cached_child(&ns, parent, name);
+                }
+                self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)
+                    .map(Found::Ino)
+            }
+            Err(HomeError::NotFound) => {
+                let mut ns = lock(&self.ns);
+                if self.local_name(&ns, parent, name)? {
+                    return cached_child(&ns, parent, name);
+                }
+                if let Some(found) = self.moved_meanwhile(&ns, parent, Some(name), &path)? {
+                    return Ok(found);
+                }
+                self.gone_at_home(&mut ns, parent, name);
+                if let Ok(p) = ns.inode_mut(parent) {
+                    p.negatives.insert(name.to_os_string(), Instant::now());
+                }
+                Err(FsError::NotFound)
+            }
+            Err(e) if unreachable(&e) => {
+                // Home away: what the cache knows is the answer. Where changes are journaled, a name it
+                // does not know looks absent, so that it can be created here (the kernel looks a name up
+                // before creating it; a clash with a name home turns out to have is a conflict at push).
+                // That answer is remembered neither here (no negative entry) nor by the kernel (an error
+                // reply), so the name is asked again once home is back. Without a journal nothing can be
+                // made while home is away: the honest answer is home's error.
+                let mut ns = lock(&self.ns);
+                // A name known before a restart is in the index, if not in memory yet.
+                let known = match known {
+                    Some(child) => Some(child),
+                    None => self.load_child(&mut ns, parent, name)?,
+                };
+                match known {
+                    Some(child) if ns.inodes.get(&child).is_some_and(|c| c.attr.is_some()) => Ok(Found::Ino(child)),
+                    None if self.cfg.write_mode.journaled() => Err(FsError::NotFound),
+                    None if ns.inode(parent)?.listed.is_some() => Err(FsError::NotFound),
+                    _ => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut ns = lock(&self.ns);
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 && node.opens == 0 && node.removed && ino != ROOT && !self.queued(ino) {
+            ns.inodes.remove(&ino);
+        }
+    }
+
+    /// Attributes of `ino`, revalidated against home once the validity lag has passed.
+    pub fn getattr(&self, ino: u64) -> FsResult<Entry> {
+        let path = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.attr.is_some()
+                && (self.fresh(node.checked) || node.removed || !node.dirty.is_empty() || self.queued(ino))
+            {
+                return self.entry(&ns, ino);
+            }
+            match ns.home_path(ino)? {
+                Some(p) => p,
+                None => return self.entry(&ns, ino),
+            }
+        };
+        self.revalidate(ino, &path)
+    }
+
+    /// Ask home for the attributes of `ino` at `path` and record them.
+    pub(crate) fn revalidate(&self, ino: u64, path: &std::path::Path) -> FsResult<Entry> {
+        let asked = Instant::now();
+        match self.core.home.stat(path) {
+            Ok(attr) => {
+                let mut ns = lock(&self.ns);
+                if ns.inode(ino)?.kind != attr.kind {
+                    return Err(FsError::NotFound);
+                }
+                self.update_attr(&mut ns, ino, attr, asked);
+                self.entry(&ns, ino)
+            }
+            Err(HomeError::NotFound) => {
+                let mut ns = lock(&self.ns);
+                let node = ns.inode(ino)?;
+                if node.opens > 0 && node.attr.is_some() {
+                    // Still open here: keep serving what we have.
+                    return self.entry(&ns, ino);
+                }
+                let (parent, name) = (node.parent, node.name.clone());
+                // Changed here, or moved at home while home was asked (a queued rename landed).
+                if self.queued(ino)
+                    || self.local_name(&ns, parent, &name)?
+                    || self.moved_meanwhile(&ns, ino, None, path)?.is_some()
+                {
+                    return self.entry(&ns, ino);
+                }
+                if ino != ROOT {
+                    self.gone_at_home(&mut ns, parent, &name);
+                }
+                Err(FsError::NotFound)
+            }
+            Err(e) if unreachable(&e) => {
+                let ns = lock(&self.ns);
+                if ns.inode(ino)?.attr.is_some() {
+                    return self.entry(&ns, ino);
+                }
+                Err(e.into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Read the target of a symlink.
+    pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let path = {
+            let ns = lock(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.kind != FileKind::Symlink {
+                return Err(FsError::Invalid);
+            }
+            if let Some(t) = &node.symlink
+                && (self.fresh(node.checked) || self.queued(ino) || !self.health.online())
+            {
+                return Ok(t.clone());
+            }
+            match ns.home_path(ino)? {
+                Some(p) => p,
+                None => return node.symlink.clone().ok_or(FsError::NotFound),
+            }
+        };
+        self.revalidate(ino, &path)?;
+        let target = self.core.home.readlink(&path)?;
+        let mut ns = lock(&self.ns);
+        if let Ok(node) = ns.inode_mut(ino) {
+            node.symlink = Some(target.clone());
+        }
+        self.persist(&ns, ino);
+        Ok(target)
+    }
+}
+
+/// The cache's answer for `name` in `parent`.
+fn cached_child(ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<Found> {
+    ns.inode(parent)?
+        .children
+        .get(name)
+        .copied()
+        .ok_or(FsError::NotFound)
+        .map(Found::Ino)
+}

@@ -1,0 +1,687 @@
+//! The namespace mirror: inodes, their home locations and records, the core's shared state (`Fs`), and
+//! the checks a change makes before it is taken. Lookups (`lookup`), binding names home reports
+//! (`binding`), and opening and closing the core (`open`) are in their own files.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::ops::Range;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use larder_cache::{Mutation, Store};
+use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, unreachable};
+
+use crate::journal::{Journal, Op, OpKind};
+
+use crate::key::HomeId;
+use crate::readahead::Readahead;
+use crate::record::{AttrRecord, InodeRecord};
+use crate::tier::{HomeTier, StoreTier, Tier, TierStats, Tiers};
+use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
+
+mod binding;
+mod lookup;
+mod open;
+
+pub(crate) const ROOT: u64 = 1;
+/// Index meta key: 1 while a daemon has the cache open, 0 after a clean shutdown.
+const RUNNING: &str = "running";
+/// Longest a lookup waits for a rename under way at home to settle here.
+const MOVE_WAIT: Duration = Duration::from_secs(2);
+
+/// What one try of a lookup found.
+pub(crate) enum Found {
+    Ino(u64),
+    /// The parent's home path changed while home was asked: ask again.
+    Moved,
+    /// A rename above it is landing at home: ask again once it has settled.
+    Moving,
+    /// A rename above it was tried and failed: home's answer cannot be trusted, nor cached.
+    Unsure,
+}
+const NAME_MAX: usize = 255;
+
+/// One inode as the core knows it.
+pub(crate) struct Inode {
+    /// The name home operations use: (parent inode, name).
+    pub parent: u64,
+    pub name: OsString,
+    /// Further names of the same object at home (hard links).
+    pub aliases: Vec<(u64, OsString)>,
+    pub kind: FileKind,
+    /// `None` for a placeholder made by a listing: kind known, attributes not yet fetched.
+    pub attr: Option<HomeAttr>,
+    /// Cache object of the current content version (files only).
+    pub object: u64,
+    pub symlink: Option<Vec<u8>>,
+    /// When `attr` was last confirmed by home.
+    pub checked: Option<Instant>,
+    /// Known children by name (directories).
+    pub children: HashMap<OsString, u64>,
+    /// When the children were last listed completely, and home's directory version then.
+    pub listed: Option<(Instant, Version)>,
+    /// Names home said do not exist, and when.
+    pub negatives: HashMap<OsString, Instant>,
+    pub lookups: u64,
+    pub opens: u32,
+    /// Byte ranges written locally and not yet pushed to home.
+    pub dirty: Vec<Range<u64>>,
+    /// Gone from home; kept while the kernel or a handle refers to it.
+    pub removed: bool,
+    /// Object whose pages the kernel's page cache holds for this inode.
+    pub kernel_object: u64,
+    /// Serialises pushes of this file to home. Taken before `write_lock`.
+    pub flush_lock: Arc<Mutex<()>>,
+    /// Serialises writes of this file, and a push's taking of dirty ranges with them.
+    pub write_lock: Arc<Mutex<()>>,
+    /// Changes of this file at home under way (pushes, setattr): between the call to home and the adoption
+    /// of the version it produces.
+    pub pushing: u32,
+    /// Where home has this object now (parent inode, name): differs from `parent`/`name` while a rename
+    /// made here waits in the journal; `None` while its creation does.
+    pub home_loc: Option<(u64, OsString)>,
+    /// Size of the home version the cached content is based on; bytes past it exist only here (`None`:
+    /// all of it is at home as far as is known).
+    pub home_size: Option<u64>,
+    /// Home took this name for another object while ours waited to be created there.
+    pub conflict: bool,
+    /// The push of this file under way (or the last one, if it failed): what it sent. Persisted with the
+    /// record, so that a record written meanwhile still names those ranges as not confirmed at home.
+    pub attempt: Option<Attempt>,
+    /// A push that was under way when the daemon stopped (from the record): the ranges it sent that were
+    /// not written again since, and the size. If home's version moved on, these say whether it was ours.
+    pub unconfirmed: Option<Attempt>,
+}
+
+/// What one push of a file's data sent to home.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    pub ranges: Vec<Range<u64>>,
+    pub size: u64,
+}
+
+impl Inode {
+    fn new(parent: u64, name: OsString, kind: FileKind, object: u64) -> Inode {
+        Inode {
+            parent,
+            name: name.clone(),
+            aliases: Vec::new(),
+            kind,
+            attr: None,
+            object,
+            symlink: None,
+            checked: None,
+            children: HashMap::new(),
+            listed: None,
+            negatives: HashMap::new(),
+            lookups: 0,
+            opens: 0,
+            dirty: Vec::new(),
+            removed: false,
+            kernel_object: 0,
+            flush_lock: Arc::new(Mutex::new(())),
+            write_lock: Arc::new(Mutex::new(())),
+            pushing: 0,
+            home_loc: Some((parent, name)),
+            home_size: None,
+            conflict: false,
+            attempt: None,
+            unconfirmed: None,
+        }
+    }
+
+    pub(crate) fn record(&self) -> InodeRecord {
+        InodeRecord {
+            parent: self.parent,
+            name: self.name.as_bytes().to_vec(),
+            kind: self.kind,
+            attr: self.attr.as_ref().map(AttrRecord::from_attr),
+            object: self.object,
+            symlink: self.symlink.clone(),
+            aliases: self.aliases.iter().map(|(p, n)| (*p, n.as_bytes().to_vec())).collect(),
+            home_loc: self.home_loc.as_ref().map(|(p, n)| (*p, n.as_bytes().to_vec())),
+            home_size: self.home_size,
+            dirty: self.dirty.iter().map(|r| (r.start, r.end)).collect(),
+            conflict: self.conflict,
+            attempt: self
+                .attempt
+                .as_ref()
+                .or(self.unconfirmed.as_ref())
+                .map(|a| (a.ranges.iter().map(|r| (r.start, r.end)).collect(), a.size)),
+        }
+    }
+
+    /// An inode made here, not at home yet.
+    pub(crate) fn new_local(parent: u64, name: &OsStr, kind: FileKind, object: u64) -> Inode {
+        let mut node = Inode::new(parent, name.to_os_string(), kind, object);
+        node.home_loc = None;
+        node.home_size = (kind == FileKind::File).then_some(0);
+        node
+    }
+
+    /// An inode from its persisted record.
+    pub(crate) fn from_record(rec: InodeRecord) -> Inode {
+        let mut node = Inode::new(rec.parent, OsString::from_vec(rec.name), rec.kind, rec.object);
+        node.attr = rec.attr.map(|a| a.to_attr());
+        node.symlink = rec.symlink;
+        node.aliases = rec
+            .aliases
+            .into_iter()
+            .map(|(p, n)| (p, OsString::from_vec(n)))
+            .collect();
+        node.home_loc = rec.home_loc.map(|(p, n)| (p, OsString::from_vec(n)));
+        node.home_size = rec.home_size;
+        node.dirty = rec.dirty.into_iter().map(|(a, b)| a..b).collect();
+        node.conflict = rec.conflict;
+        if let Some((ranges, size)) = rec.attempt {
+            let sent: Vec<Range<u64>> = ranges.into_iter().map(|(a, b)| a..b).collect();
+            // Whether it reached home or not, its ranges are pushed again; only the bytes not written
+            // since can tell whether it did.
+            let unchanged = crate::data::subtract(&sent, &node.dirty);
+            for r in sent {
+                crate::data::add_range(&mut node.dirty, r);
+            }
+            node.unconfirmed = Some(Attempt {
+                ranges: unchanged,
+                size,
+            });
+        }
+        node
+    }
+
+    fn has_name(&self, parent: u64, name: &OsStr) -> bool {
+        (self.parent == parent && self.name == name) || self.aliases.iter().any(|(p, n)| *p == parent && n == name)
+    }
+
+    /// Rename one of this inode's names.
+    pub(crate) fn rename_name(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
+        if self.parent == from.0 && self.name == from.1 {
+            self.parent = to.0;
+            self.name = to.1.to_os_string();
+        } else if let Some(a) = self.aliases.iter_mut().find(|(p, n)| *p == from.0 && n == from.1) {
+            *a = (to.0, to.1.to_os_string());
+        }
+    }
+}
+
+/// An open file or directory.
+pub(crate) struct Handle {
+    pub ino: u64,
+    /// The cache object (content version) the file had when this handle opened it. A handle reads that
+    /// version only: once revalidation moves the file to another, its reads fail with `ESTALE`.
+    pub object: u64,
+    /// Directory handles: the listing as it was at opendir.
+    pub entries: Option<Arc<Vec<DirItem>>>,
+    /// Where the next sequential read would start, the readahead window, and where the blocks queued
+    /// for this handle end.
+    pub next_offset: u64,
+    pub window: u64,
+    pub ra_end: u64,
+    /// The kernel reads this handle's object from its cache file directly: the store holds it.
+    pub held: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Namespace {
+    pub inodes: HashMap<u64, Inode>,
+    /// Home identity -> inode, for objects with several names (hard links).
+    pub by_id: HashMap<u64, u64>,
+    pub handles: HashMap<u64, Handle>,
+    pub next_ino: u64,
+    pub next_object: u64,
+    pub next_fh: u64,
+}
+
+pub(crate) use crate::tier::FetchResult;
+
+/// Shared by the file system and its readahead workers.
+pub(crate) struct Core {
+    pub home: Arc<dyn Home>,
+    pub store: Arc<Store>,
+    /// The read path: the store, any tiers between, home; one fetch per unit at a time.
+    pub tiers: Tiers,
+    /// The home's name in portable keys.
+    pub home_id: HomeId,
+    /// Files at most this large are fetched whole.
+    pub small_file_threshold: u64,
+}
+
+/// The caching file system, without FUSE.
+pub struct Fs {
+    pub(crate) cfg: FsConfig,
+    pub(crate) core: Arc<Core>,
+    pub(crate) ns: Mutex<Namespace>,
+    pub(crate) mutate: Mutex<()>,
+    pub(crate) readahead: Readahead,
+    /// Changes not yet at home. Taken after `ns` when both are needed (lock order: design note 011).
+    pub(crate) journal: Mutex<Journal>,
+    /// Woken when the journal gains work, finishes an op, or home comes back.
+    pub(crate) journal_cv: Condvar,
+    pub(crate) health: Arc<Health>,
+    /// Drain requests under way: push regardless of the sync lag.
+    pub(crate) urgent: AtomicU64,
+    /// Reads served: count, bytes and nanoseconds spent in them (for the efficiency metrics).
+    pub(crate) reads: AtomicU64,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) read_nanos: AtomicU64,
+    /// Bytes handed to readers per tier (the local cache, home), and blocks readers waited for home.
+    pub(crate) cache_bytes: AtomicU64,
+    pub(crate) home_bytes: AtomicU64,
+    pub(crate) home_waits: AtomicU64,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) conflicts: Mutex<Vec<crate::Conflict>>,
+    pub(crate) flushers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Where invalidations for the kernel go (the FUSE adapter's notifier); unset without a kernel.
+    pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
+}
+
+pub(crate) use larder_cache::contention::lock;
+
+pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if name.is_empty() || name == "." || name == ".." || name.as_bytes().iter().any(|b| *b == b'/' || *b == 0) {
+        return Err(FsError::Invalid);
+    }
+    Ok(())
+}
+
+/// Most entries below a directory being moved whose path lengths are checked against home's limits (the
+/// cached ones; a larger subtree is checked that far).
+const MOVED_SUBTREE_MAX: usize = 100_000;
+
+impl Namespace {
+    /// The longest path below `ino` that the cache knows, in bytes counted from `ino`'s own path (each
+    /// entry "/name", a directory with `dir_suffix` more).
+    fn longest_below(&self, ino: u64, dir_suffix: usize) -> usize {
+        let mut longest = 0;
+        let mut stack = vec![(ino, 0usize)];
+        let mut seen = 0;
+        while let Some((dir, len)) = stack.pop() {
+            let Some(node) = self.inodes.get(&dir) else { continue };
+            for (name, child) in &node.children {
+                seen += 1;
+                if seen > MOVED_SUBTREE_MAX {
+                    return longest;
+                }
+                let child_len = len + 1 + name.len();
+                let is_dir = self.inodes.get(child).is_some_and(|c| c.kind == FileKind::Dir);
+                longest = longest.max(child_len + if is_dir { dir_suffix } else { 0 });
+                if is_dir {
+                    stack.push((*child, child_len));
+                }
+            }
+        }
+        longest
+    }
+
+    pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
+        self.inodes.get(&ino).ok_or(FsError::BadHandle)
+    }
+
+    pub fn inode_mut(&mut self, ino: u64) -> FsResult<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(FsError::BadHandle)
+    }
+
+    /// The home path of `ino`, from its chain of parents.
+    pub fn path_of(&self, ino: u64) -> FsResult<PathBuf> {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT {
+            let node = self.inode(cur)?;
+            parts.push(node.name.clone());
+            cur = node.parent;
+            if parts.len() > 4096 {
+                return Err(FsError::Invalid);
+            }
+        }
+        Ok(parts.iter().rev().collect())
+    }
+
+    /// Count an open of `ino` and give it a file handle. The kernel may keep its page cache for the file
+    /// when the pages it holds are of the version cached now.
+    pub fn open_handle(&mut self, ino: u64) -> FsResult<OpenReply> {
+        let node = self.inode_mut(ino)?;
+        node.opens += 1;
+        let keep_cache = node.kernel_object == node.object && node.object != 0;
+        node.kernel_object = node.object;
+        let fh = self.new_handle(ino, None);
+        Ok(OpenReply {
+            fh,
+            keep_cache,
+            passthrough: false,
+        })
+    }
+
+    /// A new handle of `ino`; directory handles carry the listing they were opened with.
+    pub fn new_handle(&mut self, ino: u64, entries: Option<Arc<Vec<DirItem>>>) -> u64 {
+        let fh = self.next_fh;
+        self.next_fh += 1;
+        let object = self.inodes.get(&ino).map_or(0, |n| n.object);
+        self.handles.insert(
+            fh,
+            Handle {
+                ino,
+                object,
+                entries,
+                next_offset: 0,
+                window: 0,
+                ra_end: 0,
+                held: false,
+            },
+        );
+        fh
+    }
+
+    /// Where home has `ino` now, following each ancestor's home location; `None` if it (or an ancestor) is
+    /// not at home yet.
+    pub fn home_path(&self, ino: u64) -> FsResult<Option<PathBuf>> {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT {
+            let node = self.inode(cur)?;
+            let Some((p, n)) = &node.home_loc else {
+                return Ok(None);
+            };
+            parts.push(n.clone());
+            cur = *p;
+            if parts.len() > 4096 {
+                return Err(FsError::Invalid);
+            }
+        }
+        Ok(Some(parts.iter().rev().collect()))
+    }
+
+    /// Whether home has `ino` (and every directory above it): [`Namespace::home_path`] without building it.
+    pub(crate) fn at_home(&self, ino: u64) -> FsResult<bool> {
+        let mut cur = ino;
+        let mut depth = 0;
+        while cur != ROOT {
+            let Some((p, _)) = &self.inode(cur)?.home_loc else {
+                return Ok(false);
+            };
+            cur = *p;
+            depth += 1;
+            if depth > 4096 {
+                return Err(FsError::Invalid);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Home path of `name` in `parent`, if `parent` is at home.
+    pub(crate) fn home_child_path(&self, parent: u64, name: &OsStr) -> FsResult<Option<PathBuf>> {
+        Ok(self.home_path(parent)?.map(|p| p.join(name)))
+    }
+
+    pub(crate) fn child_path(&self, parent: u64, name: &OsStr) -> FsResult<PathBuf> {
+        Ok(self.path_of(parent)?.join(name))
+    }
+}
+
+impl Fs {
+    /// Counts of the read path's tiers, nearest first (the store, ..., home).
+    pub fn tier_stats(&self) -> Vec<TierStats> {
+        self.core.tiers.stats()
+    }
+
+    /// Whether home is believed reachable.
+    pub fn home_online(&self) -> bool {
+        self.health.online()
+    }
+
+    /// How changes reach home.
+    pub fn write_mode(&self) -> crate::WriteMode {
+        self.cfg.write_mode
+    }
+
+    /// Wake the flushers (home came back).
+    pub fn wake(&self) {
+        self.journal_cv.notify_all();
+    }
+
+    /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them.
+    pub(crate) fn reclaim_dirty(&self, node: &Inode) {
+        let bs = self.core.store.block_size();
+        for r in &node.dirty {
+            if r.is_empty() {
+                continue;
+            }
+            for index in r.start / bs..=(r.end - 1) / bs {
+                self.core.store.claim((node.object, index as u32));
+            }
+        }
+    }
+
+    /// `ino`, reloaded from its record if it is not in memory (the flusher after a restart).
+    pub(crate) fn load_inode(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
+        if ns.inodes.contains_key(&ino) {
+            return Ok(());
+        }
+        let rec = self
+            .core
+            .store
+            .db()
+            .inode(ino)?
+            .and_then(|b| InodeRecord::decode(&b))
+            .ok_or(FsError::BadHandle)?;
+        let node = Inode::from_record(rec);
+        self.reclaim_dirty(&node);
+        ns.inodes.insert(ino, node);
+        self.load_home_ancestors(ns, ino);
+        Ok(())
+    }
+
+    /// Load the directories on `ino`'s ways to the root, here and at home, that are not in memory: after a
+    /// restart, the flusher settles objects nothing looked up, and an object moved here but not yet at home
+    /// names a home parent nothing looked up. [`Namespace::home_path`] and [`Namespace::path_of`] follow
+    /// them.
+    pub(crate) fn load_home_ancestors(&self, ns: &mut Namespace, ino: u64) {
+        let parents = |n: &Inode| [Some(n.parent), n.home_loc.as_ref().map(|(p, _)| *p)];
+        let mut todo: Vec<u64> = ns
+            .inodes
+            .get(&ino)
+            .map(parents)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .collect();
+        let mut loaded = 0;
+        while let Some(dir) = todo.pop() {
+            if dir == ROOT || ns.inodes.contains_key(&dir) || loaded > 4096 {
+                continue;
+            }
+            let Ok(Some(rec)) = self
+                .core
+                .store
+                .db()
+                .inode(dir)
+                .map(|r| r.and_then(|b| InodeRecord::decode(&b)))
+            else {
+                continue;
+            };
+            let node = Inode::from_record(rec);
+            todo.extend(parents(&node).into_iter().flatten());
+            ns.inodes.insert(dir, node);
+            loaded += 1;
+        }
+    }
+
+    /// The local store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.core.store
+    }
+
+    /// The validity lag, which is also the kernel's attribute and entry timeout.
+    pub fn validity_lag(&self) -> std::time::Duration {
+        self.cfg.validity_lag
+    }
+
+    pub(crate) fn fresh(&self, at: Option<Instant>) -> bool {
+        !self.cfg.validity_lag.is_zero() && at.is_some_and(|t| t.elapsed() < self.cfg.validity_lag)
+    }
+
+    /// Check that home can hold an object of `kind` as `name` in `parent` (`moved`: an existing inode
+    /// going there, whose cached subtree must fit too). Called at the call, in every write mode, before
+    /// home is asked or anything is queued: home's limits come from [`Home::limits`], asked nothing.
+    pub(crate) fn check_storable(
+        &self,
+        ns: &Namespace,
+        parent: u64,
+        name: &OsStr,
+        kind: FileKind,
+        moved: Option<u64>,
+    ) -> FsResult<()> {
+        let limits = self.core.home.limits();
+        let path = ns.child_path(parent, name)?;
+        let below = match moved {
+            Some(ino) if kind == FileKind::Dir => ns.longest_below(ino, limits.dir_suffix),
+            _ => 0,
+        };
+        limits.check(&path, kind, below).map_err(|e| match e {
+            HomeError::Unsupported(what) => FsError::HomeCannotHold(what),
+            e => FsError::Home(e),
+        })
+    }
+
+    /// Check that home can hold a hard link to `ino` as `name` in `parent`.
+    pub(crate) fn check_link(&self, ns: &Namespace, ino: u64, parent: u64, name: &OsStr) -> FsResult<()> {
+        if !self.core.home.limits().hard_links {
+            return Err(FsError::HomeCannotHold("hard links"));
+        }
+        self.check_storable(ns, parent, name, ns.inode(ino)?.kind, None)
+    }
+
+    /// Check that home can hold what a rename makes: the moved object (and its cached subtree) at its new
+    /// path, and with `exchange` the other one at the old path.
+    pub(crate) fn check_rename(
+        &self,
+        ns: &Namespace,
+        from: (u64, &OsStr),
+        to: (u64, &OsStr),
+        flags: larder_home::RenameFlags,
+    ) -> FsResult<()> {
+        if flags.exchange && !self.core.home.limits().rename_exchange {
+            // As renameat2(2) answers where the file system cannot exchange.
+            return Err(FsError::Invalid);
+        }
+        let moved = |dir: u64, name: &OsStr| -> FsResult<Option<u64>> {
+            let node = ns.inode(dir)?;
+            Ok(node.children.get(name).copied())
+        };
+        if let Some(src) = moved(from.0, from.1)? {
+            self.check_storable(ns, to.0, to.1, ns.inode(src)?.kind, Some(src))?;
+        }
+        if flags.exchange
+            && let Some(dst) = moved(to.0, to.1)?
+        {
+            self.check_storable(ns, from.0, from.1, ns.inode(dst)?.kind, Some(dst))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_only(&self) -> bool {
+        self.cfg.write_mode == crate::WriteMode::ReadOnly
+    }
+
+    pub(crate) fn writable(&self) -> FsResult<()> {
+        if self.read_only() {
+            Err(FsError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(crate) fn persist(&self, ns: &Namespace, ino: u64) {
+        if let Some(node) = ns.inodes.get(&ino) {
+            self.core
+                .store
+                .db()
+                .submit(vec![Mutation::PutInode(ino, node.record().encode())]);
+        }
+    }
+
+    pub(crate) fn attr_of(&self, ns: &Namespace, ino: u64) -> FsResult<Attr> {
+        let node = ns.inode(ino)?;
+        let a = node.attr.as_ref().ok_or(FsError::NotFound)?;
+        Ok(Attr {
+            ino,
+            kind: node.kind,
+            size: a.size,
+            // Local changes not yet at home: what the cache copy takes (a sparse file's holes take nothing),
+            // or home's figure if larger (parts of the file not cached here).
+            blocks: if node.dirty.is_empty() && node.home_size.is_none() {
+                a.blocks
+            } else {
+                a.blocks.max(self.core.store.allocated_blocks(node.object))
+            },
+            perm: a.perm,
+            nlink: if node.removed && node.kind != FileKind::Dir {
+                0
+            } else {
+                a.nlink
+            },
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        })
+    }
+
+    pub(crate) fn entry(&self, ns: &Namespace, ino: u64) -> FsResult<Entry> {
+        Ok(Entry {
+            attr: self.attr_of(ns, ino)?,
+            ttl: self.cfg.validity_lag,
+        })
+    }
+
+    pub(crate) fn alloc_object(&self, ns: &mut Namespace) -> u64 {
+        let object = ns.next_object;
+        ns.next_object += 1;
+        self.core
+            .store
+            .db()
+            .submit(vec![Mutation::PutMeta("next_object", ns.next_object)]);
+        object
+    }
+
+    /// Tell the kernel (if one is attached) to drop what it caches of something.
+    pub(crate) fn invalidate(&self, what: crate::Invalidation) {
+        if let Some(f) = self.invalidator.get() {
+            f(what);
+        }
+    }
+
+    /// Send the kernel's invalidations to `f` (it must not block: it is called with locks held).
+    pub fn set_invalidator(&self, f: Box<dyn Fn(crate::Invalidation) + Send + Sync>) {
+        let _ = self.invalidator.set(f);
+    }
+
+    /// Capacity of home.
+    pub fn statfs(&self) -> FsResult<StatFs> {
+        Ok(self.core.home.statfs()?)
+    }
+
+    /// Figures for status output.
+    pub fn stats(&self) -> FsStats {
+        let ns = lock(&self.ns);
+        FsStats {
+            inodes: ns.inodes.len() as u64,
+            open_handles: ns.handles.len() as u64,
+            dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
+            readahead_blocks: self.readahead.submitted(),
+            reads: self.reads.load(std::sync::atomic::Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            read_seconds: self.read_nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
+            bytes_from_cache: self.cache_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_from_home: self.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            home_waits: self.home_waits.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}

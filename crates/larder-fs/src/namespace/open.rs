@@ -1,0 +1,195 @@
+//! Opening the core over a cache directory (recovery after an unclean stop included) and closing it.
+
+use super::*;
+
+impl Fs {
+    /// A file system over `home`, caching in `store`. Loads the persisted namespace, drops cache objects
+    /// nothing refers to, and checks that home's root is reachable.
+    pub fn new(home: Arc<dyn Home>, store: Arc<Store>, cfg: FsConfig) -> FsResult<Fs> {
+        Fs::with_health(home, store, cfg, Health::new())
+    }
+
+    /// As [`Fs::new`], sharing `health` with the home's health layer: while it says home is offline, the
+    /// cached namespace is served and changes wait in the journal.
+    pub fn with_health(home: Arc<dyn Home>, store: Arc<Store>, cfg: FsConfig, health: Arc<Health>) -> FsResult<Fs> {
+        Fs::with_tiers(home, store, cfg, health, Vec::new())
+    }
+
+    /// As [`Fs::with_health`], reading through `between` (nearest first) after the store and before home.
+    pub fn with_tiers(
+        home: Arc<dyn Home>,
+        store: Arc<Store>,
+        cfg: FsConfig,
+        health: Arc<Health>,
+        between: Vec<Arc<dyn Tier>>,
+    ) -> FsResult<Fs> {
+        let db = store.db().clone();
+        let mut ns = Namespace {
+            next_ino: db.meta("next_ino")?.unwrap_or(ROOT + 1),
+            next_object: db.meta("next_object")?.unwrap_or(1),
+            next_fh: 1,
+            ..Namespace::default()
+        };
+        // Set while a daemon has the cache open, cleared by `shutdown`: found set, the last one did not
+        // stop cleanly (killed, or the machine went down).
+        let unclean = db.meta(RUNNING)? == Some(1);
+        let (live, dropped_records) = collect_live(&db)?;
+        let (orphan_objects, orphan_files) = store.retain_objects(&live);
+        let mut ops = Vec::new();
+        db.for_each_op(|seq, bytes| match Op::decode(bytes) {
+            Some(op) => ops.push((seq, op)),
+            None => tracing::error!(seq, "a journal record cannot be read; it is kept and skipped"),
+        })?;
+        let data_ops = ops.iter().filter(|(_, op)| op.kind == OpKind::Data).count();
+        let interrupted = ops.iter().filter(|(_, op)| op.attempted).count();
+        let journal = Journal::load(ops);
+        let mut root = Inode::new(ROOT, OsString::new(), FileKind::Dir, 0);
+        if let Some(rec) = db.inode(ROOT)?.and_then(|b| InodeRecord::decode(&b)) {
+            root.attr = rec.attr.map(|a| a.to_attr());
+        }
+        match home.stat(std::path::Path::new("")) {
+            Ok(a) if a.kind != FileKind::Dir => return Err(FsError::NotDir),
+            Ok(a) => {
+                root.attr = Some(a);
+                root.checked = Some(Instant::now());
+            }
+            // Changes are waiting and the cache knows the root: start offline and serve the cache.
+            Err(e) if unreachable(&e) && !journal.is_empty() && root.attr.is_some() => {
+                health.set_offline(&e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let pending = journal.len();
+        if unclean {
+            tracing::warn!(
+                pending_changes = pending,
+                files_with_unpushed_data = data_ops,
+                pushes_interrupted = interrupted,
+                orphan_objects_removed = orphan_objects,
+                orphan_files_removed = orphan_files,
+                unreachable_records_removed = dropped_records,
+                "recovered after an unclean stop (the daemon was killed or the machine went down): {pending} \
+                 queued changes kept, to be pushed in order ({data_ops} files with unpushed data; {interrupted} \
+                 changes interrupted mid-push are repeated, their 'already done' answers accepted); removed \
+                 {orphan_objects} cache objects and {orphan_files} cache files nothing refers to, and \
+                 {dropped_records} index records cut off from the root"
+            );
+        } else if pending > 0 {
+            tracing::info!(
+                pending_changes = pending,
+                "{pending} changes left queued by the last run are kept, to be pushed in order"
+            );
+        }
+        root.lookups = 1;
+        db.submit(vec![
+            Mutation::PutInode(ROOT, root.record().encode()),
+            Mutation::PutMeta(RUNNING, 1),
+        ]);
+        ns.inodes.insert(ROOT, root);
+        let store_limit = store.stats().bytes_limit;
+        let mut tiers: Vec<Arc<dyn Tier>> = vec![Arc::new(StoreTier::new(store.clone()))];
+        tiers.extend(between);
+        tiers.push(Arc::new(HomeTier::new(home.clone())));
+        let core = Arc::new(Core {
+            home_id: HomeId::new(cfg.home_id.clone().unwrap_or_else(|| home.describe())),
+            home,
+            store,
+            tiers: Tiers::new(tiers),
+            // In a cache too small for it, fetching a whole file to use one block of it only churns.
+            small_file_threshold: cfg.small_file_threshold.min(store_limit / 8),
+        });
+        let readahead = Readahead::new(core.clone(), cfg.ingest_streams);
+        let conflicts = crate::flusher::load_conflicts(&cfg.conflicts_dir);
+        Ok(Fs {
+            cfg,
+            core,
+            ns: Mutex::new(ns),
+            mutate: Mutex::new(()),
+            readahead,
+            journal: Mutex::new(journal),
+            journal_cv: Condvar::new(),
+            health,
+            urgent: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            read_nanos: AtomicU64::new(0),
+            cache_bytes: AtomicU64::new(0),
+            home_bytes: AtomicU64::new(0),
+            home_waits: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            conflicts: Mutex::new(conflicts),
+            flushers: Mutex::new(Vec::new()),
+            invalidator: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Make everything durable before the process exits.
+    pub fn shutdown(&self) -> FsResult<()> {
+        self.stop_flushers();
+        let handles: Vec<u64> = lock(&self.ns).handles.keys().copied().collect();
+        for fh in handles {
+            let _ = self.release(fh);
+        }
+        let db = self.core.store.db();
+        db.submit(vec![Mutation::PutMeta(RUNNING, 0)]);
+        db.close()?;
+        Ok(())
+    }
+}
+
+/// The cache objects referred to by persisted inodes reachable from the root; records not reachable (a
+/// crash between removing a directory and its children) are dropped.
+fn collect_live(db: &larder_cache::Db) -> FsResult<(HashSet<u64>, usize)> {
+    let mut parents = HashMap::new();
+    let mut objects = HashMap::new();
+    let mut names = HashMap::new();
+    db.for_each_inode(|ino, bytes| {
+        if let Some(rec) = InodeRecord::decode(bytes) {
+            parents.insert(ino, rec.parent);
+            names.insert(ino, rec.name);
+            if rec.object != 0 {
+                objects.insert(ino, rec.object);
+            }
+        }
+    })?;
+    let mut reachable: HashMap<u64, bool> = HashMap::new();
+    reachable.insert(ROOT, true);
+    let inos: Vec<u64> = parents.keys().copied().collect();
+    for ino in inos {
+        let mut chain = Vec::new();
+        let mut cur = ino;
+        let ok = loop {
+            if let Some(&r) = reachable.get(&cur) {
+                break r;
+            }
+            if chain.len() > 4096 || chain.contains(&cur) {
+                break false;
+            }
+            chain.push(cur);
+            match parents.get(&cur) {
+                Some(&p) => cur = p,
+                None => break false,
+            }
+        };
+        for c in chain {
+            reachable.insert(c, ok);
+        }
+    }
+    let mut dead = Vec::new();
+    for (ino, ok) in &reachable {
+        if !ok {
+            dead.push(Mutation::DelInode(*ino));
+            if let (Some(p), Some(n)) = (parents.get(ino), names.get(ino)) {
+                dead.push(Mutation::DelDentry(*p, n.clone()));
+            }
+        }
+    }
+    let dropped = reachable.values().filter(|ok| !**ok).count();
+    db.submit(dead);
+    let live = objects
+        .iter()
+        .filter(|(ino, _)| reachable.get(ino) == Some(&true))
+        .map(|(_, o)| *o)
+        .collect();
+    Ok((live, dropped))
+}
