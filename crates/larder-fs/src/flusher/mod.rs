@@ -158,13 +158,17 @@ impl Fs {
         let mut j = lock(&self.journal);
         let outcome = loop {
             if j.is_empty() {
-                break Drained::Empty;
-            }
-            if self.cfg.write_mode != WriteMode::WriteBack {
-                break Drained::Waiting;
-            }
-            if self.health.online() && j.only_refused_left() {
-                break Drained::Refused;
+                // Empty once the last ops' directories have their times at home too.
+                if self.settling.load(Ordering::SeqCst) == 0 {
+                    break Drained::Empty;
+                }
+            } else {
+                if self.cfg.write_mode != WriteMode::WriteBack {
+                    break Drained::Waiting;
+                }
+                if self.health.online() && j.only_refused_left() {
+                    break Drained::Refused;
+                }
             }
             let now = Instant::now();
             if now >= deadline {
@@ -267,6 +271,8 @@ impl Fs {
     fn conclude(&self, seq: u64, op: &Op, outcome: Outcome) {
         match outcome {
             Outcome::Done => {
+                // Counted before the op leaves the journal, until its directories have their times.
+                self.settling.fetch_add(1, Ordering::SeqCst);
                 let ns = lock(&self.ns);
                 let muts = {
                     let mut j = lock(&self.journal);
@@ -288,6 +294,7 @@ impl Fs {
                 drop(ns);
                 self.core.store.db().submit(muts);
                 self.settle_dir_times(op);
+                self.settling.fetch_sub(1, Ordering::SeqCst);
             }
             Outcome::Retry(e) => {
                 tracing::debug!(error = %e, op = op.kind.name(), "home away; the op waits");

@@ -263,6 +263,9 @@ pub struct Fs {
     pub(crate) health: Arc<Health>,
     /// Drain requests under way: push regardless of the sync lag.
     pub(crate) urgent: AtomicU64,
+    /// Ops that reached home and whose directories' times are being settled there: a drain waits for
+    /// them too.
+    pub(crate) settling: AtomicU64,
     /// Reads served: count, bytes and nanoseconds spent in them (for the efficiency metrics).
     pub(crate) reads: AtomicU64,
     pub(crate) read_bytes: AtomicU64,

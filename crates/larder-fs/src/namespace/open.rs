@@ -110,6 +110,7 @@ impl Fs {
             journal_cv: Condvar::new(),
             health,
             urgent: AtomicU64::new(0),
+            settling: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             read_bytes: AtomicU64::new(0),
             read_nanos: AtomicU64::new(0),
