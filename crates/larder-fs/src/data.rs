@@ -400,11 +400,7 @@ impl Fs {
         }
         let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
         // Bytes past what home holds of this version exist only here: a gap there is a hole.
-        let home_size = if path.is_some() {
-            node.home_size.unwrap_or(u64::MAX).min(attr.size)
-        } else {
-            0
-        };
+        let home_size = if path.is_some() { node.home_end() } else { 0 };
         Ok(FetchState {
             path,
             home_size,
@@ -442,10 +438,7 @@ impl Fs {
             let node = ns.inode_mut(ino)?;
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
             // Past home's part of the content there is nothing to fetch.
-            let home_end = match &path {
-                Some(_) => node.home_size.unwrap_or(attr.size).min(attr.size),
-                None => 0,
-            };
+            let home_end = if path.is_some() { node.home_end() } else { 0 };
             let (size, version) = (home_end, attr.version.clone());
             let epoch = self.core.store.epoch(node.object);
             let before = (node.dirty.clone(), node.attr.clone());
@@ -541,10 +534,9 @@ impl Fs {
                             std::thread::sleep(std::time::Duration::from_millis(2));
                             continue;
                         }
-                        let home_size = node.home_size;
-                        match node.attr.as_ref().map(|a| (a.version.clone(), a.size)) {
-                            Some((v, size)) if node.object == object && v != version => {
-                                (version, home_end) = (v, home_size.unwrap_or(size).min(size));
+                        match node.attr.as_ref().map(|a| a.version.clone()) {
+                            Some(v) if node.object == object && v != version => {
+                                (version, home_end) = (v, node.home_end());
                                 path = ns.home_path(ino)?.ok_or(FsError::Home(HomeError::Stale))?;
                             }
                             _ if node.object == object && node.unconfirmed.is_some() && node.pushing == 0 => {

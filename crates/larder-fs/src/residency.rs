@@ -132,7 +132,7 @@ impl Fs {
             // Created here and not at home yet: all of it is in the cache.
             return Ok((file, None));
         };
-        let home_end = node.home_size.unwrap_or(attr.size).min(attr.size);
+        let home_end = node.home_end();
         let bs = self.core.store.block_size();
         let blocks: Vec<u32> = (0..home_end.div_ceil(bs) as u32)
             .filter(|b| !self.core.store.contains((node.object, *b)))

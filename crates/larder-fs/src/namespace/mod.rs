@@ -192,6 +192,13 @@ impl Inode {
         node
     }
 
+    /// Where home's part of the content ends: the file's size, or less after a local truncation not yet
+    /// pushed (bytes past it exist only here).
+    pub(crate) fn home_end(&self) -> u64 {
+        let size = self.attr.as_ref().map_or(0, |a| a.size);
+        self.home_size.map_or(size, |h| h.min(size))
+    }
+
     fn has_name(&self, parent: u64, name: &OsStr) -> bool {
         (self.parent == parent && self.name == name) || self.aliases.iter().any(|(p, n)| *p == parent && n == name)
     }
