@@ -159,17 +159,10 @@ impl Fs {
     /// Bind the entries of `ino` that have queued changes (or, for a directory not at home, all its
     /// persisted entries) which are not in memory yet: after a restart, they are known only to the index.
     fn load_pinned(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
-        let names: Vec<Vec<u8>> = if !ns.at_home(ino)? {
-            self.core
-                .store
-                .db()
-                .dentries_of(ino)?
-                .into_iter()
-                .map(|(n, _)| n)
-                .collect()
-        } else {
-            lock(&self.journal).pinned_in(ino).into_iter().collect()
-        };
+        if !ns.at_home(ino)? {
+            return self.load_cached(ns, ino);
+        }
+        let names = lock(&self.journal).pinned_in(ino);
         self.load_names(ns, ino, names)
     }
 
