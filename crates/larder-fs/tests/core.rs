@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use larder_cache::{Db, Eviction, Store, StoreConfig};
 use larder_fs::tier::{FaultTier, Faults, MemoryTier, Tier};
 use larder_fs::{Drained, Fs, FsConfig, FsError};
 use larder_home::{
     Fault, FaultLayer, FileKind, Home, HomeCounters, HomeError, Layered, MetricsLayer, OpKind, PosixHome, SetAttr,
 };
 
-const BS: u64 = 64 << 10;
+mod common;
+use common::BS;
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -22,11 +22,7 @@ struct Setup {
 
 impl Setup {
     fn new() -> Setup {
-        let dir = tempfile::tempdir().unwrap();
-        let home_dir = dir.path().join("home");
-        let cache_dir = dir.path().join("cache");
-        std::fs::create_dir_all(&home_dir).unwrap();
-        std::fs::create_dir_all(&cache_dir).unwrap();
+        let (dir, home_dir, cache_dir) = common::dirs();
         Setup {
             _dir: dir,
             home_dir,
@@ -92,17 +88,7 @@ impl Setup {
         let faulty: Arc<dyn Home> = Arc::new(Layered::new(posix, faults));
         let home: Arc<dyn Home> = Arc::new(Layered::new(faulty, MetricsLayer(counters.clone())));
         std::fs::create_dir_all(cache_dir).unwrap();
-        let db = Db::open(&cache_dir.join("index.redb")).unwrap();
-        let store_cfg = StoreConfig {
-            dir: cache_dir.join("objects"),
-            block_size: BS,
-            limit: 64 << 20,
-            high_watermark: 0.95,
-            low_watermark: 0.9,
-            dedup: true,
-            eviction: Eviction::S3Fifo,
-        };
-        let store = Arc::new(Store::open(store_cfg, db).unwrap());
+        let store = common::open_store(cache_dir).unwrap();
         let fs = Fs::with_tiers(home, store, cfg, larder_home::Health::new(), between).unwrap();
         (fs, counters)
     }

@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use larder_cache::{Db, Eviction, Store, StoreConfig};
 use larder_fs::{Drained, Fs, FsConfig, FsError, WriteMode};
 use larder_home::{
     Fault, FaultLayer, FileKind, Health, HealthLayer, Home, HomeCounters, HomeError, Layered, MetricsLayer, OpKind,
@@ -32,7 +31,8 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
 
-const BS: u64 = 64 << 10;
+mod common;
+use common::BS;
 /// Every path a step can name: depth one and two over three names.
 const PATHS: [&str; 12] = [
     "a", "b", "c", "a/a", "a/b", "a/c", "b/a", "b/b", "b/c", "c/a", "c/b", "c/c",
@@ -154,11 +154,7 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let dir = tempfile::tempdir().unwrap();
-        let home_dir = dir.path().join("home");
-        let cache_dir = dir.path().join("cache");
-        std::fs::create_dir_all(&home_dir).unwrap();
-        std::fs::create_dir_all(&cache_dir).unwrap();
+        let (dir, home_dir, cache_dir) = common::dirs();
         let bare: Arc<dyn Home> = Arc::new(PosixHome::new(&home_dir, Some(Duration::from_secs(10))).unwrap());
         let mut w = World {
             dir,
@@ -185,17 +181,7 @@ impl World {
         let faulty: Arc<dyn Home> = Arc::new(Layered::new(self.bare.clone(), self.faults.clone()));
         let gated: Arc<dyn Home> = Arc::new(Layered::new(faulty, HealthLayer(self.health.clone())));
         let home: Arc<dyn Home> = Arc::new(Layered::new(gated, MetricsLayer(Arc::new(HomeCounters::default()))));
-        let db = Db::open(&self.cache_dir.join("index.redb"))?;
-        let store_cfg = StoreConfig {
-            dir: self.cache_dir.join("objects"),
-            block_size: BS,
-            limit: 64 << 20,
-            high_watermark: 0.95,
-            low_watermark: 0.9,
-            dedup: true,
-            eviction: Eviction::S3Fifo,
-        };
-        let store = Arc::new(Store::open(store_cfg, db)?);
+        let store = common::open_store(&self.cache_dir)?;
         let cfg = FsConfig {
             validity_lag: Duration::ZERO,
             write_mode: WriteMode::WriteBack,
