@@ -586,15 +586,7 @@ impl Fs {
     /// or durable in the cache and queued (write-back).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let ino = lock(&self.ns).handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
-        self.settle(ino)
-    }
-
-    fn settle(&self, ino: u64) -> FsResult<()> {
-        if self.cfg.write_mode.journaled() {
-            self.commit_data(ino)
-        } else {
-            self.push(ino)
-        }
+        self.commit_data(ino)
     }
 
     /// Make the file behind `fh` durable at home.
@@ -611,7 +603,7 @@ impl Fs {
             self.core.store.unhold(h.object);
         }
         let result = if h.entries.is_none() {
-            self.settle(h.ino)
+            self.commit_data(h.ino)
         } else {
             Ok(())
         };
@@ -637,18 +629,6 @@ impl Fs {
             }
         }
         result
-    }
-
-    pub(crate) fn push(&self, ino: u64) -> FsResult<()> {
-        let flush_lock = lock(&self.ns).inode(ino)?.flush_lock.clone();
-        let _f = lock(&flush_lock);
-        self.push_locked(ino)
-    }
-
-    /// Push the dirty ranges of `ino` to home; the caller holds the inode's flush lock. On failure the
-    /// ranges stay dirty for the next attempt.
-    pub(crate) fn push_locked(&self, ino: u64) -> FsResult<()> {
-        self.push_data(ino, None, false)
     }
 
     /// Push the local content of `ino` (dirty ranges, and size) to `at` (default: where home has it now).
@@ -715,11 +695,7 @@ impl Fs {
                     // Where changes are journaled, what this push sends is on record before home sees any
                     // of it, with the flusher's record of the attempt (one sync for both): after a crash,
                     // home holding it is recognised as ours.
-                    let record = self
-                        .cfg
-                        .write_mode
-                        .journaled()
-                        .then(|| larder_cache::Mutation::PutInode(ino, node.record().encode()));
+                    let record = larder_cache::Mutation::PutInode(ino, node.record().encode());
                     (ranges, size, object, path, base, file, mtime, record)
                 }
                 Err(e) => {
@@ -728,7 +704,7 @@ impl Fs {
                 }
             }
         };
-        if let Some(record) = record {
+        {
             let db = self.core.store.db();
             db.submit(vec![record]);
             if let Err(e) = db.sync() {

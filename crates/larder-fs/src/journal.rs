@@ -182,6 +182,9 @@ pub(crate) struct Journal {
     failed: HashMap<u64, Failure>,
     /// Queued changes per directory entry: directory -> name -> count.
     names: HashMap<u64, HashMap<Vec<u8>, u32>>,
+    /// Ops whose callers push them themselves and wait for the answer (write-through): never coalesced,
+    /// and left alone by the flusher threads.
+    held: HashSet<u64>,
 }
 
 impl Journal {
@@ -289,6 +292,7 @@ impl Journal {
         let op = self.ops.remove(&seq)?;
         out.push(Mutation::DelOp(seq));
         self.inflight.remove(&seq);
+        self.held.remove(&seq);
         self.failed.remove(&seq);
         if let Some(s) = self.by_ino.get_mut(&op.ino) {
             s.remove(&seq);
@@ -316,16 +320,27 @@ impl Journal {
         self.by_ino.get(&ino).and_then(|s| s.last().copied())
     }
 
+    /// Queue `op` for its caller to push and wait for (write-through): not coalesced with anything, and
+    /// skipped by [`Journal::ready`]. Returns its seq and the mutations that persist it.
+    pub fn record_held(&mut self, op: Op) -> (u64, Vec<Mutation>) {
+        let mut out = Vec::new();
+        let seq = self.insert(op, &mut out);
+        self.held.insert(seq);
+        (seq, out)
+    }
+
     /// Queue `op`, coalescing it with what is queued. Returns the mutations that persist the change.
     pub fn record(&mut self, op: Op) -> Vec<Mutation> {
         let mut out = Vec::new();
-        let last = self.last_of(op.ino).filter(|s| !self.inflight.contains(s));
+        let last = self
+            .last_of(op.ino)
+            .filter(|s| !self.inflight.contains(s) && !self.held.contains(s));
         match &op.kind {
             OpKind::Data => {
                 let queued = self.by_ino.get(&op.ino).and_then(|s| {
-                    s.iter()
-                        .copied()
-                        .find(|q| !self.inflight.contains(q) && self.ops[q].kind == OpKind::Data)
+                    s.iter().copied().find(|q| {
+                        !self.inflight.contains(q) && !self.held.contains(q) && self.ops[q].kind == OpKind::Data
+                    })
                 });
                 if let Some(q) = queued {
                     if Some(q) == last {
@@ -432,7 +447,7 @@ impl Journal {
                     .paths()
                     .any(|p| paths.contains(p) || inside.contains(p) || ancestors(p).any(|a| paths.contains(a)));
             let waiting = self.failed.get(seq).is_some_and(|f| f.retry_at > instant);
-            if !blocked && !waiting && !self.inflight.contains(seq) {
+            if !blocked && !waiting && !self.inflight.contains(seq) && !self.held.contains(seq) {
                 picked.push(*seq);
                 if picked.len() >= limit {
                     break;
@@ -445,6 +460,29 @@ impl Journal {
             }
         }
         picked
+    }
+
+    /// Whether the held op `seq` may be pushed now: queued, not under way, and with no earlier unfinished op
+    /// it depends on (whatever their age).
+    pub fn ready_now(&self, seq: u64) -> bool {
+        let mut paths: HashSet<&[u8]> = HashSet::new();
+        let mut inside: HashSet<&[u8]> = HashSet::new();
+        let mut inos: HashSet<u64> = HashSet::new();
+        for (s, op) in self.ops.range(..=seq) {
+            let blocked = inos.contains(&op.ino)
+                || op
+                    .paths()
+                    .any(|p| paths.contains(p) || inside.contains(p) || ancestors(p).any(|a| paths.contains(a)));
+            if *s == seq {
+                return !blocked && !self.inflight.contains(s);
+            }
+            inos.insert(op.ino);
+            for p in op.paths() {
+                paths.insert(p);
+                inside.extend(ancestors(p));
+            }
+        }
+        false
     }
 
     /// Mark `seq` under way; returns the mutation that records the attempt, if it is the first.

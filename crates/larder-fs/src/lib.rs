@@ -19,6 +19,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod changes;
 mod data;
 mod dirs;
 mod error;
@@ -27,14 +28,12 @@ mod journal;
 #[cfg(test)]
 mod journal_model;
 pub mod key;
-mod mutations;
 mod namespace;
 mod readahead;
 mod record;
 mod residency;
 pub mod tier;
 mod types;
-mod writeback;
 
 pub use error::{FsError, FsResult};
 pub use namespace::Fs;

@@ -64,8 +64,8 @@ impl WriteMode {
         }
     }
 
-    /// Changes go through the journal.
-    pub fn journaled(self) -> bool {
+    /// Changes are accepted while home is away (queued until it is back).
+    pub fn works_offline(self) -> bool {
         matches!(self, WriteMode::WriteBack | WriteMode::Local)
     }
 }

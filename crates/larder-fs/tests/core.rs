@@ -379,7 +379,7 @@ fn namespace_changes_go_to_home() {
     assert_eq!(read_file(&fs, e.attr.ino), b"abc", "the renamed file keeps its inode");
     fs.symlink(d, OsStr::new("l"), b"f", 0, 0).unwrap();
     assert_eq!(std::fs::read_link(s.home("e/l")).unwrap(), Path::new("f"));
-    assert!(matches!(fs.rmdir(1, OsStr::new("e")), Err(FsError::Home(_))));
+    assert!(matches!(fs.rmdir(1, OsStr::new("e")), Err(FsError::NotEmpty)));
     fs.unlink(d, OsStr::new("f")).unwrap();
     fs.unlink(d, OsStr::new("l")).unwrap();
     fs.rmdir(1, OsStr::new("e")).unwrap();
@@ -814,4 +814,160 @@ fn write_back_offline_after_a_restart_names_known_before_still_exist() {
     assert_eq!(there.attr.size, 7);
     assert_eq!(std::fs::read(s.home("there")).unwrap(), b"at home");
     fs.stop_flushers();
+}
+
+/// Names and attributes of `dir` as the core shows them: (name, kind, perm, size, nlink), sorted.
+fn shown(fs: &Fs, dir: u64) -> Vec<(String, FileKind, u32, u64, u32)> {
+    let fh = fs.opendir(dir).unwrap();
+    let items = fs.readdir(fh, 0).unwrap();
+    fs.releasedir(fh);
+    let mut out: Vec<_> = items
+        .iter()
+        .map(|(_, e)| e)
+        .filter(|e| e.name != "." && e.name != "..")
+        .map(|e| {
+            let a = fs.lookup(dir, &e.name).unwrap().attr;
+            (
+                e.name.to_string_lossy().into_owned(),
+                a.kind,
+                a.perm & 0o7777,
+                a.size,
+                a.nlink,
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The same of home's directory `rel`.
+fn at_home(s: &Setup, rel: &str) -> Vec<(String, FileKind, u32, u64, u32)> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut out: Vec<_> = std::fs::read_dir(s.home(rel))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            let kind = if m.is_dir() {
+                FileKind::Dir
+            } else if m.file_type().is_symlink() {
+                FileKind::Symlink
+            } else {
+                FileKind::File
+            };
+            let size = if m.is_dir() { 0 } else { m.len() };
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                kind,
+                m.permissions().mode() & 0o7777,
+                size,
+                m.nlink() as u32,
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn write_through_changes_home_refuses_fail_at_the_call_and_leave_nothing_behind() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    std::fs::create_dir(s.home("d/empty")).unwrap();
+    std::fs::write(s.home("d/a"), b"aaa").unwrap();
+    std::fs::write(s.home("d/c"), b"ccccc").unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let (fs, _) = s.fs_with_faults(Duration::from_secs(3600), faults.clone());
+    let d = resolve(&fs, "d").unwrap();
+    let a = resolve(&fs, "d/a").unwrap();
+    let before = at_home(&s, "d");
+    // Directory sizes differ between the two views; compare everything else.
+    let strip = |v: Vec<(String, FileKind, u32, u64, u32)>| -> Vec<_> {
+        v.into_iter()
+            .map(|(n, k, p, size, l)| (n, k, p, if k == FileKind::Dir { 0 } else { size }, l))
+            .collect()
+    };
+    assert_eq!(strip(shown(&fs, d)), before);
+    let refuse = |op: OpKind| {
+        faults.inject(Fault {
+            op,
+            error: HomeError::PermissionDenied,
+            count: 1,
+            landed: false,
+        })
+    };
+    let denied = |r: Result<(), FsError>, what: &str| {
+        assert!(
+            matches!(r, Err(FsError::Home(HomeError::PermissionDenied))),
+            "{what}: {r:?}"
+        );
+    };
+    let n = OsStr::new;
+    refuse(OpKind::Create);
+    denied(
+        fs.create(d, n("new"), 0o644, libc::O_WRONLY, 0, 0).map(|_| ()),
+        "create",
+    );
+    refuse(OpKind::Mkdir);
+    denied(fs.mkdir(d, n("sub"), 0o755, 0, 0).map(|_| ()), "mkdir");
+    refuse(OpKind::Symlink);
+    denied(fs.symlink(d, n("l"), b"a", 0, 0).map(|_| ()), "symlink");
+    refuse(OpKind::Link);
+    denied(fs.link(a, d, n("hard")).map(|_| ()), "link");
+    refuse(OpKind::Unlink);
+    denied(fs.unlink(d, n("a")), "unlink");
+    refuse(OpKind::Rmdir);
+    denied(fs.rmdir(d, n("empty")), "rmdir");
+    refuse(OpKind::Rename);
+    denied(fs.rename(d, n("a"), d, n("b"), Default::default()), "rename");
+    refuse(OpKind::Rename);
+    denied(
+        fs.rename(d, n("a"), d, n("c"), Default::default()),
+        "rename onto a file",
+    );
+    refuse(OpKind::SetAttr);
+    let chmod = SetAttr {
+        perm: Some(0o600),
+        ..SetAttr::default()
+    };
+    denied(fs.setattr(a, &chmod).map(|_| ()), "chmod");
+    assert_eq!(at_home(&s, "d"), before, "home refused every change");
+    assert_eq!(strip(shown(&fs, d)), before, "the cache shows home's directory again");
+    assert_eq!(
+        resolve(&fs, "d/a").unwrap(),
+        a,
+        "a name whose removal was refused keeps its inode"
+    );
+    assert_eq!(read_file(&fs, a), b"aaa");
+    assert_eq!(read_file(&fs, resolve(&fs, "d/c").unwrap()), b"ccccc");
+    // And what home accepts afterwards lands as usual.
+    fs.rename(d, n("a"), d, n("b"), Default::default()).unwrap();
+    assert_eq!(std::fs::read(s.home("d/b")).unwrap(), b"aaa");
+    assert!(!s.home("d/a").exists());
+}
+
+#[test]
+fn write_through_create_of_a_name_home_gained_meanwhile_is_eexist_and_shows_home_s_file() {
+    let s = Setup::new();
+    let (fs, _) = s.fs(Duration::from_secs(3600));
+    // The cache lists the directory, and takes a name not in the listing as absent for the validity lag.
+    assert!(shown(&fs, 1).is_empty());
+    std::fs::write(s.home("x"), b"theirs").unwrap();
+    let r = fs.create(1, OsStr::new("x"), 0o644, libc::O_WRONLY | libc::O_EXCL, 0, 0);
+    assert!(
+        matches!(r, Err(FsError::Exists)),
+        "home has the name: {:?}",
+        r.map(|_| ())
+    );
+    assert_eq!(
+        std::fs::read(s.home("x")).unwrap(),
+        b"theirs",
+        "home's file is untouched"
+    );
+    let x = resolve(&fs, "x").unwrap();
+    assert_eq!(
+        read_file(&fs, x),
+        b"theirs",
+        "the cache shows home's file, not an empty one of its own"
+    );
 }

@@ -151,7 +151,7 @@ impl Fs {
                     Outcome::Done
                 }
                 Err(FsError::Home(e)) => self.classify(e),
-                Err(e) => Outcome::Refused(e.to_string()),
+                Err(e) => Outcome::Refused(e),
             },
             ConflictPolicy::KeepBoth => {
                 let aside = self.conflict_path(path);
@@ -175,7 +175,7 @@ impl Fs {
                         Outcome::Done
                     }
                     Err(FsError::Home(e)) => self.classify(e),
-                    Err(e) => Outcome::Refused(e.to_string()),
+                    Err(e) => Outcome::Refused(e),
                 }
             }
             ConflictPolicy::HomeWins => match self.keep_locally(ino, path) {
@@ -191,7 +191,7 @@ impl Fs {
                     self.discard_local(ino);
                     Outcome::Done
                 }
-                Err(e) => Outcome::Refused(e.to_string()),
+                Err(e) => Outcome::Refused(e),
             },
         }
     }

@@ -31,8 +31,8 @@ enum Outcome {
     Done,
     /// Home is away: try again when it is back.
     Retry(HomeError),
-    /// Home refused: try again later.
-    Refused(String),
+    /// Home refused: try again later (write-back), or tell the caller (write-through).
+    Refused(FsError),
 }
 
 fn os(p: &[u8]) -> PathBuf {
@@ -90,14 +90,16 @@ pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
 }
 
 mod conflicts;
+mod through;
 
 impl Fs {
-    /// Start the flusher threads (write-back mode only).
+    /// Start the flusher threads (write-back; in write-through they push only what a crash left queued,
+    /// callers push their own changes).
     pub fn start(self: &Arc<Self>) {
         let fs = Arc::downgrade(self);
         self.health
             .set_explainer(move |online| fs.upgrade().map(|fs| fs.explain_health(online)).unwrap_or_default());
-        if self.cfg.write_mode != WriteMode::WriteBack {
+        if !matches!(self.cfg.write_mode, WriteMode::WriteBack | WriteMode::WriteThrough) {
             return;
         }
         let mut flushers = lock(&self.flushers);
@@ -163,7 +165,7 @@ impl Fs {
                     break Drained::Empty;
                 }
             } else {
-                if self.cfg.write_mode != WriteMode::WriteBack {
+                if self.cfg.write_mode == WriteMode::Local {
                     break Drained::Waiting;
                 }
                 if self.health.online() && j.only_refused_left() {
@@ -263,7 +265,7 @@ impl Fs {
                 j.fail(seq, e.to_string(), Some(backoff));
                 continue;
             }
-            let outcome = self.push_op(&op, !first_attempt);
+            let outcome = self.push_op(&op, !first_attempt, false);
             self.conclude(seq, &op, outcome);
         }
     }
@@ -301,6 +303,7 @@ impl Fs {
                 lock(&self.journal).fail(seq, e.to_string(), None);
             }
             Outcome::Refused(e) => {
+                let e = e.to_string();
                 let attempts = {
                     let mut j = lock(&self.journal);
                     let backoff = refusal_backoff(j.refusals(seq));
@@ -432,8 +435,10 @@ impl Fs {
         );
     }
 
-    /// Take one op to home.
-    fn push_op(&self, op: &Op, repeated: bool) -> Outcome {
+    /// Take one op to home. `strict` (write-through, whose caller waits for the answer): what home says
+    /// is the answer, with no conflict handling: a name home has already is `EEXIST`, a name it lacks
+    /// `ENOENT`, a file changed at home a conflict.
+    fn push_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
         // After a restart the object may not be in memory yet; what the push settles (where home has it,
         // its version) must reach its record.
         let _ = self.load_inode(&mut lock(&self.ns), op.ino);
@@ -441,13 +446,13 @@ impl Fs {
         let path = os(&op.path);
         let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {
             OpKind::Create { mode, uid, gid } => match home.create(&path, *mode, owner_of(*uid, *gid)) {
-                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
-                Err(HomeError::Exists) => home.stat(&path).map(Some),
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
                 r => r.map(Some),
             },
             OpKind::Mkdir { mode, uid, gid } => match home.mkdir(&path, *mode, owner_of(*uid, *gid)) {
                 // A directory of that name at home: the two merge.
-                Err(HomeError::Exists) => match home.stat(&path) {
+                Err(HomeError::Exists) if !strict => match home.stat(&path) {
                     Ok(a) if a.kind == larder_home::FileKind::Dir => Ok(Some(a)),
                     Ok(_) => return self.name_taken(op),
                     Err(e) => Err(e),
@@ -455,26 +460,26 @@ impl Fs {
                 r => r.map(Some),
             },
             OpKind::Mknod { mode, rdev, uid, gid } => match home.mknod(&path, *mode, *rdev, owner_of(*uid, *gid)) {
-                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
-                Err(HomeError::Exists) => home.stat(&path).map(Some),
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
                 r => r.map(Some),
             },
             OpKind::Symlink { target, uid, gid } => match home.symlink(target, &path, owner_of(*uid, *gid)) {
-                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
-                Err(HomeError::Exists) => home.stat(&path).map(Some),
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
                 r => r.map(Some),
             },
             OpKind::Link { to } => match home.link(&path, &os(to)) {
-                Err(HomeError::Exists) if !repeated => return self.name_taken(op),
-                Err(HomeError::Exists) => home.stat(&os(to)).map(Some),
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&os(to)).map(Some),
                 r => r.map(Some),
             },
             OpKind::Unlink => match home.unlink(&path) {
-                Err(HomeError::NotFound) => Ok(None),
+                Err(HomeError::NotFound) if !strict => Ok(None),
                 r => r.map(|_| None),
             },
             OpKind::Rmdir => match home.rmdir(&path) {
-                Err(HomeError::NotFound) => Ok(None),
+                Err(HomeError::NotFound) if !strict => Ok(None),
                 r => r.map(|_| None),
             },
             OpKind::Rename {
@@ -483,8 +488,10 @@ impl Fs {
                 exchange,
                 replaced,
             } => {
+                // Write-back renames onto a name it found free only if it is still free: home's object there
+                // is kept as a conflict. Write-through does what POSIX rename does, at home.
                 let flags = RenameFlags {
-                    no_replace: *no_replace || (!replaced && !exchange),
+                    no_replace: *no_replace || (!strict && !replaced && !exchange),
                     exchange: *exchange,
                 };
                 match home.rename(&path, &os(to), flags) {
@@ -498,7 +505,7 @@ impl Fs {
                             .and_then(|()| home.rename(&path, &os(to), RenameFlags::default()))
                             .map(|_| None)
                     }
-                    Err(HomeError::Exists) if !no_replace => {
+                    Err(HomeError::Exists) if !no_replace && !strict => {
                         // Home gained an object at the target meanwhile: keep it beside ours.
                         let aside = self.conflict_path(to);
                         match home.rename(&os(to), &aside, RenameFlags::default()) {
@@ -537,7 +544,7 @@ impl Fs {
                     },
                 )
                 .map(Some),
-            OpKind::Data => return self.push_data_op(op, repeated),
+            OpKind::Data => return self.push_data_op(op, repeated, strict),
         };
         let result = match result {
             Ok(Some(attr)) if op.kind.creates() => Ok(Some(self.created_with_local_time(op, &path, attr))),
@@ -556,7 +563,7 @@ impl Fs {
         if unreachable(&e) {
             Outcome::Retry(e)
         } else {
-            Outcome::Refused(e.to_string())
+            Outcome::Refused(e.into())
         }
     }
 
@@ -643,8 +650,9 @@ impl Fs {
         }
     }
 
-    /// Push a file's data for a `Data` op, with the conflict policy on a version mismatch.
-    fn push_data_op(&self, op: &Op, repeated: bool) -> Outcome {
+    /// Push a file's data for a `Data` op, with the conflict policy on a version mismatch (`strict`: the
+    /// mismatch is the answer, and the data stays dirty).
+    fn push_data_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
         {
             let mut ns = lock(&self.ns);
             if self.load_inode(&mut ns, op.ino).is_err() {
@@ -660,19 +668,20 @@ impl Fs {
         let path = os(&op.path);
         match self.push_data(op.ino, Some(path.clone()), false) {
             Ok(()) => Outcome::Done,
+            Err(e @ FsError::Home(HomeError::Conflict | HomeError::NotFound)) if strict => Outcome::Refused(e),
             Err(FsError::Home(HomeError::Conflict)) | Err(FsError::Home(HomeError::NotFound)) => {
                 if repeated && self.home_has_ours(op.ino, &path).is_some() {
                     // An earlier attempt landed before we could record it.
                     return match self.push_data(op.ino, Some(path), true) {
                         Ok(()) => Outcome::Done,
                         Err(FsError::Home(e)) => self.classify(e),
-                        Err(e) => Outcome::Refused(e.to_string()),
+                        Err(e) => Outcome::Refused(e),
                     };
                 }
                 self.resolve_conflict(op.ino, &op.path)
             }
             Err(FsError::Home(e)) => self.classify(e),
-            Err(e) => Outcome::Refused(e.to_string()),
+            Err(e) => Outcome::Refused(e),
         }
     }
 

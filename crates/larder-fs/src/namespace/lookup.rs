@@ -185,7 +185,7 @@ impl Fs {
                 };
                 match known {
                     Some(child) if ns.inodes.get(&child).is_some_and(|c| c.attr.is_some()) => Ok(Found::Ino(child)),
-                    None if self.cfg.write_mode.journaled() => Err(FsError::NotFound),
+                    None if self.cfg.write_mode.works_offline() => Err(FsError::NotFound),
                     None if ns.inode(parent)?.listed.is_some() => Err(FsError::NotFound),
                     _ => Err(e.into()),
                 }

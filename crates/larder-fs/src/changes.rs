@@ -1,5 +1,8 @@
-//! Changes in write-back (and local) mode: each is made in the cache, recorded in the journal, and made
-//! durable before the call returns; the flusher takes it to home later.
+//! Namespace and attribute changes: create, mkdir, mknod, symlink, link, unlink, rmdir, rename, setattr,
+//! and the queueing of written data. Every change, in every writable mode, takes one path: it is made in
+//! the cache and recorded in the journal; then write-back and local return once that is durable (the
+//! flusher takes it to home after the sync lag, write-back only), and write-through pushes it at once and
+//! returns home's answer, taking the change back out of the cache if home refuses it (`flusher/through.rs`).
 //!
 //! The checks home would make (the name exists, the directory is not empty, the kinds match) are made
 //! here against the cache's view, which asks home where the cache does not know.
@@ -16,7 +19,7 @@ use crate::data::add_range;
 use crate::journal::{Op, OpKind};
 use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock};
 use crate::record::to_ns;
-use crate::{Entry, FsError, FsResult};
+use crate::{Entry, FsError, FsResult, WriteMode};
 
 /// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
 const ROOM_WAIT: Duration = Duration::from_secs(10);
@@ -35,23 +38,49 @@ pub(crate) enum NewKind<'a> {
 
 impl Fs {
     /// Record `ops` (and `removed`: inodes that lost their last name), persist them with `muts`, and wait
-    /// until all of it is durable. Called with `ns` held; returns with it released.
+    /// until all of it is durable (write-back, local) or at home (write-through). Called with `ns` held;
+    /// returns with it released.
     ///
     /// `mutating`, the namespace-change lock where the caller holds it, is let go with the namespace before
-    /// the wait for durability: changes made meanwhile by other callers share that wait (group commit),
-    /// and the sync that acknowledges a later change covers every earlier one.
+    /// the wait: changes made meanwhile by other callers share that wait (group commit), and the sync that
+    /// acknowledges a later change covers every earlier one. No home call is made under either.
+    ///
+    /// In write-through the caller pushes its own ops ([`Fs::land`]) and gets home's answer: a change home
+    /// refuses is undone here and its error returned.
     fn commit(
         &self,
         mutating: Option<std::sync::MutexGuard<'_, ()>>,
         ns: std::sync::MutexGuard<'_, Namespace>,
         ops: Vec<Op>,
         removed: &[u64],
-        mut muts: Vec<Mutation>,
+        muts: Vec<Mutation>,
     ) -> FsResult<()> {
+        let held = self.queue(mutating, ns, ops, removed, muts)?;
+        self.land(&held)
+    }
+
+    /// [`Fs::commit`] up to the push: returns the ops the caller must [`Fs::land`] (write-through), once
+    /// it let go of the object's write and flush locks, which the push takes.
+    fn queue(
+        &self,
+        mutating: Option<std::sync::MutexGuard<'_, ()>>,
+        ns: std::sync::MutexGuard<'_, Namespace>,
+        ops: Vec<Op>,
+        removed: &[u64],
+        mut muts: Vec<Mutation>,
+    ) -> FsResult<Vec<u64>> {
+        let through = self.cfg.write_mode == WriteMode::WriteThrough;
+        let mut held = Vec::new();
         {
             let mut j = lock(&self.journal);
             for op in ops {
-                muts.extend(j.record(op));
+                if through {
+                    let (seq, m) = j.record_held(op);
+                    held.push(seq);
+                    muts.extend(m);
+                } else {
+                    muts.extend(j.record(op));
+                }
             }
             for ino in removed {
                 muts.extend(j.forget_removed(*ino));
@@ -62,8 +91,12 @@ impl Fs {
         let db = self.core.store.db();
         db.submit(muts);
         self.journal_cv.notify_all();
-        db.sync()?;
-        Ok(())
+        if !through {
+            db.sync()?;
+        }
+        // Write-through: durable before home sees it (each push syncs its record first), acknowledged once
+        // home has it.
+        Ok(held)
     }
 
     fn record_of(ns: &Namespace, ino: u64) -> Option<Mutation> {
@@ -104,16 +137,38 @@ impl Fs {
         }
     }
 
+    /// Create a directory.
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+        self.make(parent, name, mode, NewKind::Dir, uid, gid)
+    }
+
+    /// Create a special or regular file.
+    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, uid: u32, gid: u32) -> FsResult<Entry> {
+        self.make(parent, name, mode, NewKind::Special { rdev }, uid, gid)
+    }
+
+    /// Create a symlink.
+    pub fn symlink(&self, parent: u64, name: &OsStr, target: &[u8], uid: u32, gid: u32) -> FsResult<Entry> {
+        self.make(parent, name, 0o777, NewKind::Symlink { target }, uid, gid)
+    }
+
+    /// Create an empty regular file (the caller opens it).
+    pub(crate) fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+        self.make(parent, name, mode, NewKind::File, uid, gid)
+    }
+
+    /// Remove a file.
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, false)
+    }
+
+    /// Remove an empty directory.
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, true)
+    }
+
     /// Create `name` in `parent` in the cache and queue its creation at home.
-    pub(crate) fn make_local(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        kind: NewKind<'_>,
-        uid: u32,
-        gid: u32,
-    ) -> FsResult<Entry> {
+    fn make(&self, parent: u64, name: &OsStr, mode: u32, kind: NewKind<'_>, uid: u32, gid: u32) -> FsResult<Entry> {
         let mutating = self.free_name(parent, name)?;
         let mut ns = lock(&self.ns);
         let p = ns.inode(parent)?;
@@ -243,7 +298,7 @@ impl Fs {
     }
 
     /// Remove `name` from `parent` in the cache and queue its removal at home.
-    pub(crate) fn remove_local(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
+    fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
         self.writable()?;
         check_name(name)?;
         let mutating = lock(&self.mutate);
@@ -279,8 +334,8 @@ impl Fs {
         self.commit(Some(mutating), ns, vec![op], &removed, muts)
     }
 
-    /// Rename in the cache and queue the rename at home.
-    pub(crate) fn rename_local(
+    /// Rename `name` in `parent` to `new_name` in `new_parent`.
+    pub fn rename(
         &self,
         parent: u64,
         name: &OsStr,
@@ -368,8 +423,8 @@ impl Fs {
         self.commit(Some(mutating), ns, vec![op], &removed, muts)
     }
 
-    /// Hard-link in the cache and queue the link at home.
-    pub(crate) fn link_local(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
+    /// Hard-link `ino` as `name` in `parent`.
+    pub fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
         let mutating = self.free_name(parent, name)?;
         let mut ns = lock(&self.ns);
         if ns.inode(parent)?.kind != FileKind::Dir {
@@ -398,8 +453,8 @@ impl Fs {
         Ok(entry)
     }
 
-    /// Change attributes in the cache and queue the change (a size change is queued as data).
-    pub(crate) fn setattr_local(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
+    /// Change attributes (a size change is queued as data).
+    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
         self.writable()?;
         let (kind, flush_lock, write_lock) = {
             let ns = lock(&self.ns);
@@ -484,12 +539,14 @@ impl Fs {
         }
         let entry = self.entry(&ns, ino)?;
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
-        self.commit(None, ns, ops, &[], muts)?;
+        let held = self.queue(None, ns, ops, &[], muts)?;
+        drop((_w, _f));
+        self.land(&held)?;
         Ok(entry)
     }
 
-    /// Make the written data of `ino` durable in the cache and queue it for home (fsync and close in
-    /// write-back mode).
+    /// Queue the written data of `ino` for home (fsync and close): durable in the cache first (write-back,
+    /// local), pushed before it returns (write-through).
     pub(crate) fn commit_data(&self, ino: u64) -> FsResult<()> {
         let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
         let _w = lock(&write_lock);
@@ -509,16 +566,21 @@ impl Fs {
             (node.object, blocks, node.attr.as_ref().map_or(0, |a| a.size))
         };
         self.core.store.commit(object, blocks, size)?;
-        self.core
-            .store
-            .file(object)?
-            .sync_data()
-            .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+        if self.cfg.write_mode != WriteMode::WriteThrough {
+            // Acknowledged from the cache: durable there first. (Write-through acknowledges from home.)
+            self.core
+                .store
+                .file(object)?
+                .sync_data()
+                .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+        }
         let ns = lock(&self.ns);
         let path = path_bytes(&ns.path_of(ino)?);
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
         let op = Op::new(ino, path, Vec::new(), OpKind::Data);
-        self.commit(None, ns, vec![op], &[], muts)
+        let held = self.queue(None, ns, vec![op], &[], muts)?;
+        drop(_w);
+        self.land(&held)
     }
 
     /// Hold a writer back while dirty data is near the cache's capacity; `ENOSPC` if it stays there.
@@ -528,7 +590,7 @@ impl Fs {
         if st.bytes_dirty + bytes <= limit {
             return Ok(());
         }
-        if !self.cfg.write_mode.journaled() {
+        if self.cfg.write_mode == WriteMode::WriteThrough {
             // Write-through: dirty data leaves at the next close or fsync.
             return Ok(());
         }
@@ -557,5 +619,77 @@ impl Fs {
         };
         self.urgent.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         result
+    }
+
+    /// Apply a rename to the namespace mirror; `at_home`: home has it already (write-through), so the
+    /// moved objects' home locations move too.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rename_in_ns(
+        &self,
+        ns: &mut Namespace,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        at_home: bool,
+    ) -> FsResult<()> {
+        let src = ns.inode_mut(parent)?.children.remove(name);
+        let dst = ns.inode_mut(new_parent)?.children.remove(new_name);
+        let db = self.core.store.db().clone();
+        db.submit(vec![
+            Mutation::DelDentry(parent, name.as_bytes().to_vec()),
+            Mutation::DelDentry(new_parent, new_name.as_bytes().to_vec()),
+        ]);
+        if src.is_some() && src == dst {
+            // Two names of one object: POSIX says nothing happens.
+            ns.inode_mut(parent)?
+                .children
+                .insert(name.to_os_string(), src.unwrap_or_default());
+            ns.inode_mut(new_parent)?
+                .children
+                .insert(new_name.to_os_string(), src.unwrap_or_default());
+            return Ok(());
+        }
+        let place = |ns: &mut Namespace, ino: u64, from: (u64, &OsStr), dir: u64, n: &OsStr| -> FsResult<()> {
+            let node = ns.inode_mut(ino)?;
+            node.rename_name(from, (dir, n));
+            if at_home {
+                node.home_loc = Some((dir, n.to_os_string()));
+                node.checked = None;
+            }
+            ns.inode_mut(dir)?.children.insert(n.to_os_string(), ino);
+            ns.inode_mut(dir)?.negatives.remove(n);
+            db.submit(vec![Mutation::PutDentry(dir, n.as_bytes().to_vec(), ino)]);
+            self.persist(ns, ino);
+            Ok(())
+        };
+        if flags.exchange {
+            if let Some(s) = src {
+                place(ns, s, (parent, name), new_parent, new_name)?;
+            }
+            if let Some(d) = dst {
+                place(ns, d, (new_parent, new_name), parent, name)?;
+            }
+        } else {
+            if let Some(d) = dst {
+                // Replaced at home: put it back under its old name only to detach it properly.
+                ns.inode_mut(new_parent)?.children.insert(new_name.to_os_string(), d);
+                self.unbind(ns, new_parent, new_name, at_home);
+            }
+            match src {
+                Some(s) => place(ns, s, (parent, name), new_parent, new_name)?,
+                // Not known here: forget any negative entry so the next lookup asks home.
+                None => {
+                    ns.inode_mut(new_parent)?.negatives.remove(new_name);
+                }
+            }
+            ns.inode_mut(parent)?
+                .negatives
+                .insert(name.to_os_string(), Instant::now());
+        }
+        ns.inode_mut(parent)?.checked = None;
+        ns.inode_mut(new_parent)?.checked = None;
+        Ok(())
     }
 }

@@ -1,0 +1,189 @@
+//! Write-through on the write-back pipeline: a change is made in the cache and queued like any other, then
+//! its caller pushes it at once (a sync lag of 0) and returns home's answer. A change home refuses is
+//! taken back out of the cache, so the mount never shows what home does not hold.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::time::Duration;
+
+use larder_cache::Mutation;
+use larder_home::{FileKind, RenameFlags};
+
+use super::Outcome;
+use crate::FsResult;
+use crate::journal::{Op, OpKind};
+use crate::namespace::{Fs, Namespace, lock};
+
+impl Fs {
+    /// Push the held ops `seqs` (just recorded by this caller, in order), each once the ops it depends on
+    /// have concluded; the first error home gave, after every one was tried (those after a refused one
+    /// usually fail with it, and are undone too).
+    pub(crate) fn land(&self, seqs: &[u64]) -> FsResult<()> {
+        let mut first = Ok(());
+        for &seq in seqs {
+            if let Err(e) = self.land_one(seq)
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
+    }
+
+    fn land_one(&self, seq: u64) -> FsResult<()> {
+        let op = {
+            let mut j = lock(&self.journal);
+            loop {
+                let Some(op) = j.get(seq) else {
+                    // Cancelled by a later change (its object was removed before it reached home).
+                    return Ok(());
+                };
+                if j.ready_now(seq) {
+                    let op = op.clone();
+                    let muts = j.begin(seq);
+                    self.core.store.db().submit(muts);
+                    break op;
+                }
+                j = self
+                    .journal_cv
+                    .wait_timeout(j, Duration::from_millis(100))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        };
+        // On record before home sees it, as in write-back (a data push syncs its own record).
+        if op.kind != OpKind::Data
+            && let Err(e) = self.core.store.db().sync()
+        {
+            self.take_back(seq, &op);
+            return Err(e.into());
+        }
+        match self.push_op(&op, false, true) {
+            Outcome::Done => {
+                self.conclude(seq, &op, Outcome::Done);
+                Ok(())
+            }
+            Outcome::Retry(e) => {
+                self.take_back(seq, &op);
+                Err(e.into())
+            }
+            Outcome::Refused(e) => {
+                self.take_back(seq, &op);
+                Err(e)
+            }
+        }
+    }
+
+    /// Home did not take `op`: it leaves the journal and the cache.
+    fn take_back(&self, seq: u64, op: &Op) {
+        let mut ns = lock(&self.ns);
+        let mut muts = lock(&self.journal).finish(seq).1;
+        self.undo(&mut ns, op, &mut muts);
+        drop(ns);
+        self.core.store.db().submit(muts);
+        self.journal_cv.notify_all();
+    }
+
+    /// Take back what `op` changed in the namespace. Home holds what it held before, so whatever is not put
+    /// back exactly is forgotten and asked of home again: the directories' listings and times, and the
+    /// objects' attributes.
+    fn undo(&self, ns: &mut Namespace, op: &Op, muts: &mut Vec<Mutation>) {
+        let name = |i: usize| op.names.get(i).map(|(d, n)| (*d, OsString::from_vec(n.clone())));
+        match &op.kind {
+            OpKind::Create { .. } | OpKind::Mkdir { .. } | OpKind::Mknod { .. } | OpKind::Symlink { .. } => {
+                if let Some((dir, n)) = name(0)
+                    && self.bound(ns, dir, &n) == Some(op.ino)
+                {
+                    self.unbind(ns, dir, &n, false);
+                }
+            }
+            OpKind::Link { .. } => {
+                if let Some((dir, n)) = name(0)
+                    && self.bound(ns, dir, &n) == Some(op.ino)
+                {
+                    self.unbind(ns, dir, &n, false);
+                }
+            }
+            OpKind::Unlink | OpKind::Rmdir => {
+                if let Some((dir, n)) = name(0) {
+                    self.rebind(ns, dir, &n, op.ino, muts);
+                }
+            }
+            OpKind::Rename { exchange, replaced, .. } => {
+                if let (Some((from_dir, from)), Some((to_dir, to))) = (name(0), name(1)) {
+                    let flags = RenameFlags {
+                        no_replace: false,
+                        exchange: *exchange,
+                    };
+                    if self.bound(ns, to_dir, &to) == Some(op.ino) {
+                        let _ = self.rename_in_ns(ns, to_dir, &to, from_dir, &from, flags, false);
+                    }
+                    if *replaced && !*exchange {
+                        // What it replaced is still at home under that name: asked again.
+                        if let Ok(d) = ns.inode_mut(to_dir) {
+                            d.negatives.remove(&to);
+                        }
+                    }
+                }
+            }
+            OpKind::SetAttr { .. } | OpKind::Data => {}
+        }
+        for (dir, n) in &op.names {
+            if let Some(d) = ns.inodes.get_mut(dir) {
+                // Home may hold a name the cache did not know (why a create failed): listed again.
+                d.negatives.remove(OsStr::from_bytes(n));
+                d.listed = None;
+                d.checked = None;
+            }
+        }
+        if op.kind != OpKind::Data
+            && let Some(node) = ns.inodes.get_mut(&op.ino)
+        {
+            // Times, modes, link counts: home's again at the next look.
+            node.checked = None;
+        }
+    }
+
+    /// The inode `name` in `dir` is bound to in the cache.
+    fn bound(&self, ns: &Namespace, dir: u64, name: &OsStr) -> Option<u64> {
+        ns.inodes.get(&dir).and_then(|d| d.children.get(name).copied())
+    }
+
+    /// Put `ino` back under `name` in `dir` after a removal home refused. If the cache let go of it
+    /// altogether, the name is simply asked of home again.
+    fn rebind(&self, ns: &mut Namespace, dir: u64, name: &OsStr, ino: u64, muts: &mut Vec<Mutation>) {
+        if self.bound(ns, dir, name).is_some() {
+            return;
+        }
+        let Some(node) = ns.inodes.get(&ino) else { return };
+        // Its cached data went with its last name (unless open): it starts again from home's.
+        let fresh = (node.removed && node.opens == 0 && node.kind == FileKind::File).then(|| self.alloc_object(ns));
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        if let Some(object) = fresh {
+            node.object = object;
+            node.dirty.clear();
+            node.home_size = None;
+        }
+        if node.removed {
+            node.removed = false;
+            node.parent = dir;
+            node.name = name.to_os_string();
+        } else if !(node.parent == dir && node.name == name) {
+            node.aliases.push((dir, name.to_os_string()));
+        }
+        if node.kind == FileKind::Dir {
+            node.listed = None;
+        }
+        let id = node.attr.as_ref().map_or(0, |a| a.id);
+        if id != 0 {
+            ns.by_id.entry(id).or_insert(ino);
+        }
+        if let Some(d) = ns.inodes.get_mut(&dir) {
+            d.children.insert(name.to_os_string(), ino);
+        }
+        muts.push(Mutation::PutDentry(dir, name.as_bytes().to_vec(), ino));
+        if let Some(n) = ns.inodes.get(&ino) {
+            muts.push(Mutation::PutInode(ino, n.record().encode()));
+        }
+    }
+}
