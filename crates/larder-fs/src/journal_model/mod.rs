@@ -11,7 +11,7 @@
 //! coalescing and cancellation meet ops already pushed or under way); a few pushes fail cleanly and are
 //! retried. The local tree and the two homes must agree on every path: object, kind, content, mode and
 //! owner; the journal may make no more home calls. A failing workload is shrunk to a minimal one, and its
-//! seed kept in `proptest-regressions/journal_model.txt`, run first from then on.
+//! seed kept in `proptest-regressions/journal_model/mod.txt`, run first from then on.
 //!
 //! A `Data` op pushes what the inode holds when the push runs (the final content once the workload is
 //! over); every write records one, so a write after an early push always leaves a later `Data` op.
