@@ -1,0 +1,102 @@
+//! Pushing a file's data: the dirty ranges of the cache copy written over home's file, holes kept as holes
+//! (punched, or written as zeros where the file system cannot punch), the size and time set last.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::time::SystemTime;
+
+use super::sys::{check, open_at, stat_fd, timespec};
+use crate::extents::data_extents;
+use crate::{HomeAttr, HomeError, HomeResult, TimeSet, Version};
+
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Write `ranges` of `source` to the file at `path` under `dir` and make it `size` bytes long, with the
+/// modification time `mtime` when given; a file no longer at the version `base` is a conflict.
+pub(super) fn write_at(
+    dir: RawFd,
+    path: &CStr,
+    source: &File,
+    ranges: Vec<Range<u64>>,
+    size: u64,
+    base: Option<Version>,
+    mtime: Option<SystemTime>,
+) -> HomeResult<HomeAttr> {
+    let file = open_at(dir, path, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?;
+    let current = stat_fd(&file)?;
+    if let Some(base) = base
+        && current.version != base
+    {
+        return Err(HomeError::Conflict);
+    }
+    // Cut first: nothing past the new end is copied or zeroed.
+    let mut home_end = current.size;
+    if size < home_end {
+        file.set_len(size)?;
+        home_end = size;
+    }
+    let mut buf = vec![0u8; COPY_CHUNK];
+    for range in ranges {
+        let range = range.start..range.end.min(size);
+        // Holes in the cache copy stay holes at home: only its data is sent, and where home had
+        // bytes under a hole they are zeroed.
+        let mut pos = range.start;
+        for extent in data_extents(source, range.clone())? {
+            zero_range(&file, pos..extent.start.min(home_end), &mut buf)?;
+            pos = extent.start;
+            while pos < extent.end {
+                let want = ((extent.end - pos) as usize).min(COPY_CHUNK);
+                let got = source.read_at(&mut buf[..want], pos)?;
+                if got == 0 {
+                    // The cache copy is shorter than it was: the rest is a hole.
+                    break;
+                }
+                file.write_all_at(&buf[..got], pos)?;
+                pos += got as u64;
+            }
+        }
+        zero_range(&file, pos..range.end.min(home_end), &mut buf)?;
+    }
+    if stat_fd(&file)?.size != size {
+        file.set_len(size)?;
+    }
+    if let Some(t) = mtime {
+        // The time the mount shows is the time home ends with, not the time of the push.
+        let times = [timespec(None), timespec(Some(TimeSet::At(t)))];
+        // SAFETY: a valid open descriptor and two timespecs, as futimens requires.
+        check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
+    }
+    file.sync_all()?;
+    stat_fd(&file)
+}
+
+/// Make `range` of `file` read as zeros: a punched hole where the file system can, written zeros where it
+/// cannot.
+fn zero_range(file: &File, range: Range<u64>, buf: &mut [u8]) -> HomeResult<()> {
+    if range.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: fallocate on a valid open descriptor with plain integer arguments.
+    let punched = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            range.start as libc::off_t,
+            (range.end - range.start) as libc::off_t,
+        )
+    };
+    if punched == 0 {
+        return Ok(());
+    }
+    buf.fill(0);
+    let mut pos = range.start;
+    while pos < range.end {
+        let n = ((range.end - pos) as usize).min(buf.len());
+        file.write_all_at(&buf[..n], pos)?;
+        pos += n as u64;
+    }
+    Ok(())
+}
