@@ -116,15 +116,79 @@ impl Fs {
     }
 
     /// Check that `name` may be created in `parent` (writable mount, valid and unused name); returns the
-    /// namespace lock the creation holds.
+    /// namespace-change lock the creation holds. Home is asked (where the cache cannot say) before the lock
+    /// is taken; under it, the cache alone tells whether the name was taken meanwhile.
     fn free_name(&self, parent: u64, name: &OsStr) -> FsResult<std::sync::MutexGuard<'_, ()>> {
         self.writable()?;
         check_name(name)?;
-        let m = lock(&self.mutate);
         if self.exists(parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
+        let m = lock(&self.mutate);
+        if !self.still_bound(parent, name, None, false)? {
+            return Err(FsError::Exists);
+        }
         Ok(m)
+    }
+
+    /// Whether `name` in `parent` is bound in the cache to `ino` (`None`: to nothing), and, with
+    /// `empty`, `ino` is a directory with no entries: what a check made before the namespace-change lock was
+    /// taken found, still true under it.
+    fn still_bound(&self, parent: u64, name: &OsStr, ino: Option<u64>, empty: bool) -> FsResult<bool> {
+        let ns = lock(&self.ns);
+        let now = ns.inode(parent)?.children.get(name).copied();
+        let empty_ok = !empty || ino.is_none_or(|i| ns.inodes.get(&i).is_some_and(|n| n.children.is_empty()));
+        Ok(now == ino && empty_ok)
+    }
+
+    /// The object `name` in `parent` that a removal may remove: it exists, is of the right kind, and (a
+    /// directory) is empty. May ask home.
+    fn removable(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<u64> {
+        let child = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
+        let kind = lock(&self.ns).inode(child)?.kind;
+        match (dir, kind == FileKind::Dir) {
+            (true, false) => return Err(FsError::NotDir),
+            (false, true) => return Err(FsError::IsDir),
+            _ => {}
+        }
+        if dir && self.listing(child)?.len() > 2 {
+            return Err(FsError::NotEmpty);
+        }
+        Ok(child)
+    }
+
+    /// What a rename finds: its source, and the object it replaces or exchanges with (`None`: nothing to
+    /// do, the two names are one object's). May ask home.
+    fn rename_ends(
+        &self,
+        (parent, name): (u64, &OsStr),
+        (new_parent, new_name): (u64, &OsStr),
+        flags: RenameFlags,
+    ) -> FsResult<Option<(u64, Option<u64>)>> {
+        let src = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
+        let dst = self.exists(new_parent, new_name)?;
+        if flags.no_replace && dst.is_some() {
+            return Err(FsError::Exists);
+        }
+        if flags.exchange && dst.is_none() {
+            return Err(FsError::NotFound);
+        }
+        if dst == Some(src) {
+            return Ok(None);
+        }
+        let src_kind = lock(&self.ns).inode(src)?.kind;
+        if let Some(d) = dst
+            && !flags.exchange
+        {
+            let dst_kind = lock(&self.ns).inode(d)?.kind;
+            match (src_kind == FileKind::Dir, dst_kind == FileKind::Dir) {
+                (true, false) => return Err(FsError::NotDir),
+                (false, true) => return Err(FsError::IsDir),
+                (true, true) if self.listing(d)?.len() > 2 => return Err(FsError::NotEmpty),
+                _ => {}
+            }
+        }
+        Ok(Some((src, dst)))
     }
 
     /// Touch a directory's times and link count after one of its entries changed.
@@ -301,17 +365,15 @@ impl Fs {
     fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
         self.writable()?;
         check_name(name)?;
+        // Checked without the namespace-change lock (home may be asked), then again under it from the cache
+        // alone; only if something changed in between is home asked under it.
+        let found = self.removable(parent, name, dir)?;
         let mutating = lock(&self.mutate);
-        let child = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
-        let kind = lock(&self.ns).inode(child)?.kind;
-        match (dir, kind == FileKind::Dir) {
-            (true, false) => return Err(FsError::NotDir),
-            (false, true) => return Err(FsError::IsDir),
-            _ => {}
-        }
-        if dir && self.list_dir(child, true)?.len() > 2 {
-            return Err(FsError::NotEmpty);
-        }
+        let child = if self.still_bound(parent, name, Some(found), dir)? {
+            found
+        } else {
+            self.removable(parent, name, dir)?
+        };
         let mut ns = lock(&self.ns);
         let path = path_bytes(&ns.child_path(parent, name)?);
         self.unbind(&mut ns, parent, name, false);
@@ -346,30 +408,27 @@ impl Fs {
         self.writable()?;
         check_name(name)?;
         check_name(new_name)?;
+        // As for a removal: checked without the lock, confirmed under it.
+        let ends = ((parent, name), (new_parent, new_name));
+        let found = self.rename_ends(ends.0, ends.1, flags)?;
         let mutating = lock(&self.mutate);
-        let src = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
-        let dst = self.exists(new_parent, new_name)?;
-        if flags.no_replace && dst.is_some() {
-            return Err(FsError::Exists);
-        }
-        if flags.exchange && dst.is_none() {
-            return Err(FsError::NotFound);
-        }
-        if dst == Some(src) {
-            return Ok(());
-        }
-        let src_kind = lock(&self.ns).inode(src)?.kind;
-        if let Some(d) = dst
-            && !flags.exchange
-        {
-            let dst_kind = lock(&self.ns).inode(d)?.kind;
-            match (src_kind == FileKind::Dir, dst_kind == FileKind::Dir) {
-                (true, false) => return Err(FsError::NotDir),
-                (false, true) => return Err(FsError::IsDir),
-                (true, true) if self.list_dir(d, true)?.len() > 2 => return Err(FsError::NotEmpty),
-                _ => {}
+        let unchanged = match found {
+            Some((src, dst)) => {
+                let replaced_dir = dst.is_some() && !flags.exchange;
+                self.still_bound(parent, name, Some(src), false)?
+                    && self.still_bound(new_parent, new_name, dst, replaced_dir)?
             }
-        }
+            None => false,
+        };
+        let found = if unchanged {
+            found
+        } else {
+            self.rename_ends(ends.0, ends.1, flags)?
+        };
+        let Some((src, dst)) = found else {
+            return Ok(());
+        };
+        let src_kind = lock(&self.ns).inode(src)?.kind;
         let mut ns = lock(&self.ns);
         // A directory may not move into its own subtree.
         let mut cur = new_parent;
@@ -382,7 +441,7 @@ impl Fs {
         self.check_rename(&ns, (parent, name), (new_parent, new_name), flags)?;
         let from = path_bytes(&ns.child_path(parent, name)?);
         let to = path_bytes(&ns.child_path(new_parent, new_name)?);
-        self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags, false)?;
+        self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags)?;
         let victim_gone = dst.filter(|d| !flags.exchange && ns.inodes.get(d).is_none_or(|n| n.removed));
         if let Some(d) = dst.filter(|d| !flags.exchange && Some(*d) != victim_gone)
             && let Some(a) = ns.inodes.get_mut(&d).and_then(|n| n.attr.as_mut())
@@ -621,9 +680,7 @@ impl Fs {
         result
     }
 
-    /// Apply a rename to the namespace mirror; `at_home`: home has it already (write-through), so the
-    /// moved objects' home locations move too.
-    #[allow(clippy::too_many_arguments)]
+    /// Apply a rename to the cache's namespace. Home locations stay: they move when the rename lands.
     pub(crate) fn rename_in_ns(
         &self,
         ns: &mut Namespace,
@@ -632,7 +689,6 @@ impl Fs {
         new_parent: u64,
         new_name: &OsStr,
         flags: RenameFlags,
-        at_home: bool,
     ) -> FsResult<()> {
         let src = ns.inode_mut(parent)?.children.remove(name);
         let dst = ns.inode_mut(new_parent)?.children.remove(new_name);
@@ -654,10 +710,6 @@ impl Fs {
         let place = |ns: &mut Namespace, ino: u64, from: (u64, &OsStr), dir: u64, n: &OsStr| -> FsResult<()> {
             let node = ns.inode_mut(ino)?;
             node.rename_name(from, (dir, n));
-            if at_home {
-                node.home_loc = Some((dir, n.to_os_string()));
-                node.checked = None;
-            }
             ns.inode_mut(dir)?.children.insert(n.to_os_string(), ino);
             ns.inode_mut(dir)?.negatives.remove(n);
             db.submit(vec![Mutation::PutDentry(dir, n.as_bytes().to_vec(), ino)]);
@@ -675,7 +727,7 @@ impl Fs {
             if let Some(d) = dst {
                 // Replaced at home: put it back under its old name only to detach it properly.
                 ns.inode_mut(new_parent)?.children.insert(new_name.to_os_string(), d);
-                self.unbind(ns, new_parent, new_name, at_home);
+                self.unbind(ns, new_parent, new_name, false);
             }
             match src {
                 Some(s) => place(ns, s, (parent, name), new_parent, new_name)?,

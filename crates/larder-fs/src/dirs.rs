@@ -39,12 +39,11 @@ impl Fs {
 
     /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh. Entries
     /// with changes queued for home are the cache's; the rest come from home.
+    ///
+    /// No lock is held while home is asked. A change recorded meanwhile (even one that reached home and
+    /// left the queue before home answered) keeps the cache's entry: the journal names it
+    /// ([`Journal::watch`](crate::journal::Journal::watch)).
     pub(crate) fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
-        self.list_dir(ino, false)
-    }
-
-    /// [`Fs::listing`] for a caller that already holds the `mutate` lock (`held`).
-    pub(crate) fn list_dir(&self, ino: u64, held: bool) -> FsResult<Vec<DirItem>> {
         let (path, listed) = {
             let mut ns = lock(&self.ns);
             let node = ns.inode(ino)?;
@@ -64,7 +63,7 @@ impl Fs {
                 }
             }
         };
-        let _m = (!held).then(|| lock(&self.mutate));
+        let _watch = Watch::new(self, ino);
         let asked = Instant::now();
         let dir_attr = match self.core.home.stat(&path) {
             Ok(a) => a,
@@ -83,8 +82,7 @@ impl Fs {
                     Some(crate::namespace::Found::Moved) => {
                         // Moved at home while home was asked (a queued rename landed): ask again.
                         drop(ns);
-                        // (The mutate lock is held here, by this call or its caller.)
-                        return self.list_dir(ino, true);
+                        return self.listing(ino);
                     }
                     Some(_) => {
                         // A rename above it is landing or was tried: what the cache holds stands.
@@ -118,7 +116,11 @@ impl Fs {
             Err(e) => return Err(e.into()),
         };
         let mut ns = lock(&self.ns);
-        pinned.extend(lock(&self.journal).pinned_in(ino));
+        {
+            let j = lock(&self.journal);
+            pinned.extend(j.pinned_in(ino));
+            pinned.extend(j.changed_while_watched(ino));
+        }
         let mut seen = HashSet::new();
         for e in listed {
             if !pinned.contains(e.name.as_bytes()) {
@@ -208,5 +210,25 @@ impl Fs {
             }
         }
         Ok(out)
+    }
+}
+
+/// A listing of a directory under way: changes of its entries recorded meanwhile are noted by the journal
+/// until it ends.
+struct Watch<'a> {
+    fs: &'a Fs,
+    dir: u64,
+}
+
+impl<'a> Watch<'a> {
+    fn new(fs: &'a Fs, dir: u64) -> Watch<'a> {
+        lock(&fs.journal).watch(dir);
+        Watch { fs, dir }
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        lock(&self.fs.journal).unwatch(self.dir);
     }
 }

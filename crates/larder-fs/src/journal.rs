@@ -182,6 +182,9 @@ pub(crate) struct Journal {
     failed: HashMap<u64, Failure>,
     /// Queued changes per directory entry: directory -> name -> count.
     names: HashMap<u64, HashMap<Vec<u8>, u32>>,
+    /// Directories being listed from home, with the names of theirs that changes were recorded for since
+    /// (`watchers`, `names`): a listing must not undo them, though they may have left the queue already.
+    watched: HashMap<u64, (u32, HashSet<Vec<u8>>)>,
     /// Ops whose callers push them themselves and wait for the answer (write-through): never coalesced,
     /// and left alone by the flusher threads.
     held: HashSet<u64>,
@@ -235,6 +238,9 @@ impl Journal {
     fn index(&mut self, seq: u64, op: &Op) {
         self.by_ino.entry(op.ino).or_default().insert(seq);
         for (d, n) in &op.names {
+            if let Some((_, names)) = self.watched.get_mut(d) {
+                names.insert(n.clone());
+            }
             *self.names.entry(*d).or_default().entry(n.clone()).or_default() += 1;
         }
     }
@@ -269,6 +275,27 @@ impl Journal {
             }
         }
         found
+    }
+
+    /// A listing of `dir` from home begins: from now on, [`Journal::changed_while_watched`] names every entry
+    /// of it a change is recorded for.
+    pub fn watch(&mut self, dir: u64) {
+        self.watched.entry(dir).or_default().0 += 1;
+    }
+
+    /// The listing of `dir` is over.
+    pub fn unwatch(&mut self, dir: u64) {
+        if let Some(w) = self.watched.get_mut(&dir) {
+            w.0 -= 1;
+            if w.0 == 0 {
+                self.watched.remove(&dir);
+            }
+        }
+    }
+
+    /// Entries of `dir` changes were recorded for since the oldest listing of it under way began.
+    pub fn changed_while_watched(&self, dir: u64) -> HashSet<Vec<u8>> {
+        self.watched.get(&dir).map(|w| w.1.clone()).unwrap_or_default()
     }
 
     /// Names of `dir` with queued changes.

@@ -971,3 +971,74 @@ fn write_through_create_of_a_name_home_gained_meanwhile_is_eexist_and_shows_home
         "the cache shows home's file, not an empty one of its own"
     );
 }
+
+/// Holds the answer of the next home listing (home has made it) until released.
+#[derive(Default)]
+struct ListGate {
+    holding: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl larder_home::Layer for ListGate {
+    fn answer(&self, op: OpKind) -> larder_home::HomeResult<()> {
+        if op == OpKind::List
+            && let Some(tx) = self.holding.lock().unwrap().take()
+        {
+            let rx = self.release.lock().unwrap().take().expect("armed with a release");
+            let _ = tx.send(());
+            let _ = rx.recv_timeout(Duration::from_secs(60));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_listing_waiting_on_home_holds_up_no_change_and_undoes_none_made_meanwhile() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("a")).unwrap();
+    std::fs::write(s.home("a/old"), b"o").unwrap();
+    let gate = Arc::new(ListGate::default());
+    let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&s.home_dir, Some(Duration::from_secs(10))).unwrap());
+    let home: Arc<dyn Home> = Arc::new(Layered::new(posix, gate.clone()));
+    std::fs::create_dir_all(&s.cache_dir).unwrap();
+    let cfg = FsConfig {
+        write_mode: larder_fs::WriteMode::WriteThrough,
+        validity_lag: Duration::from_secs(3600),
+        conflicts_dir: s.cache_dir.join("conflicts"),
+        ..FsConfig::default()
+    };
+    let fs = Arc::new(Fs::new(home, common::open_store(&s.cache_dir).unwrap(), cfg).unwrap());
+    let a = resolve(&fs, "a").unwrap();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    *gate.holding.lock().unwrap() = Some(held_tx);
+    *gate.release.lock().unwrap() = Some(release_rx);
+    let lister = {
+        let fs = fs.clone();
+        std::thread::spawn(move || shown(&fs, a))
+    };
+    held_rx.recv_timeout(Duration::from_secs(30)).expect("the listing reached home");
+    // Home has answered the listing (without "new"); the answer is on its way back. A create in the same
+    // directory goes to home and returns meanwhile.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let creator = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let r = fs
+                .create(a, OsStr::new("new"), 0o644, libc::O_WRONLY, 0, 0)
+                .map(|(e, r)| (e.attr.ino, r.fh));
+            let _ = done_tx.send(());
+            r
+        })
+    };
+    let finished = done_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+    release_tx.send(()).unwrap();
+    let (new_ino, fh) = creator.join().unwrap().expect("create");
+    fs.release(fh).unwrap();
+    let listed = lister.join().unwrap();
+    assert!(finished, "a create waited for a listing of its directory to come back from home");
+    assert!(s.home("a/new").exists(), "write-through: at home when the call returned");
+    let names: Vec<&str> = listed.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(names, ["new", "old"], "the listing keeps what was created while home answered it");
+    assert_eq!(resolve(&fs, "a/new").unwrap(), new_ino);
+}

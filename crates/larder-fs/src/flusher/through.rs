@@ -116,7 +116,7 @@ impl Fs {
                         exchange: *exchange,
                     };
                     if self.bound(ns, to_dir, &to) == Some(op.ino) {
-                        let _ = self.rename_in_ns(ns, to_dir, &to, from_dir, &from, flags, false);
+                        let _ = self.rename_in_ns(ns, to_dir, &to, from_dir, &from, flags);
                     }
                     if *replaced && !*exchange {
                         // What it replaced is still at home under that name: asked again.
