@@ -1017,7 +1017,9 @@ fn a_listing_waiting_on_home_holds_up_no_change_and_undoes_none_made_meanwhile()
         let fs = fs.clone();
         std::thread::spawn(move || shown(&fs, a))
     };
-    held_rx.recv_timeout(Duration::from_secs(30)).expect("the listing reached home");
+    held_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the listing reached home");
     // Home has answered the listing (without "new"); the answer is on its way back. A create in the same
     // directory goes to home and returns meanwhile.
     let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -1036,9 +1038,19 @@ fn a_listing_waiting_on_home_holds_up_no_change_and_undoes_none_made_meanwhile()
     let (new_ino, fh) = creator.join().unwrap().expect("create");
     fs.release(fh).unwrap();
     let listed = lister.join().unwrap();
-    assert!(finished, "a create waited for a listing of its directory to come back from home");
-    assert!(s.home("a/new").exists(), "write-through: at home when the call returned");
+    assert!(
+        finished,
+        "a create waited for a listing of its directory to come back from home"
+    );
+    assert!(
+        s.home("a/new").exists(),
+        "write-through: at home when the call returned"
+    );
     let names: Vec<&str> = listed.iter().map(|e| e.0.as_str()).collect();
-    assert_eq!(names, ["new", "old"], "the listing keeps what was created while home answered it");
+    assert_eq!(
+        names,
+        ["new", "old"],
+        "the listing keeps what was created while home answered it"
+    );
     assert_eq!(resolve(&fs, "a/new").unwrap(), new_ino);
 }
