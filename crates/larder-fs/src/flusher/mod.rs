@@ -265,6 +265,7 @@ impl Fs {
                 j.fail(seq, e.to_string(), Some(backoff));
                 continue;
             }
+            self.pushing_rename(&op);
             let outcome = self.push_op(&op, !first_attempt, false);
             self.conclude(seq, &op, outcome);
         }
@@ -300,9 +301,11 @@ impl Fs {
             }
             Outcome::Retry(e) => {
                 tracing::debug!(error = %e, op = op.kind.name(), "home away; the op waits");
+                self.rename_unsettled(op);
                 lock(&self.journal).fail(seq, e.to_string(), None);
             }
             Outcome::Refused(e) => {
+                self.rename_unsettled(op);
                 let e = e.to_string();
                 let attempts = {
                     let mut j = lock(&self.journal);
@@ -326,6 +329,7 @@ impl Fs {
                     self.set_aside(op, &e);
                     let mut ns = lock(&self.ns);
                     let muts = lock(&self.journal).finish(seq).1;
+                    ns.renames.remove(&op.ino);
                     if let Some(node) = ns.inodes.get_mut(&op.ino) {
                         node.dirty.clear();
                     }
@@ -335,6 +339,21 @@ impl Fs {
             }
         }
         self.journal_cv.notify_all();
+    }
+
+    /// A rename is about to reach home: until it is settled here, home's answers about the paths below its
+    /// source may be either side of it ([`Namespace::moving`]).
+    pub(super) fn pushing_rename(&self, op: &Op) {
+        if matches!(op.kind, OpKind::Rename { .. }) {
+            lock(&self.ns).renames.insert(op.ino, (op.path.clone(), true));
+        }
+    }
+
+    /// A rename's push failed: home may or may not have made it; it waits for a retry.
+    pub(super) fn rename_unsettled(&self, op: &Op) {
+        if let Some(r) = lock(&self.ns).renames.get_mut(&op.ino) {
+            r.1 = false;
+        }
     }
 
     /// Home stamps what it creates with the time of the push; the mount shows the time it was made here,
@@ -613,6 +632,8 @@ impl Fs {
                 if let Some(node) = ns.inodes.get_mut(&op.ino) {
                     node.home_loc = to;
                 }
+                // In the same critical section as the new home location: never one without the other.
+                ns.renames.remove(&op.ino);
             }
             OpKind::Unlink => {
                 // A hard-linked object lives on at home under another name.

@@ -58,6 +58,7 @@ impl Fs {
             self.take_back(seq, &op);
             return Err(e.into());
         }
+        self.pushing_rename(&op);
         match self.push_op(&op, false, true) {
             Outcome::Done => {
                 self.conclude(seq, &op, Outcome::Done);
@@ -78,6 +79,7 @@ impl Fs {
     fn take_back(&self, seq: u64, op: &Op) {
         let mut ns = lock(&self.ns);
         let mut muts = lock(&self.journal).finish(seq).1;
+        ns.renames.remove(&op.ino);
         self.undo(&mut ns, op, &mut muts);
         drop(ns);
         self.core.store.db().submit(muts);

@@ -95,7 +95,7 @@ impl Fs {
         if now.as_deref() != Some(asked) {
             return Ok(Some(Found::Moved));
         }
-        Ok(match lock(&self.journal).moving(asked.as_os_str().as_bytes()) {
+        Ok(match ns.moving(asked.as_os_str().as_bytes()) {
             Some(true) => Some(Found::Moving),
             // Failed, waiting for a retry: home may or may not have it; the cache's view stands.
             Some(false) => Some(Found::Unsure),

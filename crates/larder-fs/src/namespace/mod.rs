@@ -240,6 +240,11 @@ pub(crate) struct Namespace {
     pub next_ino: u64,
     pub next_object: u64,
     pub next_fh: u64,
+    /// Renames home may have made without the cache knowing yet: per renamed inode, the home path it was
+    /// renamed from and whether the push is under way (`false`: tried, failed, waiting for a retry). Kept
+    /// beside the home locations, under the same lock, and changed together with them when a rename lands
+    /// (`Fs::settle_namespace`): one look tells where home has a name and whether that may be changing.
+    pub renames: HashMap<u64, (Vec<u8>, bool)>,
 }
 
 pub(crate) use crate::tier::FetchResult;
@@ -327,6 +332,25 @@ impl Namespace {
             }
         }
         longest
+    }
+
+    /// Whether home may have moved `path` (or a directory above it) already, without the cache knowing
+    /// yet: `Some(true)` while a rename of it is being pushed (its answer and settling are moments away),
+    /// `Some(false)` if one was tried and failed and waits for a retry.
+    pub fn moving(&self, path: &[u8]) -> Option<bool> {
+        let mut found = None;
+        for (from, under_way) in self.renames.values() {
+            let under = path == from.as_slice()
+                || (path.len() > from.len() && path.starts_with(from) && path[from.len()] == b'/')
+                || from.is_empty();
+            if under {
+                if *under_way {
+                    return Some(true);
+                }
+                found = Some(false);
+            }
+        }
+        found
     }
 
     pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
@@ -693,5 +717,27 @@ impl Fs {
             bytes_from_home: self.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
             home_waits: self.home_waits.load(std::sync::atomic::Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rename_under_way_covers_the_paths_below_its_source() {
+        let mut ns = Namespace::default();
+        assert_eq!(ns.moving(b"a/b/c"), None, "nothing renamed");
+        ns.renames.insert(7, (b"a/b".to_vec(), true));
+        assert_eq!(ns.moving(b"a/b"), Some(true));
+        assert_eq!(ns.moving(b"a/b/c"), Some(true));
+        assert_eq!(ns.moving(b"a/bc"), None, "a sibling whose name starts the same");
+        assert_eq!(ns.moving(b"a"), None, "the directory above it stays");
+        ns.renames.insert(7, (b"a/b".to_vec(), false));
+        assert_eq!(ns.moving(b"a/b/c"), Some(false), "tried, failed, waiting");
+        ns.renames.insert(8, (b"a".to_vec(), true));
+        assert_eq!(ns.moving(b"a/b/c"), Some(true), "one under way above wins");
+        ns.renames.clear();
+        assert_eq!(ns.moving(b"a/b/c"), None);
     }
 }

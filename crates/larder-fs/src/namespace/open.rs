@@ -42,6 +42,12 @@ impl Fs {
         })?;
         let data_ops = ops.iter().filter(|(_, op)| op.kind == OpKind::Data).count();
         let interrupted = ops.iter().filter(|(_, op)| op.attempted).count();
+        for (_, op) in &ops {
+            if op.attempted && matches!(op.kind, OpKind::Rename { .. }) {
+                // Cut short by the stop: home may have made it or not.
+                ns.renames.insert(op.ino, (op.path.clone(), false));
+            }
+        }
         let journal = Journal::load(ops);
         let mut root = Inode::new(ROOT, OsString::new(), FileKind::Dir, 0);
         if let Some(rec) = db.inode(ROOT)?.and_then(|b| InodeRecord::decode(&b)) {
