@@ -72,7 +72,7 @@ impl Fs {
         let through = self.cfg.write_mode == WriteMode::WriteThrough;
         let mut held = Vec::new();
         {
-            let mut j = lock(&self.journal);
+            let mut j = self.pipeline.journal();
             for op in ops {
                 if through {
                     let (seq, m) = j.record_held(op);
@@ -90,7 +90,7 @@ impl Fs {
         drop(mutating);
         let db = self.core.store.db();
         db.submit(muts);
-        self.journal_cv.notify_all();
+        self.pipeline.notify();
         if !through {
             db.sync()?;
         }
@@ -663,8 +663,7 @@ impl Fs {
         for ino in dirty {
             self.commit_data(ino)?;
         }
-        self.urgent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.journal_cv.notify_all();
+        let _hurry = self.pipeline.hurry();
         let deadline = Instant::now() + ROOM_WAIT;
         let result = loop {
             let st = self.core.store.stats();
@@ -676,7 +675,6 @@ impl Fs {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        self.urgent.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         result
     }
 

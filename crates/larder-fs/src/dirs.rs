@@ -109,7 +109,7 @@ impl Fs {
         }
         // Names with changes queued before home lists and after: an op that lands meanwhile is in the
         // first set if home's answer predates it, so either way its entry is the cache's.
-        let mut pinned = lock(&self.journal).pinned_in(ino);
+        let mut pinned = self.pipeline.journal().pinned_in(ino);
         let listed = match self.core.home.list(&path) {
             Ok(l) => l,
             Err(e) if unreachable(&e) => return self.offline_listing(ino, e),
@@ -117,7 +117,7 @@ impl Fs {
         };
         let mut ns = lock(&self.ns);
         {
-            let j = lock(&self.journal);
+            let j = self.pipeline.journal();
             pinned.extend(j.pinned_in(ino));
             pinned.extend(j.changed_while_watched(ino));
         }
@@ -164,7 +164,7 @@ impl Fs {
         if !ns.at_home(ino)? {
             return self.load_cached(ns, ino);
         }
-        let names = lock(&self.journal).pinned_in(ino);
+        let names = self.pipeline.journal().pinned_in(ino);
         self.load_names(ns, ino, names)
     }
 
@@ -222,13 +222,13 @@ struct Watch<'a> {
 
 impl<'a> Watch<'a> {
     fn new(fs: &'a Fs, dir: u64) -> Watch<'a> {
-        lock(&fs.journal).watch(dir);
+        fs.pipeline.journal().watch(dir);
         Watch { fs, dir }
     }
 }
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        lock(&self.fs.journal).unwatch(self.dir);
+        self.fs.pipeline.journal().unwatch(self.dir);
     }
 }

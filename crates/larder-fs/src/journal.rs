@@ -255,28 +255,6 @@ impl Journal {
         !self.has(dir) && self.names.get(&dir).is_none_or(|m| m.is_empty())
     }
 
-    /// Whether home may have moved `path` (or a directory above it) already, without the cache knowing
-    /// yet: a rename of it that was attempted and has not concluded. `Some(true)` while that push is under
-    /// way (its answer and settling are moments away), `Some(false)` if it failed and waits for a retry.
-    pub fn moving(&self, path: &[u8]) -> Option<bool> {
-        let mut found = None;
-        for (seq, op) in &self.ops {
-            if !op.attempted || !matches!(op.kind, OpKind::Rename { .. }) {
-                continue;
-            }
-            let under = path == op.path.as_slice()
-                || (path.len() > op.path.len() && path.starts_with(&op.path) && path[op.path.len()] == b'/')
-                || op.path.is_empty();
-            if under {
-                if self.inflight.contains(seq) {
-                    return Some(true);
-                }
-                found = Some(false);
-            }
-        }
-        found
-    }
-
     /// A listing of `dir` from home begins: from now on, [`Journal::changed_while_watched`] names every entry
     /// of it a change is recorded for.
     pub fn watch(&mut self, dir: u64) {
@@ -609,29 +587,6 @@ mod tests {
         let a: Vec<&[u8]> = ancestors(b"a/b/c").collect();
         assert_eq!(a, vec![&b""[..], b"a", b"a/b"]);
         assert_eq!(ancestors(b"").count(), 0);
-    }
-
-    #[test]
-    fn a_rename_under_way_covers_the_paths_below_its_source() {
-        let mut j = Journal::default();
-        let mv = OpKind::Rename {
-            to: b"x".to_vec(),
-            no_replace: false,
-            exchange: false,
-            replaced: false,
-        };
-        j.record(op(2, "a/b", mv));
-        // Not attempted yet: home still has a/b where it was.
-        assert_eq!(j.moving(b"a/b/c"), None);
-        j.begin(1);
-        assert_eq!(j.moving(b"a/b"), Some(true));
-        assert_eq!(j.moving(b"a/b/c"), Some(true));
-        assert_eq!(j.moving(b"a/bc"), None, "a sibling whose name starts the same");
-        assert_eq!(j.moving(b"a"), None, "the directory above it stays");
-        j.fail(1, "refused".into(), Some(Duration::from_secs(1)));
-        assert_eq!(j.moving(b"a/b/c"), Some(false), "tried, failed, waiting");
-        j.finish(1);
-        assert_eq!(j.moving(b"a/b/c"), None);
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod journal;
 mod journal_model;
 pub mod key;
 mod namespace;
+mod pipeline;
 mod readahead;
 mod record;
 mod residency;

@@ -35,7 +35,7 @@ impl Fs {
         }
         let path = op.path.clone();
         let ino = op.ino;
-        let mut j = lock(&self.journal);
+        let mut j = self.pipeline.journal();
         let muts = j.record(Op::new(ino, path, Vec::new(), OpKind::Data));
         drop(j);
         drop(ns);
@@ -75,7 +75,7 @@ impl Fs {
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot record a conflict in the cache directory");
         }
-        lock(&self.conflicts).push(c);
+        lock(&self.pipeline.conflicts).push(c);
     }
 
     /// The cached blocks of `ino` as byte ranges, and whether they cover all of it.

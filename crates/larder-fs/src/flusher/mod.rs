@@ -90,6 +90,7 @@ pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
 }
 
 mod conflicts;
+mod push;
 mod through;
 
 impl Fs {
@@ -102,7 +103,7 @@ impl Fs {
         if !matches!(self.cfg.write_mode, WriteMode::WriteBack | WriteMode::WriteThrough) {
             return;
         }
-        let mut flushers = lock(&self.flushers);
+        let mut flushers = lock(&self.pipeline.flushers);
         for i in 0..self.cfg.flush_threads.max(1) {
             let fs = self.clone();
             match std::thread::Builder::new()
@@ -118,8 +119,8 @@ impl Fs {
     /// What this mount does now that home went away (`online` false) or came back, for the log. Runs
     /// inside home calls, perhaps under the journal's lock: it never waits for it.
     fn explain_health(&self, online: bool) -> String {
-        let queued = match self.journal.try_lock() {
-            Ok(j) => Some(j.len()),
+        let queued = match self.pipeline.try_journal() {
+            Some(j) => Some(j.len()),
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner().len()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
@@ -142,9 +143,9 @@ impl Fs {
 
     /// Stop the flusher threads (what is queued stays queued).
     pub fn stop_flushers(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        self.journal_cv.notify_all();
-        let handles: Vec<_> = lock(&self.flushers).drain(..).collect();
+        self.pipeline.stopping.store(true, Ordering::SeqCst);
+        self.pipeline.notify();
+        let handles: Vec<_> = lock(&self.pipeline.flushers).drain(..).collect();
         for h in handles {
             let _ = h.join();
         }
@@ -153,15 +154,15 @@ impl Fs {
     /// Push everything queued now, regardless of the sync lag (ops home refused are tried again at once);
     /// wait up to `timeout`, or until only refused ops (and those queued behind them) are left.
     pub fn drain(&self, timeout: Duration) -> Drained {
-        self.urgent.fetch_add(1, Ordering::SeqCst);
-        lock(&self.journal).retry_refused_now();
-        self.journal_cv.notify_all();
+        let _hurry = self.pipeline.hurry();
+        self.pipeline.journal().retry_refused_now();
+        self.pipeline.notify();
         let deadline = Instant::now() + timeout;
-        let mut j = lock(&self.journal);
+        let mut j = self.pipeline.journal();
         let outcome = loop {
             if j.is_empty() {
                 // Empty once the last ops' directories have their times at home too.
-                if self.settling.load(Ordering::SeqCst) == 0 {
+                if self.pipeline.settling.load(Ordering::SeqCst) == 0 {
                     break Drained::Empty;
                 }
             } else {
@@ -176,25 +177,19 @@ impl Fs {
             if now >= deadline {
                 break Drained::Waiting;
             }
-            j = self
-                .journal_cv
-                .wait_timeout(j, (deadline - now).min(Duration::from_millis(200)))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            j = self.pipeline.wait(j, (deadline - now).min(Duration::from_millis(200)));
         };
-        drop(j);
-        self.urgent.fetch_sub(1, Ordering::SeqCst);
         outcome
     }
 
     /// The journal's figures.
     pub fn journal_stats(&self) -> JournalStats {
-        let j = lock(&self.journal);
+        let j = self.pipeline.journal();
         JournalStats {
             pending_ops: j.len() as u64,
             dirty_bytes: self.core.store.stats().bytes_dirty,
             oldest_age_seconds: j.oldest_age().as_secs_f64(),
-            conflicts: lock(&self.conflicts).len() as u64,
+            conflicts: lock(&self.pipeline.conflicts).len() as u64,
             failed_ops: j.failures().count() as u64,
             home_online: self.health.online(),
         }
@@ -202,12 +197,12 @@ impl Fs {
 
     /// Every conflict recorded in this cache directory.
     pub fn conflicts(&self) -> Vec<Conflict> {
-        lock(&self.conflicts).clone()
+        lock(&self.pipeline.conflicts).clone()
     }
 
     /// Ops that home refused and that wait to be retried, in queue order.
     pub fn failed_ops(&self) -> Vec<RefusedChange> {
-        let j = lock(&self.journal);
+        let j = self.pipeline.journal();
         let mut out: Vec<(u64, RefusedChange)> = j
             .failures()
             .filter_map(|(seq, f)| {
@@ -230,13 +225,13 @@ impl Fs {
     fn flush_worker(self: Arc<Self>) {
         loop {
             let (seq, op, first_attempt) = {
-                let mut j = lock(&self.journal);
+                let mut j = self.pipeline.journal();
                 loop {
-                    if self.stopping.load(Ordering::SeqCst) {
+                    if self.pipeline.stopping.load(Ordering::SeqCst) {
                         return;
                     }
                     if self.health.online() {
-                        let urgent = self.urgent.load(Ordering::SeqCst) > 0;
+                        let urgent = self.pipeline.urgent();
                         if let Some(&seq) = j.ready(self.cfg.sync_lag, urgent, 1).first()
                             && let Some(op) = j.get(seq).cloned()
                         {
@@ -246,11 +241,7 @@ impl Fs {
                             break (seq, op, first);
                         }
                     }
-                    j = self
-                        .journal_cv
-                        .wait_timeout(j, Duration::from_millis(100))
-                        .map(|(g, _)| g)
-                        .unwrap_or_else(|p| p.into_inner().0);
+                    j = self.pipeline.wait(j, Duration::from_millis(100));
                 }
             };
             // The attempt is on record before home sees it: after a crash, "already done" answers to
@@ -260,11 +251,12 @@ impl Fs {
                 && let Err(e) = self.core.store.db().sync()
             {
                 tracing::error!(error = %e, "cannot record a push attempt; not pushing");
-                let mut j = lock(&self.journal);
+                let mut j = self.pipeline.journal();
                 let backoff = refusal_backoff(j.refusals(seq));
                 j.fail(seq, e.to_string(), Some(backoff));
                 continue;
             }
+            self.pushing_rename(&op);
             let outcome = self.push_op(&op, !first_attempt, false);
             self.conclude(seq, &op, outcome);
         }
@@ -274,10 +266,10 @@ impl Fs {
         match outcome {
             Outcome::Done => {
                 // Counted before the op leaves the journal, until its directories have their times.
-                self.settling.fetch_add(1, Ordering::SeqCst);
+                self.pipeline.settling.fetch_add(1, Ordering::SeqCst);
                 let ns = lock(&self.ns);
                 let muts = {
-                    let mut j = lock(&self.journal);
+                    let mut j = self.pipeline.journal();
                     j.finish(seq).1
                 };
                 let mut muts = muts;
@@ -286,7 +278,7 @@ impl Fs {
                     // Kept until now for the home paths through it.
                     muts.push(Mutation::DelInode(op.ino));
                     if ns.inodes.get(&op.ino).is_some_and(|n| n.lookups == 0 && n.opens == 0)
-                        && !lock(&self.journal).has(op.ino)
+                        && !self.pipeline.journal().has(op.ino)
                     {
                         ns.inodes.remove(&op.ino);
                     }
@@ -296,16 +288,18 @@ impl Fs {
                 drop(ns);
                 self.core.store.db().submit(muts);
                 self.settle_dir_times(op);
-                self.settling.fetch_sub(1, Ordering::SeqCst);
+                self.pipeline.settling.fetch_sub(1, Ordering::SeqCst);
             }
             Outcome::Retry(e) => {
                 tracing::debug!(error = %e, op = op.kind.name(), "home away; the op waits");
-                lock(&self.journal).fail(seq, e.to_string(), None);
+                self.rename_unsettled(op);
+                self.pipeline.journal().fail(seq, e.to_string(), None);
             }
             Outcome::Refused(e) => {
+                self.rename_unsettled(op);
                 let e = e.to_string();
                 let attempts = {
-                    let mut j = lock(&self.journal);
+                    let mut j = self.pipeline.journal();
                     let backoff = refusal_backoff(j.refusals(seq));
                     j.fail(seq, e.clone(), Some(backoff))
                 };
@@ -325,7 +319,8 @@ impl Fs {
                     // Keep the cache's version where it cannot be lost, and let the queue move on.
                     self.set_aside(op, &e);
                     let mut ns = lock(&self.ns);
-                    let muts = lock(&self.journal).finish(seq).1;
+                    let muts = self.pipeline.journal().finish(seq).1;
+                    ns.renames.remove(&op.ino);
                     if let Some(node) = ns.inodes.get_mut(&op.ino) {
                         node.dirty.clear();
                     }
@@ -334,7 +329,22 @@ impl Fs {
                 }
             }
         }
-        self.journal_cv.notify_all();
+        self.pipeline.notify();
+    }
+
+    /// A rename is about to reach home: until it is settled here, home's answers about the paths below its
+    /// source may be either side of it ([`Namespace::moving`]).
+    pub(super) fn pushing_rename(&self, op: &Op) {
+        if matches!(op.kind, OpKind::Rename { .. }) {
+            lock(&self.ns).renames.insert(op.ino, (op.path.clone(), true));
+        }
+    }
+
+    /// A rename's push failed: home may or may not have made it; it waits for a retry.
+    pub(super) fn rename_unsettled(&self, op: &Op) {
+        if let Some(r) = lock(&self.ns).renames.get_mut(&op.ino) {
+            r.1 = false;
+        }
     }
 
     /// Home stamps what it creates with the time of the push; the mount shows the time it was made here,
@@ -343,7 +353,7 @@ impl Fs {
     /// adopted, so the mount's time must be home's first. (A directory whose entries are queued gets its
     /// time again once they have landed: [`Fs::settle_dir_times`].)
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
-        if !self.core.home.limits().times || lock(&self.journal).has_after_current(op.ino) {
+        if !self.core.home.limits().times || self.pipeline.journal().has_after_current(op.ino) {
             return attr;
         }
         let local = lock(&self.ns)
@@ -391,7 +401,7 @@ impl Fs {
         for dir in dirs {
             let (path, mtime) = {
                 let ns = lock(&self.ns);
-                if !lock(&self.journal).dir_settled(dir) {
+                if !self.pipeline.journal().dir_settled(dir) {
                     continue;
                 }
                 let Ok(node) = ns.inode(dir) else { continue };
@@ -409,7 +419,7 @@ impl Fs {
             let unchanged = ns
                 .inode(dir)
                 .is_ok_and(|n| n.attr.as_ref().is_some_and(|a| a.mtime == mtime));
-            if unchanged && lock(&self.journal).dir_settled(dir) {
+            if unchanged && self.pipeline.journal().dir_settled(dir) {
                 self.adopt_attr(&mut ns, dir, attr);
             }
         }
@@ -434,367 +444,6 @@ impl Fs {
             ),
         );
     }
-
-    /// Take one op to home. `strict` (write-through, whose caller waits for the answer): what home says
-    /// is the answer, with no conflict handling: a name home has already is `EEXIST`, a name it lacks
-    /// `ENOENT`, a file changed at home a conflict.
-    fn push_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
-        // After a restart the object may not be in memory yet; what the push settles (where home has it,
-        // its version) must reach its record.
-        let _ = self.load_inode(&mut lock(&self.ns), op.ino);
-        let home = self.core.home.as_ref();
-        let path = os(&op.path);
-        let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {
-            OpKind::Create { mode, uid, gid } => match home.create(&path, *mode, owner_of(*uid, *gid)) {
-                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
-                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
-                r => r.map(Some),
-            },
-            OpKind::Mkdir { mode, uid, gid } => match home.mkdir(&path, *mode, owner_of(*uid, *gid)) {
-                // A directory of that name at home: the two merge.
-                Err(HomeError::Exists) if !strict => match home.stat(&path) {
-                    Ok(a) if a.kind == larder_home::FileKind::Dir => Ok(Some(a)),
-                    Ok(_) => return self.name_taken(op),
-                    Err(e) => Err(e),
-                },
-                r => r.map(Some),
-            },
-            OpKind::Mknod { mode, rdev, uid, gid } => match home.mknod(&path, *mode, *rdev, owner_of(*uid, *gid)) {
-                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
-                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
-                r => r.map(Some),
-            },
-            OpKind::Symlink { target, uid, gid } => match home.symlink(target, &path, owner_of(*uid, *gid)) {
-                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
-                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
-                r => r.map(Some),
-            },
-            OpKind::Link { to } => match home.link(&path, &os(to)) {
-                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
-                Err(HomeError::Exists) if repeated => home.stat(&os(to)).map(Some),
-                r => r.map(Some),
-            },
-            OpKind::Unlink => match home.unlink(&path) {
-                Err(HomeError::NotFound) if !strict => Ok(None),
-                r => r.map(|_| None),
-            },
-            OpKind::Rmdir => match home.rmdir(&path) {
-                Err(HomeError::NotFound) if !strict => Ok(None),
-                r => r.map(|_| None),
-            },
-            OpKind::Rename {
-                to,
-                no_replace,
-                exchange,
-                replaced,
-            } => {
-                // Write-back renames onto a name it found free only if it is still free: home's object there
-                // is kept as a conflict. Write-through does what POSIX rename does, at home.
-                let flags = RenameFlags {
-                    no_replace: *no_replace || (!strict && !replaced && !exchange),
-                    exchange: *exchange,
-                };
-                match home.rename(&path, &os(to), flags) {
-                    // Gone from the source and present at the target: an earlier attempt did it.
-                    Err(HomeError::NotFound) if repeated && home.stat(&os(to)).is_ok() => Ok(None),
-                    // A home that renames by copy, then delete (an object store) left an earlier attempt's
-                    // copy at the target: it holds nothing the source does not, so replacing it loses
-                    // nothing.
-                    Err(HomeError::Exists) if repeated && leftover_copy(home, &path, &os(to), &mut { COMPARE_MAX }) => {
-                        remove_copy(home, &os(to))
-                            .and_then(|()| home.rename(&path, &os(to), RenameFlags::default()))
-                            .map(|_| None)
-                    }
-                    Err(HomeError::Exists) if !no_replace && !strict => {
-                        // Home gained an object at the target meanwhile: keep it beside ours.
-                        let aside = self.conflict_path(to);
-                        match home.rename(&os(to), &aside, RenameFlags::default()) {
-                            Ok(()) => {
-                                self.record_conflict(
-                                    to,
-                                    "rename",
-                                    String::from_utf8_lossy(aside.as_os_str().as_bytes()).into_owned(),
-                                    true,
-                                    "home had another object at the rename's target; it was moved beside".into(),
-                                );
-                                home.rename(&path, &os(to), flags).map(|_| None)
-                            }
-                            Err(e) => Err(e),
-                        }
-                    }
-                    r => r.map(|_| None),
-                }
-            }
-            OpKind::SetAttr {
-                perm,
-                uid,
-                gid,
-                atime,
-                mtime,
-            } => home
-                .setattr(
-                    &path,
-                    &SetAttr {
-                        perm: *perm,
-                        uid: *uid,
-                        gid: *gid,
-                        size: None,
-                        atime: atime.map(|t| TimeSet::At(from_ns(t))),
-                        mtime: mtime.map(|t| TimeSet::At(from_ns(t))),
-                    },
-                )
-                .map(Some),
-            OpKind::Data => return self.push_data_op(op, repeated, strict),
-        };
-        let result = match result {
-            Ok(Some(attr)) if op.kind.creates() => Ok(Some(self.created_with_local_time(op, &path, attr))),
-            other => other,
-        };
-        match result {
-            Ok(attr) => {
-                self.settle_namespace(op, attr);
-                Outcome::Done
-            }
-            Err(e) => self.classify(e),
-        }
-    }
-
-    fn classify(&self, e: HomeError) -> Outcome {
-        if unreachable(&e) {
-            Outcome::Retry(e)
-        } else {
-            Outcome::Refused(e.into())
-        }
-    }
-
-    /// Record in the namespace what a pushed op made true at home.
-    fn settle_namespace(&self, op: &Op, attr: Option<HomeAttr>) {
-        let mut ns = lock(&self.ns);
-        let loc = |i: usize| {
-            op.names
-                .get(i)
-                .map(|(d, n)| (*d, std::ffi::OsString::from_vec(n.clone())))
-        };
-        match &op.kind {
-            OpKind::Create { .. } | OpKind::Mkdir { .. } | OpKind::Mknod { .. } | OpKind::Symlink { .. } => {
-                if let Some(node) = ns.inodes.get_mut(&op.ino) {
-                    node.home_loc = loc(0);
-                }
-            }
-            OpKind::Rename { exchange, .. } => {
-                let (from, to) = (loc(0), loc(1));
-                if *exchange {
-                    let partner = |ns: &Namespace| {
-                        ns.inodes
-                            .iter()
-                            .find(|(i, n)| **i != op.ino && n.home_loc == to)
-                            .map(|(i, _)| *i)
-                    };
-                    let mut other = partner(&ns);
-                    if other.is_none()
-                        && let Some((dir, name)) = &from
-                    {
-                        // Not in memory (a restart since): unless moved again, the partner is where ours
-                        // was, and an op that moved it again loaded it.
-                        if let Ok(Some(ino)) = self.core.store.db().dentry(*dir, name.as_bytes()) {
-                            let _ = self.load_inode(&mut ns, ino);
-                        }
-                        other = partner(&ns);
-                    }
-                    if let Some(o) = other
-                        && let Some(node) = ns.inodes.get_mut(&o)
-                    {
-                        node.home_loc = from;
-                        self.load_home_ancestors(&mut ns, o);
-                        // Its own ops (if any) are not the ones concluding here.
-                        self.persist(&ns, o);
-                    }
-                }
-                if let Some(node) = ns.inodes.get_mut(&op.ino) {
-                    node.home_loc = to;
-                }
-            }
-            OpKind::Unlink => {
-                // A hard-linked object lives on at home under another name.
-                if let Some(node) = ns.inodes.get_mut(&op.ino)
-                    && node.home_loc == loc(0)
-                    && !node.removed
-                {
-                    node.home_loc = Some((node.parent, node.name.clone()));
-                }
-            }
-            _ => {}
-        }
-        // The directory it is at home in now may not have been looked up since a restart.
-        self.load_home_ancestors(&mut ns, op.ino);
-        if let Some(attr) = attr {
-            self.settle_attr(&mut ns, op.ino, attr);
-        }
-    }
-
-    /// Attributes home gave back for our own change: while more changes of the object are queued, only
-    /// its identity and version are taken (the base of the next push); after the last, all of them.
-    fn settle_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
-        let more = lock(&self.journal).has_after_current(ino);
-        let Some(node) = ns.inodes.get_mut(&ino) else { return };
-        if node.removed {
-            return;
-        }
-        if more {
-            if let Some(a) = node.attr.as_mut() {
-                a.version = attr.version;
-                a.id = attr.id;
-            }
-        } else {
-            self.adopt_attr(ns, ino, attr);
-        }
-    }
-
-    /// Push a file's data for a `Data` op, with the conflict policy on a version mismatch (`strict`: the
-    /// mismatch is the answer, and the data stays dirty).
-    fn push_data_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
-        {
-            let mut ns = lock(&self.ns);
-            if self.load_inode(&mut ns, op.ino).is_err() {
-                // Nothing left of it here (removed): nothing to push.
-                return Outcome::Done;
-            }
-        }
-        let flush_lock = match lock(&self.ns).inode(op.ino) {
-            Ok(n) => n.flush_lock.clone(),
-            Err(_) => return Outcome::Done,
-        };
-        let _f = lock(&flush_lock);
-        let path = os(&op.path);
-        match self.push_data(op.ino, Some(path.clone()), false) {
-            Ok(()) => Outcome::Done,
-            Err(e @ FsError::Home(HomeError::Conflict | HomeError::NotFound)) if strict => Outcome::Refused(e),
-            Err(FsError::Home(HomeError::Conflict)) | Err(FsError::Home(HomeError::NotFound)) => {
-                if repeated && self.home_has_ours(op.ino, &path).is_some() {
-                    // An earlier attempt landed before we could record it.
-                    return match self.push_data(op.ino, Some(path), true) {
-                        Ok(()) => Outcome::Done,
-                        Err(FsError::Home(e)) => self.classify(e),
-                        Err(e) => Outcome::Refused(e),
-                    };
-                }
-                self.resolve_conflict(op.ino, &op.path)
-            }
-            Err(FsError::Home(e)) => self.classify(e),
-            Err(e) => Outcome::Refused(e),
-        }
-    }
-
-    /// Whether home's object at `path` is what an earlier push of `ino` made it: the bytes that push sent
-    /// (those not written again since) and its size. Without a record of that push, the cache's pending
-    /// content and size.
-    /// Home's attributes if so.
-    pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
-        let (ranges, size, object) = {
-            let ns = lock(&self.ns);
-            let Ok(node) = ns.inode(ino) else { return None };
-            match &node.unconfirmed {
-                Some(a) => (a.ranges.clone(), a.size, node.object),
-                None => (
-                    node.dirty.clone(),
-                    node.attr.as_ref().map_or(0, |a| a.size),
-                    node.object,
-                ),
-            }
-        };
-        let attr = self.core.home.stat(path).ok()?;
-        if attr.size != size || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
-            return None;
-        }
-        let file = self.core.store.file(object).ok()?;
-        let ours = ranges.iter().all(|r| {
-            let end = r.end.min(size);
-            if r.start >= end {
-                return true;
-            }
-            let len = (end - r.start) as usize;
-            let mut mine = vec![0u8; len];
-            let got = std::os::unix::fs::FileExt::read_at(file.as_ref(), &mut mine, r.start).unwrap_or(0);
-            mine[got..].fill(0);
-            self.core
-                .home
-                .read(path, &attr.version, r.start, len)
-                .is_ok_and(|theirs| theirs == mine)
-        });
-        ours.then_some(attr)
-    }
-}
-
-/// Whether `to` at home holds nothing but a copy of (part of) `from`: what a rename cut short leaves on a
-/// home that renames by copying, then deleting. Files must match byte for byte, a directory's every entry
-/// must be such a copy of the source's entry of that name. `budget` caps the bytes and entries compared; a
-/// larger tree counts as not a copy (the conflict path keeps both).
-fn leftover_copy(home: &dyn larder_home::Home, from: &Path, to: &Path, budget: &mut u64) -> bool {
-    use larder_home::FileKind;
-    let (Ok(a), Ok(b)) = (home.stat(from), home.stat(to)) else {
-        return false;
-    };
-    if a.kind != b.kind {
-        return false;
-    }
-    match a.kind {
-        FileKind::File => {
-            if a.size != b.size || b.size > *budget {
-                return false;
-            }
-            *budget -= b.size;
-            if a.version == b.version {
-                return true;
-            }
-            const CHUNK: u64 = 8 << 20;
-            let mut off = 0;
-            while off < a.size {
-                let len = CHUNK.min(a.size - off) as usize;
-                match (
-                    home.read(from, &a.version, off, len),
-                    home.read(to, &b.version, off, len),
-                ) {
-                    (Ok(x), Ok(y)) if x == y && x.len() == len => off += len as u64,
-                    _ => return false,
-                }
-            }
-            true
-        }
-        FileKind::Symlink => home
-            .readlink(from)
-            .ok()
-            .is_some_and(|x| home.readlink(to).ok() == Some(x)),
-        FileKind::Dir => {
-            let Ok(entries) = home.list(to) else { return false };
-            entries.iter().all(|e| {
-                if *budget == 0 {
-                    return false;
-                }
-                *budget -= 1;
-                leftover_copy(home, &from.join(&e.name), &to.join(&e.name), budget)
-            })
-        }
-        _ => false,
-    }
-}
-
-/// Remove a leftover copy found by [`leftover_copy`]: a file goes (the rename replaces it anyway), a
-/// directory is emptied so that the rename may replace it.
-fn remove_copy(home: &dyn larder_home::Home, to: &Path) -> Result<(), HomeError> {
-    let attr = home.stat(to)?;
-    if attr.kind != larder_home::FileKind::Dir {
-        return Ok(());
-    }
-    for e in home.list(to)? {
-        let p = to.join(&e.name);
-        if e.kind == larder_home::FileKind::Dir {
-            remove_copy(home, &p)?;
-            home.rmdir(&p)?;
-        } else {
-            home.unlink(&p)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

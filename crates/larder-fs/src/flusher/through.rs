@@ -32,7 +32,7 @@ impl Fs {
 
     fn land_one(&self, seq: u64) -> FsResult<()> {
         let op = {
-            let mut j = lock(&self.journal);
+            let mut j = self.pipeline.journal();
             loop {
                 let Some(op) = j.get(seq) else {
                     // Cancelled by a later change (its object was removed before it reached home).
@@ -44,11 +44,7 @@ impl Fs {
                     self.core.store.db().submit(muts);
                     break op;
                 }
-                j = self
-                    .journal_cv
-                    .wait_timeout(j, Duration::from_millis(100))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                j = self.pipeline.wait(j, Duration::from_millis(100));
             }
         };
         // On record before home sees it, as in write-back (a data push syncs its own record).
@@ -58,6 +54,7 @@ impl Fs {
             self.take_back(seq, &op);
             return Err(e.into());
         }
+        self.pushing_rename(&op);
         match self.push_op(&op, false, true) {
             Outcome::Done => {
                 self.conclude(seq, &op, Outcome::Done);
@@ -77,11 +74,12 @@ impl Fs {
     /// Home did not take `op`: it leaves the journal and the cache.
     fn take_back(&self, seq: u64, op: &Op) {
         let mut ns = lock(&self.ns);
-        let mut muts = lock(&self.journal).finish(seq).1;
+        let mut muts = self.pipeline.journal().finish(seq).1;
+        ns.renames.remove(&op.ino);
         self.undo(&mut ns, op, &mut muts);
         drop(ns);
         self.core.store.db().submit(muts);
-        self.journal_cv.notify_all();
+        self.pipeline.notify();
     }
 
     /// Take back what `op` changed in the namespace. Home holds what it held before, so whatever is not put

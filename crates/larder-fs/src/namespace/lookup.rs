@@ -7,7 +7,7 @@ impl Fs {
     /// Whether the entry `name` of `parent` is answered here, not by home: it has queued changes, or
     /// `parent` itself is not at home yet.
     pub(crate) fn local_name(&self, ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<bool> {
-        if lock(&self.journal).pinned(parent, name.as_bytes()) {
+        if self.pipeline.journal().pinned(parent, name.as_bytes()) {
             return Ok(true);
         }
         Ok(!ns.at_home(parent)?)
@@ -15,7 +15,7 @@ impl Fs {
 
     /// Whether `ino`'s attributes are the cache's to say: changes of it are queued.
     pub(crate) fn queued(&self, ino: u64) -> bool {
-        lock(&self.journal).has(ino)
+        self.pipeline.journal().has(ino)
     }
 
     /// The child `name` of `parent` from the persisted namespace (after a restart, before anything looked
@@ -95,7 +95,7 @@ impl Fs {
         if now.as_deref() != Some(asked) {
             return Ok(Some(Found::Moved));
         }
-        Ok(match lock(&self.journal).moving(asked.as_os_str().as_bytes()) {
+        Ok(match ns.moving(asked.as_os_str().as_bytes()) {
             Some(true) => Some(Found::Moving),
             // Failed, waiting for a retry: home may or may not have it; the cache's view stands.
             Some(false) => Some(Found::Unsure),

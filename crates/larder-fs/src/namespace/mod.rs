@@ -17,6 +17,7 @@ use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, 
 use crate::journal::{Journal, Op, OpKind};
 
 use crate::key::HomeId;
+use crate::pipeline::{Pipeline, ReadCounters};
 use crate::readahead::Readahead;
 use crate::record::{AttrRecord, InodeRecord};
 use crate::tier::{HomeTier, StoreTier, Tier, TierStats, Tiers};
@@ -240,6 +241,11 @@ pub(crate) struct Namespace {
     pub next_ino: u64,
     pub next_object: u64,
     pub next_fh: u64,
+    /// Renames home may have made without the cache knowing yet: per renamed inode, the home path it was
+    /// renamed from and whether the push is under way (`false`: tried, failed, waiting for a retry). Kept
+    /// beside the home locations, under the same lock, and changed together with them when a rename lands
+    /// (`Fs::settle_namespace`): one look tells where home has a name and whether that may be changing.
+    pub renames: HashMap<u64, (Vec<u8>, bool)>,
 }
 
 pub(crate) use crate::tier::FetchResult;
@@ -256,34 +262,21 @@ pub(crate) struct Core {
     pub small_file_threshold: u64,
 }
 
-/// The caching file system, without FUSE.
+/// The caching file system, without FUSE: three components and what joins them (design note 012).
+/// - The **namespace**: names, inodes, home locations and renames in flight, handles (`ns`), and the
+///   lock that serialises changes of it (`mutate`); `namespace/`, `changes.rs`, `dirs.rs`.
+/// - The **data path**: home, the store and the tiers between, readahead (`core`, `readahead`,
+///   `read_counters`); `data.rs`, `residency.rs`, `tier/`.
+/// - The **write-back pipeline**: the journal, its pushers, conflicts (`pipeline`); `flusher/`.
 pub struct Fs {
     pub(crate) cfg: FsConfig,
     pub(crate) core: Arc<Core>,
     pub(crate) ns: Mutex<Namespace>,
     pub(crate) mutate: Mutex<()>,
     pub(crate) readahead: Readahead,
-    /// Changes not yet at home. Taken after `ns` when both are needed (lock order: design note 011).
-    pub(crate) journal: Mutex<Journal>,
-    /// Woken when the journal gains work, finishes an op, or home comes back.
-    pub(crate) journal_cv: Condvar,
+    pub(crate) read_counters: ReadCounters,
+    pub(crate) pipeline: Pipeline,
     pub(crate) health: Arc<Health>,
-    /// Drain requests under way: push regardless of the sync lag.
-    pub(crate) urgent: AtomicU64,
-    /// Ops that reached home and whose directories' times are being settled there: a drain waits for
-    /// them too.
-    pub(crate) settling: AtomicU64,
-    /// Reads served: count, bytes and nanoseconds spent in them (for the efficiency metrics).
-    pub(crate) reads: AtomicU64,
-    pub(crate) read_bytes: AtomicU64,
-    pub(crate) read_nanos: AtomicU64,
-    /// Bytes handed to readers per tier (the local cache, home), and blocks readers waited for home.
-    pub(crate) cache_bytes: AtomicU64,
-    pub(crate) home_bytes: AtomicU64,
-    pub(crate) home_waits: AtomicU64,
-    pub(crate) stopping: AtomicBool,
-    pub(crate) conflicts: Mutex<Vec<crate::Conflict>>,
-    pub(crate) flushers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Where invalidations for the kernel go (the FUSE adapter's notifier); unset without a kernel.
     pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
 }
@@ -327,6 +320,25 @@ impl Namespace {
             }
         }
         longest
+    }
+
+    /// Whether home may have moved `path` (or a directory above it) already, without the cache knowing
+    /// yet: `Some(true)` while a rename of it is being pushed (its answer and settling are moments away),
+    /// `Some(false)` if one was tried and failed and waits for a retry.
+    pub fn moving(&self, path: &[u8]) -> Option<bool> {
+        let mut found = None;
+        for (from, under_way) in self.renames.values() {
+            let under = path == from.as_slice()
+                || (path.len() > from.len() && path.starts_with(from) && path[from.len()] == b'/')
+                || from.is_empty();
+            if under {
+                if *under_way {
+                    return Some(true);
+                }
+                found = Some(false);
+            }
+        }
+        found
     }
 
     pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
@@ -451,7 +463,7 @@ impl Fs {
 
     /// Wake the flushers (home came back).
     pub fn wake(&self) {
-        self.journal_cv.notify_all();
+        self.pipeline.notify();
     }
 
     /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them.
@@ -686,12 +698,34 @@ impl Fs {
             open_handles: ns.handles.len() as u64,
             dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
             readahead_blocks: self.readahead.submitted(),
-            reads: self.reads.load(std::sync::atomic::Ordering::Relaxed),
-            read_bytes: self.read_bytes.load(std::sync::atomic::Ordering::Relaxed),
-            read_seconds: self.read_nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
-            bytes_from_cache: self.cache_bytes.load(std::sync::atomic::Ordering::Relaxed),
-            bytes_from_home: self.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
-            home_waits: self.home_waits.load(std::sync::atomic::Ordering::Relaxed),
+            reads: self.read_counters.reads.load(std::sync::atomic::Ordering::Relaxed),
+            read_bytes: self.read_counters.bytes.load(std::sync::atomic::Ordering::Relaxed),
+            read_seconds: self.read_counters.nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
+            bytes_from_cache: self.read_counters.cache_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_from_home: self.read_counters.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            home_waits: self.read_counters.home_waits.load(std::sync::atomic::Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rename_under_way_covers_the_paths_below_its_source() {
+        let mut ns = Namespace::default();
+        assert_eq!(ns.moving(b"a/b/c"), None, "nothing renamed");
+        ns.renames.insert(7, (b"a/b".to_vec(), true));
+        assert_eq!(ns.moving(b"a/b"), Some(true));
+        assert_eq!(ns.moving(b"a/b/c"), Some(true));
+        assert_eq!(ns.moving(b"a/bc"), None, "a sibling whose name starts the same");
+        assert_eq!(ns.moving(b"a"), None, "the directory above it stays");
+        ns.renames.insert(7, (b"a/b".to_vec(), false));
+        assert_eq!(ns.moving(b"a/b/c"), Some(false), "tried, failed, waiting");
+        ns.renames.insert(8, (b"a".to_vec(), true));
+        assert_eq!(ns.moving(b"a/b/c"), Some(true), "one under way above wins");
+        ns.renames.clear();
+        assert_eq!(ns.moving(b"a/b/c"), None);
     }
 }

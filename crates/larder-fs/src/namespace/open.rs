@@ -42,6 +42,12 @@ impl Fs {
         })?;
         let data_ops = ops.iter().filter(|(_, op)| op.kind == OpKind::Data).count();
         let interrupted = ops.iter().filter(|(_, op)| op.attempted).count();
+        for (_, op) in &ops {
+            if op.attempted && matches!(op.kind, OpKind::Rename { .. }) {
+                // Cut short by the stop: home may have made it or not.
+                ns.renames.insert(op.ino, (op.path.clone(), false));
+            }
+        }
         let journal = Journal::load(ops);
         let mut root = Inode::new(ROOT, OsString::new(), FileKind::Dir, 0);
         if let Some(rec) = db.inode(ROOT)?.and_then(|b| InodeRecord::decode(&b)) {
@@ -106,20 +112,9 @@ impl Fs {
             ns: Mutex::new(ns),
             mutate: Mutex::new(()),
             readahead,
-            journal: Mutex::new(journal),
-            journal_cv: Condvar::new(),
+            read_counters: ReadCounters::default(),
+            pipeline: Pipeline::new(journal, conflicts),
             health,
-            urgent: AtomicU64::new(0),
-            settling: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
-            read_bytes: AtomicU64::new(0),
-            read_nanos: AtomicU64::new(0),
-            cache_bytes: AtomicU64::new(0),
-            home_bytes: AtomicU64::new(0),
-            home_waits: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            conflicts: Mutex::new(conflicts),
-            flushers: Mutex::new(Vec::new()),
             invalidator: std::sync::OnceLock::new(),
         })
     }

@@ -1,0 +1,379 @@
+//! Taking one journal op to home (`push_op`), and recording in the namespace what it made true there
+//! (`settle_namespace`): the home location, renames in flight, attributes.
+
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+use larder_home::{HomeAttr, HomeError, RenameFlags, SetAttr, TimeSet, unreachable};
+
+use super::{COMPARE_MAX, Outcome, os, owner_of};
+use crate::FsError;
+use crate::journal::{Op, OpKind};
+use crate::namespace::{Fs, Namespace, lock};
+use crate::record::from_ns;
+
+impl Fs {
+    /// Take one op to home. `strict` (write-through, whose caller waits for the answer): what home says
+    /// is the answer, with no conflict handling: a name home has already is `EEXIST`, a name it lacks
+    /// `ENOENT`, a file changed at home a conflict.
+    pub(super) fn push_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
+        // After a restart the object may not be in memory yet; what the push settles (where home has it,
+        // its version) must reach its record.
+        let _ = self.load_inode(&mut lock(&self.ns), op.ino);
+        let home = self.core.home.as_ref();
+        let path = os(&op.path);
+        let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {
+            OpKind::Create { mode, uid, gid } => match home.create(&path, *mode, owner_of(*uid, *gid)) {
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Mkdir { mode, uid, gid } => match home.mkdir(&path, *mode, owner_of(*uid, *gid)) {
+                // A directory of that name at home: the two merge.
+                Err(HomeError::Exists) if !strict => match home.stat(&path) {
+                    Ok(a) if a.kind == larder_home::FileKind::Dir => Ok(Some(a)),
+                    Ok(_) => return self.name_taken(op),
+                    Err(e) => Err(e),
+                },
+                r => r.map(Some),
+            },
+            OpKind::Mknod { mode, rdev, uid, gid } => match home.mknod(&path, *mode, *rdev, owner_of(*uid, *gid)) {
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Symlink { target, uid, gid } => match home.symlink(target, &path, owner_of(*uid, *gid)) {
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Link { to } => match home.link(&path, &os(to)) {
+                Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
+                Err(HomeError::Exists) if repeated => home.stat(&os(to)).map(Some),
+                r => r.map(Some),
+            },
+            OpKind::Unlink => match home.unlink(&path) {
+                Err(HomeError::NotFound) if !strict => Ok(None),
+                r => r.map(|_| None),
+            },
+            OpKind::Rmdir => match home.rmdir(&path) {
+                Err(HomeError::NotFound) if !strict => Ok(None),
+                r => r.map(|_| None),
+            },
+            OpKind::Rename {
+                to,
+                no_replace,
+                exchange,
+                replaced,
+            } => {
+                // Write-back renames onto a name it found free only if it is still free: home's object there
+                // is kept as a conflict. Write-through does what POSIX rename does, at home.
+                let flags = RenameFlags {
+                    no_replace: *no_replace || (!strict && !replaced && !exchange),
+                    exchange: *exchange,
+                };
+                match home.rename(&path, &os(to), flags) {
+                    // Gone from the source and present at the target: an earlier attempt did it.
+                    Err(HomeError::NotFound) if repeated && home.stat(&os(to)).is_ok() => Ok(None),
+                    // A home that renames by copy, then delete (an object store) left an earlier attempt's
+                    // copy at the target: it holds nothing the source does not, so replacing it loses
+                    // nothing.
+                    Err(HomeError::Exists) if repeated && leftover_copy(home, &path, &os(to), &mut { COMPARE_MAX }) => {
+                        remove_copy(home, &os(to))
+                            .and_then(|()| home.rename(&path, &os(to), RenameFlags::default()))
+                            .map(|_| None)
+                    }
+                    Err(HomeError::Exists) if !no_replace && !strict => {
+                        // Home gained an object at the target meanwhile: keep it beside ours.
+                        let aside = self.conflict_path(to);
+                        match home.rename(&os(to), &aside, RenameFlags::default()) {
+                            Ok(()) => {
+                                self.record_conflict(
+                                    to,
+                                    "rename",
+                                    String::from_utf8_lossy(aside.as_os_str().as_bytes()).into_owned(),
+                                    true,
+                                    "home had another object at the rename's target; it was moved beside".into(),
+                                );
+                                home.rename(&path, &os(to), flags).map(|_| None)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    r => r.map(|_| None),
+                }
+            }
+            OpKind::SetAttr {
+                perm,
+                uid,
+                gid,
+                atime,
+                mtime,
+            } => home
+                .setattr(
+                    &path,
+                    &SetAttr {
+                        perm: *perm,
+                        uid: *uid,
+                        gid: *gid,
+                        size: None,
+                        atime: atime.map(|t| TimeSet::At(from_ns(t))),
+                        mtime: mtime.map(|t| TimeSet::At(from_ns(t))),
+                    },
+                )
+                .map(Some),
+            OpKind::Data => return self.push_data_op(op, repeated, strict),
+        };
+        let result = match result {
+            Ok(Some(attr)) if op.kind.creates() => Ok(Some(self.created_with_local_time(op, &path, attr))),
+            other => other,
+        };
+        match result {
+            Ok(attr) => {
+                self.settle_namespace(op, attr);
+                Outcome::Done
+            }
+            Err(e) => self.classify(e),
+        }
+    }
+
+    pub(super) fn classify(&self, e: HomeError) -> Outcome {
+        if unreachable(&e) {
+            Outcome::Retry(e)
+        } else {
+            Outcome::Refused(e.into())
+        }
+    }
+
+    /// Record in the namespace what a pushed op made true at home.
+    pub(super) fn settle_namespace(&self, op: &Op, attr: Option<HomeAttr>) {
+        let mut ns = lock(&self.ns);
+        let loc = |i: usize| {
+            op.names
+                .get(i)
+                .map(|(d, n)| (*d, std::ffi::OsString::from_vec(n.clone())))
+        };
+        match &op.kind {
+            OpKind::Create { .. } | OpKind::Mkdir { .. } | OpKind::Mknod { .. } | OpKind::Symlink { .. } => {
+                if let Some(node) = ns.inodes.get_mut(&op.ino) {
+                    node.home_loc = loc(0);
+                }
+            }
+            OpKind::Rename { exchange, .. } => {
+                let (from, to) = (loc(0), loc(1));
+                if *exchange {
+                    let partner = |ns: &Namespace| {
+                        ns.inodes
+                            .iter()
+                            .find(|(i, n)| **i != op.ino && n.home_loc == to)
+                            .map(|(i, _)| *i)
+                    };
+                    let mut other = partner(&ns);
+                    if other.is_none()
+                        && let Some((dir, name)) = &from
+                    {
+                        // Not in memory (a restart since): unless moved again, the partner is where ours
+                        // was, and an op that moved it again loaded it.
+                        if let Ok(Some(ino)) = self.core.store.db().dentry(*dir, name.as_bytes()) {
+                            let _ = self.load_inode(&mut ns, ino);
+                        }
+                        other = partner(&ns);
+                    }
+                    if let Some(o) = other
+                        && let Some(node) = ns.inodes.get_mut(&o)
+                    {
+                        node.home_loc = from;
+                        self.load_home_ancestors(&mut ns, o);
+                        // Its own ops (if any) are not the ones concluding here.
+                        self.persist(&ns, o);
+                    }
+                }
+                if let Some(node) = ns.inodes.get_mut(&op.ino) {
+                    node.home_loc = to;
+                }
+                // In the same critical section as the new home location: never one without the other.
+                ns.renames.remove(&op.ino);
+            }
+            OpKind::Unlink => {
+                // A hard-linked object lives on at home under another name.
+                if let Some(node) = ns.inodes.get_mut(&op.ino)
+                    && node.home_loc == loc(0)
+                    && !node.removed
+                {
+                    node.home_loc = Some((node.parent, node.name.clone()));
+                }
+            }
+            _ => {}
+        }
+        // The directory it is at home in now may not have been looked up since a restart.
+        self.load_home_ancestors(&mut ns, op.ino);
+        if let Some(attr) = attr {
+            self.settle_attr(&mut ns, op.ino, attr);
+        }
+    }
+
+    /// Attributes home gave back for our own change: while more changes of the object are queued, only
+    /// its identity and version are taken (the base of the next push); after the last, all of them.
+    pub(super) fn settle_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
+        let more = self.pipeline.journal().has_after_current(ino);
+        let Some(node) = ns.inodes.get_mut(&ino) else { return };
+        if node.removed {
+            return;
+        }
+        if more {
+            if let Some(a) = node.attr.as_mut() {
+                a.version = attr.version;
+                a.id = attr.id;
+            }
+        } else {
+            self.adopt_attr(ns, ino, attr);
+        }
+    }
+
+    /// Push a file's data for a `Data` op, with the conflict policy on a version mismatch (`strict`: the
+    /// mismatch is the answer, and the data stays dirty).
+    pub(super) fn push_data_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
+        {
+            let mut ns = lock(&self.ns);
+            if self.load_inode(&mut ns, op.ino).is_err() {
+                // Nothing left of it here (removed): nothing to push.
+                return Outcome::Done;
+            }
+        }
+        let flush_lock = match lock(&self.ns).inode(op.ino) {
+            Ok(n) => n.flush_lock.clone(),
+            Err(_) => return Outcome::Done,
+        };
+        let _f = lock(&flush_lock);
+        let path = os(&op.path);
+        match self.push_data(op.ino, Some(path.clone()), false) {
+            Ok(()) => Outcome::Done,
+            Err(e @ FsError::Home(HomeError::Conflict | HomeError::NotFound)) if strict => Outcome::Refused(e),
+            Err(FsError::Home(HomeError::Conflict)) | Err(FsError::Home(HomeError::NotFound)) => {
+                if repeated && self.home_has_ours(op.ino, &path).is_some() {
+                    // An earlier attempt landed before we could record it.
+                    return match self.push_data(op.ino, Some(path), true) {
+                        Ok(()) => Outcome::Done,
+                        Err(FsError::Home(e)) => self.classify(e),
+                        Err(e) => Outcome::Refused(e),
+                    };
+                }
+                self.resolve_conflict(op.ino, &op.path)
+            }
+            Err(FsError::Home(e)) => self.classify(e),
+            Err(e) => Outcome::Refused(e),
+        }
+    }
+
+    /// Whether home's object at `path` is what an earlier push of `ino` made it: the bytes that push sent
+    /// (those not written again since) and its size. Without a record of that push, the cache's pending
+    /// content and size.
+    /// Home's attributes if so.
+    pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
+        let (ranges, size, object) = {
+            let ns = lock(&self.ns);
+            let Ok(node) = ns.inode(ino) else { return None };
+            match &node.unconfirmed {
+                Some(a) => (a.ranges.clone(), a.size, node.object),
+                None => (
+                    node.dirty.clone(),
+                    node.attr.as_ref().map_or(0, |a| a.size),
+                    node.object,
+                ),
+            }
+        };
+        let attr = self.core.home.stat(path).ok()?;
+        if attr.size != size || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
+            return None;
+        }
+        let file = self.core.store.file(object).ok()?;
+        let ours = ranges.iter().all(|r| {
+            let end = r.end.min(size);
+            if r.start >= end {
+                return true;
+            }
+            let len = (end - r.start) as usize;
+            let mut mine = vec![0u8; len];
+            let got = std::os::unix::fs::FileExt::read_at(file.as_ref(), &mut mine, r.start).unwrap_or(0);
+            mine[got..].fill(0);
+            self.core
+                .home
+                .read(path, &attr.version, r.start, len)
+                .is_ok_and(|theirs| theirs == mine)
+        });
+        ours.then_some(attr)
+    }
+}
+
+/// Whether `to` at home holds nothing but a copy of (part of) `from`: what a rename cut short leaves on a
+/// home that renames by copying, then deleting. Files must match byte for byte, a directory's every entry
+/// must be such a copy of the source's entry of that name. `budget` caps the bytes and entries compared; a
+/// larger tree counts as not a copy (the conflict path keeps both).
+fn leftover_copy(home: &dyn larder_home::Home, from: &Path, to: &Path, budget: &mut u64) -> bool {
+    use larder_home::FileKind;
+    let (Ok(a), Ok(b)) = (home.stat(from), home.stat(to)) else {
+        return false;
+    };
+    if a.kind != b.kind {
+        return false;
+    }
+    match a.kind {
+        FileKind::File => {
+            if a.size != b.size || b.size > *budget {
+                return false;
+            }
+            *budget -= b.size;
+            if a.version == b.version {
+                return true;
+            }
+            const CHUNK: u64 = 8 << 20;
+            let mut off = 0;
+            while off < a.size {
+                let len = CHUNK.min(a.size - off) as usize;
+                match (
+                    home.read(from, &a.version, off, len),
+                    home.read(to, &b.version, off, len),
+                ) {
+                    (Ok(x), Ok(y)) if x == y && x.len() == len => off += len as u64,
+                    _ => return false,
+                }
+            }
+            true
+        }
+        FileKind::Symlink => home
+            .readlink(from)
+            .ok()
+            .is_some_and(|x| home.readlink(to).ok() == Some(x)),
+        FileKind::Dir => {
+            let Ok(entries) = home.list(to) else { return false };
+            entries.iter().all(|e| {
+                if *budget == 0 {
+                    return false;
+                }
+                *budget -= 1;
+                leftover_copy(home, &from.join(&e.name), &to.join(&e.name), budget)
+            })
+        }
+        _ => false,
+    }
+}
+
+/// Remove a leftover copy found by [`leftover_copy`]: a file goes (the rename replaces it anyway), a
+/// directory is emptied so that the rename may replace it.
+fn remove_copy(home: &dyn larder_home::Home, to: &Path) -> Result<(), HomeError> {
+    let attr = home.stat(to)?;
+    if attr.kind != larder_home::FileKind::Dir {
+        return Ok(());
+    }
+    for e in home.list(to)? {
+        let p = to.join(&e.name);
+        if e.kind == larder_home::FileKind::Dir {
+            remove_copy(home, &p)?;
+            home.rmdir(&p)?;
+        } else {
+            home.unlink(&p)?;
+        }
+    }
+    Ok(())
+}
+

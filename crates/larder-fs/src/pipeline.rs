@@ -1,0 +1,102 @@
+//! The write-back pipeline's own state: the journal of changes not yet at home, what wakes the pushers,
+//! drains under way, and the conflicts recorded. Changes enter it from `changes.rs`; the flusher
+//! (`flusher/`) takes them to home. `Fs` holds it beside the namespace and the data path, and methods of
+//! `Fs` are where they meet (a change needs the namespace and the queue; a push settles the namespace).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::Conflict;
+use crate::journal::Journal;
+use crate::namespace::lock;
+
+pub(crate) struct Pipeline {
+    /// Changes not yet at home. Taken after the namespace when both are needed (design note 011).
+    journal: Mutex<Journal>,
+    /// Woken when the journal gains work, finishes an op, or home comes back.
+    wake: Condvar,
+    /// Drain requests (and writers waiting for room) under way: push regardless of the sync lag.
+    urgent: AtomicU64,
+    /// Ops that reached home and whose directories' times are being settled there: a drain waits for
+    /// them too.
+    pub settling: AtomicU64,
+    /// Set when the flusher threads are to stop.
+    pub stopping: AtomicBool,
+    /// Every conflict recorded in this cache directory.
+    pub conflicts: Mutex<Vec<Conflict>>,
+    /// The flusher threads.
+    pub flushers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Pipeline {
+    pub fn new(journal: Journal, conflicts: Vec<Conflict>) -> Pipeline {
+        Pipeline {
+            journal: Mutex::new(journal),
+            wake: Condvar::new(),
+            urgent: AtomicU64::new(0),
+            settling: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            conflicts: Mutex::new(conflicts),
+            flushers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The journal, locked.
+    pub fn journal(&self) -> MutexGuard<'_, Journal> {
+        self.pipeline.journal()
+    }
+
+    /// The journal if no one holds it now (for a log line written from inside a home call).
+    pub fn try_journal(&self) -> Option<MutexGuard<'_, Journal>> {
+        self.journal.try_lock().ok()
+    }
+
+    /// Wake every thread waiting on the journal.
+    pub fn notify(&self) {
+        self.wake.notify_all();
+    }
+
+    /// Wait on the journal until woken, or `timeout` at most.
+    pub fn wait<'a>(&self, journal: MutexGuard<'a, Journal>, timeout: Duration) -> MutexGuard<'a, Journal> {
+        self.wake
+            .wait_timeout(journal, timeout)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0)
+    }
+
+    /// Whether someone waits for everything queued to be pushed now.
+    pub fn urgent(&self) -> bool {
+        self.urgent.load(Ordering::SeqCst) > 0
+    }
+
+    /// Push regardless of the sync lag until the returned guard is dropped.
+    pub fn hurry(&self) -> Hurry<'_> {
+        self.urgent.fetch_add(1, Ordering::SeqCst);
+        self.notify();
+        Hurry(self)
+    }
+}
+
+/// See [`Pipeline::hurry`].
+pub(crate) struct Hurry<'a>(&'a Pipeline);
+
+impl Drop for Hurry<'_> {
+    fn drop(&mut self) {
+        self.0.urgent.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Reads served, for the efficiency figures.
+#[derive(Default)]
+pub(crate) struct ReadCounters {
+    /// Reads served: count, bytes and nanoseconds spent in them.
+    pub reads: AtomicU64,
+    pub bytes: AtomicU64,
+    pub nanos: AtomicU64,
+    /// Bytes handed to readers from the local cache and from home, and blocks readers waited for home.
+    pub cache_bytes: AtomicU64,
+    pub home_bytes: AtomicU64,
+    pub home_waits: AtomicU64,
+}
