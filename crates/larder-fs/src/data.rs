@@ -268,7 +268,9 @@ impl Fs {
         if let Ok(data) = &result {
             self.read_counters.reads.fetch_add(1, Relaxed);
             self.read_counters.bytes.fetch_add(data.len() as u64, Relaxed);
-            self.read_counters.nanos.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+            self.read_counters
+                .nanos
+                .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
         }
         result
     }
@@ -326,7 +328,8 @@ impl Fs {
             };
             let chunk = match cached {
                 Some(d) => {
-                    self.read_counters.cache_bytes
+                    self.read_counters
+                        .cache_bytes
                         .fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     d
                 }
@@ -342,9 +345,12 @@ impl Fs {
                             let block = self.fetch_block(ino, object, index, path, &f.version, f.home_size, f.epoch)?;
                             let from = (within as usize).min(block.len());
                             let to = (within as usize + want).min(block.len());
-                            self.read_counters.home_bytes
+                            self.read_counters
+                                .home_bytes
                                 .fetch_add((to - from) as u64, std::sync::atomic::Ordering::Relaxed);
-                            self.read_counters.home_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            self.read_counters
+                                .home_waits
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             block[from..to].to_vec()
                         }
                     }

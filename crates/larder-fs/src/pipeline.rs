@@ -45,12 +45,16 @@ impl Pipeline {
 
     /// The journal, locked.
     pub fn journal(&self) -> MutexGuard<'_, Journal> {
-        self.pipeline.journal()
+        lock(&self.journal)
     }
 
     /// The journal if no one holds it now (for a log line written from inside a home call).
     pub fn try_journal(&self) -> Option<MutexGuard<'_, Journal>> {
-        self.journal.try_lock().ok()
+        match self.journal.try_lock() {
+            Ok(j) => Some(j),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Wake every thread waiting on the journal.

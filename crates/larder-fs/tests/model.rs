@@ -717,7 +717,12 @@ fn run_case(steps: &[Step], mode: WriteMode) -> Result<(), String> {
 
 #[test]
 fn the_core_agrees_with_the_model() {
-    check_model(WriteMode::WriteBack, 160, "proptest-regressions/model.txt", step().boxed());
+    check_model(
+        WriteMode::WriteBack,
+        160,
+        "proptest-regressions/model.txt",
+        step().boxed(),
+    );
 }
 
 #[test]

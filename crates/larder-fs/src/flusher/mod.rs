@@ -11,11 +11,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use larder_cache::Mutation;
-use larder_home::{FileKind, HomeAttr, HomeError, Owner, RenameFlags, SetAttr, TimeSet, Version, unreachable};
+use larder_home::{FileKind, HomeAttr, HomeError, Owner, SetAttr, TimeSet, Version};
 
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Namespace, lock};
-use crate::record::from_ns;
+use crate::namespace::{Fs, lock};
 use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, RefusedChange, WriteMode};
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
@@ -119,11 +118,7 @@ impl Fs {
     /// What this mount does now that home went away (`online` false) or came back, for the log. Runs
     /// inside home calls, perhaps under the journal's lock: it never waits for it.
     fn explain_health(&self, online: bool) -> String {
-        let queued = match self.pipeline.try_journal() {
-            Some(j) => Some(j.len()),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner().len()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
+        let queued = self.pipeline.try_journal().map(|j| j.len());
         let count = |f: fn(usize) -> String| queued.map_or_else(String::new, f);
         match (self.cfg.write_mode, online) {
             (WriteMode::WriteBack, false) => format!(

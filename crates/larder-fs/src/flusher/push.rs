@@ -376,4 +376,3 @@ fn remove_copy(home: &dyn larder_home::Home, to: &Path) -> Result<(), HomeError>
     }
     Ok(())
 }
-

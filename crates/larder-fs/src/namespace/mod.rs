@@ -7,8 +7,7 @@ use std::ffi::{OsStr, OsString};
 use std::ops::Range;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_cache::{Mutation, Store};
@@ -701,7 +700,10 @@ impl Fs {
             reads: self.read_counters.reads.load(std::sync::atomic::Ordering::Relaxed),
             read_bytes: self.read_counters.bytes.load(std::sync::atomic::Ordering::Relaxed),
             read_seconds: self.read_counters.nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
-            bytes_from_cache: self.read_counters.cache_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_from_cache: self
+                .read_counters
+                .cache_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
             bytes_from_home: self.read_counters.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
             home_waits: self.read_counters.home_waits.load(std::sync::atomic::Ordering::Relaxed),
         }
