@@ -665,7 +665,7 @@ impl Fs {
         }
         let _hurry = self.pipeline.hurry();
         let deadline = Instant::now() + ROOM_WAIT;
-        let result = loop {
+        loop {
             let st = self.core.store.stats();
             if st.bytes_dirty + bytes <= limit {
                 break Ok(());
@@ -674,8 +674,7 @@ impl Fs {
                 break Err(FsError::NoSpace);
             }
             std::thread::sleep(Duration::from_millis(20));
-        };
-        result
+        }
     }
 
     /// Apply a rename to the cache's namespace. Home locations stay: they move when the rename lands.

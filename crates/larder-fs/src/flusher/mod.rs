@@ -154,7 +154,7 @@ impl Fs {
         self.pipeline.notify();
         let deadline = Instant::now() + timeout;
         let mut j = self.pipeline.journal();
-        let outcome = loop {
+        loop {
             if j.is_empty() {
                 // Empty once the last ops' directories have their times at home too.
                 if self.pipeline.settling.load(Ordering::SeqCst) == 0 {
@@ -173,8 +173,7 @@ impl Fs {
                 break Drained::Waiting;
             }
             j = self.pipeline.wait(j, (deadline - now).min(Duration::from_millis(200)));
-        };
-        outcome
+        }
     }
 
     /// The journal's figures.
