@@ -1,0 +1,151 @@
+//! The push of a file's content to home: its dirty ranges and size, conditional on the home version
+//! they were made on, with what it sends on record first; what is written meanwhile stays dirty.
+
+use std::collections::BTreeSet;
+
+use larder_home::HomeError;
+
+use super::{add_range, blocks_of, subtract};
+use crate::namespace::{Fs, lock};
+use crate::{FsError, FsResult};
+
+impl Fs {
+    /// Push the local content of `ino` (dirty ranges, and size) to `at` (default: where home has it now).
+    /// With `force`, home's version is overwritten whatever it is; otherwise a version other than the one
+    /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
+    pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
+        let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
+        let (ranges, size, object, path, base, file, mtime, record) = {
+            // Under the write lock: every range taken has all its bytes in the cache file.
+            let _w = lock(&write_lock);
+            let mut ns = lock(&self.ns);
+            let node = ns.inode_mut(ino)?;
+            if node.removed {
+                // Unlinked: its data has nowhere to go.
+                node.dirty.clear();
+                return Ok(());
+            }
+            if node.dirty.is_empty() && node.home_size.is_none() {
+                return Ok(());
+            }
+            if node.conflict && !force {
+                return Err(FsError::Home(HomeError::Conflict));
+            }
+            let size = node.attr.as_ref().map_or(0, |a| a.size);
+            // The time the mount shows (a write's, or one set since) is the time home ends with.
+            let mtime = node.attr.as_ref().map(|a| a.mtime);
+            // The version these changes were made on: home must still be at it, or the push is a conflict.
+            let base = node
+                .attr
+                .as_ref()
+                .map(|a| a.version.clone())
+                .filter(|v| !v.0.is_empty() && !force);
+            let mut ranges = std::mem::take(&mut node.dirty);
+            let object = node.object;
+            if let Some(h) = node.home_size
+                && h < size
+            {
+                // Home's bytes past the local truncation point are gone here: the tail is ours (zeros
+                // where nothing was written since).
+                add_range(&mut ranges, h..size);
+            }
+            let path = match at {
+                Some(p) => Ok(p),
+                None => ns.home_path(ino).and_then(|p| p.ok_or(FsError::NotFound)),
+            };
+            // The cache file holds `size` bytes at least (a file extended by truncation may end in a hole
+            // the file system does not store); extended here, under the write lock, so that no write can
+            // land between the length check and the extension.
+            let file = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
+                if file.metadata().map(|m| m.len()).unwrap_or(0) < size {
+                    file.set_len(size)
+                        .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+                }
+                Ok(file)
+            });
+            match path.and_then(|p| file.map(|f| (p, f))) {
+                Ok((path, file)) => {
+                    let node = ns.inode_mut(ino)?;
+                    node.pushing += 1;
+                    node.attempt = Some(crate::namespace::Attempt {
+                        ranges: ranges.clone(),
+                        size,
+                    });
+                    // Where changes are journaled, what this push sends is on record before home sees any
+                    // of it, with the flusher's record of the attempt (one sync for both): after a crash,
+                    // home holding it is recognised as ours.
+                    let record = larder_cache::Mutation::PutInode(ino, node.record().encode());
+                    (ranges, size, object, path, base, file, mtime, record)
+                }
+                Err(e) => {
+                    ns.inode_mut(ino)?.dirty = ranges;
+                    return Err(e);
+                }
+            }
+        };
+        {
+            let db = self.core.store.db();
+            db.submit(vec![record]);
+            if let Err(e) = db.sync() {
+                let mut ns = lock(&self.ns);
+                let node = ns.inode_mut(ino)?;
+                node.pushing -= 1;
+                node.attempt = None;
+                for r in ranges {
+                    add_range(&mut node.dirty, r);
+                }
+                return Err(e.into());
+            }
+        }
+        let result = self
+            .core
+            .home
+            .write(&path, &file, &ranges, size, base.as_ref(), mtime)
+            .map_err(FsError::from);
+        let mut ns = lock(&self.ns);
+        ns.inode_mut(ino)?.pushing -= 1;
+        match result {
+            Ok(attr) => {
+                // Blocks written again since the ranges were taken stay dirty.
+                let bs = self.core.store.block_size();
+                let node = ns.inode(ino)?;
+                let still_dirty: BTreeSet<u32> = node.dirty.iter().flat_map(|r| blocks_of(r, bs)).collect();
+                let clean: BTreeSet<u32> = ranges
+                    .iter()
+                    .flat_map(|r| blocks_of(r, bs))
+                    .filter(|b| !still_dirty.contains(b))
+                    .collect();
+                let cur_size = node.attr.as_ref().map_or(size, |a| a.size);
+                let settled = node.dirty.is_empty() && cur_size == size;
+                // Home holds `size` bytes of these blocks now. (A write extending the file may be under way:
+                // the file's size is ahead of its cache file then, but the blocks it writes are dirty again.)
+                // Home has the data whatever happens here: a block that cannot be indexed is dropped.
+                self.core.store.mark_clean(object, clean, size);
+                let node = ns.inode_mut(ino)?;
+                node.conflict = false;
+                node.attempt = None;
+                node.unconfirmed = None;
+                // Truncations take the flush lock, so none happened during the push: home has `size` bytes
+                // of ours now.
+                node.home_size = if settled { None } else { Some(size) };
+                self.adopt_attr(&mut ns, ino, attr);
+                Ok(())
+            }
+            Err(e) => {
+                let node = ns.inode_mut(ino)?;
+                node.attempt = None;
+                if node.unconfirmed.is_none() {
+                    // It may have reached home in part or whole: what it sent tells, if asked.
+                    node.unconfirmed = Some(crate::namespace::Attempt {
+                        ranges: subtract(&ranges, &node.dirty),
+                        size,
+                    });
+                }
+                for r in ranges {
+                    add_range(&mut node.dirty, r);
+                }
+                Err(e)
+            }
+        }
+    }
+}
