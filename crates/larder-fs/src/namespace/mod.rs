@@ -265,7 +265,7 @@ pub(crate) struct Core {
 /// - The **namespace**: names, inodes, home locations and renames in flight, handles (`ns`), and the
 ///   lock that serialises changes of it (`mutate`); `namespace/`, `changes.rs`, `dirs.rs`.
 /// - The **data path**: home, the store and the tiers between, readahead (`core`, `readahead`,
-///   `read_counters`); `data.rs`, `residency.rs`, `tier/`.
+///   `read_counters`); `data/`, `residency.rs`, `tier/`.
 /// - The **write-back pipeline**: the journal, its pushers, conflicts (`pipeline`); `flusher/`.
 pub struct Fs {
     pub(crate) cfg: FsConfig,
