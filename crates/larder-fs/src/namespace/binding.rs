@@ -142,11 +142,10 @@ impl Fs {
         }
         let mut ino = None;
         if let Some(old) = db.dentry(parent, name.as_bytes())? {
-            if let Some(node) = ns.inodes.get_mut(&old) {
-                if node.kind == kind && !node.removed {
-                    if !node.has_name(parent, name) {
-                        node.aliases.push((parent, name.to_os_string()));
-                    }
+            if let Some(node) = ns.inodes.get(&old) {
+                // In memory, its names are the truth: an index entry naming it where it has no name is one
+                // whose removal the index has not taken in yet (entries are written behind).
+                if node.kind == kind && !node.removed && node.has_name(parent, name) {
                     ino = Some(old);
                 }
             } else if let Some(rec) = db.inode(old)?.and_then(|b| InodeRecord::decode(&b))
