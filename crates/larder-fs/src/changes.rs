@@ -75,6 +75,9 @@ impl Fs {
             let mut j = self.pipeline.journal();
             for op in ops {
                 if through {
+                    let mut op = op;
+                    // See Fs::land: one a crash leaves queued is pushed as a repeat.
+                    op.attempted = true;
                     let (seq, m) = j.record_held(op);
                     held.push(seq);
                     muts.extend(m);

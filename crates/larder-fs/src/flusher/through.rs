@@ -47,13 +47,10 @@ impl Fs {
                 j = self.pipeline.wait(j, Duration::from_millis(100));
             }
         };
-        // On record before home sees it, as in write-back (a data push syncs its own record).
-        if op.kind != OpKind::Data
-            && let Err(e) = self.core.store.db().sync()
-        {
-            self.take_back(seq, &op);
-            return Err(e.into());
-        }
+        // No sync before the push, unlike write-back: a held op is recorded as attempted already, so one a
+        // crash leaves queued is pushed as a repeat, whose "already done" answers are success. That is
+        // safe here because nothing of it was acknowledged: if home's object turns out not to be ours
+        // after all, the cache shows home's, which is all write-through promised.
         self.pushing_rename(&op);
         match self.push_op(&op, false, true) {
             Outcome::Done => {
