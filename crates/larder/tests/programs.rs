@@ -1,5 +1,5 @@
-//! Real programs on a write-back mount, as users run them: SQLite databases shared by several processes,
-//! `rsync -a`, `cp -a`, `tar`, sparse files and times set with `touch`. Each test checks what the program
+//! Real programs on write-back (and write-through) mounts, as users run them: SQLite databases shared by
+//! several processes, `rsync -a`, `cp -a`, `tar`, sparse files and times set with `touch`. Each test checks what the program
 //! itself checks (SQLite's integrity check, rsync's list of changed files) and what home ends with.
 
 mod common;
@@ -135,21 +135,33 @@ fn sqlite_runs(t: &TestDir, m: &Mount, runs: u32, writers: u32) {
 
 #[test]
 fn sqlite_wal_two_writers_lose_nothing() {
-    sqlite_two_writers("sqlite-wal", &[]);
+    sqlite_two_writers("sqlite-wal", "write-back", 20, &[]);
 }
 
 #[test]
 fn sqlite_wal_two_writers_lose_nothing_with_home_10ms_away() {
-    sqlite_two_writers("sqlite-wal-wan", &["--emulate-wan", "latency=10ms,bandwidth=200MiB/s"]);
+    sqlite_two_writers(
+        "sqlite-wal-wan",
+        "write-back",
+        20,
+        &["--emulate-wan", "latency=10ms,bandwidth=200MiB/s"],
+    );
 }
 
-/// The two-writer WAL workload, 20 times, on a write-back mount with `extra` options.
-fn sqlite_two_writers(name: &str, extra: &[&str]) {
+/// Write-through takes every change (each SQLite commit's fsync, each removal of `-wal` and `-shm`) to
+/// home before it returns, on the same change pipeline as write-back.
+#[test]
+fn sqlite_wal_two_writers_lose_nothing_in_write_through() {
+    sqlite_two_writers("sqlite-wal-through", "write-through", 6, &[]);
+}
+
+/// The two-writer WAL workload, `runs` times, on a `mode` mount with `extra` options.
+fn sqlite_two_writers(name: &str, mode: &str, runs: u32, extra: &[&str]) {
     let t = TestDir::new(name);
-    let mut args = vec!["--write-mode", "write-back"];
+    let mut args = vec!["--write-mode", mode];
     args.extend_from_slice(extra);
     let m = t.mount(&args);
-    sqlite_runs(&t, &m, 20, 2);
+    sqlite_runs(&t, &m, runs, 2);
     m.unmount();
 }
 
@@ -377,8 +389,17 @@ fn rsync_changes(src: &Path, dst: &Path) -> String {
 
 #[test]
 fn rsync_a_twice_copies_nothing_the_second_time() {
-    let t = TestDir::new("rsync");
-    let m = programs_mount(&t, "write-back");
+    rsync_twice("rsync", "write-back");
+}
+
+#[test]
+fn rsync_a_twice_copies_nothing_the_second_time_in_write_through() {
+    rsync_twice("rsync-through", "write-through");
+}
+
+fn rsync_twice(name: &str, mode: &str) {
+    let t = TestDir::new(name);
+    let m = programs_mount(&t, mode);
     let src = t.root().join("src");
     source_tree(&src);
     let dst = m.path("dst");
