@@ -7,9 +7,12 @@
 //!   replaced meanwhile (its generation);
 //! - a fill's `pwrite` (or hole punch): the block is reserved first (`State::filling`), and every local
 //!   change that touches a reserved block waits for the fill to end ([`Store::fill`]);
+//! - the re-reading and checksumming of blocks to index them ([`Store::commit`], [`Store::mark_clean`]):
+//!   a block is recorded only if neither its object's change epoch nor the block's stamp moved
+//!   while it was read.
 //!
-//! Eviction's and removal's hole punches, the copy that unshares a shared content, and the re-reading of
-//! blocks to index them still run under `state`.
+//! Eviction's and removal's hole punches, and the copy that unshares a shared content, still run under
+//! `state`: a punched block is gone from the index in the same critical section.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
@@ -143,6 +146,9 @@ struct BlockEntry {
     /// Set when the entry is inserted, never changed: a read that finds the same generation after its
     /// unlocked `pread` read bytes that were not evicted or replaced meanwhile.
     generation: u64,
+    /// Set each time the entry is written (inserted, rewritten in place, re-indexed): indexing records a
+    /// block's checksum only if no other record of it came between its look and its record.
+    stamp: u64,
     verified: bool,
     dirty: bool,
 }
@@ -272,7 +278,8 @@ pub struct Store {
     inserted: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
-    /// Called by a fill between its reservation and its write (tests pause it there).
+    /// Called by a fill between its reservation and its write, and by indexing between its reads and its
+    /// records (tests pause them there).
     #[cfg(test)]
     hook: Mutex<Option<Hook>>,
 }
@@ -286,6 +293,8 @@ type Hook = Arc<dyn Fn(Pause) + Send + Sync>;
 enum Pause {
     /// A fill has reserved its block and not yet written it.
     Fill(BlockKey),
+    /// Indexing of an object has read its blocks outside the lock and not yet recorded them.
+    Index(u64),
 }
 
 /// A fill's reservation of its block: released (and waiters woken) under the lock when the fill ends,
@@ -315,6 +324,9 @@ impl Drop for Reservation<'_> {
         }
     }
 }
+
+/// Rounds of reading blocks to index outside the lock before the last one, made under it.
+const INDEX_TRIES: usize = 2;
 
 /// How long an average block distance is reused.
 const ABD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -691,6 +703,22 @@ impl Store {
         self.index_blocks(object, indexes, size, true)
     }
 
+    /// Re-read blocks `indexes` of `object` (the first `size` bytes of it) from its cache file and record
+    /// them, with their checksums, as clean or dirty. A block not present is skipped; one wholly past `size`
+    /// is dropped. One that cannot be read is reported, and when marking clean, dropped.
+    ///
+    /// The reads and checksums run outside `state`: under it the object's change epoch and each block's
+    /// stamp are noted; after reading, a block is recorded only if both are unchanged. The epoch moves with
+    /// every local change of the object (write, claim, truncate, removal; unsharing happens only within
+    /// those), the stamp with every write of the block's entry: a write or claim of it, its eviction and
+    /// refill (a new entry), and another indexing's record of it. Nothing else changes a present block's
+    /// bytes, so the bytes read are the block's when it is recorded, as if read under the lock; and of two
+    /// indexings of one block the later record holds bytes read later, as when each ran under the lock.
+    /// (A write's own `pwrite` runs after its critical section, as it always has: a caller indexing a
+    /// block while writing it gets whichever bytes were there.) A block that moved is read again; after
+    /// `INDEX_TRIES` rounds outside the lock the last is made under it, as it was always made: a commit
+    /// must record every block it was given (one left unrecorded would be found corrupt or missing after
+    /// a restart), and under the lock nothing can move.
     fn index_blocks(
         &self,
         object: u64,
@@ -698,47 +726,88 @@ impl Store {
         size: u64,
         dirty: bool,
     ) -> CacheResult<()> {
-        let file = self.file(object);
         let bs = self.cfg.block_size;
-        let mut mutations = Vec::new();
+        let mut pending: Vec<u32> = indexes.into_iter().collect();
         let mut failed = None;
-        let mut st = lock(&self.state);
-        for index in indexes {
-            let key = (object, index);
-            if !st.blocks.contains_key(&key) {
-                continue;
-            }
-            let start = index as u64 * bs;
-            let len = size.saturating_sub(start).min(bs) as usize;
-            if len == 0 {
-                self.remove_locked(&mut st, key);
-                continue;
-            }
-            // Past the cache file's end the content is a hole: zeros.
-            let mut buf = vec![0u8; len];
-            let read = match &file {
-                Ok(f) => read_upto(f, &mut buf, start).map_err(io_err),
-                Err(e) => Err(CacheError::Index(e.to_string())),
-            };
-            if let Err(e) = read {
-                if !dirty {
+        for round in 0..=INDEX_TRIES {
+            let mut st = lock(&self.state);
+            let epoch = st.epoch(object);
+            let file = self.file_locked(&st, object).map_err(|e| e.to_string());
+            // The blocks to read, as they are now.
+            let mut plan = Vec::new();
+            for index in pending.drain(..) {
+                let key = (object, index);
+                let Some(entry) = st.blocks.get(&key) else { continue };
+                let stamp = entry.stamp;
+                let len = size.saturating_sub(index as u64 * bs).min(bs) as usize;
+                if len == 0 {
                     self.remove_locked(&mut st, key);
-                    mutations.push(Mutation::DelBlock { object, index });
+                    continue;
                 }
-                failed.get_or_insert(e);
-                continue;
+                plan.push((index, stamp, len));
             }
-            let crc = crc32c::crc32c(&buf);
-            self.insert_locked(&mut st, key, len as u32, crc, dirty);
-            mutations.push(Mutation::PutBlock {
-                object,
-                index,
-                len: len as u32,
-                crc,
-            });
+            if plan.is_empty() {
+                break;
+            }
+            let read_all = |plan: &[(u32, u64, usize)]| -> Vec<CacheResult<u32>> {
+                plan.iter()
+                    .map(|&(index, _, len)| {
+                        // Past the cache file's end the content is a hole: zeros.
+                        let mut buf = vec![0u8; len];
+                        match &file {
+                            Ok(f) => read_upto(f, &mut buf, index as u64 * bs)
+                                .map(|_| crc32c::crc32c(&buf))
+                                .map_err(io_err),
+                            Err(e) => Err(CacheError::Index(e.clone())),
+                        }
+                    })
+                    .collect()
+            };
+            let reads = if round < INDEX_TRIES {
+                drop(st);
+                let reads = read_all(&plan);
+                #[cfg(test)]
+                self.pause(Pause::Index(object));
+                st = lock(&self.state);
+                reads
+            } else {
+                read_all(&plan)
+            };
+            let unmoved = st.epoch(object) == epoch;
+            let mut mutations = Vec::new();
+            for ((index, stamp, len), read) in plan.into_iter().zip(reads) {
+                let key = (object, index);
+                if !unmoved || st.blocks.get(&key).map(|e| e.stamp) != Some(stamp) {
+                    pending.push(index);
+                    continue;
+                }
+                match read {
+                    Ok(crc) => {
+                        self.insert_locked(&mut st, key, len as u32, crc, dirty);
+                        mutations.push(Mutation::PutBlock {
+                            object,
+                            index,
+                            len: len as u32,
+                            crc,
+                        });
+                    }
+                    Err(e) => {
+                        if !dirty {
+                            self.remove_locked(&mut st, key);
+                            mutations.push(Mutation::DelBlock { object, index });
+                        }
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            // Submitted under the lock, so that they reach the index before any later change of these
+            // blocks does.
+            self.db.submit(mutations);
+            drop(st);
+            if pending.is_empty() {
+                break;
+            }
         }
-        drop(st);
-        self.db.submit(mutations);
         failed.map_or(Ok(()), Err)
     }
 
@@ -871,6 +940,7 @@ impl Store {
                 len,
                 crc,
                 generation,
+                stamp: tick,
                 verified: true,
                 dirty,
             },

@@ -51,6 +51,7 @@ impl Store {
                     len,
                     crc,
                     generation: tick,
+                    stamp: tick,
                     verified: false,
                     dirty: false,
                 },

@@ -2,6 +2,7 @@
 
 use super::*;
 use std::fs::OpenOptions;
+use std::sync::atomic::AtomicBool;
 
 fn store(dir: &Path, limit: u64) -> Store {
     store_evicting(dir, limit, Eviction::S3Fifo)
@@ -590,4 +591,110 @@ fn fills_racing_local_changes_never_overwrite_them() {
     }
     check_blocks(&s, &local);
     assert!(s.stats().evictions > 0);
+}
+
+#[test]
+fn a_block_written_while_it_is_indexed_is_indexed_with_its_new_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    let armed = Arc::new(AtomicBool::new(false));
+    let (at, go) = {
+        let armed = armed.clone();
+        pause_at(&s, move |at| {
+            at == Pause::Index(1) && armed.swap(false, Ordering::SeqCst)
+        })
+    };
+    for dirty in [true, false] {
+        s.write(1, 0, &[1u8; BS]).unwrap();
+        s.commit(1, [0], BS as u64).unwrap();
+        armed.store(true, Ordering::SeqCst);
+        let indexer = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                if dirty {
+                    s.commit(1, [0], BS as u64).unwrap()
+                } else {
+                    s.mark_clean(1, [0], BS as u64)
+                }
+            })
+        };
+        // It has read the block's old bytes, and recorded nothing yet.
+        assert_eq!(at.recv().unwrap(), Pause::Index(1));
+        s.write(1, 0, &[2u8; BS]).unwrap();
+        go.send(()).unwrap();
+        indexer.join().unwrap();
+        let st = lock(&s.state);
+        let e = &st.blocks[&(1, 0)];
+        assert_eq!(e.dirty, dirty);
+        assert_eq!(
+            e.crc,
+            crc32c::crc32c(&[2u8; BS]),
+            "dirty: {dirty}: the checksum of the bytes read before"
+        );
+        drop(st);
+        s.remove_object(1);
+    }
+}
+
+#[test]
+fn indexing_racing_writes_records_the_checksums_of_the_bytes_written() {
+    const BLOCKS: u32 = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    // Widen the window between reading blocks to index and recording them.
+    *lock(&s.hook) = Some(Arc::new(|at: Pause| {
+        if matches!(at, Pause::Index(_)) {
+            std::thread::yield_now();
+        }
+    }));
+    let size = BLOCKS as u64 * BS as u64;
+    // Two writers of one object, each writing its own half and indexing after every write: the whole file
+    // (a commit) or the block just written (marked clean, as after a push). Each checks after every
+    // indexing that its blocks' checksums are those of the bytes it wrote last: the other's commits index
+    // them too, concurrently. A third reads.
+    let writers: Vec<_> = (0..2u32)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x2545_f491_4f6c_dd1d + t as u64);
+                let mut mine: BTreeMap<u32, u8> = BTreeMap::new();
+                for op in 0..2000u32 {
+                    let index = t * BLOCKS / 2 + rng.below(BLOCKS as u64 / 2) as u32;
+                    let tag = (1 + (op * 2 + t) % 255) as u8;
+                    s.write(1, index as u64 * BS as u64, &[tag; BS]).unwrap();
+                    mine.insert(index, tag);
+                    if rng.below(2) == 0 {
+                        s.commit(1, 0..BLOCKS, size).unwrap();
+                    } else {
+                        s.mark_clean(1, [index], size);
+                    }
+                    let st = lock(&s.state);
+                    for (&index, &tag) in &mine {
+                        let crc = st.blocks.get(&(1, index)).map(|e| e.crc);
+                        assert_eq!(crc, Some(crc32c::crc32c(&[tag; BS])), "block {index}, op {op}");
+                    }
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let mut rng = Rng(7);
+            for _ in 0..2000 {
+                let _ = s.read((1, rng.below(BLOCKS as u64) as u32), 0, BS).unwrap();
+            }
+        })
+    };
+    for t in writers {
+        t.join().unwrap();
+    }
+    reader.join().unwrap();
+    let st = lock(&s.state);
+    let file = s.file_locked(&st, 1).unwrap();
+    for (&(_, index), e) in st.blocks_of(1) {
+        let mut bytes = vec![0u8; e.len as usize];
+        read_upto(&file, &mut bytes, index as u64 * BS as u64).unwrap();
+        assert_eq!(e.crc, crc32c::crc32c(&bytes), "block {index} (dirty: {})", e.dirty);
+    }
 }
