@@ -397,10 +397,17 @@ impl Store {
             }
             Err(e) => return Err(io_err(e)),
         };
-        if fds.files.len() >= MAX_OPEN_FILES
-            && let Some(oldest) = fds.files.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k)
-        {
-            fds.files.remove(&oldest);
+        if fds.files.len() >= MAX_OPEN_FILES {
+            // The least recently used goes (a plain loop: this runs at every open past the limit).
+            let mut oldest = None;
+            for (&object, &(_, t)) in &fds.files {
+                if oldest.is_none_or(|(_, o)| t < o) {
+                    oldest = Some((object, t));
+                }
+            }
+            if let Some((object, _)) = oldest {
+                fds.files.remove(&object);
+            }
         }
         let file = Arc::new(file);
         fds.files.insert(object, (file.clone(), tick));
