@@ -50,11 +50,17 @@ impl Store {
     /// and evicted as one unit. With dedup on, a file whose bytes the content store holds already shares
     /// them, and a new content is stored there for the next one. Nothing is stored if the object changed
     /// locally since the fetch began or has blocks already (those fill one by one).
+    ///
+    /// The data is written under `state`. An object with a block reserved by a fill (being written outside
+    /// the lock, [`Store::fill`]), or being changed, is filled block by block instead: it is never shared
+    /// (nor its file written here) under a fill's feet.
     pub fn fill_whole(&self, object: u64, data: &[u8], epoch: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
         let mut st = lock(&self.state);
-        if st.epochs.get(&object).copied().unwrap_or(0) != epoch
+        if st.epoch(object) != epoch
             || st.per_object.contains_key(&object)
+            || st.filling_any(object, &(0..=u32::MAX))
+            || st.changing.contains_key(&object)
             || data.is_empty()
         {
             drop(st);

@@ -1,18 +1,28 @@
 //! The block store: sparse object files plus an in-memory view of the persistent block index.
 //!
-//! Lock order (see docs/design/011-locks-and-the-hit-path.md): `abd` before `state` before `fds`. Syscalls
-//! that fill or punch block data run under `state`, so that a block can never be refilled while it is
-//! being dropped; a read, and the checksum check of a block's first read, run outside it and check
-//! afterwards that the block was not replaced meanwhile.
+//! Lock order (see docs/design/011-locks-and-the-hit-path.md): `abd` before `state` before `fds`.
+//!
+//! What runs outside `state`:
+//! - a read, and the checksum check of a block's first read: they check afterwards that the block was not
+//!   replaced meanwhile (its generation);
+//! - a fill's `pwrite` (or hole punch): the block is reserved first (`State::filling`), and every local
+//!   change that touches a reserved block waits for the fill to end ([`Store::fill`]);
+//! - the re-reading and checksumming of blocks to index them ([`Store::commit`], [`Store::mark_clean`]):
+//!   a block is recorded only if neither its object's change epoch nor the block's stamp moved
+//!   while it was read.
+//!
+//! Eviction's and removal's hole punches, and the copy that unshares a shared content, still run under
+//! `state`: a punched block is gone from the index in the same critical section.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io;
+use std::ops::RangeInclusive;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::db::{Db, Mutation};
 use crate::{Eviction, Policy};
@@ -136,6 +146,9 @@ struct BlockEntry {
     /// Set when the entry is inserted, never changed: a read that finds the same generation after its
     /// unlocked `pread` read bytes that were not evicted or replaced meanwhile.
     generation: u64,
+    /// Set each time the entry is written (inserted, rewritten in place, re-indexed): indexing records a
+    /// block's checksum only if no other record of it came between its look and its record.
+    stamp: u64,
     verified: bool,
     dirty: bool,
 }
@@ -163,9 +176,44 @@ struct State {
     dirty: u64,
     pinned: u64,
     tick: u64,
+    /// Blocks a fill is writing outside the lock: absent from `blocks` until the fill ends, and touched
+    /// by no local change meanwhile (those wait, on `Store::filled`).
+    filling: BTreeSet<BlockKey>,
+    /// Objects a local change is waiting on or working through outside the lock (a truncate's `set_len`),
+    /// with how many: no fill reserves a block of theirs meanwhile (it would be dropped anyway, its epoch
+    /// being about to move), so that a waiter waits only for the fills that were under way.
+    changing: HashMap<u64, u32>,
+    /// Threads waiting on `Store::filled`: a fill wakes them only if there are any.
+    waiting: u32,
 }
 
 impl State {
+    /// The change epoch of `object`.
+    fn epoch(&self, object: u64) -> u64 {
+        self.epochs.get(&object).copied().unwrap_or(0)
+    }
+
+    /// Whether a fill holds a reservation on one of `blocks` of `object`.
+    fn filling_any(&self, object: u64, blocks: &RangeInclusive<u32>) -> bool {
+        self.filling
+            .range((object, *blocks.start())..=(object, *blocks.end()))
+            .next()
+            .is_some()
+    }
+
+    fn mark_changing(&mut self, object: u64) {
+        *self.changing.entry(object).or_default() += 1;
+    }
+
+    fn unmark_changing(&mut self, object: u64) {
+        if let Some(n) = self.changing.get_mut(&object) {
+            *n -= 1;
+            if *n == 0 {
+                self.changing.remove(&object);
+            }
+        }
+    }
+
     fn meta(&self, object: u64) -> ObjectMeta {
         self.objects.get(&object).copied().unwrap_or_default()
     }
@@ -216,6 +264,8 @@ pub struct Store {
     cfg: StoreConfig,
     db: Arc<Db>,
     state: Mutex<State>,
+    /// Paired with `state`: signalled when a fill a thread waits on releases its reservation.
+    filled: Condvar,
     fds: Mutex<FdCache>,
     /// Set (and the harvester woken) when usage passed the high watermark.
     harvest: Mutex<bool>,
@@ -228,7 +278,55 @@ pub struct Store {
     inserted: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
+    /// Called by a fill between its reservation and its write, and by indexing between its reads and its
+    /// records (tests pause them there).
+    #[cfg(test)]
+    hook: Mutex<Option<Hook>>,
 }
+
+#[cfg(test)]
+type Hook = Arc<dyn Fn(Pause) + Send + Sync>;
+
+/// Where a test may pause the store.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pause {
+    /// A fill has reserved its block and not yet written it.
+    Fill(BlockKey),
+    /// Indexing of an object has read its blocks outside the lock and not yet recorded them.
+    Index(u64),
+}
+
+/// A fill's reservation of its block: released (and waiters woken) under the lock when the fill ends,
+/// or by `drop` if the fill unwinds.
+struct Reservation<'a> {
+    store: &'a Store,
+    key: BlockKey,
+    held: bool,
+}
+
+impl Reservation<'_> {
+    fn release(&mut self, st: &mut State) {
+        if std::mem::take(&mut self.held) {
+            st.filling.remove(&self.key);
+            if st.waiting > 0 {
+                self.store.filled.notify_all();
+            }
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            let mut st = lock(&self.store.state);
+            self.release(&mut st);
+        }
+    }
+}
+
+/// Rounds of reading blocks to index outside the lock before the last one, made under it.
+const INDEX_TRIES: usize = 2;
 
 /// How long an average block distance is reused.
 const ABD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -299,10 +397,17 @@ impl Store {
             }
             Err(e) => return Err(io_err(e)),
         };
-        if fds.files.len() >= MAX_OPEN_FILES
-            && let Some(oldest) = fds.files.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k)
-        {
-            fds.files.remove(&oldest);
+        if fds.files.len() >= MAX_OPEN_FILES {
+            // The least recently used goes (a plain loop: this runs at every open past the limit).
+            let mut oldest = None;
+            for (&object, &(_, t)) in &fds.files {
+                if oldest.is_none_or(|(_, o)| t < o) {
+                    oldest = Some((object, t));
+                }
+            }
+            if let Some((object, _)) = oldest {
+                fds.files.remove(&object);
+            }
         }
         let file = Arc::new(file);
         fds.files.insert(object, (file.clone(), tick));
@@ -384,6 +489,9 @@ impl Store {
 
     /// Mark block `key` dirty if it is present, so that eviction can no longer take it; the caller is about
     /// to write part of it. `false`: not present (the caller must bring the block in first).
+    ///
+    /// A block a fill is writing is not present (it is inserted when the fill ends), so a claim never
+    /// changes a block under a fill: it fails, and the caller's own fetch fills the block after it.
     pub fn claim(&self, key: BlockKey) -> bool {
         let mut st = lock(&self.state);
         let Some(e) = st.blocks.get(&key) else { return false };
@@ -401,7 +509,7 @@ impl Store {
 
     /// The change epoch of `object`; take it before fetching a block to `fill`.
     pub fn epoch(&self, object: u64) -> u64 {
-        lock(&self.state).epochs.get(&object).copied().unwrap_or(0)
+        lock(&self.state).epoch(object)
     }
 
     fn bump_epoch(st: &mut State, object: u64) {
@@ -409,34 +517,105 @@ impl Store {
         *e = e.wrapping_add(1);
     }
 
+    /// Wait (on `filled`, releasing `state` meanwhile) until no fill holds a reservation on `blocks` of
+    /// `object`; returns with the lock held, so that the caller's change follows the fills in one critical
+    /// section. While a thread waits, `object` is marked changing: no new fill reserves a block of it, so
+    /// the wait ends once the fills under way when it began have written their bytes (no busy loop, no
+    /// unbounded wait).
+    fn await_fills<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        object: u64,
+        blocks: RangeInclusive<u32>,
+    ) -> MutexGuard<'a, State> {
+        if !st.filling_any(object, &blocks) {
+            return st;
+        }
+        st.mark_changing(object);
+        st.waiting += 1;
+        while st.filling_any(object, &blocks) {
+            st = self.filled.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.waiting -= 1;
+        st.unmark_changing(object);
+        st
+    }
+
     /// Store a clean block fetched from home at change epoch `epoch` of its object. Nothing is stored if
-    /// the object changed locally since (a write, truncate or removal: their data wins) or the block is
-    /// present already. A full cache disk is not an error here: the data still goes to the reader, the
-    /// block is simply not kept.
+    /// the object changed locally since (a write, truncate or removal: their data wins), is changing now,
+    /// or the block is present already. A full cache disk is not an error here: the data still goes to the
+    /// reader, the block is simply not kept.
+    ///
+    /// The bytes are written outside `state`. Under it, the fill checks the epoch and the block's absence
+    /// and reserves the block (`State::filling`); it writes; then, under the lock again, it inserts the
+    /// block only if the epoch is still `epoch`, and releases the reservation. Why no local change can be
+    /// overwritten by the fill's bytes, caller by caller:
+    /// - [`Store::write`], [`Store::remove_object`] (so [`Store::replace_object`] too) and
+    ///   [`Store::truncate`] (the block holding the new end and every later one) wait until no fill holds
+    ///   a block they touch, then bump the epoch in the same critical section: the fill they waited for
+    ///   has written and been inserted (it is ordered before them, as if it had run under the lock), and
+    ///   any fill fetched before them fails the epoch check from then on. A truncate keeps its object
+    ///   marked changing until its `set_len` is done, so no fill writes into the file while it is cut.
+    /// - [`Store::claim`] changes only a present block; a reserved block is absent (nothing inserts a block
+    ///   while it is reserved), so a claim of it fails and the caller fetches it first. A claim, like a
+    ///   write of another block, bumps the epoch: a reserved fill of another block is then dropped, its
+    ///   bytes punched out again before its reservation ends.
+    /// - Eviction, and every other hole punch, takes present blocks only: never a reserved one.
+    /// - Shared contents: a fill never reserves a block of an object in the content store, and
+    ///   [`Store::fill_whole`] never shares (nor writes) an object with a block reserved: it fills block
+    ///   by block instead. So no unsharing meets a reservation.
+    /// - Another fill of the same block waits for this one, then finds the block present (or the epoch
+    ///   moved) as it would have under the lock.
     pub fn fill(&self, key: BlockKey, data: &[u8], epoch: u64) -> CacheResult<()> {
         let start = key.1 as u64 * self.cfg.block_size;
         let crc = crc32c::crc32c(data);
         let mut st = lock(&self.state);
-        if st.epochs.get(&key.0).copied().unwrap_or(0) != epoch || st.blocks.contains_key(&key) {
-            return Ok(());
-        }
-        if st.meta(key.0).content.is_some() {
-            // Shared contents are whole: a missing block means the object is being dropped.
-            return Ok(());
+        loop {
+            if st.epoch(key.0) != epoch || st.blocks.contains_key(&key) || st.changing.contains_key(&key.0) {
+                return Ok(());
+            }
+            if st.meta(key.0).content.is_some() {
+                // Shared contents are whole: a missing block means the object is being dropped.
+                return Ok(());
+            }
+            if !st.filling.contains(&key) {
+                break;
+            }
+            st.waiting += 1;
+            st = self.filled.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting -= 1;
         }
         let file = self.file_locked(&st, key.0)?;
-        // Written under the lock, so no local change of the object can interleave with it. A block of
-        // zeros (a hole at home, read back) stays a hole here: nothing is allocated for it.
-        if data.iter().all(|&b| b == 0) {
-            let end = start + data.len() as u64;
-            punch_hole(&file, start, data.len() as u64);
-            if file.metadata().map_err(io_err)?.len() < end {
-                // The block is read back in full (checksums): the file reaches its end, one byte stored.
-                file.write_all_at(&[0], end - 1).map_err(io_err)?;
+        st.filling.insert(key);
+        let mut reservation = Reservation {
+            store: self,
+            key,
+            held: true,
+        };
+        drop(st);
+        #[cfg(test)]
+        self.pause(Pause::Fill(key));
+        let written = Self::write_block(&file, start, data);
+        let mut st = lock(&self.state);
+        let keep = written.is_ok()
+            && st.epoch(key.0) == epoch
+            && !st.blocks.contains_key(&key)
+            && st.meta(key.0).content.is_none();
+        if !keep {
+            // A local change came first (or the write failed): the bytes written are nobody's. The block
+            // is absent and still reserved, so no change of it can run meanwhile: punch them out again,
+            // outside the lock, as an evicted block would be.
+            let punch =
+                !st.blocks.contains_key(&key) && !st.holds.contains_key(&key.0) && st.meta(key.0).content.is_none();
+            drop(st);
+            if punch {
+                punch_hole(&file, start, data.len() as u64);
             }
-        } else {
-            file.write_all_at(data, start).map_err(io_err)?;
+            let mut st = lock(&self.state);
+            reservation.release(&mut st);
+            return written;
         }
+        reservation.release(&mut st);
         self.insert_locked(&mut st, key, data.len() as u32, crc, false);
         self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.db.submit(vec![Mutation::PutBlock {
@@ -449,8 +628,36 @@ impl Store {
         Ok(())
     }
 
+    #[cfg(test)]
+    fn pause(&self, at: Pause) {
+        let hook = lock(&self.hook).clone();
+        if let Some(hook) = hook {
+            hook(at);
+        }
+    }
+
+    /// Write a fetched block's bytes at `start`. A block of zeros (a hole at home, read back) stays a hole
+    /// here: nothing is allocated for it.
+    fn write_block(file: &File, start: u64, data: &[u8]) -> CacheResult<()> {
+        if data.iter().all(|&b| b == 0) {
+            let end = start + data.len() as u64;
+            punch_hole(file, start, data.len() as u64);
+            if file.metadata().map_err(io_err)?.len() < end {
+                // The block is read back in full (checksums): the file reaches its end, one byte stored.
+                file.write_all_at(&[0], end - 1).map_err(io_err)?;
+            }
+        } else {
+            file.write_all_at(data, start).map_err(io_err)?;
+        }
+        Ok(())
+    }
+
     /// Write new (dirty) data into `object` at `offset`. Blocks touched become present and dirty; the caller
     /// guarantees that a partially written block was present or lies wholly beyond home's data.
+    ///
+    /// A fill writing one of the blocks touched (outside the lock) is waited for first: its bytes land,
+    /// and then these, so that these are the file's. Once the blocks are marked, no fill reserves them
+    /// again (they are present, and the epoch moved).
     pub fn write(&self, object: u64, offset: u64, data: &[u8]) -> CacheResult<()> {
         if data.is_empty() {
             return Ok(());
@@ -460,7 +667,8 @@ impl Store {
         // Mark the blocks dirty first: from then on eviction cannot punch them under the new bytes.
         let mut added = Vec::new();
         let file = {
-            let mut st = lock(&self.state);
+            let touched = (offset / bs).min(u32::MAX as u64) as u32..=((end - 1) / bs).min(u32::MAX as u64) as u32;
+            let mut st = self.await_fills(lock(&self.state), object, touched);
             self.unshare_locked(&mut st, object)?;
             let file = self.file_locked(&st, object)?;
             Self::bump_epoch(&mut st, object);
@@ -502,6 +710,22 @@ impl Store {
         self.index_blocks(object, indexes, size, true)
     }
 
+    /// Re-read blocks `indexes` of `object` (the first `size` bytes of it) from its cache file and record
+    /// them, with their checksums, as clean or dirty. A block not present is skipped; one wholly past `size`
+    /// is dropped. One that cannot be read is reported, and when marking clean, dropped.
+    ///
+    /// The reads and checksums run outside `state`: under it the object's change epoch and each block's
+    /// stamp are noted; after reading, a block is recorded only if both are unchanged. The epoch moves with
+    /// every local change of the object (write, claim, truncate, removal; unsharing happens only within
+    /// those), the stamp with every write of the block's entry: a write or claim of it, its eviction and
+    /// refill (a new entry), and another indexing's record of it. Nothing else changes a present block's
+    /// bytes, so the bytes read are the block's when it is recorded, as if read under the lock; and of two
+    /// indexings of one block the later record holds bytes read later, as when each ran under the lock.
+    /// (A write's own `pwrite` runs after its critical section, as it always has: a caller indexing a
+    /// block while writing it gets whichever bytes were there.) A block that moved is read again; after
+    /// `INDEX_TRIES` rounds outside the lock the last is made under it, as it was always made: a commit
+    /// must record every block it was given (one left unrecorded would be found corrupt or missing after
+    /// a restart), and under the lock nothing can move.
     fn index_blocks(
         &self,
         object: u64,
@@ -509,62 +733,116 @@ impl Store {
         size: u64,
         dirty: bool,
     ) -> CacheResult<()> {
-        let file = self.file(object);
         let bs = self.cfg.block_size;
-        let mut mutations = Vec::new();
+        let mut pending: Vec<u32> = indexes.into_iter().collect();
         let mut failed = None;
-        let mut st = lock(&self.state);
-        for index in indexes {
-            let key = (object, index);
-            if !st.blocks.contains_key(&key) {
-                continue;
-            }
-            let start = index as u64 * bs;
-            let len = size.saturating_sub(start).min(bs) as usize;
-            if len == 0 {
-                self.remove_locked(&mut st, key);
-                continue;
-            }
-            // Past the cache file's end the content is a hole: zeros.
-            let mut buf = vec![0u8; len];
-            let read = match &file {
-                Ok(f) => read_upto(f, &mut buf, start).map_err(io_err),
-                Err(e) => Err(CacheError::Index(e.to_string())),
-            };
-            if let Err(e) = read {
-                if !dirty {
+        for round in 0..=INDEX_TRIES {
+            let mut st = lock(&self.state);
+            let epoch = st.epoch(object);
+            let file = self.file_locked(&st, object).map_err(|e| e.to_string());
+            // The blocks to read, as they are now.
+            let mut plan = Vec::new();
+            for index in pending.drain(..) {
+                let key = (object, index);
+                let Some(entry) = st.blocks.get(&key) else { continue };
+                let stamp = entry.stamp;
+                let len = size.saturating_sub(index as u64 * bs).min(bs) as usize;
+                if len == 0 {
                     self.remove_locked(&mut st, key);
-                    mutations.push(Mutation::DelBlock { object, index });
+                    continue;
                 }
-                failed.get_or_insert(e);
-                continue;
+                plan.push((index, stamp, len));
             }
-            let crc = crc32c::crc32c(&buf);
-            self.insert_locked(&mut st, key, len as u32, crc, dirty);
-            mutations.push(Mutation::PutBlock {
-                object,
-                index,
-                len: len as u32,
-                crc,
-            });
+            if plan.is_empty() {
+                break;
+            }
+            let read_all = |plan: &[(u32, u64, usize)]| -> Vec<CacheResult<u32>> {
+                plan.iter()
+                    .map(|&(index, _, len)| {
+                        // Past the cache file's end the content is a hole: zeros.
+                        let mut buf = vec![0u8; len];
+                        match &file {
+                            Ok(f) => read_upto(f, &mut buf, index as u64 * bs)
+                                .map(|_| crc32c::crc32c(&buf))
+                                .map_err(io_err),
+                            Err(e) => Err(CacheError::Index(e.clone())),
+                        }
+                    })
+                    .collect()
+            };
+            let reads = if round < INDEX_TRIES {
+                drop(st);
+                let reads = read_all(&plan);
+                #[cfg(test)]
+                self.pause(Pause::Index(object));
+                st = lock(&self.state);
+                reads
+            } else {
+                read_all(&plan)
+            };
+            let unmoved = st.epoch(object) == epoch;
+            let mut mutations = Vec::new();
+            for ((index, stamp, len), read) in plan.into_iter().zip(reads) {
+                let key = (object, index);
+                if !unmoved || st.blocks.get(&key).map(|e| e.stamp) != Some(stamp) {
+                    pending.push(index);
+                    continue;
+                }
+                match read {
+                    Ok(crc) => {
+                        self.insert_locked(&mut st, key, len as u32, crc, dirty);
+                        mutations.push(Mutation::PutBlock {
+                            object,
+                            index,
+                            len: len as u32,
+                            crc,
+                        });
+                    }
+                    Err(e) => {
+                        if !dirty {
+                            self.remove_locked(&mut st, key);
+                            mutations.push(Mutation::DelBlock { object, index });
+                        }
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            // Submitted under the lock, so that they reach the index before any later change of these
+            // blocks does.
+            self.db.submit(mutations);
+            drop(st);
+            if pending.is_empty() {
+                break;
+            }
         }
-        drop(st);
-        self.db.submit(mutations);
         failed.map_or(Ok(()), Err)
     }
 
     /// Cut `object` to `size` bytes: later blocks are dropped, a partial last block keeps its prefix.
+    ///
+    /// Fills of the block holding the new end and of every later one are waited for before the epoch
+    /// moves; the object stays marked changing until the file is cut, so that no fill (even one fetched
+    /// after the epoch moved) writes into it while `set_len` runs outside the lock. Fills of earlier blocks
+    /// write below the new end, which `set_len` leaves alone; fetched before the epoch moved, they are not
+    /// kept.
     pub fn truncate(&self, object: u64, size: u64) -> CacheResult<()> {
+        let bs = self.cfg.block_size;
         let file = {
             let mut st = lock(&self.state);
+            if let Ok(first) = u32::try_from(size / bs) {
+                st = self.await_fills(st, object, first..=u32::MAX);
+            }
             self.unshare_locked(&mut st, object)?;
             // Fills fetched before this point must not write old bytes past the new end.
             Self::bump_epoch(&mut st, object);
-            self.file_locked(&st, object)?
+            let file = self.file_locked(&st, object)?;
+            st.mark_changing(object);
+            file
         };
-        file.set_len(size).map_err(io_err)?;
-        let bs = self.cfg.block_size;
+        let cut = file.set_len(size).map_err(io_err);
         let mut st = lock(&self.state);
+        st.unmark_changing(object);
+        cut?;
         let first_gone = size.div_ceil(bs).min(u32::MAX as u64 + 1);
         let doomed: Vec<BlockKey> = if first_gone > u32::MAX as u64 {
             Vec::new()
@@ -598,10 +876,14 @@ impl Store {
         Ok(())
     }
 
-    /// Forget every block of `object` and delete its file.
+    /// Forget every block of `object` and delete its file. Fills of its blocks under way are waited for
+    /// first (their blocks are then dropped with the rest); fills fetched before fail the epoch check.
+    /// Until its file is closed and unlinked, the object stays marked changing: a fill fetched after the
+    /// epoch moved must not write into the file about to be unlinked (its block would be indexed with its
+    /// bytes gone), nor index a block before the object's removal is recorded.
     pub fn remove_object(&self, object: u64) {
         {
-            let mut st = lock(&self.state);
+            let mut st = self.await_fills(lock(&self.state), object, 0..=u32::MAX);
             // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
             Self::bump_epoch(&mut st, object);
             if st.per_object.contains_key(&object) {
@@ -611,14 +893,17 @@ impl Store {
                 }
             }
             st.objects.remove(&object);
+            st.mark_changing(object);
         }
         lock(&self.fds).files.remove(&object);
         self.db.submit(vec![Mutation::DelObject(object)]);
         let _ = std::fs::remove_file(self.path_of(object));
+        lock(&self.state).unmark_changing(object);
     }
 
     /// `new` replaces `object` as the same file's content (a new version): the old one is removed, and a
-    /// pin, which belongs to the file, moves to the new one. Whether it did.
+    /// pin, which belongs to the file, moves to the new one. Whether it did. The removal waits for fills
+    /// of the old object under way ([`Store::remove_object`]).
     pub fn replace_object(&self, object: u64, new: u64) -> bool {
         let pinned = self.pinned(object);
         self.remove_object(object);
@@ -662,6 +947,7 @@ impl Store {
                 len,
                 crc,
                 generation,
+                stamp: tick,
                 verified: true,
                 dirty,
             },
@@ -696,6 +982,8 @@ impl Store {
         }
     }
 
+    /// Drop present block `key`, punching its bytes out of its file. A block a fill has reserved is not
+    /// present (it is inserted when the fill ends): eviction, removal and truncation never punch under one.
     fn remove_locked(&self, st: &mut State, key: BlockKey) {
         let Some(old) = st.blocks.remove(&key) else { return };
         st.policy.remove(&key);

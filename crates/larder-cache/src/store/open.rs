@@ -21,6 +21,9 @@ impl Store {
             dirty: 0,
             pinned: 0,
             tick: 0,
+            filling: BTreeSet::new(),
+            changing: HashMap::new(),
+            waiting: 0,
         };
         db.for_each_object(|object, flags, len, crc| {
             let content = (flags & SHARED != 0).then_some((len, crc));
@@ -48,6 +51,7 @@ impl Store {
                     len,
                     crc,
                     generation: tick,
+                    stamp: tick,
                     verified: false,
                     dirty: false,
                 },
@@ -68,6 +72,7 @@ impl Store {
             cfg,
             db,
             state: Mutex::new(state),
+            filled: Condvar::new(),
             fds: Mutex::new(FdCache::default()),
             harvest: Mutex::new(false),
             harvest_cv: Condvar::new(),
@@ -78,6 +83,8 @@ impl Store {
             corrupt: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             abd: Mutex::new(None),
+            #[cfg(test)]
+            hook: Mutex::new(None),
         })
     }
 

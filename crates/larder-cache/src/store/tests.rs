@@ -2,6 +2,7 @@
 
 use super::*;
 use std::fs::OpenOptions;
+use std::sync::atomic::AtomicBool;
 
 fn store(dir: &Path, limit: u64) -> Store {
     store_evicting(dir, limit, Eviction::S3Fifo)
@@ -322,4 +323,378 @@ fn truncate_keeps_the_prefix_of_the_last_block() {
     assert!(!s.contains((2, 1)));
     s.remove_object(2);
     assert_eq!(s.stats().bytes_used, 0);
+}
+
+/// Pauses the store at the points `want` accepts: each one is reported on the returned receiver, and the
+/// paused thread goes on when it is sent a `()`.
+fn pause_at(
+    s: &Store,
+    want: impl Fn(Pause) -> bool + Send + Sync + 'static,
+) -> (std::sync::mpsc::Receiver<Pause>, std::sync::mpsc::Sender<()>) {
+    let (at_tx, at_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (at_tx, go_rx) = (Mutex::new(at_tx), Mutex::new(go_rx));
+    *lock(&s.hook) = Some(Arc::new(move |at: Pause| {
+        if want(at) {
+            at_tx.lock().unwrap().send(at).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+        }
+    }));
+    (at_rx, go_tx)
+}
+
+/// Until `done` has finished, or some thread waits for a fill to end.
+fn until_waiting_or_finished(s: &Store, done: &std::thread::JoinHandle<()>) {
+    while lock(&s.state).waiting == 0 && !done.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+fn file_bytes(dir: &Path, object: u64) -> Vec<u8> {
+    std::fs::read(dir.join(format!("objects/{:02x}/{object:016x}", object & 0xff))).unwrap()
+}
+
+#[test]
+fn a_write_to_a_block_being_filled_ends_with_the_writes_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    let (at, go) = pause_at(&s, |at| matches!(at, Pause::Fill(_)));
+    let epoch = s.epoch(1);
+    let filler = {
+        let s = s.clone();
+        std::thread::spawn(move || s.fill((1, 0), &[1u8; 4096], epoch).unwrap())
+    };
+    // The fill has reserved the block and not written it yet.
+    assert_eq!(at.recv().unwrap(), Pause::Fill((1, 0)));
+    let writer = {
+        let s = s.clone();
+        std::thread::spawn(move || s.write(1, 0, &[2u8; 4096]).unwrap())
+    };
+    until_waiting_or_finished(&s, &writer);
+    go.send(()).unwrap();
+    filler.join().unwrap();
+    writer.join().unwrap();
+    assert_eq!(
+        s.read((1, 0), 0, 4096).unwrap().unwrap(),
+        vec![2u8; 4096],
+        "the write's bytes"
+    );
+    assert_eq!(file_bytes(dir.path(), 1), vec![2u8; 4096]);
+    assert!(lock(&s.state).blocks[&(1, 0)].dirty);
+}
+
+#[test]
+fn a_truncate_or_removal_of_a_block_being_filled_waits_for_the_fill() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    s.fill((1, 0), &[1u8; 4096], 0).unwrap();
+    let (at, go) = pause_at(&s, |at| matches!(at, Pause::Fill(_)));
+    for change in ["truncate", "remove"] {
+        let epoch = s.epoch(1);
+        let filler = {
+            let s = s.clone();
+            std::thread::spawn(move || s.fill((1, 1), &[3u8; 4096], epoch).unwrap())
+        };
+        assert_eq!(at.recv().unwrap(), Pause::Fill((1, 1)));
+        let changer = {
+            let s = s.clone();
+            std::thread::spawn(move || match change {
+                "truncate" => s.truncate(1, 100).unwrap(),
+                _ => s.remove_object(1),
+            })
+        };
+        until_waiting_or_finished(&s, &changer);
+        go.send(()).unwrap();
+        filler.join().unwrap();
+        changer.join().unwrap();
+        assert!(!s.contains((1, 1)), "{change}: the block filled meanwhile is gone");
+        if change == "truncate" {
+            assert_eq!(file_bytes(dir.path(), 1), vec![1u8; 100], "{change}: the file is cut");
+        } else {
+            assert!(!dir.path().join("objects/01/0000000000000001").exists(), "{change}");
+        }
+    }
+}
+
+/// A small xorshift generator: the stress tests need no more.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+const BS: usize = 4096;
+
+/// Home's bytes of block `index` of `object`: never constant, so never those of a local write.
+fn home(object: u64, index: u32) -> Vec<u8> {
+    content((object * 16 + index as u64) as u8, BS)
+}
+
+/// The bytes of an object's blocks written here and not pushed, by block.
+type Local = Mutex<BTreeMap<u32, Vec<u8>>>;
+
+/// Every present block's bytes against `local` (the bytes written here and not pushed, by object and
+/// block; any other block must hold home's bytes), and clean blocks' checksums against their bytes.
+fn check_blocks(s: &Store, local: &[Local]) {
+    let st = lock(&s.state);
+    assert!(st.filling.is_empty() && st.changing.is_empty() && st.waiting == 0);
+    for (&(object, index), e) in &st.blocks {
+        let file = s.file_locked(&st, object).unwrap();
+        let mut bytes = vec![0u8; e.len as usize];
+        read_upto(&file, &mut bytes, index as u64 * BS as u64).unwrap();
+        let mine = local[object as usize].lock().unwrap().get(&index).cloned();
+        match mine {
+            Some(mine) => {
+                assert!(e.dirty, "block {object}/{index} holds a local write and is clean");
+                assert!(
+                    bytes == mine,
+                    "block {object}/{index} lost a local write: len {} vs {}, first {:?} vs {:?}, home {}, diff at {:?}, shared {:?}",
+                    bytes.len(),
+                    mine.len(),
+                    &bytes[..8.min(bytes.len())],
+                    &mine[..8.min(mine.len())],
+                    bytes == home(object, index)[..bytes.len()],
+                    bytes.iter().zip(&mine).position(|(a, b)| a != b),
+                    st.meta(object).content
+                );
+            }
+            None => {
+                assert!(!e.dirty, "block {object}/{index} is dirty with no local write");
+                assert!(
+                    bytes == home(object, index)[..bytes.len()],
+                    "block {object}/{index} is not home's"
+                );
+                assert_eq!(e.crc, crc32c::crc32c(&bytes), "block {object}/{index}: checksum");
+            }
+        }
+    }
+}
+
+#[test]
+fn fills_racing_local_changes_never_overwrite_them() {
+    const OBJECTS: u64 = 3;
+    const BLOCKS: u32 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    // Room for about half the blocks: eviction runs all along.
+    let s = Arc::new(store(dir.path(), 6 * BS as u64));
+    // Widen the window between a fill's reservation and its write.
+    *lock(&s.hook) = Some(Arc::new(|at: Pause| {
+        if matches!(at, Pause::Fill(_)) {
+            std::thread::yield_now();
+        }
+    }));
+    // Object 0 is unused. Each object's local changes and its model move together under its mutex (as the
+    // file system's own locks order a file's changes); fills take no lock.
+    let local: Arc<Vec<Local>> = Arc::new((0..=OBJECTS).map(|_| Mutex::new(BTreeMap::new())).collect());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (s, local) = (s.clone(), local.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t + 1) * 0x1234_5678_9abc));
+                for op in 0..1500u64 {
+                    let object = 1 + rng.below(OBJECTS);
+                    let index = rng.below(BLOCKS as u64) as u32;
+                    let key = (object, index);
+                    let tag = (1 + (op * 4 + t) % 255) as u8;
+                    match rng.below(100) {
+                        0..=44 => {
+                            let epoch = s.epoch(object);
+                            s.fill(key, &home(object, index), epoch).unwrap();
+                        }
+                        45..=49 => {
+                            let epoch = s.epoch(object);
+                            let whole: Vec<u8> = (0..BLOCKS).flat_map(|i| home(object, i)).collect();
+                            s.fill_whole(object, &whole, epoch).unwrap();
+                        }
+                        50..=69 => {
+                            let mut mine = local[object as usize].lock().unwrap();
+                            s.write(object, index as u64 * BS as u64, &[tag; BS]).unwrap();
+                            mine.insert(index, vec![tag; BS]);
+                        }
+                        70..=79 => {
+                            // Change the start of a present block (claimed first, as a partial write is).
+                            let mut mine = local[object as usize].lock().unwrap();
+                            if !s.claim(key) {
+                                continue;
+                            }
+                            let mut bytes = match mine.get(&index) {
+                                Some(b) => b.clone(),
+                                None => {
+                                    let len = lock(&s.state).blocks[&key].len as usize;
+                                    home(object, index)[..len].to_vec()
+                                }
+                            };
+                            let n = bytes.len().min(64);
+                            bytes[..n].fill(tag);
+                            s.write(object, index as u64 * BS as u64, &bytes[..n]).unwrap();
+                            mine.insert(index, bytes);
+                        }
+                        80..=86 => {
+                            let mut mine = local[object as usize].lock().unwrap();
+                            // At a block's start or 1000 bytes into it: a block cut short is always cut at
+                            // the same length, so a clean one holds home's bytes (cut at another length and
+                            // then at a longer one, it would read as zeros in between).
+                            let size = rng.below(BLOCKS as u64 + 1) * BS as u64 + rng.below(2) * 1000;
+                            s.truncate(object, size).unwrap();
+                            mine.retain(|i, _| (*i as u64) < size.div_ceil(BS as u64));
+                            // The block holding the new end is indexed at its new length: past its old one
+                            // (the file cut there before, or a hole) it reads as zeros.
+                            if let Some(b) = mine.get_mut(&((size / BS as u64) as u32)) {
+                                b.resize(size as usize % BS, 0);
+                            }
+                        }
+                        87..=89 => {
+                            let mut mine = local[object as usize].lock().unwrap();
+                            s.remove_object(object);
+                            mine.clear();
+                        }
+                        90..=94 => {
+                            // Committed at the full size: a block cut short reads on as zeros.
+                            let mut mine = local[object as usize].lock().unwrap();
+                            let blocks: Vec<u32> = mine.keys().copied().collect();
+                            s.commit(object, blocks, BLOCKS as u64 * BS as u64).unwrap();
+                            for b in mine.values_mut() {
+                                b.resize(BS, 0);
+                            }
+                        }
+                        _ => {
+                            let mine = local[object as usize].lock().unwrap();
+                            let got = s.read(key, 0, BS).unwrap();
+                            if let Some(want) = mine.get(&index) {
+                                // A read stops where the file ends, and a block cut short reads on as zeros
+                                // where the file goes on: the bytes past the shorter of the two are zeros.
+                                let got = got.unwrap_or_else(|| panic!("{key:?} is dirty and missing"));
+                                let n = got.len().min(want.len());
+                                assert!(
+                                    got[..n] == want[..n],
+                                    "a read of {key:?} lost a local write: len {} vs {}, diff at {:?}, got {:?} want {:?}, home {:?}, entry {:?}",
+                                    got.len(), want.len(),
+                                    got.iter().zip(want.iter()).position(|(a, b)| a != b),
+                                    &&got[100.min(n)..108.min(n)], &want[100.min(n)..108.min(n)], &home(object, index)[100..108],
+                                    lock(&s.state).blocks.get(&key).map(|e| (e.len, e.dirty, e.crc))
+                                );
+                                assert!(got[n..].iter().chain(&want[n..]).all(|&b| b == 0), "{key:?}");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    check_blocks(&s, &local);
+    assert!(s.stats().evictions > 0);
+}
+
+#[test]
+fn a_block_written_while_it_is_indexed_is_indexed_with_its_new_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    let armed = Arc::new(AtomicBool::new(false));
+    let (at, go) = {
+        let armed = armed.clone();
+        pause_at(&s, move |at| {
+            at == Pause::Index(1) && armed.swap(false, Ordering::SeqCst)
+        })
+    };
+    for dirty in [true, false] {
+        s.write(1, 0, &[1u8; BS]).unwrap();
+        s.commit(1, [0], BS as u64).unwrap();
+        armed.store(true, Ordering::SeqCst);
+        let indexer = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                if dirty {
+                    s.commit(1, [0], BS as u64).unwrap()
+                } else {
+                    s.mark_clean(1, [0], BS as u64)
+                }
+            })
+        };
+        // It has read the block's old bytes, and recorded nothing yet.
+        assert_eq!(at.recv().unwrap(), Pause::Index(1));
+        s.write(1, 0, &[2u8; BS]).unwrap();
+        go.send(()).unwrap();
+        indexer.join().unwrap();
+        let st = lock(&s.state);
+        let e = &st.blocks[&(1, 0)];
+        assert_eq!(e.dirty, dirty);
+        assert_eq!(
+            e.crc,
+            crc32c::crc32c(&[2u8; BS]),
+            "dirty: {dirty}: the checksum of the bytes read before"
+        );
+        drop(st);
+        s.remove_object(1);
+    }
+}
+
+#[test]
+fn indexing_racing_writes_records_the_checksums_of_the_bytes_written() {
+    const BLOCKS: u32 = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    // Widen the window between reading blocks to index and recording them.
+    *lock(&s.hook) = Some(Arc::new(|at: Pause| {
+        if matches!(at, Pause::Index(_)) {
+            std::thread::yield_now();
+        }
+    }));
+    let size = BLOCKS as u64 * BS as u64;
+    // Two writers of one object, each writing its own half and indexing after every write: the whole file
+    // (a commit) or the block just written (marked clean, as after a push). Each checks after every
+    // indexing that its blocks' checksums are those of the bytes it wrote last: the other's commits index
+    // them too, concurrently. A third reads.
+    let writers: Vec<_> = (0..2u32)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x2545_f491_4f6c_dd1d + t as u64);
+                let mut mine: BTreeMap<u32, u8> = BTreeMap::new();
+                for op in 0..2000u32 {
+                    let index = t * BLOCKS / 2 + rng.below(BLOCKS as u64 / 2) as u32;
+                    let tag = (1 + (op * 2 + t) % 255) as u8;
+                    s.write(1, index as u64 * BS as u64, &[tag; BS]).unwrap();
+                    mine.insert(index, tag);
+                    if rng.below(2) == 0 {
+                        s.commit(1, 0..BLOCKS, size).unwrap();
+                    } else {
+                        s.mark_clean(1, [index], size);
+                    }
+                    let st = lock(&s.state);
+                    for (&index, &tag) in &mine {
+                        let crc = st.blocks.get(&(1, index)).map(|e| e.crc);
+                        assert_eq!(crc, Some(crc32c::crc32c(&[tag; BS])), "block {index}, op {op}");
+                    }
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let mut rng = Rng(7);
+            for _ in 0..2000 {
+                let _ = s.read((1, rng.below(BLOCKS as u64) as u32), 0, BS).unwrap();
+            }
+        })
+    };
+    for t in writers {
+        t.join().unwrap();
+    }
+    reader.join().unwrap();
+    let st = lock(&s.state);
+    let file = s.file_locked(&st, 1).unwrap();
+    for (&(_, index), e) in st.blocks_of(1) {
+        let mut bytes = vec![0u8; e.len as usize];
+        read_upto(&file, &mut bytes, index as u64 * BS as u64).unwrap();
+        assert_eq!(e.crc, crc32c::crc32c(&bytes), "block {index} (dirty: {})", e.dirty);
+    }
 }
