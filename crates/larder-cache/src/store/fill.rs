@@ -1,0 +1,169 @@
+//! Fills: a block fetched from home is written outside the state lock under a per-block reservation;
+//! local changes of the object wait for the fills under way (`await_fills`).
+
+use super::*;
+
+/// A fill's reservation of its block: released (and waiters woken) under the lock when the fill ends,
+/// or by `drop` if the fill unwinds.
+pub(super) struct Reservation<'a> {
+    store: &'a Store,
+    key: BlockKey,
+    held: bool,
+}
+
+impl Reservation<'_> {
+    fn release(&mut self, st: &mut State) {
+        if std::mem::take(&mut self.held) {
+            st.filling.remove(&self.key);
+            if st.waiting > 0 {
+                self.store.filled.notify_all();
+            }
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            let mut st = lock(&self.store.state);
+            self.release(&mut st);
+        }
+    }
+}
+
+impl Store {
+    /// Wait (on `filled`, releasing `state` meanwhile) until no fill holds a reservation on `blocks` of
+    /// `object`; returns with the lock held, so that the caller's change follows the fills in one critical
+    /// section. While a thread waits, `object` is marked changing: no new fill reserves a block of it, so
+    /// the wait ends once the fills under way when it began have written their bytes (no busy loop, no
+    /// unbounded wait).
+    pub(super) fn await_fills<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        object: u64,
+        blocks: RangeInclusive<u32>,
+    ) -> MutexGuard<'a, State> {
+        if !st.filling_any(object, &blocks) {
+            return st;
+        }
+        st.mark_changing(object);
+        st.waiting += 1;
+        while st.filling_any(object, &blocks) {
+            st = self.filled.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.waiting -= 1;
+        st.unmark_changing(object);
+        st
+    }
+
+    /// Store a clean block fetched from home at change epoch `epoch` of its object. Nothing is stored if
+    /// the object changed locally since (a write, truncate or removal: their data wins), is changing now,
+    /// or the block is present already. A full cache disk is not an error here: the data still goes to the
+    /// reader, the block is simply not kept.
+    ///
+    /// The bytes are written outside `state`. Under it, the fill checks the epoch and the block's absence
+    /// and reserves the block (`State::filling`); it writes; then, under the lock again, it inserts the
+    /// block only if the epoch is still `epoch`, and releases the reservation. Why no local change can be
+    /// overwritten by the fill's bytes, caller by caller:
+    /// - [`Store::write`], [`Store::remove_object`] (so [`Store::replace_object`] too) and
+    ///   [`Store::truncate`] (the block holding the new end and every later one) wait until no fill holds
+    ///   a block they touch, then bump the epoch in the same critical section: the fill they waited for
+    ///   has written and been inserted (it is ordered before them, as if it had run under the lock), and
+    ///   any fill fetched before them fails the epoch check from then on. A truncate keeps its object
+    ///   marked changing until its `set_len` is done, so no fill writes into the file while it is cut.
+    /// - [`Store::claim`] changes only a present block; a reserved block is absent (nothing inserts a block
+    ///   while it is reserved), so a claim of it fails and the caller fetches it first. A claim, like a
+    ///   write of another block, bumps the epoch: a reserved fill of another block is then dropped, its
+    ///   bytes punched out again before its reservation ends.
+    /// - Eviction, and every other hole punch, takes present blocks only: never a reserved one.
+    /// - Shared contents: a fill never reserves a block of an object in the content store, and
+    ///   [`Store::fill_whole`] never shares (nor writes) an object with a block reserved: it fills block
+    ///   by block instead. So no unsharing meets a reservation.
+    /// - Another fill of the same block waits for this one, then finds the block present (or the epoch
+    ///   moved) as it would have under the lock.
+    pub fn fill(&self, key: BlockKey, data: &[u8], epoch: u64) -> CacheResult<()> {
+        let start = key.1 as u64 * self.cfg.block_size;
+        let crc = crc32c::crc32c(data);
+        let mut st = lock(&self.state);
+        loop {
+            if st.epoch(key.0) != epoch || st.blocks.contains_key(&key) || st.changing.contains_key(&key.0) {
+                return Ok(());
+            }
+            if st.meta(key.0).content.is_some() {
+                // Shared contents are whole: a missing block means the object is being dropped.
+                return Ok(());
+            }
+            if !st.filling.contains(&key) {
+                break;
+            }
+            st.waiting += 1;
+            st = self.filled.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting -= 1;
+        }
+        let file = self.file_locked(&st, key.0)?;
+        st.filling.insert(key);
+        let mut reservation = Reservation {
+            store: self,
+            key,
+            held: true,
+        };
+        drop(st);
+        #[cfg(test)]
+        self.pause(Pause::Fill(key));
+        let written = Self::write_block(&file, start, data);
+        let mut st = lock(&self.state);
+        let keep = written.is_ok()
+            && st.epoch(key.0) == epoch
+            && !st.blocks.contains_key(&key)
+            && st.meta(key.0).content.is_none();
+        if !keep {
+            // A local change came first (or the write failed): the bytes written are nobody's. The block
+            // is absent and still reserved, so no change of it can run meanwhile: punch them out again,
+            // outside the lock, as an evicted block would be.
+            let punch =
+                !st.blocks.contains_key(&key) && !st.holds.contains_key(&key.0) && st.meta(key.0).content.is_none();
+            drop(st);
+            if punch {
+                punch_hole(&file, start, data.len() as u64);
+            }
+            let mut st = lock(&self.state);
+            reservation.release(&mut st);
+            return written;
+        }
+        reservation.release(&mut st);
+        self.insert_locked(&mut st, key, data.len() as u32, crc, false);
+        self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.db.submit(vec![Mutation::PutBlock {
+            object: key.0,
+            index: key.1,
+            len: data.len() as u32,
+            crc,
+        }]);
+        self.evict_if_needed(&mut st);
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(super) fn pause(&self, at: Pause) {
+        let hook = lock(&self.hook).clone();
+        if let Some(hook) = hook {
+            hook(at);
+        }
+    }
+
+    /// Write a fetched block's bytes at `start`. A block of zeros (a hole at home, read back) stays a hole
+    /// here: nothing is allocated for it.
+    pub(super) fn write_block(file: &File, start: u64, data: &[u8]) -> CacheResult<()> {
+        if data.iter().all(|&b| b == 0) {
+            let end = start + data.len() as u64;
+            punch_hole(file, start, data.len() as u64);
+            if file.metadata().map_err(io_err)?.len() < end {
+                // The block is read back in full (checksums): the file reaches its end, one byte stored.
+                file.write_all_at(&[0], end - 1).map_err(io_err)?;
+            }
+        } else {
+            file.write_all_at(data, start).map_err(io_err)?;
+        }
+        Ok(())
+    }
+}

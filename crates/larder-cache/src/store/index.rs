@@ -1,0 +1,129 @@
+//! Indexing blocks with their checksums (commit of dirty blocks, marking pushed blocks clean): read and
+//! checksummed outside the state lock, recorded under it only if the block did not change meanwhile.
+
+use super::*;
+
+impl Store {
+    /// Mark blocks of `object` clean again after their data reached home; `size` is the size home has. A
+    /// block that cannot be read back to be indexed is dropped instead: home has its data.
+    pub fn mark_clean(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) {
+        if let Err(e) = self.index_blocks(object, indexes, size, false) {
+            tracing::warn!(object, error = %e, "could not index blocks pushed to home; dropping them from the cache");
+        }
+    }
+
+    /// Record dirty blocks of `object` in the persistent index (with their checksums) so that they are
+    /// found again after a restart; they stay dirty. Durable once the index is synced and the object file
+    /// is.
+    pub fn commit(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
+        self.index_blocks(object, indexes, size, true)
+    }
+
+    /// Re-read blocks `indexes` of `object` (the first `size` bytes of it) from its cache file and record
+    /// them, with their checksums, as clean or dirty. A block not present is skipped; one wholly past `size`
+    /// is dropped. One that cannot be read is reported, and when marking clean, dropped.
+    ///
+    /// The reads and checksums run outside `state`: under it the object's change epoch and each block's
+    /// stamp are noted; after reading, a block is recorded only if both are unchanged. The epoch moves with
+    /// every local change of the object (write, claim, truncate, removal; unsharing happens only within
+    /// those), the stamp with every write of the block's entry: a write or claim of it, its eviction and
+    /// refill (a new entry), and another indexing's record of it. Nothing else changes a present block's
+    /// bytes, so the bytes read are the block's when it is recorded, as if read under the lock; and of two
+    /// indexings of one block the later record holds bytes read later, as when each ran under the lock.
+    /// (A write's own `pwrite` runs after its critical section, as it always has: a caller indexing a
+    /// block while writing it gets whichever bytes were there.) A block that moved is read again; after
+    /// `INDEX_TRIES` rounds outside the lock the last is made under it, as it was always made: a commit
+    /// must record every block it was given (one left unrecorded would be found corrupt or missing after
+    /// a restart), and under the lock nothing can move.
+    pub(super) fn index_blocks(
+        &self,
+        object: u64,
+        indexes: impl IntoIterator<Item = u32>,
+        size: u64,
+        dirty: bool,
+    ) -> CacheResult<()> {
+        let bs = self.cfg.block_size;
+        let mut pending: Vec<u32> = indexes.into_iter().collect();
+        let mut failed = None;
+        for round in 0..=INDEX_TRIES {
+            let mut st = lock(&self.state);
+            let epoch = st.epoch(object);
+            let file = self.file_locked(&st, object).map_err(|e| e.to_string());
+            // The blocks to read, as they are now.
+            let mut plan = Vec::new();
+            for index in pending.drain(..) {
+                let key = (object, index);
+                let Some(entry) = st.blocks.get(&key) else { continue };
+                let stamp = entry.stamp;
+                let len = size.saturating_sub(index as u64 * bs).min(bs) as usize;
+                if len == 0 {
+                    self.remove_locked(&mut st, key);
+                    continue;
+                }
+                plan.push((index, stamp, len));
+            }
+            if plan.is_empty() {
+                break;
+            }
+            let read_all = |plan: &[(u32, u64, usize)]| -> Vec<CacheResult<u32>> {
+                plan.iter()
+                    .map(|&(index, _, len)| {
+                        // Past the cache file's end the content is a hole: zeros.
+                        let mut buf = vec![0u8; len];
+                        match &file {
+                            Ok(f) => read_upto(f, &mut buf, index as u64 * bs)
+                                .map(|_| crc32c::crc32c(&buf))
+                                .map_err(io_err),
+                            Err(e) => Err(CacheError::Index(e.clone())),
+                        }
+                    })
+                    .collect()
+            };
+            let reads = if round < INDEX_TRIES {
+                drop(st);
+                let reads = read_all(&plan);
+                #[cfg(test)]
+                self.pause(Pause::Index(object));
+                st = lock(&self.state);
+                reads
+            } else {
+                read_all(&plan)
+            };
+            let unmoved = st.epoch(object) == epoch;
+            let mut mutations = Vec::new();
+            for ((index, stamp, len), read) in plan.into_iter().zip(reads) {
+                let key = (object, index);
+                if !unmoved || st.blocks.get(&key).map(|e| e.stamp) != Some(stamp) {
+                    pending.push(index);
+                    continue;
+                }
+                match read {
+                    Ok(crc) => {
+                        self.insert_locked(&mut st, key, len as u32, crc, dirty);
+                        mutations.push(Mutation::PutBlock {
+                            object,
+                            index,
+                            len: len as u32,
+                            crc,
+                        });
+                    }
+                    Err(e) => {
+                        if !dirty {
+                            self.remove_locked(&mut st, key);
+                            mutations.push(Mutation::DelBlock { object, index });
+                        }
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            // Submitted under the lock, so that they reach the index before any later change of these
+            // blocks does.
+            self.db.submit(mutations);
+            drop(st);
+            if pending.is_empty() {
+                break;
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,143 @@
+//! Local changes of an object's content: writes, truncation, removal and replacement.
+
+use super::*;
+
+impl Store {
+    /// Write new (dirty) data into `object` at `offset`. Blocks touched become present and dirty; the caller
+    /// guarantees that a partially written block was present or lies wholly beyond home's data.
+    ///
+    /// A fill writing one of the blocks touched (outside the lock) is waited for first: its bytes land,
+    /// and then these, so that these are the file's. Once the blocks are marked, no fill reserves them
+    /// again (they are present, and the epoch moved).
+    pub fn write(&self, object: u64, offset: u64, data: &[u8]) -> CacheResult<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let bs = self.cfg.block_size;
+        let end = offset + data.len() as u64;
+        // Mark the blocks dirty first: from then on eviction cannot punch them under the new bytes.
+        let mut added = Vec::new();
+        let file = {
+            let touched = (offset / bs).min(u32::MAX as u64) as u32..=((end - 1) / bs).min(u32::MAX as u64) as u32;
+            let mut st = self.await_fills(lock(&self.state), object, touched);
+            self.unshare_locked(&mut st, object)?;
+            let file = self.file_locked(&st, object)?;
+            Self::bump_epoch(&mut st, object);
+            for index in (offset / bs)..=((end - 1) / bs) {
+                let key = (object, index as u32);
+                let block_end = (end - index * bs).min(bs) as u32;
+                let existing = st.blocks.get(&key).map(|e| e.len);
+                if existing.is_none() {
+                    added.push(key);
+                }
+                self.insert_locked(&mut st, key, existing.unwrap_or(0).max(block_end), 0, true);
+            }
+            self.evict_if_needed(&mut st);
+            file
+        };
+        if let Err(e) = file.write_all_at(data, offset) {
+            let mut st = lock(&self.state);
+            for key in added {
+                self.remove_locked(&mut st, key);
+            }
+            return Err(io_err(e));
+        }
+        self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Cut `object` to `size` bytes: later blocks are dropped, a partial last block keeps its prefix.
+    ///
+    /// Fills of the block holding the new end and of every later one are waited for before the epoch
+    /// moves; the object stays marked changing until the file is cut, so that no fill (even one fetched
+    /// after the epoch moved) writes into it while `set_len` runs outside the lock. Fills of earlier blocks
+    /// write below the new end, which `set_len` leaves alone; fetched before the epoch moved, they are not
+    /// kept.
+    pub fn truncate(&self, object: u64, size: u64) -> CacheResult<()> {
+        let bs = self.cfg.block_size;
+        let file = {
+            let mut st = lock(&self.state);
+            if let Ok(first) = u32::try_from(size / bs) {
+                st = self.await_fills(st, object, first..=u32::MAX);
+            }
+            self.unshare_locked(&mut st, object)?;
+            // Fills fetched before this point must not write old bytes past the new end.
+            Self::bump_epoch(&mut st, object);
+            let file = self.file_locked(&st, object)?;
+            st.mark_changing(object);
+            file
+        };
+        let cut = file.set_len(size).map_err(io_err);
+        let mut st = lock(&self.state);
+        st.unmark_changing(object);
+        cut?;
+        let first_gone = size.div_ceil(bs).min(u32::MAX as u64 + 1);
+        let doomed: Vec<BlockKey> = if first_gone > u32::MAX as u64 {
+            Vec::new()
+        } else {
+            st.blocks
+                .range((object, first_gone as u32)..=(object, u32::MAX))
+                .map(|(k, _)| *k)
+                .collect()
+        };
+        for key in doomed {
+            self.remove_locked(&mut st, key);
+            self.db.submit(vec![Mutation::DelBlock {
+                object: key.0,
+                index: key.1,
+            }]);
+        }
+        if !size.is_multiple_of(bs) {
+            let key = (object, (size / bs) as u32);
+            if let Some(e) = st.blocks.get(&key) {
+                // The block's index entry (length and checksum, in memory and on disk) follows its prefix,
+                // dirty or not: the next start must not find it corrupt.
+                let dirty = e.dirty;
+                drop(st);
+                if dirty {
+                    self.commit(object, [key.1], size)?;
+                } else {
+                    self.mark_clean(object, [key.1], size);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget every block of `object` and delete its file. Fills of its blocks under way are waited for
+    /// first (their blocks are then dropped with the rest); fills fetched before fail the epoch check.
+    /// Until its file is closed and unlinked, the object stays marked changing: a fill fetched after the
+    /// epoch moved must not write into the file about to be unlinked (its block would be indexed with its
+    /// bytes gone), nor index a block before the object's removal is recorded.
+    pub fn remove_object(&self, object: u64) {
+        {
+            let mut st = self.await_fills(lock(&self.state), object, 0..=u32::MAX);
+            // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
+            Self::bump_epoch(&mut st, object);
+            if st.per_object.contains_key(&object) {
+                let keys: Vec<BlockKey> = st.blocks_of(object).map(|(k, _)| *k).collect();
+                for key in keys {
+                    self.remove_locked(&mut st, key);
+                }
+            }
+            st.objects.remove(&object);
+            st.mark_changing(object);
+        }
+        lock(&self.fds).files.remove(&object);
+        self.db.submit(vec![Mutation::DelObject(object)]);
+        let _ = std::fs::remove_file(self.path_of(object));
+        lock(&self.state).unmark_changing(object);
+    }
+
+    /// `new` replaces `object` as the same file's content (a new version): the old one is removed, and a
+    /// pin, which belongs to the file, moves to the new one. Whether it did. The removal waits for fills
+    /// of the old object under way ([`Store::remove_object`]).
+    pub fn replace_object(&self, object: u64, new: u64) -> bool {
+        let pinned = self.pinned(object);
+        self.remove_object(object);
+        if pinned {
+            self.set_pinned(new, true);
+        }
+        pinned
+    }
+}
