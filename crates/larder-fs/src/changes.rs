@@ -627,9 +627,10 @@ impl Fs {
                 .collect();
             (node.object, blocks, node.attr.as_ref().map_or(0, |a| a.size))
         };
-        self.core.store.commit(object, blocks, size)?;
         if self.cfg.write_mode != WriteMode::WriteThrough {
-            // Acknowledged from the cache: durable there first. (Write-through acknowledges from home.)
+            // Acknowledged from the cache: indexed and durable there first. (Write-through acknowledges
+            // from home; its push indexes the blocks as clean.)
+            self.core.store.commit(object, blocks, size)?;
             self.core
                 .store
                 .file(object)?

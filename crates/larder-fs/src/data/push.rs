@@ -86,7 +86,9 @@ impl Fs {
         {
             let db = self.core.store.db();
             db.submit(vec![record]);
-            if let Err(e) = db.sync() {
+            // Write-through pushes without the sync: its op counts as a repeat after a crash (`Fs::land`).
+            let through = self.cfg.write_mode == crate::WriteMode::WriteThrough;
+            if let Err(e) = if through { Ok(()) } else { db.sync() } {
                 let mut ns = lock(&self.ns);
                 let node = ns.inode_mut(ino)?;
                 node.pushing -= 1;

@@ -279,9 +279,20 @@ impl Fs {
                 } else if let Ok(node) = ns.inode(op.ino) {
                     muts.push(Mutation::PutInode(op.ino, node.record().encode()));
                 }
+                if self.cfg.write_mode == WriteMode::WriteThrough {
+                    // Write-through shows home's times, as home gives them: the directories whose
+                    // entries changed are asked again, not given the mount's time.
+                    for (dir, _) in &op.names {
+                        if let Some(d) = ns.inodes.get_mut(dir) {
+                            d.checked = None;
+                        }
+                    }
+                }
                 drop(ns);
                 self.core.store.db().submit(muts);
-                self.settle_dir_times(op);
+                if self.cfg.write_mode != WriteMode::WriteThrough {
+                    self.settle_dir_times(op);
+                }
                 self.pipeline.settling.fetch_sub(1, Ordering::SeqCst);
             }
             Outcome::Retry(e) => {
@@ -347,7 +358,12 @@ impl Fs {
     /// adopted, so the mount's time must be home's first. (A directory whose entries are queued gets its
     /// time again once they have landed: [`Fs::settle_dir_times`].)
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
-        if !self.core.home.limits().times || self.pipeline.journal().has_after_current(op.ino) {
+        // Write-through shows home's time for what it creates (adopted now); a time set since is an op of
+        // its own.
+        if self.cfg.write_mode == WriteMode::WriteThrough
+            || !self.core.home.limits().times
+            || self.pipeline.journal().has_after_current(op.ino)
+        {
             return attr;
         }
         let local = lock(&self.ns)
