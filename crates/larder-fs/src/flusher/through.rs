@@ -85,14 +85,12 @@ impl Fs {
     fn undo(&self, ns: &mut Namespace, op: &Op, muts: &mut Vec<Mutation>) {
         let name = |i: usize| op.names.get(i).map(|(d, n)| (*d, OsString::from_vec(n.clone())));
         match &op.kind {
-            OpKind::Create { .. } | OpKind::Mkdir { .. } | OpKind::Mknod { .. } | OpKind::Symlink { .. } => {
-                if let Some((dir, n)) = name(0)
-                    && self.bound(ns, dir, &n) == Some(op.ino)
-                {
-                    self.unbind(ns, dir, &n, false);
-                }
-            }
-            OpKind::Link { .. } => {
+            // The name it made goes (a hard link's object keeps its other names).
+            OpKind::Create { .. }
+            | OpKind::Mkdir { .. }
+            | OpKind::Mknod { .. }
+            | OpKind::Symlink { .. }
+            | OpKind::Link { .. } => {
                 if let Some((dir, n)) = name(0)
                     && self.bound(ns, dir, &n) == Some(op.ino)
                 {
