@@ -92,7 +92,7 @@ impl Fs {
             | OpKind::Symlink { .. }
             | OpKind::Link { .. } => {
                 if let Some((dir, n)) = name(0)
-                    && self.bound(ns, dir, &n) == Some(op.ino)
+                    && ns.bound(dir, &n) == Some(op.ino)
                 {
                     self.unbind(ns, dir, &n, false);
                 }
@@ -108,7 +108,7 @@ impl Fs {
                         no_replace: false,
                         exchange: *exchange,
                     };
-                    if self.bound(ns, to_dir, &to) == Some(op.ino) {
+                    if ns.bound(to_dir, &to) == Some(op.ino) {
                         let _ = self.rename_in_ns(ns, to_dir, &to, from_dir, &from, flags);
                     }
                     if *replaced && !*exchange {
@@ -137,15 +137,10 @@ impl Fs {
         }
     }
 
-    /// The inode `name` in `dir` is bound to in the cache.
-    fn bound(&self, ns: &Namespace, dir: u64, name: &OsStr) -> Option<u64> {
-        ns.inodes.get(&dir).and_then(|d| d.children.get(name).copied())
-    }
-
     /// Put `ino` back under `name` in `dir` after a removal home refused. If the cache let go of it
     /// altogether, the name is simply asked of home again.
     fn rebind(&self, ns: &mut Namespace, dir: u64, name: &OsStr, ino: u64, muts: &mut Vec<Mutation>) {
-        if self.bound(ns, dir, name).is_some() {
+        if ns.bound(dir, name).is_some() {
             return;
         }
         let Some(node) = ns.inodes.get(&ino) else { return };

@@ -321,6 +321,11 @@ impl Namespace {
         longest
     }
 
+    /// The inode `name` in `dir` is bound to in the cache, if any.
+    pub fn bound(&self, dir: u64, name: &OsStr) -> Option<u64> {
+        self.inodes.get(&dir).and_then(|d| d.children.get(name).copied())
+    }
+
     /// Whether home may have moved `path` (or a directory above it) already, without the cache knowing
     /// yet: `Some(true)` while a rename of it is being pushed (its answer and settling are moments away),
     /// `Some(false)` if one was tried and failed and waits for a retry.
