@@ -276,6 +276,10 @@ pub struct Store {
     evictions: AtomicU64,
     corrupt: AtomicU64,
     inserted: AtomicU64,
+    /// Blocks dropped so far (each counted under `state`, before its bytes are punched out): a read that
+    /// sees the same count before and after its unlocked `pread` read no punched bytes, and needs no second
+    /// look under the lock.
+    removals: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
     /// Called by a fill between its reservation and its write, and by indexing between its reads and its
@@ -295,6 +299,8 @@ enum Pause {
     Fill(BlockKey),
     /// Indexing of an object has read its blocks outside the lock and not yet recorded them.
     Index(u64),
+    /// A read has found its block and not yet read its bytes.
+    Read(BlockKey),
 }
 
 /// Rounds of reading blocks to index outside the lock before the last one, made under it.
@@ -400,7 +406,7 @@ impl Store {
         // The bytes are read without the lock; if the block was evicted (or evicted and filled again)
         // meanwhile, they may be a punched hole: read again, or call it a miss.
         for _ in 0..8 {
-            let (generation, file, check) = {
+            let (generation, removals, file, check) = {
                 let mut st = lock(&self.state);
                 let Some(entry) = st.blocks.get(&key) else {
                     self.misses.fetch_add(1, Ordering::Relaxed);
@@ -412,7 +418,8 @@ impl Store {
                 if !check {
                     st.policy.touch(&key);
                 }
-                (generation, file, check.then_some((blen, crc)))
+                let removals = self.removals.load(Ordering::SeqCst);
+                (generation, removals, file, check.then_some((blen, crc)))
             };
             if let Some((blen, crc)) = check {
                 // The first read of the block since the start: its checksum, checked without the lock, is
@@ -447,9 +454,17 @@ impl Store {
                     _ => continue,
                 }
             }
+            #[cfg(test)]
+            self.pause(Pause::Read(key));
             let mut buf = vec![0u8; len];
             let n = read_upto(&file, &mut buf, start + offset).map_err(io_err)?;
             buf.truncate(n);
+            // No block dropped anywhere since the look under the lock: this one was not, so these are its
+            // bytes (a block is replaced only by being dropped and filled again).
+            if self.removals.load(Ordering::SeqCst) == removals {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(buf));
+            }
             if lock(&self.state).blocks.get(&key).map(|e| e.generation) == Some(generation) {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Some(buf));
@@ -562,6 +577,8 @@ impl Store {
     /// present (it is inserted when the fill ends): eviction, removal and truncation never punch under one.
     fn remove_locked(&self, st: &mut State, key: BlockKey) {
         let Some(old) = st.blocks.remove(&key) else { return };
+        // Counted before the punch: see `Store::removals`.
+        self.removals.fetch_add(1, Ordering::SeqCst);
         st.policy.remove(&key);
         let meta = st.meta(key.0);
         Self::account(st, &meta, old.len, old.dirty, false);

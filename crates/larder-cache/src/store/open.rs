@@ -82,6 +82,7 @@ impl Store {
             evictions: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
+            removals: AtomicU64::new(0),
             abd: Mutex::new(None),
             #[cfg(test)]
             hook: Mutex::new(None),

@@ -698,3 +698,28 @@ fn indexing_racing_writes_records_the_checksums_of_the_bytes_written() {
         assert_eq!(e.crc, crc32c::crc32c(&bytes), "block {index} (dirty: {})", e.dirty);
     }
 }
+
+#[test]
+fn a_read_whose_block_is_dropped_before_it_reads_the_bytes_is_a_miss_not_a_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    s.fill((1, 0), &[7u8; 4096], 0).unwrap();
+    // Verified once, so the next read takes the unlocked path.
+    assert_eq!(s.read((1, 0), 0, 4096).unwrap().unwrap(), vec![7u8; 4096]);
+    let (at, go) = pause_at(&s, |at| matches!(at, Pause::Read(_)));
+    let reader = {
+        let s = s.clone();
+        std::thread::spawn(move || s.read((1, 0), 0, 4096).unwrap())
+    };
+    assert_eq!(at.recv().unwrap(), Pause::Read((1, 0)));
+    // Dropped (its bytes punched out) between the reader's look and its pread.
+    *lock(&s.hook) = None;
+    s.truncate(1, 0).unwrap();
+    go.send(()).unwrap();
+    let got = reader.join().unwrap();
+    assert!(
+        got.is_none(),
+        "a dropped block's bytes were served ({:?} bytes)",
+        got.map(|b| b.len())
+    );
+}
