@@ -163,6 +163,31 @@ fn ancestors(p: &[u8]) -> impl Iterator<Item = &[u8]> {
         .chain(cuts.map(move |i| &p[..i]))
 }
 
+/// What the ops seen so far in queue order touch: an op that shares its subject or a path with one of
+/// them (equal, or one inside the other) must wait for it.
+#[derive(Default)]
+struct Earlier<'a> {
+    paths: HashSet<&'a [u8]>,
+    inside: HashSet<&'a [u8]>,
+    inos: HashSet<u64>,
+}
+
+impl<'a> Earlier<'a> {
+    /// Whether `op` depends on an op seen before it; then `op` is counted as seen.
+    fn block(&mut self, op: &'a Op) -> bool {
+        let blocked = self.inos.contains(&op.ino)
+            || op.paths().any(|p| {
+                self.paths.contains(p) || self.inside.contains(p) || ancestors(p).any(|a| self.paths.contains(a))
+            });
+        self.inos.insert(op.ino);
+        for p in op.paths() {
+            self.paths.insert(p);
+            self.inside.extend(ancestors(p));
+        }
+        blocked
+    }
+}
+
 /// Why an op is waiting after a failed push, and until when.
 #[derive(Clone, Debug)]
 pub(crate) struct Failure {
@@ -436,9 +461,7 @@ impl Journal {
         let lag_ms = lag.as_millis() as u64;
         let instant = Instant::now();
         let mut picked = Vec::new();
-        let mut paths: HashSet<&[u8]> = HashSet::new();
-        let mut inside: HashSet<&[u8]> = HashSet::new();
-        let mut inos: HashSet<u64> = HashSet::new();
+        let mut earlier = Earlier::default();
         for (seq, op) in &self.ops {
             let due = urgent || now.saturating_sub(op.since_ms) >= lag_ms;
             if !due {
@@ -447,21 +470,13 @@ impl Journal {
                 // this call short while a burst of changes sits out its lag: every change wakes the pushers.
                 break;
             }
-            let blocked = inos.contains(&op.ino)
-                || op
-                    .paths()
-                    .any(|p| paths.contains(p) || inside.contains(p) || ancestors(p).any(|a| paths.contains(a)));
+            let blocked = earlier.block(op);
             let waiting = self.failed.get(seq).is_some_and(|f| f.retry_at > instant);
             if !blocked && !waiting && !self.inflight.contains(seq) && !self.held.contains(seq) {
                 picked.push(*seq);
                 if picked.len() >= limit {
                     break;
                 }
-            }
-            inos.insert(op.ino);
-            for p in op.paths() {
-                paths.insert(p);
-                inside.extend(ancestors(p));
             }
         }
         picked
@@ -470,21 +485,11 @@ impl Journal {
     /// Whether the held op `seq` may be pushed now: queued, not under way, and with no earlier unfinished op
     /// it depends on (whatever their age).
     pub fn ready_now(&self, seq: u64) -> bool {
-        let mut paths: HashSet<&[u8]> = HashSet::new();
-        let mut inside: HashSet<&[u8]> = HashSet::new();
-        let mut inos: HashSet<u64> = HashSet::new();
+        let mut earlier = Earlier::default();
         for (s, op) in self.ops.range(..=seq) {
-            let blocked = inos.contains(&op.ino)
-                || op
-                    .paths()
-                    .any(|p| paths.contains(p) || inside.contains(p) || ancestors(p).any(|a| paths.contains(a)));
+            let blocked = earlier.block(op);
             if *s == seq {
                 return !blocked && !self.inflight.contains(s);
-            }
-            inos.insert(op.ino);
-            for p in op.paths() {
-                paths.insert(p);
-                inside.extend(ancestors(p));
             }
         }
         false
