@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
 
-use crate::data::add_range;
+use crate::data::{add_range, blocks_of};
 use crate::journal::{Op, OpKind};
 use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock};
 use crate::record::to_ns;
@@ -94,11 +94,10 @@ impl Fs {
         let db = self.core.store.db();
         db.submit(muts);
         self.pipeline.notify();
+        // Write-through syncs nothing here: it is acknowledged once home has the change (`Fs::land`).
         if !through {
             db.sync()?;
         }
-        // Write-through: durable before home sees it (each push syncs its record first), acknowledged once
-        // home has it.
         Ok(held)
     }
 
@@ -128,7 +127,7 @@ impl Fs {
             return Err(FsError::Exists);
         }
         let m = lock(&self.mutate);
-        if !self.still_bound(parent, name, None, false)? {
+        if !self.still_bound(parent, name, None, false) {
             return Err(FsError::Exists);
         }
         Ok(m)
@@ -137,11 +136,11 @@ impl Fs {
     /// Whether `name` in `parent` is bound in the cache to `ino` (`None`: to nothing), and, with
     /// `empty`, `ino` is a directory with no entries: what a check made before the namespace-change lock was
     /// taken found, still true under it.
-    fn still_bound(&self, parent: u64, name: &OsStr, ino: Option<u64>, empty: bool) -> FsResult<bool> {
+    fn still_bound(&self, parent: u64, name: &OsStr, ino: Option<u64>, empty: bool) -> bool {
         let ns = lock(&self.ns);
-        let now = ns.inode(parent)?.children.get(name).copied();
+        let now = ns.bound(parent, name);
         let empty_ok = !empty || ino.is_none_or(|i| ns.inodes.get(&i).is_some_and(|n| n.children.is_empty()));
-        Ok(now == ino && empty_ok)
+        now == ino && empty_ok
     }
 
     /// The object `name` in `parent` that a removal may remove: it exists, is of the right kind, and (a
@@ -372,7 +371,7 @@ impl Fs {
         // alone; only if something changed in between is home asked under it.
         let found = self.removable(parent, name, dir)?;
         let mutating = lock(&self.mutate);
-        let child = if self.still_bound(parent, name, Some(found), dir)? {
+        let child = if self.still_bound(parent, name, Some(found), dir) {
             found
         } else {
             self.removable(parent, name, dir)?
@@ -418,8 +417,8 @@ impl Fs {
         let unchanged = match found {
             Some((src, dst)) => {
                 let replaced_dir = dst.is_some() && !flags.exchange;
-                self.still_bound(parent, name, Some(src), false)?
-                    && self.still_bound(new_parent, new_name, dst, replaced_dir)?
+                self.still_bound(parent, name, Some(src), false)
+                    && self.still_bound(new_parent, new_name, dst, replaced_dir)
             }
             None => false,
         };
@@ -619,12 +618,7 @@ impl Fs {
                 return Ok(());
             }
             let bs = self.core.store.block_size();
-            let blocks: Vec<u32> = node
-                .dirty
-                .iter()
-                .filter(|r| !r.is_empty())
-                .flat_map(|r| (r.start / bs) as u32..=((r.end - 1) / bs) as u32)
-                .collect();
+            let blocks: Vec<u32> = node.dirty.iter().flat_map(|r| blocks_of(r, bs)).collect();
             (node.object, blocks, node.attr.as_ref().map_or(0, |a| a.size))
         };
         if self.cfg.write_mode != WriteMode::WriteThrough {

@@ -118,7 +118,7 @@ pub(crate) fn subtract(ranges: &[Range<u64>], minus: &[Range<u64>]) -> Vec<Range
     out
 }
 
-fn blocks_of(r: &Range<u64>, bs: u64) -> Range<u32> {
+pub(crate) fn blocks_of(r: &Range<u64>, bs: u64) -> Range<u32> {
     if r.is_empty() {
         return 0..0;
     }
