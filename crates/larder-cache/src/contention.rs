@@ -1,9 +1,10 @@
 //! Lock contention, counted: [`lock`] takes a mutex at the cost of one `try_lock` when it is free, and
 //! only when another thread holds it times the wait. The totals ([`waits`]) show where threads queue on a
-//! shared lock, in benchmarks and in the status, even on a machine with few cores.
+//! shared lock, in benchmarks and in the status, even on a machine with few cores. [`read`] and [`write`]
+//! do the same for a reader-writer lock: readers never wait for each other, only for a writer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::Instant;
 
 static WAITS: AtomicU64 = AtomicU64::new(0);
@@ -18,11 +19,43 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         Err(TryLockError::WouldBlock) => {
             let start = Instant::now();
             let g = m.lock().unwrap_or_else(|p| p.into_inner());
-            WAITS.fetch_add(1, Ordering::Relaxed);
-            WAIT_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            counted(start);
             g
         }
     }
+}
+
+/// Share `l` with other readers, counting the wait if a writer holds it (or waits for it).
+pub fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    match l.try_read() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            let start = Instant::now();
+            let g = l.read().unwrap_or_else(|p| p.into_inner());
+            counted(start);
+            g
+        }
+    }
+}
+
+/// Take `l` alone, counting the wait if anyone holds it.
+pub fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    match l.try_write() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            let start = Instant::now();
+            let g = l.write().unwrap_or_else(|p| p.into_inner());
+            counted(start);
+            g
+        }
+    }
+}
+
+fn counted(start: Instant) {
+    WAITS.fetch_add(1, Ordering::Relaxed);
+    WAIT_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
 /// Waits for a held lock so far, and the nanoseconds spent in them.
@@ -52,5 +85,32 @@ mod tests {
         assert!(w1 > w0, "the wait was not counted");
         assert!(ns >= 10_000_000, "waited ~20 ms, counted {ns} ns in all");
         assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn readers_share_a_reader_writer_lock_and_wait_only_for_a_writer() {
+        let l = Arc::new(RwLock::new(0u32));
+        let first = read(&l);
+        // A second reader is let in at once while the first holds it, from another thread.
+        let l2 = l.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || tx.send(*read(&l2)).unwrap());
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)),
+            Ok(0),
+            "a reader waited for a reader"
+        );
+        t.join().unwrap();
+        drop(first);
+        let (w0, _) = waits();
+        let held = read(&l);
+        let l3 = l.clone();
+        let t = std::thread::spawn(move || *write(&l3) += 1);
+        std::thread::sleep(Duration::from_millis(20));
+        drop(held);
+        t.join().unwrap();
+        let (w1, _) = waits();
+        assert!(w1 > w0, "a writer's wait for a reader was not counted");
+        assert_eq!(*read(&l), 1);
     }
 }

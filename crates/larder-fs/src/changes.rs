@@ -17,7 +17,7 @@ use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
 
 use crate::data::{add_range, blocks_of};
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock};
+use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock, read, write};
 use crate::record::to_ns;
 use crate::{Entry, FsError, FsResult, WriteMode};
 
@@ -50,7 +50,7 @@ impl Fs {
     fn commit(
         &self,
         mutating: Option<std::sync::MutexGuard<'_, ()>>,
-        ns: std::sync::MutexGuard<'_, Namespace>,
+        ns: std::sync::RwLockWriteGuard<'_, Namespace>,
         ops: Vec<Op>,
         removed: &[u64],
         muts: Vec<Mutation>,
@@ -64,7 +64,7 @@ impl Fs {
     fn queue(
         &self,
         mutating: Option<std::sync::MutexGuard<'_, ()>>,
-        ns: std::sync::MutexGuard<'_, Namespace>,
+        ns: std::sync::RwLockWriteGuard<'_, Namespace>,
         ops: Vec<Op>,
         removed: &[u64],
         mut muts: Vec<Mutation>,
@@ -137,7 +137,7 @@ impl Fs {
     /// `empty`, `ino` is a directory with no entries: what a check made before the namespace-change lock was
     /// taken found, still true under it.
     fn still_bound(&self, parent: u64, name: &OsStr, ino: Option<u64>, empty: bool) -> bool {
-        let ns = lock(&self.ns);
+        let ns = write(&self.ns);
         let now = ns.bound(parent, name);
         let empty_ok = !empty || ino.is_none_or(|i| ns.inodes.get(&i).is_some_and(|n| n.children.is_empty()));
         now == ino && empty_ok
@@ -147,7 +147,7 @@ impl Fs {
     /// directory) is empty. May ask home.
     fn removable(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<u64> {
         let child = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
-        let kind = lock(&self.ns).inode(child)?.kind;
+        let kind = write(&self.ns).inode(child)?.kind;
         match (dir, kind == FileKind::Dir) {
             (true, false) => return Err(FsError::NotDir),
             (false, true) => return Err(FsError::IsDir),
@@ -178,11 +178,11 @@ impl Fs {
         if dst == Some(src) {
             return Ok(None);
         }
-        let src_kind = lock(&self.ns).inode(src)?.kind;
+        let src_kind = write(&self.ns).inode(src)?.kind;
         if let Some(d) = dst
             && !flags.exchange
         {
-            let dst_kind = lock(&self.ns).inode(d)?.kind;
+            let dst_kind = write(&self.ns).inode(d)?.kind;
             match (src_kind == FileKind::Dir, dst_kind == FileKind::Dir) {
                 (true, false) => return Err(FsError::NotDir),
                 (false, true) => return Err(FsError::IsDir),
@@ -236,7 +236,7 @@ impl Fs {
     /// Create `name` in `parent` in the cache and queue its creation at home.
     fn make(&self, parent: u64, name: &OsStr, mode: u32, kind: NewKind<'_>, uid: u32, gid: u32) -> FsResult<Entry> {
         let mutating = self.free_name(parent, name)?;
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let p = ns.inode(parent)?;
         if p.kind != FileKind::Dir {
             return Err(FsError::NotDir);
@@ -338,7 +338,7 @@ impl Fs {
         let mut node = Inode::new_local(parent, name, file_kind, object);
         node.attr = Some(attr);
         node.checked = Some(Instant::now());
-        node.lookups = 1;
+        *node.lookups.get_mut() = 1;
         if let NewKind::Symlink { target } = kind {
             node.symlink = Some(target.to_vec());
         }
@@ -376,7 +376,7 @@ impl Fs {
         } else {
             self.removable(parent, name, dir)?
         };
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let path = path_bytes(&ns.child_path(parent, name)?);
         self.unbind(&mut ns, parent, name, false);
         let gone = ns.inodes.get(&child).is_none_or(|n| n.removed);
@@ -430,8 +430,8 @@ impl Fs {
         let Some((src, dst)) = found else {
             return Ok(());
         };
-        let src_kind = lock(&self.ns).inode(src)?.kind;
-        let mut ns = lock(&self.ns);
+        let src_kind = write(&self.ns).inode(src)?.kind;
+        let mut ns = write(&self.ns);
         // A directory may not move into its own subtree.
         let mut cur = new_parent;
         while cur != ROOT {
@@ -487,7 +487,7 @@ impl Fs {
     /// Hard-link `ino` as `name` in `parent`.
     pub fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
         let mutating = self.free_name(parent, name)?;
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         if ns.inode(parent)?.kind != FileKind::Dir {
             return Err(FsError::NotDir);
         }
@@ -496,7 +496,7 @@ impl Fs {
         let to = path_bytes(&ns.child_path(parent, name)?);
         let node = ns.inode_mut(ino)?;
         node.aliases.push((parent, name.to_os_string()));
-        node.lookups += 1;
+        *node.lookups.get_mut() += 1;
         if let Some(a) = node.attr.as_mut() {
             a.nlink += 1;
             a.ctime = SystemTime::now();
@@ -518,7 +518,7 @@ impl Fs {
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
         self.writable()?;
         let (kind, flush_lock, write_lock) = {
-            let ns = lock(&self.ns);
+            let ns = write(&self.ns);
             let node = ns.inode(ino)?;
             (node.kind, node.flush_lock.clone(), node.write_lock.clone())
         };
@@ -527,7 +527,7 @@ impl Fs {
         }
         let _f = lock(&flush_lock);
         let _w = lock(&write_lock);
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let path = path_bytes(&ns.path_of(ino)?);
         let now = SystemTime::now();
         let node = ns.inode_mut(ino)?;
@@ -609,10 +609,10 @@ impl Fs {
     /// Queue the written data of `ino` for home (fsync and close): durable in the cache first (write-back,
     /// local), pushed before it returns (write-through).
     pub(crate) fn commit_data(&self, ino: u64) -> FsResult<()> {
-        let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
+        let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
         let _w = lock(&write_lock);
         let (object, blocks, size) = {
-            let ns = lock(&self.ns);
+            let ns = read(&self.ns);
             let node = ns.inode(ino)?;
             if node.removed || node.dirty.is_empty() {
                 return Ok(());
@@ -631,7 +631,7 @@ impl Fs {
                 .sync_data()
                 .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
         }
-        let ns = lock(&self.ns);
+        let ns = write(&self.ns);
         let path = path_bytes(&ns.path_of(ino)?);
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
         let op = Op::new(ino, path, Vec::new(), OpKind::Data);
@@ -652,7 +652,7 @@ impl Fs {
             return Ok(());
         }
         // Files still open hold dirty data no close has queued yet: queue it, so the flushers can free room.
-        let dirty: Vec<u64> = lock(&self.ns)
+        let dirty: Vec<u64> = write(&self.ns)
             .inodes
             .iter()
             .filter(|(_, n)| !n.dirty.is_empty() && !n.removed)

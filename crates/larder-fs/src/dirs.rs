@@ -9,21 +9,20 @@ use std::time::Instant;
 
 use larder_home::{FileKind, HomeError, unreachable};
 
-use crate::namespace::{Fs, Namespace, ROOT, lock};
+use crate::namespace::{Fs, Namespace, ROOT, read, write};
 use crate::{DirItem, FsError, FsResult};
 
 impl Fs {
     /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let entries = Arc::new(self.listing(ino)?);
-        Ok(lock(&self.ns).new_handle(ino, Some(entries)))
+        Ok(self.new_handle(&read(&self.ns), ino, Some(entries)))
     }
 
     /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
     pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
-        let ns = lock(&self.ns);
-        let h = ns.handles.get(&fh).ok_or(FsError::BadHandle)?;
-        let entries = h.entries.clone().ok_or(FsError::NotDir)?;
+        let entries = self.handles.with(fh, |h| h.entries.clone()).ok_or(FsError::BadHandle)?;
+        let entries = entries.ok_or(FsError::NotDir)?;
         Ok(entries
             .iter()
             .enumerate()
@@ -34,7 +33,7 @@ impl Fs {
 
     /// Close an open directory.
     pub fn releasedir(&self, fh: u64) {
-        lock(&self.ns).handles.remove(&fh);
+        self.handles.remove(fh);
     }
 
     /// The children of `ino` (with `.` and `..` first), from the cached listing while it is fresh. Entries
@@ -44,8 +43,16 @@ impl Fs {
     /// left the queue before home answered) keeps the cache's entry: the journal names it
     /// ([`Journal::watch`](crate::journal::Journal::watch)).
     pub(crate) fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
+        {
+            // A fresh listing is a hit, taken with the namespace shared.
+            let ns = read(&self.ns);
+            let node = ns.inode(ino)?;
+            if node.kind == FileKind::Dir && self.fresh(node.listed.as_ref().map(|l| l.0)) {
+                return self.snapshot(&ns, ino);
+            }
+        }
         let (path, listed) = {
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             let node = ns.inode(ino)?;
             if node.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
@@ -68,7 +75,7 @@ impl Fs {
         let dir_attr = match self.core.home.stat(&path) {
             Ok(a) => a,
             Err(HomeError::NotFound) => {
-                let mut ns = lock(&self.ns);
+                let mut ns = write(&self.ns);
                 let node = ns.inode(ino)?;
                 let (parent, name) = (node.parent, node.name.clone());
                 if self.queued(ino) || self.local_name(&ns, parent, &name)? {
@@ -101,7 +108,7 @@ impl Fs {
         };
         if listed.as_ref() == Some(&dir_attr.version) {
             // Unchanged at home since the last full listing.
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             self.update_attr(&mut ns, ino, dir_attr.clone(), asked);
             ns.inode_mut(ino)?.listed = Some((Instant::now(), dir_attr.version));
             self.load_pinned(&mut ns, ino)?;
@@ -115,7 +122,7 @@ impl Fs {
             Err(e) if unreachable(&e) => return self.offline_listing(ino, e),
             Err(e) => return Err(e.into()),
         };
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         {
             let j = self.pipeline.journal();
             pinned.extend(j.pinned_in(ino));
@@ -150,7 +157,7 @@ impl Fs {
 
     /// Home is away: a directory listed before is served as cached.
     fn offline_listing(&self, ino: u64, e: HomeError) -> FsResult<Vec<DirItem>> {
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         if ns.inode(ino)?.listed.is_none() {
             return Err(e.into());
         }

@@ -5,12 +5,13 @@ use std::ffi::OsStr;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
 use larder_home::{FileKind, HomeError, SetAttr, Version};
 
 use crate::key::{Content, Part, UnitKey};
-use crate::namespace::{Core, FetchResult, Fs, Namespace, lock};
+use crate::namespace::{Core, FetchResult, Fs, Namespace, lock, read, write};
 use crate::readahead::Job;
 use crate::tier::{Local, Want};
 use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
@@ -133,7 +134,7 @@ impl Fs {
             return Err(FsError::ReadOnly);
         }
         let path = {
-            let ns = lock(&self.ns);
+            let ns = read(&self.ns);
             let node = ns.inode(ino)?;
             if node.kind == FileKind::Dir && flags & libc::O_ACCMODE != libc::O_RDONLY {
                 return Err(FsError::IsDir);
@@ -143,8 +144,9 @@ impl Fs {
         if let Some(path) = path {
             self.revalidate(ino, &path)?;
         }
-        let mut ns = lock(&self.ns);
-        let mut reply = ns.open_handle(ino)?;
+        // An open of a file whose attributes are fresh is a hit: the namespace is shared.
+        let ns = read(&self.ns);
+        let mut reply = self.open_handle(&ns, ino)?;
         if self.cfg.passthrough && flags & libc::O_ACCMODE == libc::O_RDONLY {
             let node = ns.inode(ino)?;
             reply.passthrough = node.kind == FileKind::File
@@ -178,16 +180,16 @@ impl Fs {
 
     /// The object (content version) handle `fh` reads.
     pub fn handle_object(&self, fh: u64) -> Option<u64> {
-        lock(&self.ns).handles.get(&fh).map(|h| h.object)
+        self.handles.with(fh, |h| h.object)
     }
 
     /// End the hold [`Fs::passthrough`] took for `fh` when the kernel did not take the file after all.
     pub fn unhold(&self, fh: u64) {
-        let mut ns = lock(&self.ns);
-        if let Some(h) = ns.handles.get_mut(&fh)
-            && std::mem::take(&mut h.held)
+        if let Some(Some(object)) = self
+            .handles
+            .with(fh, |h| std::mem::take(&mut h.held).then_some(h.object))
         {
-            self.core.store.unhold(h.object);
+            self.core.store.unhold(object);
         }
     }
 
@@ -195,8 +197,8 @@ impl Fs {
     /// whose open said `passthrough`. From then until the handle is released, the store holds its object:
     /// no eviction, and no hole punched under the reader. `None` if the file is no longer whole and clean.
     pub fn passthrough(&self, fh: u64) -> Option<Arc<std::fs::File>> {
-        let mut ns = lock(&self.ns);
-        let (ino, object) = ns.handles.get(&fh).map(|h| (h.ino, h.object))?;
+        let ns = read(&self.ns);
+        let (ino, object) = self.handles.with(fh, |h| (h.ino, h.object))?;
         let node = ns.inode(ino).ok()?;
         let size = node.attr.as_ref()?.size;
         if node.object != object || !node.dirty.is_empty() {
@@ -211,9 +213,7 @@ impl Fs {
             .filter(|f| self.core.store.complete(object, size) && f.metadata().is_ok_and(|m| m.len() == size));
         match file {
             Some(file) => {
-                if let Some(h) = ns.handles.get_mut(&fh) {
-                    h.held = true;
-                }
+                self.handles.with(fh, |h| h.held = true);
                 Some(file)
             }
             None => {
@@ -235,7 +235,7 @@ impl Fs {
     ) -> FsResult<(Entry, OpenReply)> {
         match self.create_file(parent, name, mode, uid, gid) {
             Ok(entry) => {
-                let reply = lock(&self.ns).open_handle(entry.attr.ino)?;
+                let reply = self.open_handle(&read(&self.ns), entry.attr.ino)?;
                 Ok((entry, reply))
             }
             Err(FsError::Home(HomeError::Exists)) if flags & libc::O_EXCL == 0 => {
@@ -279,34 +279,41 @@ impl Fs {
         let bs = self.core.store.block_size();
         // A hit needs the handle and the file's size only: where home has the file, and the rest a fetch
         // needs, are taken when a block is missing (or readahead is due).
-        let (ino, object, file_size, window, ra_end) = {
-            let mut ns = lock(&self.ns);
-            let h = ns.handles.get_mut(&fh).ok_or(FsError::BadHandle)?;
-            let window = match self.cfg.prefetch {
-                Prefetch::WholeFile => u64::MAX,
-                // A reader going on where it left off, or a little further: the pages between were read by
-                // the kernel from its page cache (another reader of the file brought them in), which must
-                // not cost this reader its window.
-                Prefetch::Sequential if offset >= h.next_offset && offset - h.next_offset <= self.cfg.readahead_max => {
-                    if h.window == 0 {
-                        bs
-                    } else {
-                        (h.window * 2).min(self.cfg.readahead_max)
+        // The handle's own state under its shard's lock, then the file's under the namespace shared: a hit
+        // waits for no other reader.
+        let (ino, opened, window, ra_end) = self
+            .handles
+            .with(fh, |h| {
+                let window = match self.cfg.prefetch {
+                    Prefetch::WholeFile => u64::MAX,
+                    // A reader going on where it left off, or a little further: the pages between were read by
+                    // the kernel from its page cache (another reader of the file brought them in), which must
+                    // not cost this reader its window.
+                    Prefetch::Sequential
+                        if offset >= h.next_offset && offset - h.next_offset <= self.cfg.readahead_max =>
+                    {
+                        if h.window == 0 {
+                            bs
+                        } else {
+                            (h.window * 2).min(self.cfg.readahead_max)
+                        }
                     }
-                }
-                Prefetch::Sequential => 0,
-            };
-            h.window = window;
-            h.next_offset = offset + size as u64;
-            let ra_end = h.ra_end;
-            let (ino, opened) = (h.ino, h.object);
+                    Prefetch::Sequential => 0,
+                };
+                h.window = window;
+                h.next_offset = offset + size as u64;
+                (h.ino, h.object, window, h.ra_end)
+            })
+            .ok_or(FsError::BadHandle)?;
+        let (object, file_size) = {
+            let ns = read(&self.ns);
             let node = ns.inode(ino)?;
             if node.object != opened {
                 // Home has another version now: this handle's version is gone, and mixing is not allowed.
                 return Err(FsError::Home(HomeError::Stale));
             }
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
-            (ino, node.object, attr.size, window, ra_end)
+            (node.object, attr.size)
         };
         if offset >= file_size || size == 0 {
             return Ok(Vec::new());
@@ -377,9 +384,7 @@ impl Fs {
             {
                 let first = ra_end.max(end).div_ceil(bs);
                 let last = ahead_end.div_ceil(bs);
-                if let Some(h) = lock(&self.ns).handles.get_mut(&fh) {
-                    h.ra_end = last * bs;
-                }
+                self.handles.with(fh, |h| h.ra_end = last * bs);
                 self.readahead.submit(Job {
                     object,
                     blocks: first as u32..last as u32,
@@ -398,7 +403,7 @@ impl Fs {
     /// its word is not kept once the file changed here: a truncation would otherwise let home's old bytes
     /// back in). `Stale` if the file's object is another now.
     fn fetch_state(&self, ino: u64, object: u64) -> FsResult<FetchState> {
-        let ns = lock(&self.ns);
+        let ns = read(&self.ns);
         let path = ns.home_path(ino)?;
         let node = ns.inode(ino)?;
         if node.object != object {
@@ -424,11 +429,8 @@ impl Fs {
             return Ok(0);
         }
         let bs = self.core.store.block_size();
-        let write_lock = {
-            let ns = lock(&self.ns);
-            let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
-            ns.inode(ino)?.write_lock.clone()
-        };
+        let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+        let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
         // One write of a file at a time: two writers completing the same partial block from home must not
         // undo each other, and a push must see each write whole.
         self.make_room(data.len() as u64)?;
@@ -438,8 +440,7 @@ impl Fs {
         // object cannot change under this write (a new version is never taken while writes are pending),
         // and a push finishing meanwhile will not mark these blocks clean.
         let (ino, object, size, path, version, before, epoch) = {
-            let mut ns = lock(&self.ns);
-            let ino = ns.handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
+            let mut ns = write(&self.ns);
             let path = ns.home_path(ino)?;
             let node = ns.inode_mut(ino)?;
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
@@ -462,7 +463,7 @@ impl Fs {
             (ino, node.object, size, path, version, before, epoch)
         };
         let restore = |before: (Vec<std::ops::Range<u64>>, Option<larder_home::HomeAttr>)| -> FsResult<()> {
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             let node = ns.inode_mut(ino)?;
             (node.dirty, node.attr) = before;
             Ok(())
@@ -490,7 +491,7 @@ impl Fs {
             }
         }
         if !completions.is_empty() {
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             let node = ns.inode_mut(ino)?;
             for (start, block) in &completions {
                 add_range(&mut node.dirty, *start..*start + block.len() as u64);
@@ -533,7 +534,7 @@ impl Fs {
                     // which a push takes after the flush lock.)
                     let deadline = std::time::Instant::now() + PUSH_WAIT;
                     loop {
-                        let mut ns = lock(&self.ns);
+                        let mut ns = write(&self.ns);
                         let node = ns.inode(ino)?;
                         if node.pushing > 0 && std::time::Instant::now() < deadline {
                             drop(ns);
@@ -552,7 +553,7 @@ impl Fs {
                                 let Some(attr) = self.home_has_ours(ino, &path) else {
                                     return Err(FsError::Home(HomeError::Stale));
                                 };
-                                let mut ns = lock(&self.ns);
+                                let mut ns = write(&self.ns);
                                 let node = ns.inode_mut(ino)?;
                                 if node.object != object || node.pushing > 0 {
                                     return Err(FsError::Home(HomeError::Stale));
@@ -591,7 +592,7 @@ impl Fs {
     /// Make pending writes of the file behind `fh` safe (close and fsync): pushed to home (write-through)
     /// or durable in the cache and queued (write-back).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
-        let ino = lock(&self.ns).handles.get(&fh).ok_or(FsError::BadHandle)?.ino;
+        let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
         self.commit_data(ino)
     }
 
@@ -602,7 +603,7 @@ impl Fs {
 
     /// Close a handle: push what is pending, and drop an unlinked file's data once nothing uses it.
     pub fn release(&self, fh: u64) -> FsResult<()> {
-        let Some(h) = lock(&self.ns).handles.remove(&fh) else {
+        let Some(h) = self.handles.remove(fh) else {
             return Err(FsError::BadHandle);
         };
         if h.held {
@@ -616,22 +617,37 @@ impl Fs {
         if let Err(e) = &result {
             tracing::error!(error = %e, ino = h.ino, "pushing a closed file to home failed; its changes stay cached");
         }
-        let mut ns = lock(&self.ns);
-        if let Some(node) = ns.inodes.get_mut(&h.ino) {
-            node.opens = node.opens.saturating_sub(1);
-            if node.removed && node.opens == 0 {
-                let (object, lookups) = (node.object, node.lookups);
-                node.dirty.clear();
-                if object != 0 {
-                    self.core.store.remove_object(object);
-                }
-                self.core
-                    .store
-                    .db()
-                    .submit(vec![larder_cache::Mutation::DelInode(h.ino)]);
-                if lookups == 0 {
-                    ns.inodes.remove(&h.ino);
-                }
+        // The count of opens drops with the namespace shared; only the last close of a removed file, which
+        // drops its data, takes it alone.
+        let last_of_removed = {
+            let ns = read(&self.ns);
+            ns.inodes.get(&h.ino).is_some_and(|node| {
+                let was = node
+                    .opens
+                    .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)))
+                    .unwrap_or(0);
+                node.removed && was <= 1
+            })
+        };
+        if !last_of_removed {
+            return result;
+        }
+        let mut ns = write(&self.ns);
+        if let Some(node) = ns.inodes.get_mut(&h.ino)
+            && node.removed
+            && node.opens() == 0
+        {
+            let (object, lookups) = (node.object, node.lookups());
+            node.dirty.clear();
+            if object != 0 {
+                self.core.store.remove_object(object);
+            }
+            self.core
+                .store
+                .db()
+                .submit(vec![larder_cache::Mutation::DelInode(h.ino)]);
+            if lookups == 0 {
+                ns.inodes.remove(&h.ino);
             }
         }
         result

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use larder_home::HomeError;
 
 use super::{add_range, blocks_of, subtract};
-use crate::namespace::{Fs, lock};
+use crate::namespace::{Fs, lock, write};
 use crate::{FsError, FsResult};
 
 impl Fs {
@@ -14,11 +14,11 @@ impl Fs {
     /// With `force`, home's version is overwritten whatever it is; otherwise a version other than the one
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
-        let write_lock = lock(&self.ns).inode(ino)?.write_lock.clone();
+        let write_lock = write(&self.ns).inode(ino)?.write_lock.clone();
         let (ranges, size, object, path, base, file, mtime, record) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             let node = ns.inode_mut(ino)?;
             if node.removed {
                 // Unlinked: its data has nowhere to go.
@@ -89,7 +89,7 @@ impl Fs {
             // Write-through pushes without the sync: its op counts as a repeat after a crash (`Fs::land`).
             let through = self.cfg.write_mode == crate::WriteMode::WriteThrough;
             if let Err(e) = if through { Ok(()) } else { db.sync() } {
-                let mut ns = lock(&self.ns);
+                let mut ns = write(&self.ns);
                 let node = ns.inode_mut(ino)?;
                 node.pushing -= 1;
                 node.attempt = None;
@@ -104,7 +104,7 @@ impl Fs {
             .home
             .write(&path, &file, &ranges, size, base.as_ref(), mtime)
             .map_err(FsError::from);
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         ns.inode_mut(ino)?.pushing -= 1;
         match result {
             Ok(attr) => {

@@ -6,7 +6,7 @@ use super::*;
 impl Fs {
     /// Home took the name of an object created here: its content is pushed by the conflict policy.
     pub(super) fn name_taken(&self, op: &Op) -> Outcome {
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let Some(node) = ns.inodes.get_mut(&op.ino) else {
             return Outcome::Done;
         };
@@ -80,7 +80,7 @@ impl Fs {
 
     /// The cached blocks of `ino` as byte ranges, and whether they cover all of it.
     pub(super) fn present_ranges(&self, ino: u64) -> FsResult<(u64, Vec<std::ops::Range<u64>>, u64, bool)> {
-        let ns = lock(&self.ns);
+        let ns = write(&self.ns);
         let node = ns.inode(ino)?;
         let size = node.attr.as_ref().map_or(0, |a| a.size);
         let bs = self.core.store.block_size();
@@ -156,7 +156,7 @@ impl Fs {
             ConflictPolicy::KeepBoth => {
                 let aside = self.conflict_path(path);
                 let written = self.present_ranges(ino).and_then(|(object, ranges, size, complete)| {
-                    let perm = lock(&self.ns).inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
+                    let perm = write(&self.ns).inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
                     let file = self.core.store.file(object)?;
                     self.core.home.create(&aside, perm, Owner::default())?;
                     self.core.home.write(&aside, &file, &ranges, size, None, None)?;
@@ -198,7 +198,7 @@ impl Fs {
 
     /// Drop the local changes of `ino` (they were kept elsewhere): the next access reads home's version.
     pub(super) fn discard_local(&self, ino: u64) {
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.dirty.clear();
         node.conflict = false;

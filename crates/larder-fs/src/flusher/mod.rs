@@ -14,7 +14,7 @@ use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, HomeError, Owner, SetAttr, TimeSet, Version};
 
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, lock};
+use crate::namespace::{Fs, lock, write};
 use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, RefusedChange, WriteMode};
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
@@ -261,7 +261,7 @@ impl Fs {
             Outcome::Done => {
                 // Counted before the op leaves the journal, until its directories have their times.
                 self.pipeline.settling.fetch_add(1, Ordering::SeqCst);
-                let ns = lock(&self.ns);
+                let ns = write(&self.ns);
                 let muts = {
                     let mut j = self.pipeline.journal();
                     j.finish(seq).1
@@ -271,7 +271,10 @@ impl Fs {
                 if op.kind == OpKind::Rmdir {
                     // Kept until now for the home paths through it.
                     muts.push(Mutation::DelInode(op.ino));
-                    if ns.inodes.get(&op.ino).is_some_and(|n| n.lookups == 0 && n.opens == 0)
+                    if ns
+                        .inodes
+                        .get(&op.ino)
+                        .is_some_and(|n| n.lookups() == 0 && n.opens() == 0)
                         && !self.pipeline.journal().has(op.ino)
                     {
                         ns.inodes.remove(&op.ino);
@@ -323,7 +326,7 @@ impl Fs {
                 if attempts >= MAX_ATTEMPTS {
                     // Keep the cache's version where it cannot be lost, and let the queue move on.
                     self.set_aside(op, &e);
-                    let mut ns = lock(&self.ns);
+                    let mut ns = write(&self.ns);
                     let muts = self.pipeline.journal().finish(seq).1;
                     ns.renames.remove(&op.ino);
                     if let Some(node) = ns.inodes.get_mut(&op.ino) {
@@ -341,13 +344,13 @@ impl Fs {
     /// source may be either side of it ([`Namespace::moving`]).
     pub(super) fn pushing_rename(&self, op: &Op) {
         if matches!(op.kind, OpKind::Rename { .. }) {
-            lock(&self.ns).renames.insert(op.ino, (op.path.clone(), true));
+            write(&self.ns).renames.insert(op.ino, (op.path.clone(), true));
         }
     }
 
     /// A rename's push failed: home may or may not have made it; it waits for a retry.
     pub(super) fn rename_unsettled(&self, op: &Op) {
-        if let Some(r) = lock(&self.ns).renames.get_mut(&op.ino) {
+        if let Some(r) = write(&self.ns).renames.get_mut(&op.ino) {
             r.1 = false;
         }
     }
@@ -366,7 +369,7 @@ impl Fs {
         {
             return attr;
         }
-        let local = lock(&self.ns)
+        let local = write(&self.ns)
             .inode(op.ino)
             .ok()
             .and_then(|n| n.attr.as_ref().map(|a| a.mtime));
@@ -410,7 +413,7 @@ impl Fs {
         dirs.dedup();
         for dir in dirs {
             let (path, mtime) = {
-                let ns = lock(&self.ns);
+                let ns = write(&self.ns);
                 if !self.pipeline.journal().dir_settled(dir) {
                     continue;
                 }
@@ -424,7 +427,7 @@ impl Fs {
             let Some(attr) = self.give_home_time(&path, mtime) else {
                 continue;
             };
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             // A change of it made meanwhile stands: its own push settles the time again.
             let unchanged = ns
                 .inode(dir)

@@ -9,7 +9,7 @@ use larder_home::{HomeAttr, HomeError, RenameFlags, SetAttr, TimeSet, unreachabl
 use super::{COMPARE_MAX, Outcome, os, owner_of};
 use crate::FsError;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Namespace, lock};
+use crate::namespace::{Fs, Namespace, lock, write};
 use crate::record::from_ns;
 
 impl Fs {
@@ -19,7 +19,7 @@ impl Fs {
     pub(super) fn push_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
         // After a restart the object may not be in memory yet; what the push settles (where home has it,
         // its version) must reach its record.
-        let _ = self.load_inode(&mut lock(&self.ns), op.ino);
+        let _ = self.load_inode(&mut write(&self.ns), op.ino);
         let home = self.core.home.as_ref();
         let path = os(&op.path);
         let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {
@@ -147,7 +147,7 @@ impl Fs {
 
     /// Record in the namespace what a pushed op made true at home.
     pub(super) fn settle_namespace(&self, op: &Op, attr: Option<HomeAttr>) {
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let loc = |i: usize| {
             op.names
                 .get(i)
@@ -234,13 +234,13 @@ impl Fs {
     /// mismatch is the answer, and the data stays dirty).
     pub(super) fn push_data_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
         {
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             if self.load_inode(&mut ns, op.ino).is_err() {
                 // Nothing left of it here (removed): nothing to push.
                 return Outcome::Done;
             }
         }
-        let flush_lock = match lock(&self.ns).inode(op.ino) {
+        let flush_lock = match write(&self.ns).inode(op.ino) {
             Ok(n) => n.flush_lock.clone(),
             Err(_) => return Outcome::Done,
         };
@@ -271,7 +271,7 @@ impl Fs {
     /// Home's attributes if so.
     pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
         let (ranges, size, object) = {
-            let ns = lock(&self.ns);
+            let ns = write(&self.ns);
             let Ok(node) = ns.inode(ino) else { return None };
             match &node.unconfirmed {
                 Some(a) => (a.ranges.clone(), a.size, node.object),

@@ -12,7 +12,7 @@ use larder_home::{FileKind, RenameFlags};
 use super::Outcome;
 use crate::FsResult;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Namespace, lock};
+use crate::namespace::{Fs, Namespace, write};
 
 impl Fs {
     /// Push the held ops `seqs` (just recorded by this caller, in order), each once the ops it depends on
@@ -70,7 +70,7 @@ impl Fs {
 
     /// Home did not take `op`: it leaves the journal and the cache.
     fn take_back(&self, seq: u64, op: &Op) {
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let mut muts = self.pipeline.journal().finish(seq).1;
         ns.renames.remove(&op.ino);
         self.undo(&mut ns, op, &mut muts);
@@ -145,7 +145,7 @@ impl Fs {
         }
         let Some(node) = ns.inodes.get(&ino) else { return };
         // Its cached data went with its last name (unless open): it starts again from home's.
-        let fresh = (node.removed && node.opens == 0 && node.kind == FileKind::File).then(|| self.alloc_object(ns));
+        let fresh = (node.removed && node.opens() == 0 && node.kind == FileKind::File).then(|| self.alloc_object(ns));
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         if let Some(object) = fresh {
             node.object = object;

@@ -246,7 +246,7 @@ impl Fs {
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.removed = true;
         let children: Vec<(OsString, u64)> = node.children.drain().collect();
-        let (opens, lookups, object) = (node.opens, node.lookups, node.object);
+        let (opens, lookups, object) = (node.opens(), node.lookups(), node.object);
         let id = node.attr.as_ref().map_or(0, |a| a.id);
         if ns.by_id.get(&id) == Some(&ino) {
             ns.by_id.remove(&id);

@@ -44,16 +44,17 @@ impl Fs {
     /// Look `name` up in `parent`; counts one kernel reference on success.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         {
-            // A hit (see `find_once`) is answered and counted in one critical section.
-            let mut ns = lock(&self.ns);
+            // A hit (see `find_once`) is answered and counted in one critical section, with the namespace
+            // shared: hits wait for no other hit.
+            let ns = read(&self.ns);
             if let Some(child) = self.fresh_child(&ns, parent, name) {
-                ns.inode_mut(child)?.lookups += 1;
+                ns.inode(child)?.lookups.fetch_add(1, Relaxed);
                 return self.entry(&ns, child);
             }
         }
         let ino = self.find(parent, name)?;
-        let mut ns = lock(&self.ns);
-        ns.inode_mut(ino)?.lookups += 1;
+        let ns = read(&self.ns);
+        ns.inode(ino)?.lookups.fetch_add(1, Relaxed);
         self.entry(&ns, ino)
     }
 
@@ -71,7 +72,7 @@ impl Fs {
                 // Home's answer cannot be trusted while a rename above the name is unsettled: the cache's
                 // (its persisted entries included) is the answer.
                 Found::Moving | Found::Unsure => {
-                    let mut ns = lock(&self.ns);
+                    let mut ns = write(&self.ns);
                     return self.load_child(&mut ns, parent, name)?.ok_or(FsError::NotFound);
                 }
             }
@@ -114,7 +115,7 @@ impl Fs {
     /// One try of [`Fs::find`].
     pub(super) fn find_once(&self, parent: u64, name: &OsStr) -> FsResult<Found> {
         let (path, known) = {
-            let mut ns = lock(&self.ns);
+            let mut ns = write(&self.ns);
             let p = ns.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
@@ -148,7 +149,7 @@ impl Fs {
         let asked = Instant::now();
         match self.core.home.stat(&path) {
             Ok(attr) => {
-                let mut ns = lock(&self.ns);
+                let mut ns = write(&self.ns);
                 if self.local_name(&ns, parent, name)? {
                     // Changed here while home was asked: the cache's answer stands.
                     return cached_child(&ns, parent, name);
@@ -157,7 +158,7 @@ impl Fs {
                     .map(Found::Ino)
             }
             Err(HomeError::NotFound) => {
-                let mut ns = lock(&self.ns);
+                let mut ns = write(&self.ns);
                 if self.local_name(&ns, parent, name)? {
                     return cached_child(&ns, parent, name);
                 }
@@ -177,7 +178,7 @@ impl Fs {
                 // That answer is remembered neither here (no negative entry) nor by the kernel (an error
                 // reply), so the name is asked again once home is back. Without a journal nothing can be
                 // made while home is away: the honest answer is home's error.
-                let mut ns = lock(&self.ns);
+                let mut ns = write(&self.ns);
                 // A name known before a restart is in the index, if not in memory yet.
                 let known = match known {
                     Some(child) => Some(child),
@@ -196,10 +197,11 @@ impl Fs {
 
     /// The kernel dropped `n` references to `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
-        node.lookups = node.lookups.saturating_sub(n);
-        if node.lookups == 0 && node.opens == 0 && node.removed && ino != ROOT && !self.queued(ino) {
+        let left = node.lookups().saturating_sub(n);
+        *node.lookups.get_mut() = left;
+        if left == 0 && node.opens() == 0 && node.removed && ino != ROOT && !self.queued(ino) {
             ns.inodes.remove(&ino);
         }
     }
@@ -207,7 +209,7 @@ impl Fs {
     /// Attributes of `ino`, revalidated against home once the validity lag has passed.
     pub fn getattr(&self, ino: u64) -> FsResult<Entry> {
         let path = {
-            let ns = lock(&self.ns);
+            let ns = read(&self.ns);
             let node = ns.inode(ino)?;
             if node.attr.is_some()
                 && (self.fresh(node.checked) || node.removed || !node.dirty.is_empty() || self.queued(ino))
@@ -227,7 +229,7 @@ impl Fs {
         let asked = Instant::now();
         match self.core.home.stat(path) {
             Ok(attr) => {
-                let mut ns = lock(&self.ns);
+                let mut ns = write(&self.ns);
                 if ns.inode(ino)?.kind != attr.kind {
                     return Err(FsError::NotFound);
                 }
@@ -235,9 +237,9 @@ impl Fs {
                 self.entry(&ns, ino)
             }
             Err(HomeError::NotFound) => {
-                let mut ns = lock(&self.ns);
+                let mut ns = write(&self.ns);
                 let node = ns.inode(ino)?;
-                if node.opens > 0 && node.attr.is_some() {
+                if node.opens() > 0 && node.attr.is_some() {
                     // Still open here: keep serving what we have.
                     return self.entry(&ns, ino);
                 }
@@ -255,7 +257,7 @@ impl Fs {
                 Err(FsError::NotFound)
             }
             Err(e) if unreachable(&e) => {
-                let ns = lock(&self.ns);
+                let ns = write(&self.ns);
                 if ns.inode(ino)?.attr.is_some() {
                     return self.entry(&ns, ino);
                 }
@@ -268,7 +270,7 @@ impl Fs {
     /// Read the target of a symlink.
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let path = {
-            let ns = lock(&self.ns);
+            let ns = write(&self.ns);
             let node = ns.inode(ino)?;
             if node.kind != FileKind::Symlink {
                 return Err(FsError::Invalid);
@@ -285,7 +287,7 @@ impl Fs {
         };
         self.revalidate(ino, &path)?;
         let target = self.core.home.readlink(&path)?;
-        let mut ns = lock(&self.ns);
+        let mut ns = write(&self.ns);
         if let Ok(node) = ns.inode_mut(ino) {
             node.symlink = Some(target.clone());
         }

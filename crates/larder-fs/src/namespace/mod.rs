@@ -7,7 +7,8 @@ use std::ffi::{OsStr, OsString};
 use std::ops::Range;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use larder_cache::{Mutation, Store};
@@ -23,8 +24,11 @@ use crate::tier::{HomeTier, StoreTier, Tier, TierStats, Tiers};
 use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
 
 mod binding;
+mod handles;
 mod lookup;
 mod open;
+
+pub(crate) use handles::{Handle, Handles};
 
 pub(crate) const ROOT: u64 = 1;
 /// Index meta key: 1 while a daemon has the cache open, 0 after a clean shutdown.
@@ -65,14 +69,17 @@ pub(crate) struct Inode {
     pub listed: Option<(Instant, Version)>,
     /// Names home said do not exist, and when.
     pub negatives: HashMap<OsString, Instant>,
-    pub lookups: u64,
-    pub opens: u32,
+    /// The kernel's references (lookups not yet forgotten) and the handles open on it: counted by hits
+    /// under the shared namespace lock, so atomics; a decision that one is zero is taken with `ns` held
+    /// alone, when no hit can count meanwhile.
+    pub lookups: AtomicU64,
+    pub opens: AtomicU32,
     /// Byte ranges written locally and not yet pushed to home.
     pub dirty: Vec<Range<u64>>,
     /// Gone from home; kept while the kernel or a handle refers to it.
     pub removed: bool,
     /// Object whose pages the kernel's page cache holds for this inode.
-    pub kernel_object: u64,
+    pub kernel_object: AtomicU64,
     /// Serialises pushes of this file to home. Taken before `write_lock`.
     pub flush_lock: Arc<Mutex<()>>,
     /// Serialises writes of this file, and a push's taking of dirty ranges with them.
@@ -117,11 +124,11 @@ impl Inode {
             children: HashMap::new(),
             listed: None,
             negatives: HashMap::new(),
-            lookups: 0,
-            opens: 0,
+            lookups: AtomicU64::new(0),
+            opens: AtomicU32::new(0),
             dirty: Vec::new(),
             removed: false,
-            kernel_object: 0,
+            kernel_object: AtomicU64::new(0),
             flush_lock: Arc::new(Mutex::new(())),
             write_lock: Arc::new(Mutex::new(())),
             pushing: 0,
@@ -199,6 +206,16 @@ impl Inode {
         self.home_size.map_or(size, |h| h.min(size))
     }
 
+    /// The kernel's references to it (see `lookups`).
+    pub(crate) fn lookups(&self) -> u64 {
+        self.lookups.load(Relaxed)
+    }
+
+    /// The handles open on it (see `opens`).
+    pub(crate) fn opens(&self) -> u32 {
+        self.opens.load(Relaxed)
+    }
+
     fn has_name(&self, parent: u64, name: &OsStr) -> bool {
         (self.parent == parent && self.name == name) || self.aliases.iter().any(|(p, n)| *p == parent && n == name)
     }
@@ -214,32 +231,13 @@ impl Inode {
     }
 }
 
-/// An open file or directory.
-pub(crate) struct Handle {
-    pub ino: u64,
-    /// The cache object (content version) the file had when this handle opened it. A handle reads that
-    /// version only: once revalidation moves the file to another, its reads fail with `ESTALE`.
-    pub object: u64,
-    /// Directory handles: the listing as it was at opendir.
-    pub entries: Option<Arc<Vec<DirItem>>>,
-    /// Where the next sequential read would start, the readahead window, and where the blocks queued
-    /// for this handle end.
-    pub next_offset: u64,
-    pub window: u64,
-    pub ra_end: u64,
-    /// The kernel reads this handle's object from its cache file directly: the store holds it.
-    pub held: bool,
-}
-
 #[derive(Default)]
 pub(crate) struct Namespace {
     pub inodes: HashMap<u64, Inode>,
     /// Home identity -> inode, for objects with several names (hard links).
     pub by_id: HashMap<u64, u64>,
-    pub handles: HashMap<u64, Handle>,
     pub next_ino: u64,
     pub next_object: u64,
-    pub next_fh: u64,
     /// Renames home may have made without the cache knowing yet: per renamed inode, the home path it was
     /// renamed from and whether the push is under way (`false`: tried, failed, waiting for a retry). Kept
     /// beside the home locations, under the same lock, and changed together with them when a rename lands
@@ -262,15 +260,18 @@ pub(crate) struct Core {
 }
 
 /// The caching file system, without FUSE: three components and what joins them (design note 012).
-/// - The **namespace**: names, inodes, home locations and renames in flight, handles (`ns`), and the
-///   lock that serialises changes of it (`mutate`); `namespace/`, `changes.rs`, `dirs.rs`.
+/// - The **namespace**: names, inodes, home locations and renames in flight (`ns`, shared by hits, taken
+///   alone by changes), open handles (`handles`, sharded), and the lock that serialises changes of it
+///   (`mutate`); `namespace/`, `changes.rs`, `dirs.rs`.
 /// - The **data path**: home, the store and the tiers between, readahead (`core`, `readahead`,
 ///   `read_counters`); `data/`, `residency.rs`, `tier/`.
 /// - The **write-back pipeline**: the journal, its pushers, conflicts (`pipeline`); `flusher/`.
 pub struct Fs {
     pub(crate) cfg: FsConfig,
     pub(crate) core: Arc<Core>,
-    pub(crate) ns: Mutex<Namespace>,
+    pub(crate) ns: RwLock<Namespace>,
+    /// Open handles, sharded: a leaf under `ns`.
+    pub(crate) handles: Handles,
     pub(crate) mutate: Mutex<()>,
     pub(crate) readahead: Readahead,
     pub(crate) read_counters: ReadCounters,
@@ -280,7 +281,7 @@ pub struct Fs {
     pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
 }
 
-pub(crate) use larder_cache::contention::lock;
+pub(crate) use larder_cache::contention::{lock, read, write};
 
 pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
     if name.len() > NAME_MAX {
@@ -368,41 +369,6 @@ impl Namespace {
         Ok(parts.iter().rev().collect())
     }
 
-    /// Count an open of `ino` and give it a file handle. The kernel may keep its page cache for the file
-    /// when the pages it holds are of the version cached now.
-    pub fn open_handle(&mut self, ino: u64) -> FsResult<OpenReply> {
-        let node = self.inode_mut(ino)?;
-        node.opens += 1;
-        let keep_cache = node.kernel_object == node.object && node.object != 0;
-        node.kernel_object = node.object;
-        let fh = self.new_handle(ino, None);
-        Ok(OpenReply {
-            fh,
-            keep_cache,
-            passthrough: false,
-        })
-    }
-
-    /// A new handle of `ino`; directory handles carry the listing they were opened with.
-    pub fn new_handle(&mut self, ino: u64, entries: Option<Arc<Vec<DirItem>>>) -> u64 {
-        let fh = self.next_fh;
-        self.next_fh += 1;
-        let object = self.inodes.get(&ino).map_or(0, |n| n.object);
-        self.handles.insert(
-            fh,
-            Handle {
-                ino,
-                object,
-                entries,
-                next_offset: 0,
-                window: 0,
-                ra_end: 0,
-                held: false,
-            },
-        );
-        fh
-    }
-
     /// Where home has `ino` now, following each ancestor's home location; `None` if it (or an ancestor) is
     /// not at home yet.
     pub fn home_path(&self, ino: u64) -> FsResult<Option<PathBuf>> {
@@ -450,6 +416,27 @@ impl Namespace {
 }
 
 impl Fs {
+    /// Count an open of `ino` and give it a file handle. The kernel may keep its page cache for the file
+    /// when the pages it holds are of the version cached now. Takes `ns` shared: an open of a cached file
+    /// is a hit, and waits for no other.
+    pub(crate) fn open_handle(&self, ns: &Namespace, ino: u64) -> FsResult<OpenReply> {
+        let node = ns.inode(ino)?;
+        node.opens.fetch_add(1, Relaxed);
+        let keep_cache = node.kernel_object.swap(node.object, Relaxed) == node.object && node.object != 0;
+        let fh = self.handles.insert(Handle::new(ino, node.object, None));
+        Ok(OpenReply {
+            fh,
+            keep_cache,
+            passthrough: false,
+        })
+    }
+
+    /// A new handle of `ino`; directory handles carry the listing they were opened with.
+    pub(crate) fn new_handle(&self, ns: &Namespace, ino: u64, entries: Option<Arc<Vec<DirItem>>>) -> u64 {
+        let object = ns.inodes.get(&ino).map_or(0, |n| n.object);
+        self.handles.insert(Handle::new(ino, object, entries))
+    }
+
     /// Counts of the read path's tiers, nearest first (the store, ..., home).
     pub fn tier_stats(&self) -> Vec<TierStats> {
         self.core.tiers.stats()
@@ -696,10 +683,10 @@ impl Fs {
 
     /// Figures for status output.
     pub fn stats(&self) -> FsStats {
-        let ns = lock(&self.ns);
+        let ns = read(&self.ns);
         FsStats {
             inodes: ns.inodes.len() as u64,
-            open_handles: ns.handles.len() as u64,
+            open_handles: self.handles.len() as u64,
             dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
             readahead_blocks: self.readahead.submitted(),
             reads: self.read_counters.reads.load(std::sync::atomic::Ordering::Relaxed),
@@ -734,5 +721,96 @@ mod tests {
         assert_eq!(ns.moving(b"a/b/c"), Some(true), "one under way above wins");
         ns.renames.clear();
         assert_eq!(ns.moving(b"a/b/c"), None);
+    }
+}
+
+#[cfg(test)]
+mod hit_tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use larder_cache::{Db, Eviction, StoreConfig};
+    use larder_home::PosixHome;
+
+    use super::*;
+
+    /// A core over a POSIX home holding `dir/f` (10 KiB), cached in `cache`.
+    fn core(home: &Path, cache: &Path) -> Arc<Fs> {
+        std::fs::create_dir_all(home.join("dir")).unwrap();
+        std::fs::write(home.join("dir/f"), vec![7u8; 10 << 10]).unwrap();
+        std::fs::create_dir_all(cache).unwrap();
+        let db = Db::open(&cache.join("index.redb")).unwrap();
+        let store = Store::open(
+            StoreConfig {
+                dir: cache.join("objects"),
+                block_size: 4096,
+                limit: 64 << 20,
+                high_watermark: 0.95,
+                low_watermark: 0.9,
+                dedup: true,
+                eviction: Eviction::S3Fifo,
+            },
+            db,
+        )
+        .unwrap();
+        let home: Arc<dyn Home> = Arc::new(PosixHome::new(home, Some(Duration::from_secs(10))).unwrap());
+        let cfg = FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            conflicts_dir: cache.join("conflicts"),
+            ..FsConfig::default()
+        };
+        Arc::new(Fs::new(home, Arc::new(store), cfg).unwrap())
+    }
+
+    #[test]
+    fn hits_proceed_while_another_thread_holds_the_namespace_shared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
+        // Warm: the names, the attributes, the listing and the file's blocks are cached.
+        let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
+        let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
+        let fh = fs.open(ino, libc::O_RDONLY).unwrap().fh;
+        assert_eq!(fs.read(fh, 0, 10 << 10).unwrap(), vec![7u8; 10 << 10]);
+        let dh = fs.opendir(dir).unwrap();
+        fs.releasedir(dh);
+        let hits_before = fs.store().stats().hits;
+
+        // Another reader holds the namespace (as a long hit would): every hit below must still be served.
+        let held = read(&fs.ns);
+        let (tx, rx) = mpsc::channel();
+        let worker = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let run = || -> FsResult<Vec<u8>> {
+                    let found = fs.lookup(dir, OsStr::new("f"))?.attr.ino;
+                    assert_eq!(found, ino);
+                    fs.getattr(ino)?;
+                    let fh = fs.open(ino, libc::O_RDONLY)?.fh;
+                    let data = fs.read(fh, 4096, 100)?;
+                    fs.release(fh)?;
+                    let dh = fs.opendir(dir)?;
+                    assert!(fs.readdir(dh, 0)?.iter().any(|(_, e)| e.name == "f"));
+                    fs.releasedir(dh);
+                    Ok(data)
+                };
+                tx.send(run()).unwrap();
+            })
+        };
+        let answer = rx.recv_timeout(Duration::from_secs(10));
+        drop(held);
+        worker.join().unwrap();
+        let data = answer.expect("a hit waited for a reader of the namespace").unwrap();
+        assert_eq!(data, vec![7u8; 100]);
+        assert!(
+            fs.store().stats().hits > hits_before,
+            "the read was not served from the cache"
+        );
+        // The hits counted their kernel references and handles: two lookups of `f`, the open released.
+        let ns = read(&fs.ns);
+        assert_eq!(ns.inode(ino).unwrap().lookups(), 2);
+        assert_eq!(ns.inode(ino).unwrap().opens(), 1, "the first handle is still open");
+        drop(ns);
+        fs.release(fh).unwrap();
+        assert_eq!(read(&fs.ns).inode(ino).unwrap().opens(), 0);
     }
 }

@@ -27,7 +27,6 @@ impl Fs {
         let mut ns = Namespace {
             next_ino: db.meta("next_ino")?.unwrap_or(ROOT + 1),
             next_object: db.meta("next_object")?.unwrap_or(1),
-            next_fh: 1,
             ..Namespace::default()
         };
         // Set while a daemon has the cache open, cleared by `shutdown`: found set, the last one did not
@@ -86,7 +85,7 @@ impl Fs {
                 "{pending} changes left queued by the last run are kept, to be pushed in order"
             );
         }
-        root.lookups = 1;
+        *root.lookups.get_mut() = 1;
         db.submit(vec![
             Mutation::PutInode(ROOT, root.record().encode()),
             Mutation::PutMeta(RUNNING, 1),
@@ -109,7 +108,8 @@ impl Fs {
         Ok(Fs {
             cfg,
             core,
-            ns: Mutex::new(ns),
+            ns: RwLock::new(ns),
+            handles: Handles::default(),
             mutate: Mutex::new(()),
             readahead,
             read_counters: ReadCounters::default(),
@@ -122,7 +122,7 @@ impl Fs {
     /// Make everything durable before the process exits.
     pub fn shutdown(&self) -> FsResult<()> {
         self.stop_flushers();
-        let handles: Vec<u64> = lock(&self.ns).handles.keys().copied().collect();
+        let handles = self.handles.numbers();
         for fh in handles {
             let _ = self.release(fh);
         }
