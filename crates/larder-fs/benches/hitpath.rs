@@ -1,5 +1,6 @@
-//! The hit path in process: the core and the store, no FUSE, no kernel. Warm lookups and warm 4 KiB reads
-//! of a fully cached tree by 1 to 16 threads, with the time threads spent waiting for a held lock (see
+//! The hit path in process: the core and the store, no FUSE, no kernel. Warm lookups (each followed by
+//! the kernel's forget), getattrs, 4 KiB reads on open handles, and whole-file reads (open, read 16 KiB,
+//! close: a small-file workload) of a fully cached tree by 1 to 16 threads, with the time threads spent waiting for a held lock (see
 //! `larder_cache::contention`), so that contention shows even on a machine with few cores.
 //!
 //!     cargo bench -p larder-fs --bench hitpath -- [--files N] [--seconds S] [--threads 1,2,4,8,16]
@@ -177,6 +178,16 @@ fn main() {
         let off = rng.below((FILE_SIZE / 4096) as u64) * 4096;
         assert_eq!(fs.read(fh, off, 4096).unwrap().len(), 4096);
     };
+    let getattrs = |rng: &mut Rng| {
+        let (_, _, ino) = &tree.files[rng.below(tree.files.len() as u64) as usize];
+        fs.getattr(*ino).unwrap();
+    };
+    let whole = |rng: &mut Rng| {
+        let (_, _, ino) = &tree.files[rng.below(tree.files.len() as u64) as usize];
+        let r = fs.open(*ino, libc::O_RDONLY).unwrap();
+        assert_eq!(fs.read(r.fh, 0, FILE_SIZE as u32).unwrap().len(), FILE_SIZE);
+        fs.release(r.fh).unwrap();
+    };
     let mut rows = Vec::new();
     println!(
         "{} files of {} KiB, {} s per figure",
@@ -190,7 +201,9 @@ fn main() {
     );
     for (name, op) in [
         ("lookup", &lookups as &(dyn Fn(&mut Rng) + Sync)),
+        ("getattr", &getattrs as &(dyn Fn(&mut Rng) + Sync)),
         ("read4k", &reads as &(dyn Fn(&mut Rng) + Sync)),
+        ("openread", &whole as &(dyn Fn(&mut Rng) + Sync)),
     ] {
         for &t in &a.threads {
             let (rate, waits, wait_ns) = measure(t, a.seconds, op);

@@ -196,12 +196,24 @@ impl Fs {
     }
 
     /// The kernel dropped `n` references to `ino`.
+    /// The count drops with the namespace shared (the kernel forgets as often as it looks up); only the
+    /// last reference to a removed inode, which forgets the inode, takes it alone.
     pub fn forget(&self, ino: u64, n: u64) {
+        let last_of_removed = {
+            let ns = read(&self.ns);
+            let Some(node) = ns.inodes.get(&ino) else { return };
+            let was = node
+                .lookups
+                .fetch_update(Relaxed, Relaxed, |l| Some(l.saturating_sub(n)))
+                .unwrap_or(0);
+            was <= n && node.removed
+        };
+        if !last_of_removed {
+            return;
+        }
         let mut ns = write(&self.ns);
-        let Some(node) = ns.inodes.get_mut(&ino) else { return };
-        let left = node.lookups().saturating_sub(n);
-        *node.lookups.get_mut() = left;
-        if left == 0 && node.opens() == 0 && node.removed && ino != ROOT && !self.queued(ino) {
+        let Some(node) = ns.inodes.get(&ino) else { return };
+        if node.lookups() == 0 && node.opens() == 0 && node.removed && ino != ROOT && !self.queued(ino) {
             ns.inodes.remove(&ino);
         }
     }

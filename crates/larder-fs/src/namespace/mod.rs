@@ -784,6 +784,8 @@ mod hit_tests {
                 let run = || -> FsResult<Vec<u8>> {
                     let found = fs.lookup(dir, OsStr::new("f"))?.attr.ino;
                     assert_eq!(found, ino);
+                    fs.lookup(dir, OsStr::new("f"))?;
+                    fs.forget(ino, 1);
                     fs.getattr(ino)?;
                     let fh = fs.open(ino, libc::O_RDONLY)?.fh;
                     let data = fs.read(fh, 4096, 100)?;
@@ -805,7 +807,8 @@ mod hit_tests {
             fs.store().stats().hits > hits_before,
             "the read was not served from the cache"
         );
-        // The hits counted their kernel references and handles: two lookups of `f`, the open released.
+        // The hits counted their kernel references and handles: three lookups of `f` and one forget, the
+        // second open released.
         let ns = read(&fs.ns);
         assert_eq!(ns.inode(ino).unwrap().lookups(), 2);
         assert_eq!(ns.inode(ino).unwrap().opens(), 1, "the first handle is still open");
