@@ -345,7 +345,7 @@ fn pause_at(
 
 /// Until `done` has finished, or some thread waits for a fill to end.
 fn until_waiting_or_finished(s: &Store, done: &std::thread::JoinHandle<()>) {
-    while lock(&s.state).waiting == 0 && !done.is_finished() {
+    while s.shards.iter().all(|shard| lock(&shard.state).waiting == 0) && !done.is_finished() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
@@ -380,7 +380,7 @@ fn a_write_to_a_block_being_filled_ends_with_the_writes_bytes() {
         "the write's bytes"
     );
     assert_eq!(file_bytes(dir.path(), 1), vec![2u8; 4096]);
-    assert!(lock(&s.state).blocks[&(1, 0)].dirty);
+    assert!(s.state(1).blocks[&(1, 0)].dirty);
 }
 
 #[test]
@@ -441,10 +441,15 @@ type Local = Mutex<BTreeMap<u32, Vec<u8>>>;
 /// Every present block's bytes against `local` (the bytes written here and not pushed, by object and
 /// block; any other block must hold home's bytes), and clean blocks' checksums against their bytes.
 fn check_blocks(s: &Store, local: &[Local]) {
-    let st = lock(&s.state);
+    for shard in &s.shards {
+        check_shard(s, &lock(&shard.state), local);
+    }
+}
+
+fn check_shard(s: &Store, st: &ShardState, local: &[Local]) {
     assert!(st.filling.is_empty() && st.changing.is_empty() && st.waiting == 0);
     for (&(object, index), e) in &st.blocks {
-        let file = s.file_locked(&st, object).unwrap();
+        let file = s.file_locked(st, object).unwrap();
         let mut bytes = vec![0u8; e.len as usize];
         read_upto(&file, &mut bytes, index as u64 * BS as u64).unwrap();
         let mine = local[object as usize].lock().unwrap().get(&index).cloned();
@@ -525,7 +530,7 @@ fn fills_racing_local_changes_never_overwrite_them() {
                             let mut bytes = match mine.get(&index) {
                                 Some(b) => b.clone(),
                                 None => {
-                                    let len = lock(&s.state).blocks[&key].len as usize;
+                                    let len = s.state(object).blocks[&key].len as usize;
                                     home(object, index)[..len].to_vec()
                                 }
                             };
@@ -576,7 +581,7 @@ fn fills_racing_local_changes_never_overwrite_them() {
                                     got.len(), want.len(),
                                     got.iter().zip(want.iter()).position(|(a, b)| a != b),
                                     &&got[100.min(n)..108.min(n)], &want[100.min(n)..108.min(n)], &home(object, index)[100..108],
-                                    lock(&s.state).blocks.get(&key).map(|e| (e.len, e.dirty, e.crc))
+                                    s.state(object).blocks.get(&key).map(|e| (e.len, e.dirty, e.crc))
                                 );
                                 assert!(got[n..].iter().chain(&want[n..]).all(|&b| b == 0), "{key:?}");
                             }
@@ -623,7 +628,7 @@ fn a_block_written_while_it_is_indexed_is_indexed_with_its_new_bytes() {
         s.write(1, 0, &[2u8; BS]).unwrap();
         go.send(()).unwrap();
         indexer.join().unwrap();
-        let st = lock(&s.state);
+        let st = s.state(1);
         let e = &st.blocks[&(1, 0)];
         assert_eq!(e.dirty, dirty);
         assert_eq!(
@@ -668,7 +673,7 @@ fn indexing_racing_writes_records_the_checksums_of_the_bytes_written() {
                     } else {
                         s.mark_clean(1, [index], size);
                     }
-                    let st = lock(&s.state);
+                    let st = s.state(1);
                     for (&index, &tag) in &mine {
                         let crc = st.blocks.get(&(1, index)).map(|e| e.crc);
                         assert_eq!(crc, Some(crc32c::crc32c(&[tag; BS])), "block {index}, op {op}");
@@ -690,7 +695,7 @@ fn indexing_racing_writes_records_the_checksums_of_the_bytes_written() {
         t.join().unwrap();
     }
     reader.join().unwrap();
-    let st = lock(&s.state);
+    let st = s.state(1);
     let file = s.file_locked(&st, 1).unwrap();
     for (&(_, index), e) in st.blocks_of(1) {
         let mut bytes = vec![0u8; e.len as usize];
