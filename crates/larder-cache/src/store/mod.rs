@@ -12,7 +12,7 @@
 //!
 //! Lock order (see docs/design/011-locks-and-the-hit-path.md): `abd` before one shard's `state` before
 //! `policy`, `contents` or one shard of `fds`. Those three are leaves: none of them is ever taken while
-//! another of them is held.
+//! another of them is held (the index committer's queue, `Db::submit`, is a leaf under any of them).
 //! - `policy`: the one eviction order over every clean, evictable block of every shard (one order, so that
 //!   S3-FIFO's queues are sized for the whole cache). A block enters or leaves it under its shard's lock,
 //!   and only then: it holds the present, clean blocks of objects neither pinned nor held (less the
