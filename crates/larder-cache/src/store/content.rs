@@ -8,19 +8,25 @@ impl Store {
     }
 
     /// One file fewer shares `key`; the last one out deletes the content.
-    pub(super) fn release_content(&self, st: &mut State, key: ContentKey) {
-        let Some(refs) = st.contents.get_mut(&key) else { return };
+    /// Taken under the sharer's shard lock; `contents` is a leaf under it.
+    pub(super) fn release_content(&self, key: ContentKey) {
+        let mut guard = lock(&self.contents);
+        let contents = &mut *guard;
+        let Some(refs) = contents.refs.get_mut(&key) else {
+            return;
+        };
         *refs -= 1;
-        st.shares -= 1;
+        contents.shares -= 1;
         if *refs == 0 {
-            st.contents.remove(&key);
-            st.used -= key.0;
+            contents.refs.remove(&key);
+            self.used.fetch_sub(key.0, Ordering::Relaxed);
             let _ = std::fs::remove_file(self.content_path(key));
         }
     }
 
     /// Give `object` a file of its own if it shares a content, before it is changed.
-    pub(super) fn unshare_locked(&self, st: &mut State, object: u64) -> CacheResult<()> {
+    /// The content cannot go meanwhile: `object` holds a share of it until the end.
+    pub(super) fn unshare_locked(&self, st: &mut ShardState, object: u64) -> CacheResult<()> {
         let meta = st.meta(object);
         let Some(key) = meta.content else { return Ok(()) };
         let mut data = vec![0u8; key.0 as usize];
@@ -36,12 +42,12 @@ impl Store {
             .open(&path)
             .map_err(io_err)?;
         own.write_all_at(&data, 0).map_err(io_err)?;
-        lock(&self.fds).files.remove(&object);
+        self.fds_of(object).files.remove(&object);
         let logical: u64 = st.blocks_of(object).map(|(_, e)| e.len as u64).sum();
-        st.used += logical;
+        self.used.fetch_add(logical, Ordering::Relaxed);
         let meta = ObjectMeta { content: None, ..meta };
         st.objects.insert(object, meta);
-        self.release_content(st, key);
+        self.release_content(key);
         self.db.submit(vec![meta.mutation(object)]);
         Ok(())
     }
@@ -51,12 +57,12 @@ impl Store {
     /// them, and a new content is stored there for the next one. Nothing is stored if the object changed
     /// locally since the fetch began or has blocks already (those fill one by one).
     ///
-    /// The data is written under `state`. An object with a block reserved by a fill (being written outside
+    /// The data is written under the object's shard lock. An object with a block reserved by a fill (being written outside
     /// the lock, [`Store::fill`]), or being changed, is filled block by block instead: it is never shared
     /// (nor its file written here) under a fill's feet.
     pub fn fill_whole(&self, object: u64, data: &[u8], epoch: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
-        let mut st = lock(&self.state);
+        let mut st = self.state(object);
         if st.epoch(object) != epoch
             || st.per_object.contains_key(&object)
             || st.filling_any(object, &(0..=u32::MAX))
@@ -73,7 +79,7 @@ impl Store {
         meta.whole = data.len() as u64 > bs;
         if self.cfg.dedup {
             let key = (data.len() as u64, crc32c::crc32c(data));
-            match self.share_locked(&mut st, key, data) {
+            match self.share(key, data) {
                 Ok(true) => {
                     meta.whole = true;
                     meta.content = Some(key);
@@ -83,7 +89,7 @@ impl Store {
             }
         }
         st.objects.insert(object, meta);
-        lock(&self.fds).files.remove(&object);
+        self.fds_of(object).files.remove(&object);
         if meta.content.is_none() {
             let file = self.file_locked(&st, object)?;
             file.write_all_at(data, 0).map_err(io_err)?;
@@ -101,15 +107,19 @@ impl Store {
         }
         self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.db.submit(mutations);
-        self.evict_if_needed(&mut st);
+        drop(st);
+        self.evict_if_needed();
         Ok(())
     }
 
     /// Take a share of content `key` holding `data`, storing it if it is new; `false` if another content
-    /// has the same key (the caller keeps its own copy).
-    pub(super) fn share_locked(&self, st: &mut State, key: ContentKey, data: &[u8]) -> CacheResult<bool> {
+    /// has the same key (the caller keeps its own copy). Taken under the sharer's shard lock; the content's
+    /// file is compared or created under `contents`, so that two sharers of one key in different shards
+    /// neither both create it nor see it half written, and no last sharer deletes it meanwhile.
+    pub(super) fn share(&self, key: ContentKey, data: &[u8]) -> CacheResult<bool> {
         let path = self.content_path(key);
-        if st.contents.contains_key(&key) {
+        let mut contents = lock(&self.contents);
+        if contents.refs.contains_key(&key) {
             let mut have = vec![0u8; data.len()];
             let same = File::open(&path)
                 .and_then(|f| read_full(&f, &mut have, 0))
@@ -122,10 +132,10 @@ impl Store {
             let tmp = path.with_extension("new");
             crate::private::write(&tmp, data).map_err(io_err)?;
             std::fs::rename(&tmp, &path).map_err(io_err)?;
-            st.used += key.0;
+            self.used.fetch_add(key.0, Ordering::Relaxed);
         }
-        *st.contents.entry(key).or_insert(0) += 1;
-        st.shares += 1;
+        *contents.refs.entry(key).or_insert(0) += 1;
+        contents.shares += 1;
         Ok(true)
     }
 }

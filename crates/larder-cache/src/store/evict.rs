@@ -8,8 +8,8 @@ impl Store {
     /// `most` units in eviction order: how far apart in that order the blocks of one file lie, per block
     /// (1.0: together, as a whole file; larger: scattered, so a file is evicted piecemeal). `None` when no
     /// such file is there.
-    /// Computed at most once per [`ABD_EVERY`] (status and every metrics scrape ask for it): the order is
-    /// copied under the lock, and walked outside it.
+    /// Computed at most once per [`ABD_EVERY`] (status and every metrics scrape ask for it): the shards'
+    /// buffered hits are passed on, the order is copied under `policy`, and walked outside it.
     pub fn average_block_distance(&self, most: usize) -> Option<f64> {
         let mut last = lock(&self.abd);
         if let Some((at, n, v)) = *last
@@ -25,7 +25,8 @@ impl Store {
 
     /// [`Store::average_block_distance`], computed now.
     pub(super) fn block_distance_now(&self, most: usize) -> Option<f64> {
-        let order: Vec<BlockKey> = lock(&self.state).policy.eviction_order(most).copied().collect();
+        self.drain_touches();
+        let order: Vec<BlockKey> = lock(&self.policy).eviction_order(most).copied().collect();
         Self::block_distance(&order)
     }
 
@@ -46,46 +47,61 @@ impl Store {
 
     /// Pin `object` (its blocks are never evicted) or unpin it; the setting is kept with the object.
     pub fn set_pinned(&self, object: u64, pinned: bool) {
-        let mut st = lock(&self.state);
+        let mut st = self.state(object);
         let mut meta = st.meta(object);
         if meta.pinned == pinned {
             return;
         }
         let bytes: u64 = st.blocks_of(object).map(|(_, e)| e.len as u64).sum();
         if pinned {
-            st.pinned += bytes;
+            self.pinned.fetch_add(bytes, Ordering::Relaxed);
         } else {
-            st.pinned -= bytes;
+            self.pinned.fetch_sub(bytes, Ordering::Relaxed);
         }
         meta.pinned = pinned;
         self.db.submit(vec![meta.mutation(object)]);
         st.set_meta(object, meta);
-        st.repolicy(object);
+        self.repolicy(&mut st, object);
+    }
+
+    /// Put `object`'s blocks into the policy, or take them out, after its pin or hold changed; `st` is its
+    /// shard, locked.
+    fn repolicy(&self, st: &mut ShardState, object: u64) {
+        let evictable = st.evictable(object);
+        let blocks: Vec<(BlockKey, u32, bool)> = st.blocks_of(object).map(|(k, e)| (*k, e.len, e.dirty)).collect();
+        let mut policy = self.policy_under(st);
+        for (key, len, dirty) in blocks {
+            if evictable && !dirty {
+                policy.insert(key, len as u64);
+            } else {
+                policy.remove(&key);
+            }
+        }
     }
 
     /// Hold `object` for a reader the kernel serves from its file directly: until [`Store::unhold`], its
     /// blocks are not evicted and its file keeps its bytes (a removal unlinks it without punching it).
     pub fn hold(&self, object: u64) {
-        let mut st = lock(&self.state);
+        let mut st = self.state(object);
         *st.holds.entry(object).or_insert(0) += 1;
-        st.repolicy(object);
+        self.repolicy(&mut st, object);
     }
 
     /// End one hold of `object`.
     pub fn unhold(&self, object: u64) {
-        let mut st = lock(&self.state);
+        let mut st = self.state(object);
         let Some(n) = st.holds.get_mut(&object) else { return };
         *n -= 1;
         if *n == 0 {
             st.holds.remove(&object);
-            st.repolicy(object);
+            self.repolicy(&mut st, object);
         }
     }
 
     /// Whether every block of `object` up to `size` is present and clean, in a file of its own (not in the
     /// content store): what the kernel may read directly.
     pub fn complete(&self, object: u64, size: u64) -> bool {
-        let st = lock(&self.state);
+        let st = self.state(object);
         if st.meta(object).content.is_some() {
             return false;
         }
@@ -95,10 +111,10 @@ impl Store {
     /// Whether every block of the first `size` bytes of `object` is present and clean, wherever its bytes
     /// are kept (its own file, or a content it shares): [`Store::read`] serves them all.
     pub fn present(&self, object: u64, size: u64) -> bool {
-        Self::all_present(&lock(&self.state), object, size, self.cfg.block_size)
+        Self::all_present(&self.state(object), object, size, self.cfg.block_size)
     }
 
-    pub(super) fn all_present(st: &State, object: u64, size: u64, block_size: u64) -> bool {
+    pub(super) fn all_present(st: &ShardState, object: u64, size: u64, block_size: u64) -> bool {
         let (mut n, mut bytes) = (0u64, 0u64);
         for (_, e) in st.blocks_of(object) {
             if e.dirty {
@@ -112,24 +128,24 @@ impl Store {
 
     /// Whether `object` is pinned or held (open for direct reading by the kernel).
     pub fn kept(&self, object: u64) -> bool {
-        let st = lock(&self.state);
+        let st = self.state(object);
         st.meta(object).pinned || st.holds.contains_key(&object)
     }
 
     /// Whether `object` is pinned.
     pub fn pinned(&self, object: u64) -> bool {
-        lock(&self.state).meta(object).pinned
+        self.state(object).meta(object).pinned
     }
 
     /// Bytes of `object` present in the cache.
     pub fn cached_bytes(&self, object: u64) -> u64 {
-        lock(&self.state).blocks_of(object).map(|(_, e)| e.len as u64).sum()
+        self.state(object).blocks_of(object).map(|(_, e)| e.len as u64).sum()
     }
 
     /// Drop the clean blocks of `object` (dirty ones stay: home does not have them yet); the bytes
     /// dropped.
     pub fn evict_object(&self, object: u64) -> u64 {
-        let mut st = lock(&self.state);
+        let mut st = self.state(object);
         let keys: Vec<(BlockKey, u32)> = st
             .blocks_of(object)
             .filter(|(_, e)| !e.dirty)
@@ -154,31 +170,51 @@ impl Store {
         (at(self.cfg.high_watermark), at(self.cfg.low_watermark))
     }
 
-    /// Called after usage grew. Past the high watermark the harvester is woken to evict down to the low
-    /// one, and the caller goes on; only past the limit itself (the harvester has fallen behind) does the
-    /// caller evict, down to the high watermark. Without a harvester the caller evicts to the low one.
-    pub(super) fn evict_if_needed(&self, st: &mut State) {
+    /// Called after usage grew, with no shard lock held. Past the high watermark the harvester is woken to
+    /// evict down to the low one, and the caller goes on; only past the limit itself (the harvester has
+    /// fallen behind) does the caller evict, down to the high watermark. Without a harvester the caller
+    /// evicts to the low one.
+    pub(super) fn evict_if_needed(&self) {
         let (high, low) = self.watermarks();
-        if st.used <= high {
+        let used = self.used.load(Ordering::Relaxed);
+        if used <= high {
             return;
         }
         if self.harvesting.load(Ordering::Relaxed) {
             *lock(&self.harvest) = true;
             self.harvest_cv.notify_one();
-            if st.used > self.cfg.limit {
-                self.evict_to(st, high, usize::MAX);
+            if used > self.cfg.limit {
+                self.evict_to(high, usize::MAX);
             }
             return;
         }
-        self.evict_to(st, low, usize::MAX);
+        self.evict_to(low, usize::MAX);
     }
 
-    /// Evict clean blocks in the policy's order until usage is at most `target` or `most` are gone;
-    /// whether usage reached the target.
-    pub(super) fn evict_to(&self, st: &mut State, target: u64, most: usize) -> bool {
-        let mut mutations = Vec::new();
-        while st.used > target && mutations.len() < most {
-            let Some((key, _)) = st.policy.evict() else { break };
+    /// Evict clean blocks in the policy's order until usage is at most `target` or `most` blocks were
+    /// taken from the policy; whether usage reached the target (or nothing is left to evict). Called with
+    /// no shard lock held.
+    ///
+    /// The shards' buffered hits are passed to the policy first. Then, victim by victim: the victim is
+    /// taken from the policy under `policy` alone; `policy` is let go and the victim's shard locked (never
+    /// both the other way round); the block is dropped only if it is still present (so not reserved by a
+    /// fill), clean, and of an object neither pinned nor held. Otherwise it changed between the two
+    /// critical sections (written, claimed, pinned, held, dropped) and stays as it is: each of those
+    /// changes took it out of the policy too, or will put it back when it ends.
+    pub(super) fn evict_to(&self, target: u64, most: usize) -> bool {
+        self.drain_touches();
+        let mut taken = 0;
+        while self.used.load(Ordering::Relaxed) > target && taken < most {
+            let victim = lock(&self.policy).evict();
+            let Some((key, _)) = victim else { break };
+            taken += 1;
+            #[cfg(test)]
+            self.pause(Pause::Evict(key));
+            let mut st = self.state(key.0);
+            let still = st.blocks.get(&key).is_some_and(|e| !e.dirty) && st.evictable(key.0);
+            if !still {
+                continue;
+            }
             // A whole unit goes together: its other clean blocks follow the one the policy chose.
             let mut unit = vec![key];
             if st.meta(key.0).whole {
@@ -188,17 +224,20 @@ impl Store {
                         .map(|(k, _)| *k),
                 );
             }
+            taken += unit.len() - 1;
+            let mut mutations = Vec::with_capacity(unit.len());
             for key in unit {
-                self.remove_locked(st, key);
+                self.remove_locked(&mut st, key);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
                 mutations.push(Mutation::DelBlock {
                     object: key.0,
                     index: key.1,
                 });
             }
+            // Submitted under the shard lock, so that they reach the index before a refill's records do.
+            self.db.submit(mutations);
         }
-        self.db.submit(mutations);
-        st.used <= target || st.policy.stats().units == 0
+        self.used.load(Ordering::Relaxed) <= target || lock(&self.policy).stats().units == 0
     }
 
     /// Start the harvester: a thread that evicts down to the low watermark once usage passes the high one,
@@ -220,11 +259,11 @@ impl Store {
                         *flag = false;
                     }
                     let (high, low) = store.watermarks();
-                    if lock(&store.state).used <= high {
+                    if store.used.load(Ordering::Relaxed) <= high {
                         continue;
                     }
-                    // In batches, so that readers and fills get the lock in between.
-                    while !store.evict_to(&mut lock(&store.state), low, 64) {}
+                    // In batches, so that the buffered hits of the shards are passed on between them.
+                    while !store.evict_to(low, 64) {}
                 }
             })?;
         Ok(())

@@ -1,4 +1,4 @@
-//! Fills: a block fetched from home is written outside the state lock under a per-block reservation;
+//! Fills: a block fetched from home is written outside its shard's lock under a per-block reservation;
 //! local changes of the object wait for the fills under way (`await_fills`).
 
 use super::*;
@@ -12,11 +12,11 @@ pub(super) struct Reservation<'a> {
 }
 
 impl Reservation<'_> {
-    fn release(&mut self, st: &mut State) {
+    fn release(&mut self, st: &mut ShardState) {
         if std::mem::take(&mut self.held) {
             st.filling.remove(&self.key);
             if st.waiting > 0 {
-                self.store.filled.notify_all();
+                self.store.shard(self.key.0).filled.notify_all();
             }
         }
     }
@@ -25,31 +25,32 @@ impl Reservation<'_> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.held {
-            let mut st = lock(&self.store.state);
+            let mut st = self.store.state(self.key.0);
             self.release(&mut st);
         }
     }
 }
 
 impl Store {
-    /// Wait (on `filled`, releasing `state` meanwhile) until no fill holds a reservation on `blocks` of
-    /// `object`; returns with the lock held, so that the caller's change follows the fills in one critical
+    /// Wait (on the shard's `filled`, releasing its `state` meanwhile) until no fill holds a reservation on
+    /// `blocks` of `object`; `st` is `object`'s shard, locked. Returns with the lock held, so that the caller's change follows the fills in one critical
     /// section. While a thread waits, `object` is marked changing: no new fill reserves a block of it, so
     /// the wait ends once the fills under way when it began have written their bytes (no busy loop, no
     /// unbounded wait).
     pub(super) fn await_fills<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        mut st: MutexGuard<'a, ShardState>,
         object: u64,
         blocks: RangeInclusive<u32>,
-    ) -> MutexGuard<'a, State> {
+    ) -> MutexGuard<'a, ShardState> {
         if !st.filling_any(object, &blocks) {
             return st;
         }
         st.mark_changing(object);
         st.waiting += 1;
+        let filled = &self.shard(object).filled;
         while st.filling_any(object, &blocks) {
-            st = self.filled.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = filled.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         st.waiting -= 1;
         st.unmark_changing(object);
@@ -61,10 +62,13 @@ impl Store {
     /// or the block is present already. A full cache disk is not an error here: the data still goes to the
     /// reader, the block is simply not kept.
     ///
-    /// The bytes are written outside `state`. Under it, the fill checks the epoch and the block's absence
-    /// and reserves the block (`State::filling`); it writes; then, under the lock again, it inserts the
-    /// block only if the epoch is still `epoch`, and releases the reservation. Why no local change can be
-    /// overwritten by the fill's bytes, caller by caller:
+    /// The bytes are written outside any lock. Under the lock of the object's shard, the fill checks the
+    /// epoch and the block's absence and reserves the block (`ShardState::filling`); it writes; then, under
+    /// that lock again, it inserts the block only if the epoch is still `epoch`, and releases the
+    /// reservation. Every change of an object is made under its shard's lock (the epochs, reservations and
+    /// blocks of the object all live there), so the shard lock orders a fill against the object's changes
+    /// exactly as one store-wide lock would. Why no local change can be overwritten by the fill's bytes,
+    /// caller by caller:
     /// - [`Store::write`], [`Store::remove_object`] (so [`Store::replace_object`] too) and
     ///   [`Store::truncate`] (the block holding the new end and every later one) wait until no fill holds
     ///   a block they touch, then bump the epoch in the same critical section: the fill they waited for
@@ -75,7 +79,9 @@ impl Store {
     ///   while it is reserved), so a claim of it fails and the caller fetches it first. A claim, like a
     ///   write of another block, bumps the epoch: a reserved fill of another block is then dropped, its
     ///   bytes punched out again before its reservation ends.
-    /// - Eviction, and every other hole punch, takes present blocks only: never a reserved one.
+    /// - Eviction, and every other hole punch, takes present blocks only: never a reserved one. Eviction
+    ///   chooses its victim under `policy` alone, but drops it only under the victim's shard lock, and only
+    ///   if it is still present (so not reserved), clean and evictable.
     /// - Shared contents: a fill never reserves a block of an object in the content store, and
     ///   [`Store::fill_whole`] never shares (nor writes) an object with a block reserved: it fills block
     ///   by block instead. So no unsharing meets a reservation.
@@ -84,7 +90,8 @@ impl Store {
     pub fn fill(&self, key: BlockKey, data: &[u8], epoch: u64) -> CacheResult<()> {
         let start = key.1 as u64 * self.cfg.block_size;
         let crc = crc32c::crc32c(data);
-        let mut st = lock(&self.state);
+        let shard = self.shard(key.0);
+        let mut st = lock(&shard.state);
         loop {
             if st.epoch(key.0) != epoch || st.blocks.contains_key(&key) || st.changing.contains_key(&key.0) {
                 return Ok(());
@@ -97,7 +104,7 @@ impl Store {
                 break;
             }
             st.waiting += 1;
-            st = self.filled.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = shard.filled.wait(st).unwrap_or_else(|p| p.into_inner());
             st.waiting -= 1;
         }
         let file = self.file_locked(&st, key.0)?;
@@ -111,7 +118,7 @@ impl Store {
         #[cfg(test)]
         self.pause(Pause::Fill(key));
         let written = Self::write_block(&file, start, data);
-        let mut st = lock(&self.state);
+        let mut st = lock(&shard.state);
         let keep = written.is_ok()
             && st.epoch(key.0) == epoch
             && !st.blocks.contains_key(&key)
@@ -126,7 +133,7 @@ impl Store {
             if punch {
                 punch_hole(&file, start, data.len() as u64);
             }
-            let mut st = lock(&self.state);
+            let mut st = lock(&shard.state);
             reservation.release(&mut st);
             return written;
         }
@@ -139,7 +146,8 @@ impl Store {
             len: data.len() as u32,
             crc,
         }]);
-        self.evict_if_needed(&mut st);
+        drop(st);
+        self.evict_if_needed();
         Ok(())
     }
 

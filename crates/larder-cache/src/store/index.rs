@@ -1,5 +1,6 @@
 //! Indexing blocks with their checksums (commit of dirty blocks, marking pushed blocks clean): read and
-//! checksummed outside the state lock, recorded under it only if the block did not change meanwhile.
+//! checksummed outside the object's shard lock, recorded under it only if the block did not change
+//! meanwhile.
 
 use super::*;
 
@@ -23,7 +24,7 @@ impl Store {
     /// them, with their checksums, as clean or dirty. A block not present is skipped; one wholly past `size`
     /// is dropped. One that cannot be read is reported, and when marking clean, dropped.
     ///
-    /// The reads and checksums run outside `state`: under it the object's change epoch and each block's
+    /// The reads and checksums run outside the object's shard lock: under it the object's change epoch and each block's
     /// stamp are noted; after reading, a block is recorded only if both are unchanged. The epoch moves with
     /// every local change of the object (write, claim, truncate, removal; unsharing happens only within
     /// those), the stamp with every write of the block's entry: a write or claim of it, its eviction and
@@ -46,7 +47,7 @@ impl Store {
         let mut pending: Vec<u32> = indexes.into_iter().collect();
         let mut failed = None;
         for round in 0..=INDEX_TRIES {
-            let mut st = lock(&self.state);
+            let mut st = self.state(object);
             let epoch = st.epoch(object);
             let file = self.file_locked(&st, object).map_err(|e| e.to_string());
             // The blocks to read, as they are now.
@@ -84,7 +85,7 @@ impl Store {
                 let reads = read_all(&plan);
                 #[cfg(test)]
                 self.pause(Pause::Index(object));
-                st = lock(&self.state);
+                st = self.state(object);
                 reads
             } else {
                 read_all(&plan)

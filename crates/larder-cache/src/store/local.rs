@@ -19,7 +19,7 @@ impl Store {
         let mut added = Vec::new();
         let file = {
             let touched = (offset / bs).min(u32::MAX as u64) as u32..=((end - 1) / bs).min(u32::MAX as u64) as u32;
-            let mut st = self.await_fills(lock(&self.state), object, touched);
+            let mut st = self.await_fills(self.state(object), object, touched);
             self.unshare_locked(&mut st, object)?;
             let file = self.file_locked(&st, object)?;
             Self::bump_epoch(&mut st, object);
@@ -32,11 +32,11 @@ impl Store {
                 }
                 self.insert_locked(&mut st, key, existing.unwrap_or(0).max(block_end), 0, true);
             }
-            self.evict_if_needed(&mut st);
             file
         };
+        self.evict_if_needed();
         if let Err(e) = file.write_all_at(data, offset) {
-            let mut st = lock(&self.state);
+            let mut st = self.state(object);
             for key in added {
                 self.remove_locked(&mut st, key);
             }
@@ -56,7 +56,7 @@ impl Store {
     pub fn truncate(&self, object: u64, size: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
         let file = {
-            let mut st = lock(&self.state);
+            let mut st = self.state(object);
             if let Ok(first) = u32::try_from(size / bs) {
                 st = self.await_fills(st, object, first..=u32::MAX);
             }
@@ -68,7 +68,7 @@ impl Store {
             file
         };
         let cut = file.set_len(size).map_err(io_err);
-        let mut st = lock(&self.state);
+        let mut st = self.state(object);
         st.unmark_changing(object);
         cut?;
         let first_gone = size.div_ceil(bs).min(u32::MAX as u64 + 1);
@@ -111,7 +111,7 @@ impl Store {
     /// bytes gone), nor index a block before the object's removal is recorded.
     pub fn remove_object(&self, object: u64) {
         {
-            let mut st = self.await_fills(lock(&self.state), object, 0..=u32::MAX);
+            let mut st = self.await_fills(self.state(object), object, 0..=u32::MAX);
             // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
             Self::bump_epoch(&mut st, object);
             if st.per_object.contains_key(&object) {
@@ -123,15 +123,16 @@ impl Store {
             st.objects.remove(&object);
             st.mark_changing(object);
         }
-        lock(&self.fds).files.remove(&object);
+        self.fds_of(object).files.remove(&object);
         self.db.submit(vec![Mutation::DelObject(object)]);
         let _ = std::fs::remove_file(self.path_of(object));
-        lock(&self.state).unmark_changing(object);
+        self.state(object).unmark_changing(object);
     }
 
     /// `new` replaces `object` as the same file's content (a new version): the old one is removed, and a
     /// pin, which belongs to the file, moves to the new one. Whether it did. The removal waits for fills
-    /// of the old object under way ([`Store::remove_object`]).
+    /// of the old object under way ([`Store::remove_object`]). The two objects may lie in different shards:
+    /// the removal lets its shard lock go before the pin takes the other.
     pub fn replace_object(&self, object: u64, new: u64) -> bool {
         let pinned = self.pinned(object);
         self.remove_object(object);

@@ -1,18 +1,46 @@
 //! The block store: sparse object files plus an in-memory view of the persistent block index.
 //!
-//! Lock order (see docs/design/011-locks-and-the-hit-path.md): `abd` before `state` before `fds`.
+//! **Shards.** The in-memory state is split by object into [`SHARDS`] shards ([`shard_of`]). A shard holds
+//! everything about its objects (their blocks, change epochs, pins, holds, fill reservations) under its own
+//! mutex (`Shard::state`), with its own condition variable (`Shard::filled`) and its own count of dropped
+//! blocks (`Shard::removals`). Every store operation is about one object, so **an operation holds at most
+//! one shard lock at a time, ever** (`replace_object` removes the old object, then pins the new one: one
+//! after the other; eviction and the walks over every shard lock one shard, let it go, then the next).
+//! A hit of one object never waits for a lock that the operations of objects in other shards take. The
+//! store-wide figures (bytes used, logical, dirty and pinned, blocks and objects) are atomics, adjusted
+//! under the shard lock of the block they count: [`Store::stats`] takes no shard lock.
 //!
-//! What runs outside `state`:
+//! Lock order (see docs/design/011-locks-and-the-hit-path.md): `abd` before one shard's `state` before
+//! `policy`, `contents` or one shard of `fds`. Those three are leaves: none of them is ever taken while
+//! another of them is held (the index committer's queue, `Db::submit`, is a leaf under any of them).
+//! - `policy`: the one eviction order over every clean, evictable block of every shard (one order, so that
+//!   S3-FIFO's queues are sized for the whole cache). A block enters or leaves it under its shard's lock,
+//!   and only then: it holds the present, clean blocks of objects neither pinned nor held (less the
+//!   victims eviction has taken out and not yet dropped), so a write of dirty blocks does not take it.
+//!   Eviction takes no shard lock on entry: it pops a victim under `policy`, lets `policy` go, then locks
+//!   the victim's shard and drops the block only if it is still present, clean and evictable (a popped
+//!   block that turned dirty, pinned or held meanwhile simply stays, out of the policy as it should be).
+//!   Callers evict after letting their shard lock go.
+//! - A hit does not take `policy`: it notes the block in its shard's touch buffer (`ShardState::touched`).
+//!   The buffer is applied to the policy under the shard lock: by the hit that fills it to
+//!   [`TOUCH_BATCH`], by every other operation of the shard that takes `policy` (before its own change,
+//!   so that a buffered touch never reaches a later entry of the same block), and by eviction and the
+//!   readers of the eviction order, which apply every shard's buffer first ([`Store::drain_touches`]).
+//! - `contents`: the content store's sharing counts, shared by all objects; its files are created and
+//!   deleted under it.
+//! - `fds`: open cache files, in one LRU per shard.
+//!
+//! What runs outside any lock:
 //! - a read, and the checksum check of a block's first read: they check afterwards that the block was not
-//!   replaced meanwhile (its generation);
-//! - a fill's `pwrite` (or hole punch): the block is reserved first (`State::filling`), and every local
+//!   replaced meanwhile (its shard's count of dropped blocks, then its generation);
+//! - a fill's `pwrite` (or hole punch): the block is reserved first (`ShardState::filling`), and every local
 //!   change that touches a reserved block waits for the fill to end ([`Store::fill`]);
 //! - the re-reading and checksumming of blocks to index them ([`Store::commit`], [`Store::mark_clean`]):
 //!   a block is recorded only if neither its object's change epoch nor the block's stamp moved
 //!   while it was read.
 //!
 //! Eviction's and removal's hole punches, and the copy that unshares a shared content, still run under
-//! `state`: a punched block is gone from the index in the same critical section.
+//! the object's shard lock: a punched block is gone from the index in the same critical section.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
@@ -153,11 +181,22 @@ struct BlockEntry {
     dirty: bool,
 }
 
-struct State {
+/// Shards of the store's state. A power of two: [`shard_of`] takes the top bits of a hash.
+const SHARD_BITS: u32 = 4;
+const SHARDS: usize = 1 << SHARD_BITS;
+
+/// The shard of `object`: a multiplicative (Fibonacci) hash, so that sequential ids spread over all shards.
+fn shard_of(object: u64) -> usize {
+    (object.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SHARD_BITS)) as usize
+}
+
+/// Hits a shard buffers before the one that fills the buffer passes them to the policy.
+const TOUCH_BATCH: usize = 64;
+
+/// The state of the objects of one shard.
+struct ShardState {
     /// Ordered by key, so the blocks of one object are one range.
     blocks: BTreeMap<BlockKey, BlockEntry>,
-    /// The eviction policy over the clean blocks (dirty ones are not candidates).
-    policy: Policy<BlockKey>,
     per_object: HashMap<u64, u32>,
     /// Bumped by every local change of an object (write, truncate, removal): a fill fetched before the
     /// change must not land after it.
@@ -166,28 +205,37 @@ struct State {
     /// Objects the kernel reads directly (FUSE passthrough), with the number of handles doing so: their
     /// blocks are not evicted, and their files never have holes punched, while held.
     holds: HashMap<u64, u32>,
-    /// Files sharing each content of the content store, and their sum.
-    contents: HashMap<ContentKey, u32>,
-    shares: u64,
-    /// Bytes on disk: blocks of objects with a file of their own, plus each content once.
-    used: u64,
-    /// Bytes of all blocks.
-    logical: u64,
-    dirty: u64,
-    pinned: u64,
+    /// Source of generations and stamps; they are only ever compared for one block, so per shard.
     tick: u64,
     /// Blocks a fill is writing outside the lock: absent from `blocks` until the fill ends, and touched
-    /// by no local change meanwhile (those wait, on `Store::filled`).
+    /// by no local change meanwhile (those wait, on `Shard::filled`).
     filling: BTreeSet<BlockKey>,
     /// Objects a local change is waiting on or working through outside the lock (a truncate's `set_len`),
     /// with how many: no fill reserves a block of theirs meanwhile (it would be dropped anyway, its epoch
     /// being about to move), so that a waiter waits only for the fills that were under way.
     changing: HashMap<u64, u32>,
-    /// Threads waiting on `Store::filled`: a fill wakes them only if there are any.
+    /// Threads waiting on `Shard::filled`: a fill wakes them only if there are any.
     waiting: u32,
+    /// Hits not yet passed to the policy (see the module doc).
+    touched: Vec<BlockKey>,
 }
 
-impl State {
+impl ShardState {
+    fn new() -> ShardState {
+        ShardState {
+            blocks: BTreeMap::new(),
+            per_object: HashMap::new(),
+            epochs: HashMap::new(),
+            objects: HashMap::new(),
+            holds: HashMap::new(),
+            tick: 0,
+            filling: BTreeSet::new(),
+            changing: HashMap::new(),
+            waiting: 0,
+            touched: Vec::with_capacity(TOUCH_BATCH),
+        }
+    }
+
     /// The change epoch of `object`.
     fn epoch(&self, object: u64) -> u64 {
         self.epochs.get(&object).copied().unwrap_or(0)
@@ -236,23 +284,40 @@ impl State {
     fn evictable(&self, object: u64) -> bool {
         !self.meta(object).pinned && !self.holds.contains_key(&object)
     }
+}
 
-    /// Put `object`'s blocks into the policy, or take them out, after its pin or hold changed.
-    fn repolicy(&mut self, object: u64) {
-        let evictable = self.evictable(object);
-        let blocks: Vec<(BlockKey, u32, bool)> = self.blocks_of(object).map(|(k, e)| (*k, e.len, e.dirty)).collect();
-        for (key, len, dirty) in blocks {
-            if evictable && !dirty {
-                self.policy.insert(key, len as u64);
-            } else {
-                self.policy.remove(&key);
-            }
+/// One shard: its state, and what is paired with it.
+struct Shard {
+    state: Mutex<ShardState>,
+    /// Paired with `state`: signalled when a fill a thread waits on releases its reservation.
+    filled: Condvar,
+    /// Blocks of this shard dropped so far (each counted under `state`, before its bytes are punched out):
+    /// a read that sees the same count before and after its unlocked `pread` read no punched bytes, and
+    /// needs no second look under the lock.
+    removals: AtomicU64,
+}
+
+impl Shard {
+    fn new(state: ShardState) -> Shard {
+        Shard {
+            state: Mutex::new(state),
+            filled: Condvar::new(),
+            removals: AtomicU64::new(0),
         }
     }
 }
 
+/// The content store's sharing counts.
+#[derive(Default)]
+struct Contents {
+    /// Files sharing each content, and their sum.
+    refs: HashMap<ContentKey, u32>,
+    shares: u64,
+}
+
 const MAX_OPEN_FILES: usize = 256;
 
+/// Open cache files of one shard's objects, at most `MAX_OPEN_FILES / SHARDS`.
 #[derive(Default)]
 struct FdCache {
     files: HashMap<u64, (Arc<File>, u64)>,
@@ -263,10 +328,21 @@ struct FdCache {
 pub struct Store {
     cfg: StoreConfig,
     db: Arc<Db>,
-    state: Mutex<State>,
-    /// Paired with `state`: signalled when a fill a thread waits on releases its reservation.
-    filled: Condvar,
-    fds: Mutex<FdCache>,
+    shards: Box<[Shard]>,
+    /// The eviction policy over the clean blocks of every shard (dirty ones are not candidates).
+    policy: Mutex<Policy<BlockKey>>,
+    contents: Mutex<Contents>,
+    /// By shard, as `shards`.
+    fds: Box<[Mutex<FdCache>]>,
+    /// Bytes on disk: blocks of objects with a file of their own, plus each content once.
+    used: AtomicU64,
+    /// Bytes of all blocks.
+    logical: AtomicU64,
+    dirty: AtomicU64,
+    pinned: AtomicU64,
+    /// Present blocks, and objects with at least one.
+    block_count: AtomicU64,
+    object_count: AtomicU64,
     /// Set (and the harvester woken) when usage passed the high watermark.
     harvest: Mutex<bool>,
     harvest_cv: Condvar,
@@ -276,14 +352,11 @@ pub struct Store {
     evictions: AtomicU64,
     corrupt: AtomicU64,
     inserted: AtomicU64,
-    /// Blocks dropped so far (each counted under `state`, before its bytes are punched out): a read that
-    /// sees the same count before and after its unlocked `pread` read no punched bytes, and needs no second
-    /// look under the lock.
-    removals: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
-    /// Called by a fill between its reservation and its write, and by indexing between its reads and its
-    /// records (tests pause them there).
+    /// Called by a fill between its reservation and its write, by indexing between its reads and its
+    /// records, by a read between its look and its `pread`, and by eviction between choosing a victim and
+    /// locking its shard (tests pause them there).
     #[cfg(test)]
     hook: Mutex<Option<Hook>>,
 }
@@ -301,6 +374,8 @@ enum Pause {
     Index(u64),
     /// A read has found its block and not yet read its bytes.
     Read(BlockKey),
+    /// Eviction has taken a victim from the policy and not yet locked its shard.
+    Evict(BlockKey),
 }
 
 /// Rounds of reading blocks to index outside the lock before the last one, made under it.
@@ -335,20 +410,66 @@ impl Store {
             .join(format!("{object:016x}"))
     }
 
+    /// The shard of `object`.
+    fn shard(&self, object: u64) -> &Shard {
+        &self.shards[shard_of(object)]
+    }
+
+    /// The state of `object`'s shard, locked.
+    fn state(&self, object: u64) -> MutexGuard<'_, ShardState> {
+        lock(&self.shard(object).state)
+    }
+
+    /// The open files of `object`'s shard, locked.
+    fn fds_of(&self, object: u64) -> MutexGuard<'_, FdCache> {
+        lock(&self.fds[shard_of(object)])
+    }
+
+    /// The policy, taken under the lock of shard `st` (shard before policy), with the shard's buffered hits
+    /// applied first: they came before the caller's change.
+    fn policy_under(&self, st: &mut ShardState) -> MutexGuard<'_, Policy<BlockKey>> {
+        let mut policy = lock(&self.policy);
+        for key in st.touched.drain(..) {
+            policy.touch(&key);
+        }
+        policy
+    }
+
+    /// A hit of `key`, under its shard's lock: buffered, and passed to the policy with the shard's others
+    /// once there are `TOUCH_BATCH` of them.
+    fn touch_locked(&self, st: &mut ShardState, key: BlockKey) {
+        st.touched.push(key);
+        if st.touched.len() >= TOUCH_BATCH {
+            drop(self.policy_under(st));
+        }
+    }
+
+    /// Pass every shard's buffered hits to the policy: before eviction chooses victims, and before the
+    /// eviction order is read. One shard lock at a time (each shard's hits are applied under its lock, so
+    /// that none reaches a later entry of its block).
+    pub(super) fn drain_touches(&self) {
+        for shard in &self.shards {
+            let mut st = lock(&shard.state);
+            if !st.touched.is_empty() {
+                drop(self.policy_under(&mut st));
+            }
+        }
+    }
+
     /// The file holding `object`'s data, opened (and created) on demand. At most `MAX_OPEN_FILES` stay
     /// open. An object in the content store is read from the content's file, opened read-only: it is
     /// copied to a file of its own before any change.
     pub fn file(&self, object: u64) -> CacheResult<Arc<File>> {
-        let content = lock(&self.state).meta(object).content;
+        let content = self.state(object).meta(object).content;
         self.file_at(object, content)
     }
 
-    fn file_locked(&self, st: &State, object: u64) -> CacheResult<Arc<File>> {
+    fn file_locked(&self, st: &ShardState, object: u64) -> CacheResult<Arc<File>> {
         self.file_at(object, st.meta(object).content)
     }
 
     fn file_at(&self, object: u64, content: Option<ContentKey>) -> CacheResult<Arc<File>> {
-        let mut fds = lock(&self.fds);
+        let mut fds = self.fds_of(object);
         fds.tick += 1;
         let tick = fds.tick;
         if let Some((f, t)) = fds.files.get_mut(&object) {
@@ -375,8 +496,9 @@ impl Store {
             }
             Err(e) => return Err(io_err(e)),
         };
-        if fds.files.len() >= MAX_OPEN_FILES {
-            // The least recently used goes (a plain loop: this runs at every open past the limit).
+        if fds.files.len() >= MAX_OPEN_FILES / SHARDS {
+            // The least recently used of the shard goes (a plain loop: this runs at every open past the
+            // limit).
             let mut oldest = None;
             for (&object, &(_, t)) in &fds.files {
                 if oldest.is_none_or(|(_, o)| t < o) {
@@ -394,20 +516,24 @@ impl Store {
 
     /// Whether block `key` is present.
     pub fn contains(&self, key: BlockKey) -> bool {
-        lock(&self.state).blocks.contains_key(&key)
+        self.state(key.0).blocks.contains_key(&key)
     }
 
     /// Read up to `len` bytes at `offset` within block `key` if it is present (a hit); `None` is a miss. The
     /// result stops at the block's end and may be shorter where the cache file ends in a hole. A block
     /// whose checksum fails is dropped and reported as a miss.
+    ///
+    /// A hit takes the lock of the block's shard once (and, one hit in `TOUCH_BATCH`, `policy` under it to
+    /// pass the shard's buffered hits on); nothing any other shard's operations take.
     pub fn read(&self, key: BlockKey, offset: u64, len: usize) -> CacheResult<Option<Vec<u8>>> {
         let start = key.1 as u64 * self.cfg.block_size;
         let len = len.min(self.cfg.block_size.saturating_sub(offset) as usize);
+        let shard = self.shard(key.0);
         // The bytes are read without the lock; if the block was evicted (or evicted and filled again)
         // meanwhile, they may be a punched hole: read again, or call it a miss.
         for _ in 0..8 {
             let (generation, removals, file, check) = {
-                let mut st = lock(&self.state);
+                let mut st = lock(&shard.state);
                 let Some(entry) = st.blocks.get(&key) else {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
@@ -416,9 +542,9 @@ impl Store {
                 let check = !(entry.verified || entry.dirty);
                 let file = self.file_locked(&st, key.0)?;
                 if !check {
-                    st.policy.touch(&key);
+                    self.touch_locked(&mut st, key);
                 }
-                let removals = self.removals.load(Ordering::SeqCst);
+                let removals = shard.removals.load(Ordering::SeqCst);
                 (generation, removals, file, check.then_some((blen, crc)))
             };
             if let Some((blen, crc)) = check {
@@ -426,7 +552,7 @@ impl Store {
                 // taken as the block's only if the block is still the one that was looked at.
                 let mut whole = vec![0u8; blen];
                 let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
-                let mut st = lock(&self.state);
+                let mut st = lock(&shard.state);
                 match st.blocks.get_mut(&key) {
                     Some(e) if e.generation == generation && e.crc == crc && !e.dirty && !e.verified => {
                         if !ok {
@@ -441,7 +567,7 @@ impl Store {
                             return Ok(None);
                         }
                         e.verified = true;
-                        st.policy.touch(&key);
+                        self.touch_locked(&mut st, key);
                         drop(st);
                         self.hits.fetch_add(1, Ordering::Relaxed);
                         let from = (offset as usize).min(whole.len());
@@ -459,13 +585,14 @@ impl Store {
             let mut buf = vec![0u8; len];
             let n = read_upto(&file, &mut buf, start + offset).map_err(io_err)?;
             buf.truncate(n);
-            // No block dropped anywhere since the look under the lock: this one was not, so these are its
-            // bytes (a block is replaced only by being dropped and filled again).
-            if self.removals.load(Ordering::SeqCst) == removals {
+            // No block of this shard dropped since the look under its lock: this one was not, so these are
+            // its bytes (a block is replaced only by being dropped and filled again, and its drop is counted
+            // in its own shard).
+            if shard.removals.load(Ordering::SeqCst) == removals {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Some(buf));
             }
-            if lock(&self.state).blocks.get(&key).map(|e| e.generation) == Some(generation) {
+            if lock(&shard.state).blocks.get(&key).map(|e| e.generation) == Some(generation) {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Some(buf));
             }
@@ -480,7 +607,7 @@ impl Store {
     /// A block a fill is writing is not present (it is inserted when the fill ends), so a claim never
     /// changes a block under a fill: it fails, and the caller's own fetch fills the block after it.
     pub fn claim(&self, key: BlockKey) -> bool {
-        let mut st = lock(&self.state);
+        let mut st = self.state(key.0);
         let Some(e) = st.blocks.get(&key) else { return false };
         if !e.dirty {
             let (len, crc) = (e.len, e.crc);
@@ -496,42 +623,47 @@ impl Store {
 
     /// The change epoch of `object`; take it before fetching a block to `fill`.
     pub fn epoch(&self, object: u64) -> u64 {
-        lock(&self.state).epoch(object)
+        self.state(object).epoch(object)
     }
 
-    fn bump_epoch(st: &mut State, object: u64) {
+    fn bump_epoch(st: &mut ShardState, object: u64) {
         let e = st.epochs.entry(object).or_insert(0);
         *e = e.wrapping_add(1);
     }
 
-    /// Current figures.
+    /// Current figures. Running totals, read without any shard lock (each figure on its own).
     pub fn stats(&self) -> StoreStats {
-        let st = lock(&self.state);
+        let (dedup_contents, dedup_files) = {
+            let c = lock(&self.contents);
+            (c.refs.len() as u64, c.shares)
+        };
         StoreStats {
-            bytes_used: st.used,
+            bytes_used: self.used.load(Ordering::Relaxed),
             bytes_limit: self.cfg.limit,
-            bytes_dirty: st.dirty,
-            blocks: st.blocks.len() as u64,
-            objects: st.per_object.len() as u64,
+            bytes_dirty: self.dirty.load(Ordering::Relaxed),
+            blocks: self.block_count.load(Ordering::Relaxed),
+            objects: self.object_count.load(Ordering::Relaxed),
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             corrupt_blocks: self.corrupt.load(Ordering::Relaxed),
             inserted_bytes: self.inserted.load(Ordering::Relaxed),
-            logical_bytes: st.logical,
-            bytes_pinned: st.pinned,
-            dedup_contents: st.contents.len() as u64,
-            dedup_files: st.shares,
+            logical_bytes: self.logical.load(Ordering::Relaxed),
+            bytes_pinned: self.pinned.load(Ordering::Relaxed),
+            dedup_contents,
+            dedup_files,
             eviction: self.cfg.eviction,
         }
     }
 
-    fn insert_locked(&self, st: &mut State, key: BlockKey, len: u32, crc: u32, dirty: bool) {
+    fn insert_locked(&self, st: &mut ShardState, key: BlockKey, len: u32, crc: u32, dirty: bool) {
         st.tick += 1;
         let tick = st.tick;
         // Rewriting a present block in place keeps its generation; a new entry gets a new one.
         let generation = st.blocks.get(&key).map_or(tick, |e| e.generation);
         let meta = st.meta(key.0);
+        let evictable = st.evictable(key.0);
+        let mut was_candidate = false;
         if let Some(old) = st.blocks.insert(
             key,
             BlockEntry {
@@ -543,45 +675,62 @@ impl Store {
                 dirty,
             },
         ) {
-            Self::account(st, &meta, old.len, old.dirty, false);
+            self.account(&meta, old.len, old.dirty, false);
+            was_candidate = !old.dirty && evictable;
         } else {
-            *st.per_object.entry(key.0).or_default() += 1;
+            let n = st.per_object.entry(key.0).or_default();
+            if *n == 0 {
+                self.object_count.fetch_add(1, Ordering::Relaxed);
+            }
+            *n += 1;
+            self.block_count.fetch_add(1, Ordering::Relaxed);
         }
-        Self::account(st, &meta, len, dirty, true);
-        if dirty || !st.evictable(key.0) {
-            st.policy.remove(&key);
-        } else {
-            st.policy.insert(key, len as u64);
+        self.account(&meta, len, dirty, true);
+        // The policy holds present, clean, evictable blocks only: a block that was not one and is not one
+        // now (a write's) leaves it alone, and `policy` is not taken.
+        let candidate = !dirty && evictable;
+        if candidate {
+            self.policy_under(st).insert(key, len as u64);
+        } else if was_candidate {
+            self.policy_under(st).remove(&key);
         }
     }
 
-    /// Count a block of `len` bytes in (or out of) the usage figures.
-    fn account(st: &mut State, meta: &ObjectMeta, len: u32, dirty: bool, add: bool) {
+    /// Count a block of `len` bytes in (or out of) the usage figures. Called under the block's shard lock,
+    /// so that a block's bytes are counted out only after they were counted in: no figure goes below zero.
+    fn account(&self, meta: &ObjectMeta, len: u32, dirty: bool, add: bool) {
         let len = len as u64;
-        let adjust = |v: &mut u64| {
-            if add { *v += len } else { *v -= len }
+        let adjust = |v: &AtomicU64| {
+            if add {
+                v.fetch_add(len, Ordering::Relaxed);
+            } else {
+                v.fetch_sub(len, Ordering::Relaxed);
+            }
         };
-        adjust(&mut st.logical);
+        adjust(&self.logical);
         if meta.content.is_none() {
-            adjust(&mut st.used);
+            adjust(&self.used);
         }
         if dirty {
-            adjust(&mut st.dirty);
+            adjust(&self.dirty);
         }
         if meta.pinned {
-            adjust(&mut st.pinned);
+            adjust(&self.pinned);
         }
     }
 
     /// Drop present block `key`, punching its bytes out of its file. A block a fill has reserved is not
     /// present (it is inserted when the fill ends): eviction, removal and truncation never punch under one.
-    fn remove_locked(&self, st: &mut State, key: BlockKey) {
+    fn remove_locked(&self, st: &mut ShardState, key: BlockKey) {
         let Some(old) = st.blocks.remove(&key) else { return };
-        // Counted before the punch: see `Store::removals`.
-        self.removals.fetch_add(1, Ordering::SeqCst);
-        st.policy.remove(&key);
+        // Counted before the punch: see `Shard::removals`.
+        self.shard(key.0).removals.fetch_add(1, Ordering::SeqCst);
+        if !old.dirty && st.evictable(key.0) {
+            self.policy_under(st).remove(&key);
+        }
         let meta = st.meta(key.0);
-        Self::account(st, &meta, old.len, old.dirty, false);
+        self.account(&meta, old.len, old.dirty, false);
+        self.block_count.fetch_sub(1, Ordering::Relaxed);
         if meta.content.is_none()
             && !st.holds.contains_key(&key.0)
             && let Ok(file) = self.file_locked(st, key.0)
@@ -592,6 +741,7 @@ impl Store {
             *n -= 1;
             if *n == 0 {
                 st.per_object.remove(&key.0);
+                self.object_count.fetch_sub(1, Ordering::Relaxed);
                 self.emptied_locked(st, key.0);
             }
         }
@@ -599,13 +749,13 @@ impl Store {
 
     /// `object` has no block left: it no longer shares a content, nor is it a whole unit (its next fill
     /// says again). A pin stays.
-    fn emptied_locked(&self, st: &mut State, object: u64) {
+    fn emptied_locked(&self, st: &mut ShardState, object: u64) {
         let Some(mut meta) = st.objects.get(&object).copied() else {
             return;
         };
         if let Some(key) = meta.content.take() {
-            lock(&self.fds).files.remove(&object);
-            self.release_content(st, key);
+            self.fds_of(object).files.remove(&object);
+            self.release_content(key);
         }
         meta.whole = false;
         self.db.submit(vec![meta.mutation(object)]);

@@ -7,45 +7,32 @@ impl Store {
     /// Open the store in `cfg.dir`, loading the block index from `db`.
     pub fn open(cfg: StoreConfig, db: Arc<Db>) -> CacheResult<Store> {
         crate::private::create_dir_all(&cfg.dir).map_err(io_err)?;
-        let mut state = State {
-            blocks: BTreeMap::new(),
-            policy: Policy::new(cfg.eviction, (cfg.limit as f64 * cfg.low_watermark) as u64),
-            per_object: HashMap::new(),
-            epochs: HashMap::new(),
-            objects: HashMap::new(),
-            holds: HashMap::new(),
-            contents: HashMap::new(),
-            shares: 0,
-            used: 0,
-            logical: 0,
-            dirty: 0,
-            pinned: 0,
-            tick: 0,
-            filling: BTreeSet::new(),
-            changing: HashMap::new(),
-            waiting: 0,
-        };
+        let mut shards: Vec<ShardState> = (0..SHARDS).map(|_| ShardState::new()).collect();
+        let mut policy = Policy::new(cfg.eviction, (cfg.limit as f64 * cfg.low_watermark) as u64);
+        let mut contents = Contents::default();
+        let (mut used, mut logical, mut pinned, mut blocks) = (0u64, 0u64, 0u64, 0u64);
         db.for_each_object(|object, flags, len, crc| {
             let content = (flags & SHARED != 0).then_some((len, crc));
             if let Some(key) = content {
-                let refs = state.contents.entry(key).or_insert(0);
+                let refs = contents.refs.entry(key).or_insert(0);
                 if *refs == 0 {
-                    state.used += key.0;
+                    used += key.0;
                 }
                 *refs += 1;
-                state.shares += 1;
+                contents.shares += 1;
             }
             let meta = ObjectMeta {
                 whole: flags & WHOLE != 0,
                 pinned: flags & PINNED != 0,
                 content,
             };
-            state.objects.insert(object, meta);
+            shards[shard_of(object)].objects.insert(object, meta);
         })?;
         db.for_each_block(|object, index, len, crc| {
-            state.tick += 1;
-            let tick = state.tick;
-            state.blocks.insert(
+            let st = &mut shards[shard_of(object)];
+            st.tick += 1;
+            let tick = st.tick;
+            st.blocks.insert(
                 (object, index),
                 BlockEntry {
                     len,
@@ -56,24 +43,33 @@ impl Store {
                     dirty: false,
                 },
             );
-            let meta = state.meta(object);
+            let meta = st.meta(object);
             if meta.pinned {
-                state.pinned += len as u64;
+                pinned += len as u64;
             } else {
-                state.policy.insert((object, index), len as u64);
+                policy.insert((object, index), len as u64);
             }
-            *state.per_object.entry(object).or_default() += 1;
-            state.logical += len as u64;
+            *st.per_object.entry(object).or_default() += 1;
+            blocks += 1;
+            logical += len as u64;
             if meta.content.is_none() {
-                state.used += len as u64;
+                used += len as u64;
             }
         })?;
+        let objects: u64 = shards.iter().map(|st| st.per_object.len() as u64).sum();
         Ok(Store {
             cfg,
             db,
-            state: Mutex::new(state),
-            filled: Condvar::new(),
-            fds: Mutex::new(FdCache::default()),
+            shards: shards.into_iter().map(Shard::new).collect(),
+            policy: Mutex::new(policy),
+            contents: Mutex::new(contents),
+            fds: (0..SHARDS).map(|_| Mutex::new(FdCache::default())).collect(),
+            used: AtomicU64::new(used),
+            logical: AtomicU64::new(logical),
+            dirty: AtomicU64::new(0),
+            pinned: AtomicU64::new(pinned),
+            block_count: AtomicU64::new(blocks),
+            object_count: AtomicU64::new(objects),
             harvest: Mutex::new(false),
             harvest_cv: Condvar::new(),
             harvesting: AtomicBool::new(false),
@@ -82,7 +78,6 @@ impl Store {
             evictions: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
-            removals: AtomicU64::new(0),
             abd: Mutex::new(None),
             #[cfg(test)]
             hook: Mutex::new(None),
@@ -92,11 +87,12 @@ impl Store {
     /// Drop every object not in `live` (left behind by a crash or an old version), files included.
     /// Returns how many indexed objects and how many files nothing referred to were removed.
     pub fn retain_objects(&self, live: &HashSet<u64>) -> (u64, u64) {
-        let stale: Vec<u64> = {
-            let st = lock(&self.state);
+        let mut stale: Vec<u64> = Vec::new();
+        for shard in &self.shards {
+            let st = lock(&shard.state);
             let known: HashSet<u64> = st.per_object.keys().chain(st.objects.keys()).copied().collect();
-            known.into_iter().filter(|o| !live.contains(o)).collect()
-        };
+            stale.extend(known.into_iter().filter(|o| !live.contains(o)));
+        }
         let objects = stale.len() as u64;
         for object in stale {
             self.remove_object(object);
@@ -104,13 +100,15 @@ impl Store {
         let Ok(dirs) = std::fs::read_dir(&self.cfg.dir) else {
             return (objects, 0);
         };
-        let st = lock(&self.state);
+        // Under `contents`, so that no content is created or deleted meanwhile; object files are not
+        // created for objects outside `live`.
+        let contents = lock(&self.contents);
         let mut files = 0;
         for dir in dirs.flatten() {
             if dir.file_name() == "cas" {
                 // Contents no file shares any more (a crash between a fill and its commit).
                 files += remove_unkept(&dir.path(), |name| {
-                    parse_content_name(name).is_some_and(|k| st.contents.contains_key(&k))
+                    parse_content_name(name).is_some_and(|k| contents.refs.contains_key(&k))
                 });
             } else {
                 files += remove_unkept(&dir.path(), |name| {

@@ -345,7 +345,7 @@ fn pause_at(
 
 /// Until `done` has finished, or some thread waits for a fill to end.
 fn until_waiting_or_finished(s: &Store, done: &std::thread::JoinHandle<()>) {
-    while lock(&s.state).waiting == 0 && !done.is_finished() {
+    while s.shards.iter().all(|shard| lock(&shard.state).waiting == 0) && !done.is_finished() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
@@ -380,7 +380,7 @@ fn a_write_to_a_block_being_filled_ends_with_the_writes_bytes() {
         "the write's bytes"
     );
     assert_eq!(file_bytes(dir.path(), 1), vec![2u8; 4096]);
-    assert!(lock(&s.state).blocks[&(1, 0)].dirty);
+    assert!(s.state(1).blocks[&(1, 0)].dirty);
 }
 
 #[test]
@@ -441,10 +441,15 @@ type Local = Mutex<BTreeMap<u32, Vec<u8>>>;
 /// Every present block's bytes against `local` (the bytes written here and not pushed, by object and
 /// block; any other block must hold home's bytes), and clean blocks' checksums against their bytes.
 fn check_blocks(s: &Store, local: &[Local]) {
-    let st = lock(&s.state);
+    for shard in &s.shards {
+        check_shard(s, &lock(&shard.state), local);
+    }
+}
+
+fn check_shard(s: &Store, st: &ShardState, local: &[Local]) {
     assert!(st.filling.is_empty() && st.changing.is_empty() && st.waiting == 0);
     for (&(object, index), e) in &st.blocks {
-        let file = s.file_locked(&st, object).unwrap();
+        let file = s.file_locked(st, object).unwrap();
         let mut bytes = vec![0u8; e.len as usize];
         read_upto(&file, &mut bytes, index as u64 * BS as u64).unwrap();
         let mine = local[object as usize].lock().unwrap().get(&index).cloned();
@@ -525,7 +530,7 @@ fn fills_racing_local_changes_never_overwrite_them() {
                             let mut bytes = match mine.get(&index) {
                                 Some(b) => b.clone(),
                                 None => {
-                                    let len = lock(&s.state).blocks[&key].len as usize;
+                                    let len = s.state(object).blocks[&key].len as usize;
                                     home(object, index)[..len].to_vec()
                                 }
                             };
@@ -576,7 +581,7 @@ fn fills_racing_local_changes_never_overwrite_them() {
                                     got.len(), want.len(),
                                     got.iter().zip(want.iter()).position(|(a, b)| a != b),
                                     &&got[100.min(n)..108.min(n)], &want[100.min(n)..108.min(n)], &home(object, index)[100..108],
-                                    lock(&s.state).blocks.get(&key).map(|e| (e.len, e.dirty, e.crc))
+                                    s.state(object).blocks.get(&key).map(|e| (e.len, e.dirty, e.crc))
                                 );
                                 assert!(got[n..].iter().chain(&want[n..]).all(|&b| b == 0), "{key:?}");
                             }
@@ -623,7 +628,7 @@ fn a_block_written_while_it_is_indexed_is_indexed_with_its_new_bytes() {
         s.write(1, 0, &[2u8; BS]).unwrap();
         go.send(()).unwrap();
         indexer.join().unwrap();
-        let st = lock(&s.state);
+        let st = s.state(1);
         let e = &st.blocks[&(1, 0)];
         assert_eq!(e.dirty, dirty);
         assert_eq!(
@@ -668,7 +673,7 @@ fn indexing_racing_writes_records_the_checksums_of_the_bytes_written() {
                     } else {
                         s.mark_clean(1, [index], size);
                     }
-                    let st = lock(&s.state);
+                    let st = s.state(1);
                     for (&index, &tag) in &mine {
                         let crc = st.blocks.get(&(1, index)).map(|e| e.crc);
                         assert_eq!(crc, Some(crc32c::crc32c(&[tag; BS])), "block {index}, op {op}");
@@ -690,7 +695,7 @@ fn indexing_racing_writes_records_the_checksums_of_the_bytes_written() {
         t.join().unwrap();
     }
     reader.join().unwrap();
-    let st = lock(&s.state);
+    let st = s.state(1);
     let file = s.file_locked(&st, 1).unwrap();
     for (&(_, index), e) in st.blocks_of(1) {
         let mut bytes = vec![0u8; e.len as usize];
@@ -722,4 +727,304 @@ fn a_read_whose_block_is_dropped_before_it_reads_the_bytes_is_a_miss_not_a_hole(
         "a dropped block's bytes were served ({:?} bytes)",
         got.map(|b| b.len())
     );
+}
+
+#[test]
+fn a_hit_of_one_object_does_not_wait_for_the_lock_of_another_objects_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    let (a, b) = (1u64, 2u64);
+    assert_ne!(shard_of(a), shard_of(b), "the test needs objects in different shards");
+    s.fill((b, 0), &[5u8; 4096], 0).unwrap();
+    // A's shard is locked, as by a long operation of A (a hole punch, an unshare's copy).
+    let held = s.state(a);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            // More hits than a touch buffer holds: passing them to the policy waits for no other shard.
+            let mut got = None;
+            for _ in 0..2 * TOUCH_BATCH {
+                got = s.read((b, 0), 0, 4096).unwrap();
+            }
+            let stats = s.stats();
+            let _ = tx.send((got, stats.hits, stats.blocks));
+        })
+    };
+    let done = rx.recv_timeout(std::time::Duration::from_secs(5));
+    drop(held);
+    reader.join().unwrap();
+    let (got, hits, blocks) = done.expect("the hit waited for another object's shard lock");
+    assert_eq!(got, Some(vec![5u8; 4096]));
+    assert_eq!((hits, blocks), (2 * TOUCH_BATCH as u64, 1));
+}
+
+#[test]
+fn hits_buffered_in_one_shard_protect_its_blocks_from_a_scan_of_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 40 * 4096);
+    let (reread, scanned) = (1u64, 2u64);
+    assert_ne!(
+        shard_of(reread),
+        shard_of(scanned),
+        "the test needs objects in different shards"
+    );
+    for i in 0..10 {
+        s.fill((reread, i), &[1u8; 4096], 0).unwrap();
+    }
+    for i in 0..10 {
+        assert!(s.read((reread, i), 0, 16).unwrap().is_some());
+    }
+    // The hits are still in their shard's buffer, not in the policy: eviction must pass them on first.
+    assert_eq!(s.state(reread).touched.len(), 10);
+    for i in 0..400 {
+        s.fill((scanned, i), &[2u8; 4096], 0).unwrap();
+    }
+    assert!(s.stats().evictions > 0);
+    let kept = (0..10).filter(|i| s.contains((reread, *i))).count();
+    assert_eq!(
+        kept, 10,
+        "the blocks read again were pushed out by a scan of another shard"
+    );
+    // Readers of the eviction order see the buffered hits too.
+    s.read((reread, 0), 0, 16).unwrap().unwrap();
+    assert_eq!(s.state(reread).touched.len(), 1);
+    s.block_distance_now(1000);
+    assert!(s.shards.iter().all(|shard| lock(&shard.state).touched.is_empty()));
+}
+
+#[test]
+fn a_victim_that_changes_before_eviction_locks_its_shard_stays() {
+    for change in ["write", "pin", "hold"] {
+        let dir = tempfile::tempdir().unwrap();
+        // Eviction starts past 8 blocks and stops at 6.
+        let s = Arc::new(store(dir.path(), 8 * BS as u64));
+        for i in 0..8 {
+            s.fill((1, i), &home(1, i), 0).unwrap();
+        }
+        let armed = Arc::new(AtomicBool::new(true));
+        let (at, go) = {
+            let armed = armed.clone();
+            pause_at(&s, move |at| {
+                matches!(at, Pause::Evict(_)) && armed.swap(false, Ordering::SeqCst)
+            })
+        };
+        let filler = {
+            let s = s.clone();
+            std::thread::spawn(move || s.fill((2, 0), &home(2, 0), 0).unwrap())
+        };
+        // The fill's eviction has taken its first victim from the policy and not yet locked its shard.
+        let Pause::Evict(victim) = at.recv().unwrap() else {
+            unreachable!()
+        };
+        assert_eq!(victim.0, 1);
+        match change {
+            "write" => {
+                assert!(s.claim(victim));
+                s.write(1, victim.1 as u64 * BS as u64, &[9u8; 100]).unwrap();
+            }
+            "pin" => s.set_pinned(1, true),
+            _ => s.hold(1),
+        }
+        go.send(()).unwrap();
+        filler.join().unwrap();
+        assert!(s.contains(victim), "{change}: the victim was evicted after it changed");
+        let mut want = home(1, victim.1);
+        if change == "write" {
+            want[..100].fill(9);
+            assert!(s.state(1).blocks[&victim].dirty);
+        }
+        assert_eq!(s.read(victim, 0, BS).unwrap().unwrap(), want, "{change}");
+        check_figures(&s);
+    }
+}
+
+/// The store's running figures against a recount from the blocks present, and the policy against the
+/// blocks it may evict (with no operation under way).
+fn check_figures(s: &Store) {
+    let (mut used, mut logical, mut dirty, mut pinned, mut blocks, mut objects) = (0, 0, 0, 0, 0, 0);
+    let mut candidates = HashMap::new();
+    let mut sharers = 0;
+    for shard in &s.shards {
+        let st = lock(&shard.state);
+        assert!(st.filling.is_empty() && st.changing.is_empty() && st.waiting == 0);
+        objects += st.per_object.len() as u64;
+        for (&key, e) in &st.blocks {
+            let meta = st.meta(key.0);
+            let len = e.len as u64;
+            logical += len;
+            blocks += 1;
+            if meta.content.is_none() {
+                used += len;
+            }
+            if e.dirty {
+                dirty += len;
+            }
+            if meta.pinned {
+                pinned += len;
+            }
+            if !e.dirty && st.evictable(key.0) {
+                candidates.insert(key, len);
+            }
+            assert!(st.per_object.contains_key(&key.0), "{key:?}: no count of its object");
+        }
+        for (&object, &n) in &st.per_object {
+            assert_eq!(st.blocks_of(object).count(), n as usize, "object {object}: block count");
+        }
+        sharers += st
+            .objects
+            .iter()
+            .filter(|(o, m)| m.content.is_some() && st.per_object.contains_key(o))
+            .count() as u64;
+    }
+    let contents = lock(&s.contents);
+    used += contents.refs.keys().map(|k| k.0).sum::<u64>();
+    assert_eq!(contents.shares, sharers, "sharers");
+    assert_eq!(contents.refs.values().map(|&n| n as u64).sum::<u64>(), sharers);
+    drop(contents);
+    let stats = s.stats();
+    assert_eq!(
+        (
+            stats.bytes_used,
+            stats.logical_bytes,
+            stats.bytes_dirty,
+            stats.bytes_pinned
+        ),
+        (used, logical, dirty, pinned),
+        "used, logical, dirty, pinned"
+    );
+    assert_eq!((stats.blocks, stats.objects), (blocks, objects), "blocks, objects");
+    let policy = lock(&s.policy);
+    assert_eq!(policy.stats().units, candidates.len() as u64, "units in the policy");
+    assert_eq!(policy.bytes(), candidates.values().sum::<u64>(), "bytes in the policy");
+    assert!(
+        candidates.keys().all(|k| policy.contains(k)),
+        "a clean block out of the policy"
+    );
+}
+
+#[test]
+fn operations_on_objects_in_many_shards_racing_keep_blocks_and_figures_true() {
+    // Pairs of objects 16 apart have the same home bytes (`home` wraps), so whole fills share contents
+    // across shards.
+    const OBJECTS: [u64; 8] = [1, 2, 3, 4, 17, 18, 19, 20];
+    const BLOCKS: u32 = 4;
+    let shards: HashSet<usize> = OBJECTS.iter().map(|&o| shard_of(o)).collect();
+    assert_eq!(
+        shards.len(),
+        OBJECTS.len(),
+        "the test wants each object in a shard of its own"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Room for under two thirds of the 32 blocks, dirty ones included: eviction runs all along, by the
+    // filling threads, and clean whole files still stay long enough to share their contents.
+    let s = Arc::new(store(dir.path(), 20 * BS as u64));
+    // Widen the windows between a fill's reservation and its write, and between eviction's choice of a
+    // victim and its look under the victim's shard lock.
+    *lock(&s.hook) = Some(Arc::new(|at: Pause| {
+        if matches!(at, Pause::Fill(_) | Pause::Evict(_)) {
+            std::thread::yield_now();
+        }
+    }));
+    // As in `fills_racing_local_changes_never_overwrite_them`: each object's local changes and its model
+    // move together under its mutex; fills, reads and evictions take none.
+    let local: Arc<Vec<Local>> = Arc::new((0..=20).map(|_| Mutex::new(BTreeMap::new())).collect());
+    // Every object starts whole, sharing its content with the object 16 apart (in another shard).
+    for object in OBJECTS {
+        let whole: Vec<u8> = (0..BLOCKS).flat_map(|i| home(object, i)).collect();
+        s.fill_whole(object, &whole, 0).unwrap();
+    }
+    let stats = s.stats();
+    assert_eq!((stats.dedup_contents, stats.dedup_files), (4, 8));
+    check_figures(&s);
+    let start = std::time::Instant::now();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (s, local) = (s.clone(), local.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x5851_f42d_4c95_7f2d ^ ((t + 1) * 0x9876_5432_10fe));
+                for op in 0..1500u64 {
+                    let object = OBJECTS[rng.below(OBJECTS.len() as u64) as usize];
+                    let index = rng.below(BLOCKS as u64) as u32;
+                    let key = (object, index);
+                    let tag = (1 + (op * 4 + t) % 255) as u8;
+                    match rng.below(100) {
+                        0..=34 => {
+                            let epoch = s.epoch(object);
+                            s.fill(key, &home(object, index), epoch).unwrap();
+                        }
+                        35..=42 => {
+                            let epoch = s.epoch(object);
+                            let whole: Vec<u8> = (0..BLOCKS).flat_map(|i| home(object, i)).collect();
+                            s.fill_whole(object, &whole, epoch).unwrap();
+                        }
+                        43..=57 => {
+                            let mut mine = local[object as usize].lock().unwrap();
+                            s.write(object, index as u64 * BS as u64, &[tag; BS]).unwrap();
+                            mine.insert(index, vec![tag; BS]);
+                        }
+                        58..=64 => {
+                            let mut mine = local[object as usize].lock().unwrap();
+                            let size = rng.below(BLOCKS as u64 + 1) * BS as u64 + rng.below(2) * 1000;
+                            s.truncate(object, size).unwrap();
+                            mine.retain(|i, _| (*i as u64) < size.div_ceil(BS as u64));
+                            if let Some(b) = mine.get_mut(&((size / BS as u64) as u32)) {
+                                b.resize(size as usize % BS, 0);
+                            }
+                        }
+                        65..=68 => {
+                            let mut mine = local[object as usize].lock().unwrap();
+                            s.remove_object(object);
+                            mine.clear();
+                        }
+                        69..=74 => {
+                            // Clean blocks only: the model's are all dirty.
+                            s.evict_object(object);
+                        }
+                        75..=77 => {
+                            let pinned = s.pinned(object);
+                            s.set_pinned(object, !pinned);
+                        }
+                        78..=82 => {
+                            let mut mine = local[object as usize].lock().unwrap();
+                            let blocks: Vec<u32> = mine.keys().copied().collect();
+                            s.commit(object, blocks, BLOCKS as u64 * BS as u64).unwrap();
+                            for b in mine.values_mut() {
+                                b.resize(BS, 0);
+                            }
+                        }
+                        _ => {
+                            let mine = local[object as usize].lock().unwrap();
+                            let got = s.read(key, 0, BS).unwrap();
+                            if let Some(want) = mine.get(&index) {
+                                let got = got.unwrap_or_else(|| panic!("{key:?} is dirty and missing"));
+                                let n = got.len().min(want.len());
+                                assert!(got[..n] == want[..n], "a read of {key:?} lost a local write");
+                                assert!(got[n..].iter().chain(&want[n..]).all(|&b| b == 0), "{key:?}");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(start.elapsed() < std::time::Duration::from_secs(60));
+    // Nothing pinned any more: eviction may take every clean block, and the figures follow.
+    for object in OBJECTS {
+        s.set_pinned(object, false);
+    }
+    check_blocks(&s, &local);
+    check_figures(&s);
+    let stats = s.stats();
+    assert!(stats.evictions > 0, "{stats:?}");
+    s.evict_to(0, usize::MAX);
+    let stats = s.stats();
+    assert_eq!(
+        (stats.bytes_used, stats.bytes_dirty),
+        (stats.bytes_dirty, stats.bytes_dirty)
+    );
+    check_figures(&s);
 }
