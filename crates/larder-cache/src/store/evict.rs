@@ -143,8 +143,9 @@ impl Store {
     }
 
     /// Drop the clean blocks of `object` (dirty ones stay: home does not have them yet); the bytes
-    /// dropped.
+    /// dropped. Their holes are punched after the shard lock is let go ([`Punches`]).
     pub fn evict_object(&self, object: u64) -> u64 {
+        let mut punches = Punches::new(self);
         let mut st = self.state(object);
         let keys: Vec<(BlockKey, u32)> = st
             .blocks_of(object)
@@ -154,7 +155,7 @@ impl Store {
         let mut freed = 0;
         let mut mutations = Vec::new();
         for (key, len) in keys {
-            self.remove_locked(&mut st, key);
+            self.remove_locked(&mut st, key, &mut punches);
             freed += len as u64;
             mutations.push(Mutation::DelBlock {
                 object: key.0,
@@ -162,6 +163,8 @@ impl Store {
             });
         }
         self.db.submit(mutations);
+        drop(st);
+        punches.run();
         freed
     }
 
@@ -201,9 +204,13 @@ impl Store {
     /// fill), clean, and of an object neither pinned nor held. Otherwise it changed between the two
     /// critical sections (written, claimed, pinned, held, dropped) and stays as it is: each of those
     /// changes took it out of the policy too, or will put it back when it ends.
+    ///
+    /// The holes of the blocks dropped under one shard lock are punched once it is let go, before the next
+    /// victim is taken ([`Punches`]): a hit of the shard does not wait for them.
     pub(super) fn evict_to(&self, target: u64, most: usize) -> bool {
         self.drain_touches();
         let mut taken = 0;
+        let mut punches = Punches::new(self);
         while self.used.load(Ordering::Relaxed) > target && taken < most {
             let victim = lock(&self.policy).evict();
             let Some((key, _)) = victim else { break };
@@ -227,7 +234,7 @@ impl Store {
             taken += unit.len() - 1;
             let mut mutations = Vec::with_capacity(unit.len());
             for key in unit {
-                self.remove_locked(&mut st, key);
+                self.remove_locked(&mut st, key, &mut punches);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
                 mutations.push(Mutation::DelBlock {
                     object: key.0,
@@ -236,6 +243,8 @@ impl Store {
             }
             // Submitted under the shard lock, so that they reach the index before a refill's records do.
             self.db.submit(mutations);
+            drop(st);
+            punches.run();
         }
         self.used.load(Ordering::Relaxed) <= target || lock(&self.policy).stats().units == 0
     }

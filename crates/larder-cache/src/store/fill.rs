@@ -32,11 +32,12 @@ impl Drop for Reservation<'_> {
 }
 
 impl Store {
-    /// Wait (on the shard's `filled`, releasing its `state` meanwhile) until no fill holds a reservation on
-    /// `blocks` of `object`; `st` is `object`'s shard, locked. Returns with the lock held, so that the caller's change follows the fills in one critical
+    /// Wait (on the shard's `filled`, releasing its `state` meanwhile) until no fill nor hole punch holds a
+    /// reservation on `blocks` of `object`; `st` is `object`'s shard, locked. Returns with the lock held, so that the caller's change follows the fills in one critical
     /// section. While a thread waits, `object` is marked changing: no new fill reserves a block of it, so
-    /// the wait ends once the fills under way when it began have written their bytes (no busy loop, no
-    /// unbounded wait).
+    /// the wait ends once the fills under way when it began have written their bytes, and the punches of
+    /// the blocks dropped meanwhile (of those present when it began: none is filled again) are made (no
+    /// busy loop, no unbounded wait).
     pub(super) fn await_fills<'a>(
         &'a self,
         mut st: MutexGuard<'a, ShardState>,
@@ -79,14 +80,21 @@ impl Store {
     ///   while it is reserved), so a claim of it fails and the caller fetches it first. A claim, like a
     ///   write of another block, bumps the epoch: a reserved fill of another block is then dropped, its
     ///   bytes punched out again before its reservation ends.
-    /// - Eviction, and every other hole punch, takes present blocks only: never a reserved one. Eviction
-    ///   chooses its victim under `policy` alone, but drops it only under the victim's shard lock, and only
-    ///   if it is still present (so not reserved), clean and evictable.
+    /// - Eviction, and every other drop of a block, takes present blocks only: never a reserved one.
+    ///   Eviction chooses its victim under `policy` alone, but drops it only under the victim's shard lock,
+    ///   and only if it is still present (so not reserved), clean and evictable. The dropped block's hole
+    ///   is punched after that lock is let go, under a reservation of its own taken in the critical
+    ///   section that drops it ([`Punches`]): until the punch is made, this fill waits for it (as for
+    ///   another fill), and so does every local change that touches the block, so no punch lands on bytes
+    ///   written after the drop. A read that looked at the block before its drop and reads punched bytes
+    ///   sees its shard's count of dropped blocks moved, looks again, and finds it absent: a miss. A removal
+    ///   and a truncate punch no hole: the file is unlinked, or its `set_len` has cut the blocks off.
     /// - Shared contents: a fill never reserves a block of an object in the content store, and
     ///   [`Store::fill_whole`] never shares (nor writes) an object with a block reserved: it fills block
     ///   by block instead. So no unsharing meets a reservation.
     /// - Another fill of the same block waits for this one, then finds the block present (or the epoch
-    ///   moved) as it would have under the lock.
+    ///   moved) as it would have under the lock. A fill of a block being punched waits for the punch, then
+    ///   writes its bytes over the hole.
     pub fn fill(&self, key: BlockKey, data: &[u8], epoch: u64) -> CacheResult<()> {
         let start = key.1 as u64 * self.cfg.block_size;
         let crc = crc32c::crc32c(data);

@@ -46,6 +46,8 @@ impl Store {
         let bs = self.cfg.block_size;
         let mut pending: Vec<u32> = indexes.into_iter().collect();
         let mut failed = None;
+        // Blocks dropped (past `size`, or unreadable): punched once the shard lock is let go.
+        let mut punches = Punches::new(self);
         for round in 0..=INDEX_TRIES {
             let mut st = self.state(object);
             let epoch = st.epoch(object);
@@ -58,7 +60,7 @@ impl Store {
                 let stamp = entry.stamp;
                 let len = size.saturating_sub(index as u64 * bs).min(bs) as usize;
                 if len == 0 {
-                    self.remove_locked(&mut st, key);
+                    self.remove_locked(&mut st, key, &mut punches);
                     continue;
                 }
                 plan.push((index, stamp, len));
@@ -82,6 +84,7 @@ impl Store {
             };
             let reads = if round < INDEX_TRIES {
                 drop(st);
+                punches.run();
                 let reads = read_all(&plan);
                 #[cfg(test)]
                 self.pause(Pause::Index(object));
@@ -110,7 +113,7 @@ impl Store {
                     }
                     Err(e) => {
                         if !dirty {
-                            self.remove_locked(&mut st, key);
+                            self.remove_locked(&mut st, key, &mut punches);
                             mutations.push(Mutation::DelBlock { object, index });
                         }
                         failed.get_or_insert(e);
@@ -121,10 +124,12 @@ impl Store {
             // blocks does.
             self.db.submit(mutations);
             drop(st);
+            punches.run();
             if pending.is_empty() {
                 break;
             }
         }
+        punches.run();
         failed.map_or(Ok(()), Err)
     }
 }

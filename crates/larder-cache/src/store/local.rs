@@ -36,10 +36,13 @@ impl Store {
         };
         self.evict_if_needed();
         if let Err(e) = file.write_all_at(data, offset) {
+            let mut punches = Punches::new(self);
             let mut st = self.state(object);
             for key in added {
-                self.remove_locked(&mut st, key);
+                self.remove_locked(&mut st, key, &mut punches);
             }
+            drop(st);
+            punches.run();
             return Err(io_err(e));
         }
         self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -80,8 +83,11 @@ impl Store {
                 .map(|(k, _)| *k)
                 .collect()
         };
+        // Wholly past the new end: `set_len` has cut their bytes off already, and no fill has written past
+        // it since (the object was marked changing until here, so no fill reserved a block of it, and the
+        // fills and punches of these blocks under way were waited for): there is no hole to punch.
         for key in doomed {
-            self.remove_locked(&mut st, key);
+            self.forget_locked(&mut st, key);
             self.db.submit(vec![Mutation::DelBlock {
                 object: key.0,
                 index: key.1,
@@ -116,8 +122,9 @@ impl Store {
             Self::bump_epoch(&mut st, object);
             if st.per_object.contains_key(&object) {
                 let keys: Vec<BlockKey> = st.blocks_of(object).map(|(k, _)| *k).collect();
+                // No holes punched: the file is unlinked below.
                 for key in keys {
-                    self.remove_locked(&mut st, key);
+                    self.forget_locked(&mut st, key);
                 }
             }
             st.objects.remove(&object);

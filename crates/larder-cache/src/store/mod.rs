@@ -35,12 +35,18 @@
 //!   replaced meanwhile (its shard's count of dropped blocks, then its generation);
 //! - a fill's `pwrite` (or hole punch): the block is reserved first (`ShardState::filling`), and every local
 //!   change that touches a reserved block waits for the fill to end ([`Store::fill`]);
+//! - the hole punches of dropped blocks (eviction, by the harvester or a filling thread, `evict_object`, a
+//!   block failing its checksum, indexing's drops): the block is reserved in the critical section that
+//!   drops it and released once its hole is punched ([`Punches`]), so a refill of it, and every local
+//!   change that touches it, waits for the punch as for a fill; a read of it is a miss (it left `blocks`,
+//!   and its shard's count of dropped blocks moved, in that critical section). A removal punches no hole
+//!   (the file is unlinked), nor does a truncate (its `set_len` has cut off the blocks it drops);
 //! - the re-reading and checksumming of blocks to index them ([`Store::commit`], [`Store::mark_clean`]):
 //!   a block is recorded only if neither its object's change epoch nor the block's stamp moved
 //!   while it was read.
 //!
-//! Eviction's and removal's hole punches, and the copy that unshares a shared content, still run under
-//! the object's shard lock: a punched block is gone from the index in the same critical section.
+//! Still under the object's shard lock: `fill_whole`'s write of a small file, and the copy that unshares a
+//! shared content; a new content's file is written (or compared) under `contents`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
@@ -207,12 +213,14 @@ struct ShardState {
     holds: HashMap<u64, u32>,
     /// Source of generations and stamps; they are only ever compared for one block, so per shard.
     tick: u64,
-    /// Blocks a fill is writing outside the lock: absent from `blocks` until the fill ends, and touched
-    /// by no local change meanwhile (those wait, on `Shard::filled`).
+    /// Blocks reserved while their bytes change outside the lock: a fill's block until the fill ends, a
+    /// dropped block until its hole is punched ([`Punches`]). Absent from `blocks` meanwhile, and touched by
+    /// no other fill nor local change (those wait, on `Shard::filled`).
     filling: BTreeSet<BlockKey>,
     /// Objects a local change is waiting on or working through outside the lock (a truncate's `set_len`),
     /// with how many: no fill reserves a block of theirs meanwhile (it would be dropped anyway, its epoch
-    /// being about to move), so that a waiter waits only for the fills that were under way.
+    /// being about to move), so that a waiter waits only for the fills that were under way, and for the
+    /// punches of blocks that were present (no fill brings a new one in meanwhile).
     changing: HashMap<u64, u32>,
     /// Threads waiting on `Shard::filled`: a fill wakes them only if there are any.
     waiting: u32,
@@ -289,11 +297,13 @@ impl ShardState {
 /// One shard: its state, and what is paired with it.
 struct Shard {
     state: Mutex<ShardState>,
-    /// Paired with `state`: signalled when a fill a thread waits on releases its reservation.
+    /// Paired with `state`: signalled when a fill or a hole punch a thread waits on releases its
+    /// reservation.
     filled: Condvar,
-    /// Blocks of this shard dropped so far (each counted under `state`, before its bytes are punched out):
-    /// a read that sees the same count before and after its unlocked `pread` read no punched bytes, and
-    /// needs no second look under the lock.
+    /// Blocks of this shard dropped so far (each counted under `state`, in the critical section that takes
+    /// it out of `blocks`, so before its bytes are punched out, which happens after that lock is let go): a
+    /// read that sees the same count before and after its unlocked `pread` read no punched bytes, and needs
+    /// no second look under the lock.
     removals: AtomicU64,
 }
 
@@ -366,7 +376,7 @@ type Hook = Arc<dyn Fn(Pause) + Send + Sync>;
 
 /// Where a test may pause the store.
 #[cfg(test)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Pause {
     /// A fill has reserved its block and not yet written it.
     Fill(BlockKey),
@@ -376,6 +386,9 @@ enum Pause {
     Read(BlockKey),
     /// Eviction has taken a victim from the policy and not yet locked its shard.
     Evict(BlockKey),
+    /// A block has been dropped (and reserved) under its shard's lock, which is let go, and its hole is not
+    /// punched yet.
+    Punch(BlockKey),
 }
 
 /// Rounds of reading blocks to index outside the lock before the last one, made under it.
@@ -385,6 +398,7 @@ const INDEX_TRIES: usize = 2;
 const ABD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 use crate::contention::lock;
+use punch::Punches;
 
 impl Store {
     /// Bytes per block.
@@ -552,6 +566,7 @@ impl Store {
                 // taken as the block's only if the block is still the one that was looked at.
                 let mut whole = vec![0u8; blen];
                 let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
+                let mut punches = Punches::new(self);
                 let mut st = lock(&shard.state);
                 match st.blocks.get_mut(&key) {
                     Some(e) if e.generation == generation && e.crc == crc && !e.dirty && !e.verified => {
@@ -562,7 +577,9 @@ impl Store {
                                 "cached block failed its checksum; refetching"
                             );
                             self.corrupt.fetch_add(1, Ordering::Relaxed);
-                            self.remove_locked(&mut st, key);
+                            self.remove_locked(&mut st, key, &mut punches);
+                            drop(st);
+                            punches.run();
                             self.misses.fetch_add(1, Ordering::Relaxed);
                             return Ok(None);
                         }
@@ -719,34 +736,6 @@ impl Store {
         }
     }
 
-    /// Drop present block `key`, punching its bytes out of its file. A block a fill has reserved is not
-    /// present (it is inserted when the fill ends): eviction, removal and truncation never punch under one.
-    fn remove_locked(&self, st: &mut ShardState, key: BlockKey) {
-        let Some(old) = st.blocks.remove(&key) else { return };
-        // Counted before the punch: see `Shard::removals`.
-        self.shard(key.0).removals.fetch_add(1, Ordering::SeqCst);
-        if !old.dirty && st.evictable(key.0) {
-            self.policy_under(st).remove(&key);
-        }
-        let meta = st.meta(key.0);
-        self.account(&meta, old.len, old.dirty, false);
-        self.block_count.fetch_sub(1, Ordering::Relaxed);
-        if meta.content.is_none()
-            && !st.holds.contains_key(&key.0)
-            && let Ok(file) = self.file_locked(st, key.0)
-        {
-            punch_hole(&file, key.1 as u64 * self.cfg.block_size, old.len as u64);
-        }
-        if let Some(n) = st.per_object.get_mut(&key.0) {
-            *n -= 1;
-            if *n == 0 {
-                st.per_object.remove(&key.0);
-                self.object_count.fetch_sub(1, Ordering::Relaxed);
-                self.emptied_locked(st, key.0);
-            }
-        }
-    }
-
     /// `object` has no block left: it no longer shares a content, nor is it a whole unit (its next fill
     /// says again). A pin stays.
     fn emptied_locked(&self, st: &mut ShardState, object: u64) {
@@ -810,5 +799,6 @@ mod fill;
 mod index;
 mod local;
 mod open;
+mod punch;
 #[cfg(test)]
 mod tests;

@@ -736,7 +736,7 @@ fn a_hit_of_one_object_does_not_wait_for_the_lock_of_another_objects_shard() {
     let (a, b) = (1u64, 2u64);
     assert_ne!(shard_of(a), shard_of(b), "the test needs objects in different shards");
     s.fill((b, 0), &[5u8; 4096], 0).unwrap();
-    // A's shard is locked, as by a long operation of A (a hole punch, an unshare's copy).
+    // A's shard is locked, as by a long operation of A (an unshare's copy, a small file's whole fill).
     let held = s.state(a);
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = {
