@@ -487,9 +487,10 @@ fn fills_racing_local_changes_never_overwrite_them() {
     let dir = tempfile::tempdir().unwrap();
     // Room for about half the blocks: eviction runs all along.
     let s = Arc::new(store(dir.path(), 6 * BS as u64));
-    // Widen the window between a fill's reservation and its write.
+    // Widen the windows between a fill's reservation and its write, and between a block's drop and its
+    // hole punch.
     *lock(&s.hook) = Some(Arc::new(|at: Pause| {
-        if matches!(at, Pause::Fill(_)) {
+        if matches!(at, Pause::Fill(_) | Pause::Punch(_)) {
             std::thread::yield_now();
         }
     }));
@@ -919,10 +920,10 @@ fn operations_on_objects_in_many_shards_racing_keep_blocks_and_figures_true() {
     // Room for under two thirds of the 32 blocks, dirty ones included: eviction runs all along, by the
     // filling threads, and clean whole files still stay long enough to share their contents.
     let s = Arc::new(store(dir.path(), 20 * BS as u64));
-    // Widen the windows between a fill's reservation and its write, and between eviction's choice of a
-    // victim and its look under the victim's shard lock.
+    // Widen the windows between a fill's reservation and its write, between eviction's choice of a victim
+    // and its look under the victim's shard lock, and between a block's drop and its hole punch.
     *lock(&s.hook) = Some(Arc::new(|at: Pause| {
-        if matches!(at, Pause::Fill(_) | Pause::Evict(_)) {
+        if matches!(at, Pause::Fill(_) | Pause::Evict(_) | Pause::Punch(_)) {
             std::thread::yield_now();
         }
     }));
@@ -1027,4 +1028,194 @@ fn operations_on_objects_in_many_shards_racing_keep_blocks_and_figures_true() {
         (stats.bytes_dirty, stats.bytes_dirty)
     );
     check_figures(&s);
+}
+
+/// Pauses the store at the points `want` accepts, each on its own: each is reported by `next`, and the
+/// thread paused there goes on when it is released.
+struct Gates {
+    arrived: std::sync::mpsc::Receiver<Pause>,
+    open: Arc<Mutex<HashMap<Pause, std::sync::mpsc::Sender<()>>>>,
+}
+
+impl Gates {
+    fn new(s: &Store, want: impl Fn(Pause) -> bool + Send + Sync + 'static) -> Gates {
+        let (at_tx, arrived) = std::sync::mpsc::channel();
+        let at_tx = Mutex::new(at_tx);
+        let open: Arc<Mutex<HashMap<Pause, std::sync::mpsc::Sender<()>>>> = Arc::default();
+        let gates = open.clone();
+        *lock(&s.hook) = Some(Arc::new(move |at: Pause| {
+            if want(at) {
+                let (go_tx, go_rx) = std::sync::mpsc::channel();
+                gates.lock().unwrap().insert(at, go_tx);
+                at_tx.lock().unwrap().send(at).unwrap();
+                go_rx.recv().unwrap();
+            }
+        }));
+        Gates { arrived, open }
+    }
+
+    /// The next point a thread is paused at.
+    fn next(&self) -> Pause {
+        self.arrived
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("no thread reached a pause point")
+    }
+
+    fn release(&self, at: Pause) {
+        self.open.lock().unwrap().remove(&at).unwrap().send(()).unwrap();
+    }
+}
+
+/// Another object of `object`'s shard.
+fn same_shard_as(object: u64) -> u64 {
+    (object + 1..).find(|&o| shard_of(o) == shard_of(object)).unwrap()
+}
+
+#[test]
+fn hits_of_a_shard_do_not_wait_for_its_hole_punches_and_a_block_being_punched_is_a_miss() {
+    for how in ["evict_object", "evict_to"] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(store(dir.path(), 1 << 20));
+        let (a, b) = (1u64, same_shard_as(1));
+        s.fill((a, 0), &[1u8; BS], 0).unwrap();
+        s.fill((b, 0), &[2u8; BS], 0).unwrap();
+        let gates = Gates::new(&s, |at| matches!(at, Pause::Punch(_)));
+        let evictor = {
+            let s = s.clone();
+            std::thread::spawn(move || match how {
+                "evict_object" => assert_eq!(s.evict_object(a), BS as u64),
+                _ => {
+                    s.evict_to(0, 1);
+                }
+            })
+        };
+        // A block has been dropped, and its hole is not punched yet.
+        let Pause::Punch(victim) = gates.next() else {
+            unreachable!()
+        };
+        let (other, want) = if victim == (a, 0) { ((b, 0), 2u8) } else { ((a, 0), 1u8) };
+        assert_eq!(victim.1, 0, "{how}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                // More hits than a touch buffer holds: passing them to the policy waits for no punch.
+                let mut got = None;
+                for _ in 0..2 * TOUCH_BATCH {
+                    got = s.read(other, 0, BS).unwrap();
+                }
+                let punched = s.read(victim, 0, BS).unwrap();
+                let _ = tx.send((got, punched));
+            })
+        };
+        let done = rx.recv_timeout(std::time::Duration::from_secs(5));
+        let (got, punched) = done.unwrap_or_else(|_| panic!("{how}: a hit waited for a hole punch of its shard"));
+        assert_eq!(got, Some(vec![want; BS]), "{how}: the other block");
+        assert!(
+            punched.is_none(),
+            "{how}: the block being punched was served ({:?} bytes)",
+            punched.map(|b| b.len())
+        );
+        reader.join().unwrap();
+        gates.release(Pause::Punch(victim));
+        evictor.join().unwrap();
+        assert_eq!(s.read(victim, 0, BS).unwrap(), None, "{how}");
+        assert!(s.read(other, 0, BS).unwrap().is_some(), "{how}");
+        assert_eq!(s.allocated_blocks(victim.0), 0, "{how}: the hole was punched");
+        check_figures(&s);
+    }
+}
+
+#[test]
+fn a_read_that_looked_before_a_drop_and_reads_after_its_punch_is_a_miss_not_a_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    s.fill((1, 0), &[7u8; BS], 0).unwrap();
+    assert_eq!(s.read((1, 0), 0, BS).unwrap().unwrap(), vec![7u8; BS]);
+    let gates = Gates::new(&s, |at| matches!(at, Pause::Read(_) | Pause::Punch(_)));
+    let reader = {
+        let s = s.clone();
+        std::thread::spawn(move || s.read((1, 0), 0, BS).unwrap())
+    };
+    // The reader has looked at the block under the lock, and not read its bytes yet.
+    assert_eq!(gates.next(), Pause::Read((1, 0)));
+    let evictor = {
+        let s = s.clone();
+        std::thread::spawn(move || s.evict_object(1))
+    };
+    assert_eq!(gates.next(), Pause::Punch((1, 0)));
+    // The hole is punched and the block released before the reader reads.
+    gates.release(Pause::Punch((1, 0)));
+    assert_eq!(evictor.join().unwrap(), BS as u64);
+    assert_eq!(s.allocated_blocks(1), 0, "the hole was punched");
+    gates.release(Pause::Read((1, 0)));
+    let got = reader.join().unwrap();
+    assert!(
+        got.is_none(),
+        "a punched block's hole was served ({:?} bytes)",
+        got.map(|b| b.len())
+    );
+    check_figures(&s);
+}
+
+#[test]
+fn a_fill_or_write_of_a_block_being_punched_waits_for_the_punch_and_keeps_its_bytes() {
+    for change in ["fill", "write"] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(store(dir.path(), 1 << 20));
+        s.fill((1, 0), &[1u8; BS], 0).unwrap();
+        let gates = Gates::new(&s, |at| matches!(at, Pause::Punch(_)));
+        let evictor = {
+            let s = s.clone();
+            std::thread::spawn(move || assert_eq!(s.evict_object(1), BS as u64))
+        };
+        assert_eq!(gates.next(), Pause::Punch((1, 0)));
+        let epoch = s.epoch(1);
+        let changer = {
+            let s = s.clone();
+            std::thread::spawn(move || match change {
+                "fill" => s.fill((1, 0), &[3u8; BS], epoch).unwrap(),
+                _ => s.write(1, 0, &[4u8; BS]).unwrap(),
+            })
+        };
+        until_waiting_or_finished(&s, &changer);
+        let waited = !changer.is_finished();
+        gates.release(Pause::Punch((1, 0)));
+        evictor.join().unwrap();
+        changer.join().unwrap();
+        let want = vec![if change == "fill" { 3u8 } else { 4u8 }; BS];
+        assert_eq!(
+            s.read((1, 0), 0, BS).unwrap(),
+            Some(want.clone()),
+            "{change}: the punch landed on the new bytes"
+        );
+        assert_eq!(file_bytes(dir.path(), 1), want, "{change}");
+        assert!(waited, "{change}: it did not wait for the punch");
+        assert_eq!(s.state(1).blocks[&(1, 0)].dirty, change == "write");
+        check_figures(&s);
+    }
+}
+
+#[test]
+fn a_punch_that_unwinds_still_punches_and_releases_its_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(store(dir.path(), 1 << 20));
+    s.fill((1, 0), &[1u8; BS], 0).unwrap();
+    *lock(&s.hook) = Some(Arc::new(|at: Pause| {
+        if matches!(at, Pause::Punch(_)) {
+            panic!("unwinding at {at:?}");
+        }
+    }));
+    let evictor = {
+        let s = s.clone();
+        std::thread::spawn(move || s.evict_object(1))
+    };
+    assert!(evictor.join().is_err());
+    *lock(&s.hook) = None;
+    assert!(s.state(1).filling.is_empty(), "the block stays reserved");
+    assert_eq!(s.allocated_blocks(1), 0, "the hole was not punched");
+    check_figures(&s);
+    let epoch = s.epoch(1);
+    s.fill((1, 0), &[2u8; BS], epoch).unwrap();
+    assert_eq!(s.read((1, 0), 0, BS).unwrap(), Some(vec![2u8; BS]));
 }
