@@ -80,7 +80,10 @@ impl Store {
     }
 
     /// Hold `object` for a reader the kernel serves from its file directly: until [`Store::unhold`], its
-    /// blocks are not evicted and its file keeps its bytes (a removal unlinks it without punching it).
+    /// blocks are not evicted and its file keeps its bytes (a removal unlinks it without punching it). A
+    /// punch of a block dropped before the hold may still be under way (`Punches`), but that block is
+    /// absent until the punch is made and the block filled again: the object is not [`Store::complete`]
+    /// meanwhile, and the kernel is given the file only once it is (after the hold).
     pub fn hold(&self, object: u64) {
         let mut st = self.state(object);
         *st.holds.entry(object).or_insert(0) += 1;
@@ -143,7 +146,7 @@ impl Store {
     }
 
     /// Drop the clean blocks of `object` (dirty ones stay: home does not have them yet); the bytes
-    /// dropped. Their holes are punched after the shard lock is let go ([`Punches`]).
+    /// dropped. Their holes are punched after the shard lock is let go (`Punches`).
     pub fn evict_object(&self, object: u64) -> u64 {
         let mut punches = Punches::new(self);
         let mut st = self.state(object);

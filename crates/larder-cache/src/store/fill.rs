@@ -84,7 +84,7 @@ impl Store {
     ///   Eviction chooses its victim under `policy` alone, but drops it only under the victim's shard lock,
     ///   and only if it is still present (so not reserved), clean and evictable. The dropped block's hole
     ///   is punched after that lock is let go, under a reservation of its own taken in the critical
-    ///   section that drops it ([`Punches`]): until the punch is made, this fill waits for it (as for
+    ///   section that drops it (`Punches`): until the punch is made, this fill waits for it (as for
     ///   another fill), and so does every local change that touches the block, so no punch lands on bytes
     ///   written after the drop. A read that looked at the block before its drop and reads punched bytes
     ///   sees its shard's count of dropped blocks moved, looks again, and finds it absent: a miss. A removal

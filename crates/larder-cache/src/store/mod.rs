@@ -37,7 +37,7 @@
 //!   change that touches a reserved block waits for the fill to end ([`Store::fill`]);
 //! - the hole punches of dropped blocks (eviction, by the harvester or a filling thread, `evict_object`, a
 //!   block failing its checksum, indexing's drops): the block is reserved in the critical section that
-//!   drops it and released once its hole is punched ([`Punches`]), so a refill of it, and every local
+//!   drops it and released once its hole is punched (`Punches`), so a refill of it, and every local
 //!   change that touches it, waits for the punch as for a fill; a read of it is a miss (it left `blocks`,
 //!   and its shard's count of dropped blocks moved, in that critical section). A removal punches no hole
 //!   (the file is unlinked), nor does a truncate (its `set_len` has cut off the blocks it drops);
@@ -209,7 +209,7 @@ struct ShardState {
     epochs: HashMap<u64, u64>,
     objects: HashMap<u64, ObjectMeta>,
     /// Objects the kernel reads directly (FUSE passthrough), with the number of handles doing so: their
-    /// blocks are not evicted, and their files never have holes punched, while held.
+    /// blocks are not evicted, and no block dropped while they are held has its hole punched.
     holds: HashMap<u64, u32>,
     /// Source of generations and stamps; they are only ever compared for one block, so per shard.
     tick: u64,
