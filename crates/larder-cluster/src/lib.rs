@@ -1,0 +1,15 @@
+//! larder's cluster: several larder nodes, on several hosts, as one cache.
+//!
+//! This crate holds what every node of a cluster must compute alike, apart from any transport:
+//! - [`identity`]: a node's id, created once and kept in its cache directory, so that a node keeps its
+//!   identity (and what it owns) across restarts and address changes;
+//! - [`placement`]: which member owns a unit, and which to ask next, by weighted rendezvous hashing over
+//!   the live members (design note 013).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod identity;
+pub mod placement;
+
+pub use identity::{IdentityError, node_id};
+pub use placement::{Member, MemberId, Placement, UnitDigest};
