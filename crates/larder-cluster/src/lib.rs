@@ -4,12 +4,16 @@
 //! - [`identity`]: a node's id, created once and kept in its cache directory, so that a node keeps its
 //!   identity (and what it owns) across restarts and address changes;
 //! - [`placement`]: which member owns a unit, and which to ask next, by weighted rendezvous hashing over
-//!   the live members (design note 013).
+//!   the live members (design note 013);
+//! - [`membership`]: the members' records and liveness in etcd, and each node's last view of them, which
+//!   the I/O path reads without ever waiting for etcd.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod identity;
+pub mod membership;
 pub mod placement;
 
 pub use identity::{IdentityError, node_id};
+pub use membership::{MemberRecord, Membership, MembershipConfig, MembershipError, View};
 pub use placement::{Member, MemberId, Placement, UnitDigest};
