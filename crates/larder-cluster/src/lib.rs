@@ -6,12 +6,14 @@
 //! - [`placement`]: which member owns a unit, and which to ask next, by weighted rendezvous hashing over
 //!   the live members (design note 013);
 //! - [`membership`]: the members' records and liveness in etcd, and each node's last view of them, which
-//!   the I/O path reads without ever waiting for etcd.
+//!   the I/O path reads without ever waiting for etcd;
+//! - [`peer`]: the transport that serves units to peers and fetches them, every chunk checked.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod identity;
 pub mod membership;
+pub mod peer;
 pub mod placement;
 
 pub use identity::{IdentityError, node_id};
