@@ -72,12 +72,25 @@ pub enum SourceError {
     Failed(String),
 }
 
+/// What one node asks another for.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask<'a> {
+    /// The unit's portable key (its encoding), and the digest every node computes of it.
+    pub key: &'a [u8],
+    pub digest: &'a UnitDigest,
+    /// Where home has the file, and the block the unit starts at.
+    pub path: &'a [u8],
+    pub index: u32,
+    /// Whether the peer may fetch the unit from home to answer (it is the unit's owner).
+    pub forward: bool,
+}
+
 /// Where a node's server gets the units it serves: its own read path (cache, then home when
 /// forwarding).
 pub trait UnitSource: Send + Sync + 'static {
-    /// The unit `key` (a portable key's encoding). With `forward`, a unit not held may be fetched (from
-    /// home) to answer, and kept.
-    fn unit(&self, key: &[u8], forward: bool) -> Result<Bytes, SourceError>;
+    /// The unit `ask` names. With `ask.forward`, a unit not held may be fetched (from home) to answer,
+    /// and kept.
+    fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError>;
 }
 
 /// Figures of the peer tier, both directions.
@@ -155,10 +168,19 @@ impl Peer for Service {
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<ChunkStream>, Status> {
         let req = request.into_inner();
         let source = self.source.clone();
-        let key = req.key.clone();
-        let unit = tokio::task::spawn_blocking(move || source.unit(&key, req.forward))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let asked = req.clone();
+        let unit = tokio::task::spawn_blocking(move || {
+            let digest = digest(&asked.key);
+            source.unit(&Ask {
+                key: &asked.key,
+                digest: &digest,
+                path: &asked.path,
+                index: asked.index,
+                forward: asked.forward,
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
         let data = match unit {
             Ok(d) => d,
             Err(SourceError::NotHeld) => return Err(Status::not_found("not held")),
@@ -356,15 +378,8 @@ impl PeerClient {
         }
     }
 
-    /// Unit `key` (its encoding; `digest` is what every node computes of it) from `peer`. With `forward`,
-    /// the peer may fetch it from home to answer (it is the unit's owner).
-    pub fn fetch(
-        &self,
-        peer: &MemberRecord,
-        key: &[u8],
-        digest: &UnitDigest,
-        forward: bool,
-    ) -> Result<Bytes, PeerError> {
+    /// The unit `ask` names, from `peer`.
+    pub fn fetch(&self, peer: &MemberRecord, ask: &Ask) -> Result<Bytes, PeerError> {
         if let Err(e) = self.allowed(peer.id) {
             self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Err(e);
@@ -373,14 +388,17 @@ impl PeerClient {
         let started = Instant::now();
         let channel = self.channel(peer)?;
         let request = FetchRequest {
-            key: Bytes::copy_from_slice(key),
+            key: Bytes::copy_from_slice(ask.key),
             requester: self.me,
-            forward,
+            forward: ask.forward,
+            path: Bytes::copy_from_slice(ask.path),
+            index: ask.index,
         };
         let timeout = self.cfg.timeout;
+        let want = ask.digest;
         let result = self
             .runtime
-            .block_on(async move { tokio::time::timeout(timeout, fetch_on(channel, request, digest)).await })
+            .block_on(async move { tokio::time::timeout(timeout, fetch_on(channel, request, want)).await })
             .unwrap_or(Err(PeerError::Timeout(timeout)));
         self.stats
             .nanos

@@ -14,7 +14,7 @@ use larder_cluster::MemberRecord;
 use larder_cluster::peer::proto::peer_server::{Peer, PeerServer as RawServer};
 use larder_cluster::peer::proto::{Chunk, FetchRequest};
 use larder_cluster::peer::{
-    CHUNK, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats, SourceError, UnitSource, digest,
+    Ask, CHUNK, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats, SourceError, UnitSource, digest,
 };
 use prost::bytes::Bytes;
 use tonic::{Request, Response, Status};
@@ -24,7 +24,8 @@ use tonic::{Request, Response, Status};
 struct Units(Mutex<HashMap<Vec<u8>, Bytes>>);
 
 impl UnitSource for Units {
-    fn unit(&self, key: &[u8], _forward: bool) -> Result<Bytes, SourceError> {
+    fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError> {
+        let key = ask.key;
         if key.starts_with(b"old") {
             return Err(SourceError::OtherVersion);
         }
@@ -50,6 +51,16 @@ fn member(id: u64, addr: SocketAddr) -> MemberRecord {
         weight: 1,
         fingerprint: String::new(),
         serve: true,
+    }
+}
+
+fn ask<'a>(key: &'a [u8], digest: &'a [u8; 16], forward: bool) -> Ask<'a> {
+    Ask {
+        key,
+        digest,
+        path: b"some/file",
+        index: 0,
+        forward,
     }
 }
 
@@ -83,15 +94,15 @@ fn units_come_back_whole_and_right_of_every_size() {
     let c = client(PeerConfig::default());
     for (i, &len) in sizes.iter().enumerate() {
         let key = format!("k{i}").into_bytes();
-        let got = c.fetch(&peer, &key, &digest(&key), false).unwrap();
+        let got = c.fetch(&peer, &ask(&key, &digest(&key), false)).unwrap();
         assert_eq!(got, pattern(len, i as u8), "unit {i} of {len} bytes");
     }
     assert!(matches!(
-        c.fetch(&peer, b"nope", &digest(b"nope"), false),
+        c.fetch(&peer, &ask(b"nope", &digest(b"nope"), false)),
         Err(PeerError::NotHeld)
     ));
     assert!(matches!(
-        c.fetch(&peer, b"old1", &digest(b"old1"), true),
+        c.fetch(&peer, &ask(b"old1", &digest(b"old1"), true)),
         Err(PeerError::OtherVersion)
     ));
     assert_eq!(stats.served.load(Ordering::Relaxed), sizes.len() as u64);
@@ -105,12 +116,12 @@ fn units_come_back_whole_and_right_of_every_size() {
     // Misses do not open the breaker: the peer is still asked.
     for _ in 0..5 {
         assert!(matches!(
-            c.fetch(&peer, b"nope", &digest(b"nope"), false),
+            c.fetch(&peer, &ask(b"nope", &digest(b"nope"), false)),
             Err(PeerError::NotHeld)
         ));
     }
     let key = b"k6".to_vec();
-    assert!(c.fetch(&peer, &key, &digest(&key), false).is_ok());
+    assert!(c.fetch(&peer, &ask(&key, &digest(&key), false)).is_ok());
 }
 
 /// What a lying peer does to the right unit's chunks.
@@ -209,7 +220,7 @@ fn a_peer_that_lies_is_never_believed() {
             lie,
         });
         let c = client(PeerConfig::default());
-        let got = c.fetch(&member(1, addr), b"key", &digest(b"key"), false);
+        let got = c.fetch(&member(1, addr), &ask(b"key", &digest(b"key"), false));
         assert!(
             matches!(got, Err(PeerError::Corrupt(_))),
             "{what}: {:?}",
@@ -224,7 +235,7 @@ fn a_peer_that_lies_is_never_believed() {
     });
     assert_eq!(
         client(PeerConfig::default())
-            .fetch(&member(1, addr), b"key", &digest(b"key"), false)
+            .fetch(&member(1, addr), &ask(b"key", &digest(b"key"), false))
             .unwrap(),
         unit
     );
@@ -254,7 +265,7 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
     for _ in 0..2 {
         let started = Instant::now();
         assert!(matches!(
-            c.fetch(&g, b"k", &digest(b"k"), false),
+            c.fetch(&g, &ask(b"k", &digest(b"k"), false)),
             Err(PeerError::Failed(_) | PeerError::Timeout(_))
         ));
         assert!(
@@ -267,14 +278,14 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
     let calls = accepted.load(Ordering::Relaxed);
     let started = Instant::now();
     assert!(matches!(
-        c.fetch(&g, b"k", &digest(b"k"), false),
+        c.fetch(&g, &ask(b"k", &digest(b"k"), false)),
         Err(PeerError::Skipped(1, _))
     ));
     assert!(started.elapsed() < Duration::from_millis(50));
     assert_eq!(c.stats.skipped.load(Ordering::Relaxed), 1);
     std::thread::sleep(Duration::from_millis(800));
     assert!(matches!(
-        c.fetch(&g, b"k", &digest(b"k"), false),
+        c.fetch(&g, &ask(b"k", &digest(b"k"), false)),
         Err(PeerError::Failed(_) | PeerError::Timeout(_))
     ));
     assert!(
@@ -282,7 +293,10 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
         "the trial after the cool-down made no call"
     );
     assert!(
-        matches!(c.fetch(&g, b"k", &digest(b"k"), false), Err(PeerError::Skipped(..))),
+        matches!(
+            c.fetch(&g, &ask(b"k", &digest(b"k"), false)),
+            Err(PeerError::Skipped(..))
+        ),
         "a failed trial reopens it"
     );
 
@@ -292,7 +306,7 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
     let server = PeerServer::start("127.0.0.1:0".parse().unwrap(), units, Arc::new(PeerStats::default())).unwrap();
     let started = Instant::now();
     assert!(matches!(
-        c.fetch(&member(2, server.addr()), b"slow", &digest(b"slow"), false),
+        c.fetch(&member(2, server.addr()), &ask(b"slow", &digest(b"slow"), false)),
         Err(PeerError::Timeout(_))
     ));
     assert!(
@@ -304,7 +318,7 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
     // Gone: nothing listens there any more.
     let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let started = Instant::now();
-    assert!(c.fetch(&member(3, gone), b"k", &digest(b"k"), false).is_err());
+    assert!(c.fetch(&member(3, gone), &ask(b"k", &digest(b"k"), false)).is_err());
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
@@ -319,11 +333,15 @@ fn a_peer_that_moved_is_followed_to_its_new_address() {
     )
     .unwrap();
     let c = client(quick());
-    assert!(c.fetch(&member(1, first.addr()), b"k", &digest(b"k"), false).is_ok());
+    assert!(
+        c.fetch(&member(1, first.addr()), &ask(b"k", &digest(b"k"), false))
+            .is_ok()
+    );
     drop(first);
     let second = PeerServer::start("127.0.0.1:0".parse().unwrap(), units, Arc::new(PeerStats::default())).unwrap();
     assert_eq!(
-        c.fetch(&member(1, second.addr()), b"k", &digest(b"k"), false).unwrap(),
+        c.fetch(&member(1, second.addr()), &ask(b"k", &digest(b"k"), false))
+            .unwrap(),
         pattern(100, 9)
     );
 }
