@@ -150,7 +150,7 @@ struct Shared {
 /// This node's membership: its registration, kept alive, and its view of the others.
 pub struct Membership {
     shared: Arc<Shared>,
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 fn now_ms() -> u64 {
@@ -377,7 +377,7 @@ impl Membership {
         runtime.spawn(shared.clone().keep(client, lease, revision));
         Ok(Membership {
             shared,
-            runtime: Some(runtime),
+            runtime: std::sync::Mutex::new(Some(runtime)),
         })
     }
 
@@ -405,13 +405,15 @@ impl Membership {
 
     /// Leave: stop renewing and remove this node's liveness at once (its record stays: it is who the node
     /// is when it comes back). Best effort within the call timeout; etcd's lease ends it anyway.
-    pub fn leave(mut self) {
+    pub fn leave(&self) {
         self.shutdown(true);
     }
 
-    fn shutdown(&mut self, revoke: bool) {
+    fn shutdown(&self, revoke: bool) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        let Some(runtime) = self.runtime.take() else { return };
+        let Some(runtime) = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
         if revoke {
             let shared = self.shared.clone();
             let lease = shared.lease.load(Ordering::SeqCst) as i64;
@@ -426,7 +428,7 @@ impl Membership {
     }
 
     /// Stop renewing without telling etcd, as a node that dies does: its liveness ends with its lease.
-    pub fn abandon(mut self) {
+    pub fn abandon(&self) {
         self.shutdown(false);
     }
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prost::bytes::Bytes;
+pub use prost::bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
