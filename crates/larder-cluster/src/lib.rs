@@ -4,12 +4,16 @@
 //! - [`identity`]: a node's id, created once and kept in its cache directory, so that a node keeps its
 //!   identity (and what it owns) across restarts and address changes;
 //! - [`placement`]: which member owns a unit, and which to ask next, by weighted rendezvous hashing over
-//!   the live members (design note 013).
+//!   the live members (design note 013);
+//! - [`tls`]: the cluster's own certificate authority, the nodes' certificates, and the mutual-TLS
+//!   configuration every peer connection uses (design note 014).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod identity;
 pub mod placement;
+pub mod tls;
 
 pub use identity::{IdentityError, node_id};
 pub use placement::{Member, MemberId, Placement, UnitDigest};
+pub use tls::{NodeTls, Peer, TlsError, fingerprint};
