@@ -7,7 +7,9 @@
 //!   the live members (design note 013);
 //! - [`membership`]: the members' records and liveness in etcd, and each node's last view of them, which
 //!   the I/O path reads without ever waiting for etcd;
-//! - [`peer`]: the transport that serves units to peers and fetches them, every chunk checked.
+//! - [`peer`]: the transport that serves units to peers and fetches them, every chunk checked;
+//! - [`tls`]: the cluster's own certificate authority, the nodes' certificates, and the mutual-TLS
+//!   configuration every peer connection uses (design note 014).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -15,7 +17,9 @@ pub mod identity;
 pub mod membership;
 pub mod peer;
 pub mod placement;
+pub mod tls;
 
 pub use identity::{IdentityError, node_id};
 pub use membership::{MemberRecord, Membership, MembershipConfig, MembershipError, View};
 pub use placement::{Member, MemberId, Placement, UnitDigest};
+pub use tls::{NodeTls, Peer, TlsError, fingerprint};

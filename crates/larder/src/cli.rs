@@ -42,6 +42,35 @@ pub enum Command {
     Evict(ResidencyArgs),
     /// Build a demo home, mount it behind an emulated slow link, read it cold then warm.
     Demo(DemoArgs),
+    /// The certificates of a cluster: its own CA, and a certificate for each node.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Make the cluster's CA in DIR: ca.pem, and ca.key readable by its owner only (refused if DIR holds a
+    /// CA: every node certificate depends on it).
+    Init(ClusterInitArgs),
+    /// Issue node NAME's certificate with the CA in DIR: NAME.pem and NAME.key beside it.
+    Cert(ClusterCertArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterInitArgs {
+    /// The cluster directory (made, owner-only, if missing).
+    pub dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterCertArgs {
+    /// The cluster directory, holding the CA.
+    pub dir: PathBuf,
+    /// The node's name (letters, digits, '-' and '.') [default: this host's name].
+    pub name: Option<String>,
+    /// Replace an existing certificate and key of that name (the node then needs the new pair).
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn block_size(s: &str) -> Result<u64, String> {
