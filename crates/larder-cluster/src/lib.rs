@@ -17,6 +17,8 @@ pub mod identity;
 pub mod membership;
 pub mod peer;
 pub mod placement;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
 
 pub use identity::{IdentityError, node_id};

@@ -1,74 +1,10 @@
 //! Membership against a real etcd (Debian's `etcd-server`), started by each test on loopback ports of its
 //! own, with its data in a temporary directory.
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use larder_cluster::testing::{Etcd, free_port};
 use larder_cluster::{MemberRecord, Membership, MembershipConfig, MembershipError};
-
-struct Etcd {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    client: u16,
-    peer: u16,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl Etcd {
-    fn start() -> Etcd {
-        let mut e = Etcd {
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-            client: free_port(),
-            peer: free_port(),
-        };
-        e.run();
-        e
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
-    }
-
-    fn run(&mut self) {
-        let client = self.endpoint();
-        let peer = format!("http://127.0.0.1:{}", self.peer);
-        let child = Command::new("etcd")
-            .args(["--name", "t", "--data-dir"])
-            .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("t={peer}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd (Debian's etcd-server) must be installed: scripts/setup.sh --tests installs it");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", self.client)).is_err() {
-            assert!(Instant::now() < deadline, "etcd did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Kill it as a crash would.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn config(etcd: &Etcd, cluster: &str) -> MembershipConfig {
     let mut cfg = MembershipConfig::new(vec![etcd.endpoint()], cluster);
