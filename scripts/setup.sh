@@ -9,6 +9,9 @@ command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 [ -e /usr/include/fuse3/fuse.h ] || need_apt+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+# The etcd client's build compiles etcd's protocol definitions.
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 if [ "${1:-}" = --tests ]; then
   command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
   command -v curl >/dev/null 2>&1 || need_apt+=(curl)
@@ -16,6 +19,8 @@ if [ "${1:-}" = --tests ]; then
   command -v sqlite3 >/dev/null 2>&1 || need_apt+=(sqlite3)
   command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
   command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+  # The cluster's coordination service, started by the tests on loopback (the package starts no service).
+  command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
   command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 fi
 

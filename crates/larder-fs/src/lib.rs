@@ -20,6 +20,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod changes;
+pub mod cluster;
 mod data;
 mod dirs;
 mod error;

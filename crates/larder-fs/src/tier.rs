@@ -19,12 +19,14 @@ mod fault;
 mod local;
 #[cfg(any(test, feature = "mock"))]
 mod memory;
+mod peer;
 
 #[cfg(any(test, feature = "mock"))]
 pub use fault::{FaultTier, Faults};
 pub use local::{HomeTier, StoreTier};
 #[cfg(any(test, feature = "mock"))]
 pub use memory::MemoryTier;
+pub use peer::PeerTier;
 
 use std::ops::Range;
 use std::path::Path;
@@ -49,6 +51,8 @@ pub struct Want<'a> {
     pub range: Range<u64>,
     /// Where this node has the content; tiers shared between nodes go by the key alone.
     pub local: Local<'a>,
+    /// Asked by a peer: the walk must not ask peers in turn (the asker tries the others itself).
+    pub from_peer: bool,
 }
 
 /// This node's names for the content of a [`Want`].
@@ -70,6 +74,7 @@ impl<'a> Want<'a> {
             key,
             range,
             local,
+            from_peer: false,
         }
     }
 }

@@ -42,6 +42,35 @@ pub enum Command {
     Evict(ResidencyArgs),
     /// Build a demo home, mount it behind an emulated slow link, read it cold then warm.
     Demo(DemoArgs),
+    /// The certificates of a cluster: its own CA, and a certificate for each node.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Make the cluster's CA in DIR: ca.pem, and ca.key readable by its owner only (refused if DIR holds a
+    /// CA: every node certificate depends on it).
+    Init(ClusterInitArgs),
+    /// Issue node NAME's certificate with the CA in DIR: NAME.pem and NAME.key beside it.
+    Cert(ClusterCertArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterInitArgs {
+    /// The cluster directory (made, owner-only, if missing).
+    pub dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterCertArgs {
+    /// The cluster directory, holding the CA.
+    pub dir: PathBuf,
+    /// The node's name (letters, digits, '-' and '.') [default: this host's name].
+    pub name: Option<String>,
+    /// Replace an existing certificate and key of that name (the node then needs the new pair).
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn block_size(s: &str) -> Result<u64, String> {
@@ -52,6 +81,37 @@ fn block_size(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(v)
+}
+
+/// A switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// etcd's client endpoints, as `http://HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdEndpoints(pub Vec<String>);
+
+/// `--cluster etcd://HOST:PORT[,HOST:PORT...]`.
+fn parse_cluster(s: &str) -> Result<EtcdEndpoints, String> {
+    let rest = s
+        .strip_prefix("etcd://")
+        .ok_or_else(|| format!("{s:?}: expected etcd://HOST:PORT[,HOST:PORT...]"))?;
+    let endpoints: Vec<String> = rest
+        .split(',')
+        .map(|hp| {
+            let (host, port) = hp
+                .rsplit_once(':')
+                .ok_or_else(|| format!("{hp:?}: expected HOST:PORT"))?;
+            if host.is_empty() || host.contains('/') || port.parse::<u16>().is_err() {
+                return Err(format!("{hp:?}: expected HOST:PORT"));
+            }
+            Ok(format!("http://{hp}"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(EtcdEndpoints(endpoints))
 }
 
 /// `--write-mode`.
@@ -193,6 +253,22 @@ pub struct MountArgs {
     /// Serve Prometheus metrics at this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Join a cluster whose membership lives in etcd: etcd://HOST:PORT[,HOST:PORT...]. Its nodes serve
+    /// each other's cached units before going to home.
+    #[arg(long, value_parser = parse_cluster)]
+    pub cluster: Option<EtcdEndpoints>,
+    /// The cluster's name: clusters sharing one etcd keep apart by it.
+    #[arg(long, default_value = "larder")]
+    pub cluster_name: String,
+    /// Where this node serves its cached units to the other nodes, as they reach it (IP:PORT).
+    #[arg(long, requires = "cluster")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// This node's name in the cluster [default: the host name].
+    #[arg(long, requires = "cluster")]
+    pub node_name: Option<String>,
+    /// Serve cached units to the other nodes (off: a short-lived client that only reads).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub peer_serve: OnOff,
     /// Refuse all changes (the same as --write-mode read-only).
     #[arg(long)]
     pub read_only: bool,
@@ -296,6 +372,24 @@ pub struct DemoArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_endpoints_parse_and_bad_ones_say_what_is_expected() {
+        assert_eq!(
+            parse_cluster("etcd://10.0.0.1:2379,etcd-b:2379").unwrap(),
+            EtcdEndpoints(vec!["http://10.0.0.1:2379".into(), "http://etcd-b:2379".into()])
+        );
+        for bad in [
+            "http://a:2379",
+            "etcd://a",
+            "etcd://a:b",
+            "etcd://:2379",
+            "etcd://a:2379,",
+        ] {
+            let e = parse_cluster(bad).unwrap_err();
+            assert!(e.contains("expected"), "{bad}: {e}");
+        }
+    }
 
     /// The names the options take are the ones status output and the docs use.
     #[test]

@@ -16,11 +16,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, Session, SessionACL};
 use larder_cache::{Db, Store, StoreConfig};
+use larder_cluster::peer::{PeerClient, PeerConfig, PeerServer, PeerStats};
+use larder_cluster::{MemberRecord, Membership, MembershipConfig};
+use larder_fs::cluster::FsUnitSource;
+use larder_fs::tier::PeerTier;
 use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
 use larder_home::{Health, HealthLayer, Home, Layered};
 
-use crate::cli::MountArgs;
+use crate::cli::{MountArgs, OnOff};
 use crate::status::StatusSource;
 use crate::{control, metrics, mounts, preflight};
 
@@ -248,6 +252,64 @@ fn host_name() -> String {
     if clean.is_empty() { "localhost".into() } else { clean }
 }
 
+/// This node's part in a cluster.
+struct Cluster {
+    membership: Arc<Membership>,
+    client: Arc<PeerClient>,
+    stats: Arc<PeerStats>,
+    serve: bool,
+}
+
+/// Join the cluster `--cluster` names, if any: this node's id (kept in its cache directory), its record
+/// and liveness in etcd.
+fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
+    let Some(endpoints) = &args.cluster else {
+        return Ok(None);
+    };
+    let serve = args.peer_serve == OnOff::On;
+    let addr = match args.listen {
+        Some(a) if a.ip().is_unspecified() => {
+            return Err(anyhow!(
+                "--listen {a}: give the address the other nodes reach this one at, not an unspecified one"
+            ));
+        }
+        Some(a) => a.to_string(),
+        None if serve => return Err(anyhow!("--cluster needs --listen IP:PORT (or --peer-serve off)")),
+        None => String::new(),
+    };
+    let id = larder_cluster::node_id(cache_dir)?;
+    let record = MemberRecord {
+        id,
+        name: args.node_name.clone().unwrap_or_else(host_name),
+        addr,
+        weight: args.cache_size,
+        fingerprint: String::new(),
+        serve,
+    };
+    let cfg = MembershipConfig::new(endpoints.0.clone(), args.cluster_name.clone());
+    let membership =
+        Arc::new(Membership::join(cfg, record).map_err(|e| anyhow!("cannot join cluster {}: {e}", args.cluster_name))?);
+    let stats = Arc::new(PeerStats::default());
+    let client = Arc::new(
+        PeerClient::new(id, PeerConfig::default(), stats.clone())
+            .map_err(|e| anyhow!("cannot start the peer client: {e}"))?,
+    );
+    let view = membership.view();
+    tracing::info!(
+        cluster = %args.cluster_name,
+        node = format!("{id:016x}"),
+        members = view.members.len(),
+        live = view.live.len(),
+        "joined the cluster"
+    );
+    Ok(Some(Cluster {
+        membership,
+        client,
+        stats,
+        serve,
+    }))
+}
+
 /// Run the daemon in this process until the mount goes away.
 fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     init_logging(&args.log_level);
@@ -307,8 +369,25 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let below_gate = p.home.clone();
     let health = Health::new();
     let gated: Arc<dyn Home> = Arc::new(Layered::new(below_gate.clone(), HealthLayer(health.clone())));
-    let fs =
-        Arc::new(Fs::with_health(gated, store, fs_cfg, health.clone()).map_err(|e| anyhow!("home {home_url}: {e}"))?);
+    let cluster = join_cluster(args, &p.cache_dir)?;
+    let between: Vec<Arc<dyn larder_fs::tier::Tier>> = match &cluster {
+        Some(c) => vec![Arc::new(PeerTier::new(c.membership.clone(), c.client.clone()))],
+        None => Vec::new(),
+    };
+    let fs = Arc::new(
+        Fs::with_tiers(gated, store, fs_cfg, health.clone(), between).map_err(|e| anyhow!("home {home_url}: {e}"))?,
+    );
+    let _peer_server = match &cluster {
+        Some(c) if c.serve => {
+            let listen = c.membership.me().addr.parse().expect("checked at join");
+            let source = Arc::new(FsUnitSource(Arc::downgrade(&fs)));
+            let server = PeerServer::start(listen, source, c.stats.clone())
+                .map_err(|e| anyhow!("cannot serve peers at {listen}: {e}"))?;
+            tracing::info!(addr = %server.addr(), "serving cached units to the cluster");
+            Some(server)
+        }
+        _ => None,
+    };
     fs.start();
     let closer = CloseOnExit(fs.clone());
     spawn_prober(health, below_gate, Arc::downgrade(&fs));
@@ -357,6 +436,10 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     }
     let result = session.run();
     drop(closer);
+    if let Some(c) = cluster {
+        // Gone from the others' views at once, rather than when the lease runs out.
+        c.membership.leave();
+    }
     let _ = std::fs::remove_file(&socket);
     tracing::info!("unmounted; exiting");
     result.map_err(|e| anyhow!("the FUSE session failed: {e}"))

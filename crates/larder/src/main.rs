@@ -1,8 +1,10 @@
-//! The `larder` command: mount a caching file system, query it, unmount it, run the demo.
+//! The `larder` command: mount a caching file system, query it, unmount it, run the demo, make a cluster's
+//! certificates.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod cli;
+mod cluster;
 mod control;
 mod daemon;
 mod demo;
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
         cli::Command::Unpin(args) => residency::run(control::ResidencyAction::Unpin, args),
         cli::Command::Evict(args) => residency::run(control::ResidencyAction::Evict, args),
         cli::Command::Demo(args) => demo::run(args),
+        cli::Command::Cluster(command) => cluster::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

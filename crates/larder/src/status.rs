@@ -126,10 +126,25 @@ pub struct Dedup {
     pub saved_bytes: u64,
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Tiers {
     pub cache: CacheTier,
     pub home: HomeTier,
+    /// The read path's walk for units not in the store, nearest first (the store, peers where the node
+    /// is in a cluster, home): each tier's answers.
+    #[serde(default)]
+    pub walk: Vec<WalkTier>,
+}
+
+/// One tier of the read path's walk, as counted since the start.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WalkTier {
+    pub name: String,
+    pub hits: u64,
+    pub misses: u64,
+    pub errors: u64,
+    /// Answers refused: another version, the wrong length, or a failed checksum.
+    pub rejected: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -222,6 +237,18 @@ impl StatusSource {
                     bytes_served: fs.bytes_from_home,
                     bytes_fetched: c.bytes_read(),
                 },
+                walk: self
+                    .fs
+                    .tier_stats()
+                    .into_iter()
+                    .map(|t| WalkTier {
+                        name: t.name.to_string(),
+                        hits: t.hits,
+                        misses: t.misses,
+                        errors: t.errors,
+                        rejected: t.rejected,
+                    })
+                    .collect(),
             },
             files_cached: store.objects,
             write_mode: self.fs.write_mode().as_str().to_string(),

@@ -1,0 +1,27 @@
+//! larder's cluster: several larder nodes, on several hosts, as one cache.
+//!
+//! This crate holds what every node of a cluster must compute alike, apart from any transport:
+//! - [`identity`]: a node's id, created once and kept in its cache directory, so that a node keeps its
+//!   identity (and what it owns) across restarts and address changes;
+//! - [`placement`]: which member owns a unit, and which to ask next, by weighted rendezvous hashing over
+//!   the live members (design note 013);
+//! - [`membership`]: the members' records and liveness in etcd, and each node's last view of them, which
+//!   the I/O path reads without ever waiting for etcd;
+//! - [`peer`]: the transport that serves units to peers and fetches them, every chunk checked;
+//! - [`tls`]: the cluster's own certificate authority, the nodes' certificates, and the mutual-TLS
+//!   configuration every peer connection uses (design note 014).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod identity;
+pub mod membership;
+pub mod peer;
+pub mod placement;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod tls;
+
+pub use identity::{IdentityError, node_id};
+pub use membership::{MemberRecord, Membership, MembershipConfig, MembershipError, View};
+pub use placement::{Member, MemberId, Placement, UnitDigest};
+pub use tls::{NodeTls, Peer, TlsError, fingerprint};

@@ -1,0 +1,440 @@
+//! Membership on etcd: who is in the cluster, where to reach them, and who is alive.
+//!
+//! Keys, under `/larder/<cluster name>/`:
+//! - `members/<id>`: a member's permanent record ([`MemberRecord`]: id, name, address, weight,
+//!   certificate fingerprint, whether it serves peers), written at every join, so that an address change
+//!   is followed: peers are looked up by id.
+//! - `live/<id>`: present while the member is alive, under an etcd lease of [`MembershipConfig::ttl`]
+//!   renewed every [`MembershipConfig::renew_every`]. A member that dies stops renewing, and etcd removes
+//!   the key when the lease runs out.
+//!
+//! A node keeps a [`View`] of both, loaded at join and kept current by a watch. [`Membership::view`] only
+//! reads that snapshot: etcd being slow or away never reaches the I/O path. While etcd is away the last
+//! view stands (members alive then are still asked; a dead one costs a read a timeout and a skip), and
+//! the keeper keeps trying: once etcd answers again, the node registers anew (a new lease if the old one
+//! ran out) and reloads the view before it watches again. [`Membership::lease_ok`] says whether this
+//! node renewed within half the TTL: a node that cannot should stop acting as an owner, since the others
+//! may already consider it gone.
+//!
+//! The background work runs on a small tokio runtime of its own, so that callers stay synchronous.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::placement::{Member, MemberId, Placement};
+
+/// A member's permanent record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    pub id: MemberId,
+    /// The node's name (its certificate's name; by default the host name).
+    pub name: String,
+    /// Where peers reach it (`host:port`).
+    pub addr: String,
+    /// Its weight in placement: its cache size in bytes.
+    pub weight: u64,
+    /// SHA-256 of its certificate, lowercase hex: a peer presenting another certificate is not it.
+    pub fingerprint: String,
+    /// Whether it serves units to peers (`--peer-serve off`: a client that only reads).
+    pub serve: bool,
+}
+
+/// What a node knows of the cluster at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    /// Every member ever registered, by id.
+    pub members: BTreeMap<MemberId, MemberRecord>,
+    /// The ids whose liveness key exists.
+    pub live: BTreeSet<MemberId>,
+    /// The etcd revision this view reflects.
+    pub revision: i64,
+}
+
+impl View {
+    /// The live members that serve, with their records.
+    pub fn serving(&self) -> impl Iterator<Item = &MemberRecord> {
+        self.live
+            .iter()
+            .filter_map(|id| self.members.get(id))
+            .filter(|r| r.serve)
+    }
+
+    /// The placement over the live members that serve.
+    pub fn placement(&self) -> Placement {
+        Placement::new(self.serving().map(|r| Member {
+            id: r.id,
+            weight: r.weight,
+        }))
+    }
+}
+
+/// Where the cluster's coordination lives, and how liveness is kept.
+#[derive(Clone, Debug)]
+pub struct MembershipConfig {
+    /// etcd endpoints, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// The cluster's name: clusters sharing an etcd keep apart by it.
+    pub cluster: String,
+    /// How long a member stays live without renewing.
+    pub ttl: Duration,
+    /// How often the lease is renewed.
+    pub renew_every: Duration,
+    /// How long one etcd call may take before it counts as failed.
+    pub timeout: Duration,
+}
+
+impl MembershipConfig {
+    pub fn new(endpoints: Vec<String>, cluster: impl Into<String>) -> MembershipConfig {
+        MembershipConfig {
+            endpoints,
+            cluster: cluster.into(),
+            ttl: Duration::from_secs(10),
+            renew_every: Duration::from_secs(3),
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    fn prefix(&self) -> String {
+        format!("/larder/{}/", self.cluster)
+    }
+
+    fn member_key(&self, id: MemberId) -> String {
+        format!("{}members/{id:016x}", self.prefix())
+    }
+
+    fn live_key(&self, id: MemberId) -> String {
+        format!("{}live/{id:016x}", self.prefix())
+    }
+}
+
+/// Why joining failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    #[error("cannot reach etcd at {endpoints}: {source}")]
+    Connect {
+        endpoints: String,
+        source: etcd_client::Error,
+    },
+    #[error("etcd refused {what}: {source}")]
+    Etcd {
+        what: &'static str,
+        source: etcd_client::Error,
+    },
+    #[error("etcd did not answer {what} within {timeout:?}")]
+    Timeout { what: &'static str, timeout: Duration },
+    #[error("invalid cluster name {0:?}: letters, digits, '-', '_' and '.' only")]
+    BadName(String),
+    #[error("cannot start the membership's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Shared between the handle and its background task.
+struct Shared {
+    cfg: MembershipConfig,
+    me: MemberRecord,
+    view: RwLock<Arc<View>>,
+    /// Milliseconds since the Unix epoch of the last lease renewal etcd confirmed.
+    renewed_ms: AtomicU64,
+    /// Whether the last etcd call succeeded.
+    online: AtomicBool,
+    stop: AtomicBool,
+    /// The lease this node's liveness key is under now (0: none).
+    lease: AtomicU64,
+}
+
+/// This node's membership: its registration, kept alive, and its view of the others.
+pub struct Membership {
+    shared: Arc<Shared>,
+    runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn timed<T>(
+    cfg: &MembershipConfig,
+    what: &'static str,
+    f: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, MembershipError> {
+    match tokio::time::timeout(cfg.timeout, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(source)) => Err(MembershipError::Etcd { what, source }),
+        Err(_) => Err(MembershipError::Timeout {
+            what,
+            timeout: cfg.timeout,
+        }),
+    }
+}
+
+impl Shared {
+    async fn connect(&self) -> Result<Client, MembershipError> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(self.cfg.timeout)
+            .with_timeout(self.cfg.timeout);
+        Client::connect(self.cfg.endpoints.clone(), Some(opts))
+            .await
+            .map_err(|source| MembershipError::Connect {
+                endpoints: self.cfg.endpoints.join(","),
+                source,
+            })
+    }
+
+    /// Write this node's record, and its liveness key under a new lease; the lease id.
+    async fn register(&self, client: &mut Client) -> Result<i64, MembershipError> {
+        let record = serde_json::to_vec(&self.me).expect("a record serialises");
+        timed(
+            &self.cfg,
+            "the member record",
+            client.put(self.cfg.member_key(self.me.id), record, None),
+        )
+        .await?;
+        let ttl = self.cfg.ttl.as_secs().max(1) as i64;
+        let lease = timed(&self.cfg, "a lease", client.lease_grant(ttl, None)).await?.id();
+        let opts = PutOptions::new().with_lease(lease);
+        let live = self.cfg.live_key(self.me.id);
+        timed(
+            &self.cfg,
+            "the liveness key",
+            client.put(live, self.me.id.to_string(), Some(opts)),
+        )
+        .await?;
+        self.lease.store(lease as u64, Ordering::SeqCst);
+        self.renewed_ms.store(now_ms(), Ordering::SeqCst);
+        Ok(lease)
+    }
+
+    /// Read every record and liveness key; the new view.
+    async fn load(&self, client: &mut Client) -> Result<View, MembershipError> {
+        let opts = GetOptions::new().with_prefix();
+        let resp = timed(&self.cfg, "the membership", client.get(self.cfg.prefix(), Some(opts))).await?;
+        let mut view = View {
+            revision: resp.header().map_or(0, |h| h.revision()),
+            ..View::default()
+        };
+        for kv in resp.kvs() {
+            self.apply(&mut view, kv.key(), Some(kv.value()));
+        }
+        Ok(view)
+    }
+
+    /// Apply one key's value (`None`: deleted) to `view`.
+    fn apply(&self, view: &mut View, key: &[u8], value: Option<&[u8]>) {
+        let prefix = self.cfg.prefix();
+        let Some(rest) = key.strip_prefix(prefix.as_bytes()) else {
+            return;
+        };
+        let parse = |hex: &[u8]| {
+            std::str::from_utf8(hex)
+                .ok()
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+        };
+        if let Some(id) = rest.strip_prefix(b"members/").and_then(parse) {
+            match value.map(serde_json::from_slice::<MemberRecord>) {
+                Some(Ok(r)) if r.id == id => {
+                    view.members.insert(id, r);
+                }
+                Some(_) => tracing::warn!(member = id, "a member record in etcd is not readable; ignored"),
+                None => {
+                    view.members.remove(&id);
+                }
+            }
+        } else if let Some(id) = rest.strip_prefix(b"live/").and_then(parse) {
+            if value.is_some() {
+                view.live.insert(id);
+            } else {
+                view.live.remove(&id);
+            }
+        }
+    }
+
+    fn publish(&self, view: View) {
+        *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
+    }
+
+    /// The keeper: renew, watch, and on any failure wait a moment, connect again, register again and
+    /// reload, until stopped.
+    async fn keep(self: Arc<Self>, mut client: Client, lease: i64, start_revision: i64) {
+        let mut session = Some((lease, start_revision));
+        while !self.stop.load(Ordering::SeqCst) {
+            let (lease, revision) = match session.take() {
+                Some(s) => s,
+                None => match self.rejoin(&mut client).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.online.store(false, Ordering::SeqCst);
+                        tracing::debug!(error = %e, "etcd is away; keeping the last view of the cluster");
+                        tokio::time::sleep(self.cfg.renew_every.min(Duration::from_secs(1))).await;
+                        if let Ok(c) = self.connect().await {
+                            client = c;
+                        }
+                        continue;
+                    }
+                },
+            };
+            self.online.store(true, Ordering::SeqCst);
+            if let Err(e) = self.serve(&mut client, lease, revision).await {
+                self.online.store(false, Ordering::SeqCst);
+                if !self.stop.load(Ordering::SeqCst) {
+                    tracing::warn!(error = %e, "lost etcd; keeping the last view of the cluster and trying again");
+                }
+            }
+        }
+    }
+
+    /// Register again (on a new lease, unless the old one still lives) and reload the view.
+    async fn rejoin(&self, client: &mut Client) -> Result<(i64, i64), MembershipError> {
+        let lease = self.register(client).await?;
+        let view = self.load(client).await?;
+        let revision = view.revision;
+        self.publish(view);
+        Ok((lease, revision))
+    }
+
+    /// Renew the lease and follow the watch until something fails or the node stops.
+    async fn serve(&self, client: &mut Client, lease: i64, revision: i64) -> Result<(), MembershipError> {
+        let (mut keeper, mut acks) = timed(&self.cfg, "keep-alive", client.lease_keep_alive(lease)).await?;
+        let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let mut events = timed(&self.cfg, "a watch", client.watch(self.cfg.prefix(), Some(opts))).await?;
+        let mut tick = tokio::time::interval(self.cfg.renew_every);
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tick.tick() => {
+                    timed(&self.cfg, "keep-alive", keeper.keep_alive()).await?;
+                    match timed(&self.cfg, "keep-alive", acks.message()).await? {
+                        Some(ack) if ack.ttl() > 0 => self.renewed_ms.store(now_ms(), Ordering::SeqCst),
+                        // The lease ran out (etcd was away longer than the TTL): register anew.
+                        _ => return Err(MembershipError::Timeout { what: "a lease that expired", timeout: self.cfg.ttl }),
+                    }
+                }
+                msg = events.message() => {
+                    let msg = msg.map_err(|source| MembershipError::Etcd { what: "the watch", source })?;
+                    let Some(resp) = msg else {
+                        return Err(MembershipError::Timeout { what: "the watch, which ended", timeout: self.cfg.timeout });
+                    };
+                    if resp.canceled() {
+                        return Err(MembershipError::Timeout { what: "the watch, which was cancelled", timeout: self.cfg.timeout });
+                    }
+                    let mut view = (*self.view.read().unwrap_or_else(|p| p.into_inner())).as_ref().clone();
+                    for ev in resp.events() {
+                        if let Some(kv) = ev.kv() {
+                            let value = (ev.event_type() == EventType::Put).then(|| kv.value());
+                            self.apply(&mut view, kv.key(), value);
+                            view.revision = view.revision.max(kv.mod_revision());
+                        }
+                    }
+                    self.publish(view);
+                }
+            }
+        }
+    }
+}
+
+impl Membership {
+    /// Join the cluster as `me`: write its record, take a lease for its liveness, load the view, and keep
+    /// all of it current in the background. Fails (with etcd's error, or a timeout) only if etcd cannot be
+    /// reached now; once joined, etcd's absence is ridden out.
+    pub fn join(cfg: MembershipConfig, me: MemberRecord) -> Result<Membership, MembershipError> {
+        if cfg.cluster.is_empty()
+            || !cfg
+                .cluster
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return Err(MembershipError::BadName(cfg.cluster.clone()));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("larder-members")
+            .enable_all()
+            .build()
+            .map_err(MembershipError::Runtime)?;
+        let shared = Arc::new(Shared {
+            cfg,
+            me,
+            view: RwLock::new(Arc::new(View::default())),
+            renewed_ms: AtomicU64::new(0),
+            online: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            lease: AtomicU64::new(0),
+        });
+        let (client, lease, revision) = runtime.block_on(async {
+            let mut client = shared.connect().await?;
+            let (lease, revision) = shared.rejoin(&mut client).await?;
+            Ok::<_, MembershipError>((client, lease, revision))
+        })?;
+        shared.online.store(true, Ordering::SeqCst);
+        runtime.spawn(shared.clone().keep(client, lease, revision));
+        Ok(Membership {
+            shared,
+            runtime: std::sync::Mutex::new(Some(runtime)),
+        })
+    }
+
+    /// The last view of the cluster. Never waits for etcd.
+    pub fn view(&self) -> Arc<View> {
+        self.shared.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// This node's record.
+    pub fn me(&self) -> &MemberRecord {
+        &self.shared.me
+    }
+
+    /// Whether etcd answered the last call.
+    pub fn online(&self) -> bool {
+        self.shared.online.load(Ordering::SeqCst)
+    }
+
+    /// Whether this node renewed its liveness within half the TTL: if not, the others may soon consider
+    /// it gone, and it should stop acting as an owner.
+    pub fn lease_ok(&self) -> bool {
+        let age = now_ms().saturating_sub(self.shared.renewed_ms.load(Ordering::SeqCst));
+        Duration::from_millis(age) < self.shared.cfg.ttl / 2
+    }
+
+    /// Leave: stop renewing and remove this node's liveness at once (its record stays: it is who the node
+    /// is when it comes back). Best effort within the call timeout; etcd's lease ends it anyway.
+    pub fn leave(&self) {
+        self.shutdown(true);
+    }
+
+    fn shutdown(&self, revoke: bool) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let Some(runtime) = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        if revoke {
+            let shared = self.shared.clone();
+            let lease = shared.lease.load(Ordering::SeqCst) as i64;
+            let started = Instant::now();
+            let _ = runtime.block_on(async move {
+                let mut client = shared.connect().await?;
+                timed(&shared.cfg, "the lease's revocation", client.lease_revoke(lease)).await
+            });
+            tracing::debug!(took = ?started.elapsed(), "left the cluster");
+        }
+        runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+
+    /// Stop renewing without telling etcd, as a node that dies does: its liveness ends with its lease.
+    pub fn abandon(&self) {
+        self.shutdown(false);
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.shutdown(false);
+    }
+}

@@ -1,0 +1,78 @@
+//! For tests of the cluster, in this crate and others (feature `testing`): a real etcd (Debian's
+//! `etcd-server`), started on loopback ports of its own with its data in a temporary directory, and
+//! stopped when dropped.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A loopback port free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// An etcd of the test's own.
+pub struct Etcd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    pub client: u16,
+    peer: u16,
+}
+
+impl Etcd {
+    /// Start one, and wait until it listens.
+    pub fn start() -> Etcd {
+        let mut e = Etcd {
+            child: None,
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            client: free_port(),
+            peer: free_port(),
+        };
+        e.run();
+        e
+    }
+
+    /// Its client endpoint, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    /// Start it (again, on the same data and ports, after [`Etcd::kill`]).
+    pub fn run(&mut self) {
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd (Debian's etcd-server) must be installed: scripts/setup.sh --tests installs it");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+            assert!(Instant::now() < deadline, "etcd did not start listening");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kill it, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

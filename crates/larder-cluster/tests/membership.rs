@@ -1,0 +1,161 @@
+//! Membership against a real etcd (Debian's `etcd-server`), started by each test on loopback ports of its
+//! own, with its data in a temporary directory.
+
+use std::time::{Duration, Instant};
+
+use larder_cluster::testing::{Etcd, free_port};
+use larder_cluster::{MemberRecord, Membership, MembershipConfig, MembershipError};
+
+fn config(etcd: &Etcd, cluster: &str) -> MembershipConfig {
+    let mut cfg = MembershipConfig::new(vec![etcd.endpoint()], cluster);
+    cfg.ttl = Duration::from_secs(2);
+    cfg.renew_every = Duration::from_millis(400);
+    cfg.timeout = Duration::from_secs(1);
+    cfg
+}
+
+fn record(id: u64, addr: &str) -> MemberRecord {
+    MemberRecord {
+        id,
+        name: format!("node{id}"),
+        addr: addr.into(),
+        weight: 10 << 30,
+        fingerprint: "00".repeat(32),
+        serve: true,
+    }
+}
+
+/// Wait (bounded) until `cond` holds.
+fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn members_see_each_other_join_and_leave() {
+    let etcd = Etcd::start();
+    let a = Membership::join(config(&etcd, "c1"), record(1, "10.0.0.1:7000")).unwrap();
+    let b = Membership::join(config(&etcd, "c1"), record(2, "10.0.0.2:7000")).unwrap();
+    // B loaded A at its join; A learns of B through its watch.
+    assert!(b.view().live.contains(&1) && b.view().live.contains(&2));
+    eventually("A sees B", Duration::from_secs(5), || a.view().live.contains(&2));
+    assert_eq!(a.view().members[&2], record(2, "10.0.0.2:7000"));
+    assert_eq!(a.view().placement().len(), 2);
+    // Another cluster on the same etcd is apart.
+    let other = Membership::join(config(&etcd, "c2"), record(3, "10.0.0.3:7000")).unwrap();
+    assert!(!other.view().members.contains_key(&1));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !a.view().members.contains_key(&3),
+        "a member of another cluster is in this one"
+    );
+    // B leaves: it is not live at once (its lease is revoked), and its record, its identity, stays.
+    let left = Instant::now();
+    b.leave();
+    eventually("A sees B leave", Duration::from_secs(3), || !a.view().live.contains(&2));
+    assert!(
+        left.elapsed() < Duration::from_secs(2),
+        "a leave waited for the lease to run out"
+    );
+    assert!(a.view().members.contains_key(&2));
+    assert_eq!(a.view().placement().len(), 1);
+    assert!(a.online() && a.lease_ok());
+}
+
+#[test]
+fn a_member_that_dies_drops_out_when_its_lease_ends() {
+    let etcd = Etcd::start();
+    let a = Membership::join(config(&etcd, "c"), record(1, "a:1")).unwrap();
+    let b = Membership::join(config(&etcd, "c"), record(2, "b:1")).unwrap();
+    eventually("A sees B", Duration::from_secs(5), || a.view().live.contains(&2));
+    // Well past the TTL, a member that renews stays live.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        a.view().live.contains(&2) && b.view().live.contains(&1),
+        "a renewing member dropped out"
+    );
+    b.abandon();
+    let died = Instant::now();
+    eventually("A sees B gone", Duration::from_secs(8), || !a.view().live.contains(&2));
+    assert!(
+        died.elapsed() >= Duration::from_millis(500),
+        "gone before its lease could end"
+    );
+}
+
+#[test]
+fn an_address_change_is_followed_by_id() {
+    let etcd = Etcd::start();
+    let a = Membership::join(config(&etcd, "c"), record(1, "a:1")).unwrap();
+    let b = Membership::join(config(&etcd, "c"), record(2, "10.0.0.2:7000")).unwrap();
+    eventually("A sees B", Duration::from_secs(5), || a.view().live.contains(&2));
+    b.leave();
+    let b = Membership::join(config(&etcd, "c"), record(2, "10.0.0.9:7100")).unwrap();
+    eventually("A follows B's new address", Duration::from_secs(5), || {
+        a.view().members.get(&2).is_some_and(|r| r.addr == "10.0.0.9:7100") && a.view().live.contains(&2)
+    });
+    assert_eq!(a.view().members.len(), 2, "the same id is one member");
+    drop(b);
+}
+
+#[test]
+fn with_etcd_away_the_last_view_stands_and_members_come_back_when_it_returns() {
+    let mut etcd = Etcd::start();
+    let a = Membership::join(config(&etcd, "c"), record(1, "a:1")).unwrap();
+    let b = Membership::join(config(&etcd, "c"), record(2, "b:1")).unwrap();
+    eventually("A sees B", Duration::from_secs(5), || a.view().live.contains(&2));
+    etcd.kill();
+    // The view is answered at once, as it was, for as long as etcd is away.
+    for _ in 0..20 {
+        let asked = Instant::now();
+        let view = a.view();
+        assert!(asked.elapsed() < Duration::from_millis(50), "the view waited for etcd");
+        assert!(
+            view.live.contains(&1) && view.live.contains(&2),
+            "the last view was dropped"
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    eventually("A notices etcd is away", Duration::from_secs(5), || !a.online());
+    eventually("A's lease is no longer sure", Duration::from_secs(5), || !a.lease_ok());
+    etcd.run();
+    eventually("A is back", Duration::from_secs(15), || a.online() && a.lease_ok());
+    eventually("B is back", Duration::from_secs(15), || b.online() && b.lease_ok());
+    eventually("A sees B live", Duration::from_secs(5), || a.view().live.contains(&2));
+    // And the watch works again: a third member is seen.
+    // (A first join after a restart may wait for etcd to settle: this machine is shared.)
+    let mut patient = config(&etcd, "c");
+    patient.timeout = Duration::from_secs(5);
+    let c = Membership::join(patient, record(3, "c:1")).unwrap();
+    eventually("A sees C", Duration::from_secs(5), || a.view().live.contains(&3));
+    drop(c);
+}
+
+#[test]
+fn joining_fails_clearly_when_etcd_cannot_be_reached_or_the_name_is_bad() {
+    let port = free_port();
+    let mut cfg = MembershipConfig::new(vec![format!("http://127.0.0.1:{port}")], "c");
+    cfg.timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = Membership::join(cfg.clone(), record(1, "a:1"))
+        .err()
+        .expect("joined a cluster with no etcd");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&port.to_string()) || text.contains("did not answer"),
+        "{text}"
+    );
+    cfg.cluster = "no/slashes".into();
+    assert!(matches!(
+        Membership::join(cfg, record(1, "a:1")),
+        Err(MembershipError::BadName(_))
+    ));
+}
