@@ -118,3 +118,71 @@ impl UnitSource for FsUnitSource {
         Ok(Bytes::from_owner(Shared(data)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use larder_home::Version;
+
+    use super::*;
+    use crate::namespace::hit_tests::core;
+
+    /// The key of unit `index` of the file at `path` as this node knows it now.
+    fn key_of(fs: &Fs, ino: u64, path: &Path, index: u32) -> Vec<u8> {
+        let ns = read(&fs.ns);
+        let node = ns.inode(ino).unwrap();
+        let version = node.attr.as_ref().unwrap().version.clone();
+        fs.core.unit_of(index, path, &version, node.home_end()).0.encode()
+    }
+
+    fn ask<'a>(key: &'a [u8], digest: &'a [u8; 16], path: &'a [u8], forward: bool) -> Ask<'a> {
+        Ask {
+            key,
+            digest,
+            path,
+            index: 0,
+            forward,
+        }
+    }
+
+    #[test]
+    fn a_unit_is_served_by_path_and_key_for_the_version_asked_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
+        let path = Path::new("dir/f");
+        let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
+        let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
+        let key = key_of(&fs, ino, path, 0);
+        let digest = larder_cluster::peer::digest(&key);
+        // Not read yet: held only if the asker lets this node fetch it (it is the owner).
+        assert!(matches!(fs.serve_unit(&ask(&key, &digest, b"dir/f", false)), Err(SourceError::NotHeld)));
+        assert_eq!(*fs.serve_unit(&ask(&key, &digest, b"dir/f", true)).unwrap(), vec![7u8; 10 << 10]);
+        // Now held: served without forwarding.
+        assert_eq!(*fs.serve_unit(&ask(&key, &digest, b"dir/f", false)).unwrap(), vec![7u8; 10 << 10]);
+        // A key of another version of the file is not this one.
+        let other = fs.core.unit_of(0, path, &Version("another".into()), 10 << 10).0.encode();
+        let other_digest = larder_cluster::peer::digest(&other);
+        assert!(matches!(
+            fs.serve_unit(&ask(&other, &other_digest, b"dir/f", true)),
+            Err(SourceError::OtherVersion)
+        ));
+        // Nor is a path that does not exist, or one that is not plain.
+        assert!(fs.serve_unit(&ask(&key, &digest, b"dir/nothing", true)).is_err());
+        assert!(matches!(fs.serve_unit(&ask(&key, &digest, b"../etc/passwd", true)), Err(SourceError::BadKey(_))));
+    }
+
+    #[test]
+    fn a_file_with_local_changes_is_never_served_as_homes_version() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
+        let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
+        let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
+        let key = key_of(&fs, ino, Path::new("dir/f"), 0);
+        let digest = larder_cluster::peer::digest(&key);
+        assert!(fs.serve_unit(&ask(&key, &digest, b"dir/f", true)).is_ok());
+        let fh = fs.open(ino, libc::O_RDWR).unwrap().fh;
+        fs.write(fh, 0, b"changed here").unwrap();
+        let got = fs.serve_unit(&ask(&key, &digest, b"dir/f", true));
+        assert!(matches!(got, Err(SourceError::OtherVersion)), "{:?}", got.map(|d| d.len()));
+        fs.release(fh).unwrap();
+    }
+}

@@ -725,7 +725,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod hit_tests {
+pub(crate) mod hit_tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -735,7 +735,7 @@ mod hit_tests {
     use super::*;
 
     /// A core over a POSIX home holding `dir/f` (10 KiB), cached in `cache`.
-    fn core(home: &Path, cache: &Path) -> Arc<Fs> {
+    pub(crate) fn core(home: &Path, cache: &Path) -> Arc<Fs> {
         std::fs::create_dir_all(home.join("dir")).unwrap();
         std::fs::write(home.join("dir/f"), vec![7u8; 10 << 10]).unwrap();
         std::fs::create_dir_all(cache).unwrap();
