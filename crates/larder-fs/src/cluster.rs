@@ -154,12 +154,25 @@ mod tests {
         let key = key_of(&fs, ino, path, 0);
         let digest = larder_cluster::peer::digest(&key);
         // Not read yet: held only if the asker lets this node fetch it (it is the owner).
-        assert!(matches!(fs.serve_unit(&ask(&key, &digest, b"dir/f", false)), Err(SourceError::NotHeld)));
-        assert_eq!(*fs.serve_unit(&ask(&key, &digest, b"dir/f", true)).unwrap(), vec![7u8; 10 << 10]);
+        assert!(matches!(
+            fs.serve_unit(&ask(&key, &digest, b"dir/f", false)),
+            Err(SourceError::NotHeld)
+        ));
+        assert_eq!(
+            *fs.serve_unit(&ask(&key, &digest, b"dir/f", true)).unwrap(),
+            vec![7u8; 10 << 10]
+        );
         // Now held: served without forwarding.
-        assert_eq!(*fs.serve_unit(&ask(&key, &digest, b"dir/f", false)).unwrap(), vec![7u8; 10 << 10]);
+        assert_eq!(
+            *fs.serve_unit(&ask(&key, &digest, b"dir/f", false)).unwrap(),
+            vec![7u8; 10 << 10]
+        );
         // A key of another version of the file is not this one.
-        let other = fs.core.unit_of(0, path, &Version("another".into()), 10 << 10).0.encode();
+        let other = fs
+            .core
+            .unit_of(0, path, &Version("another".into()), 10 << 10)
+            .0
+            .encode();
         let other_digest = larder_cluster::peer::digest(&other);
         assert!(matches!(
             fs.serve_unit(&ask(&other, &other_digest, b"dir/f", true)),
@@ -167,7 +180,10 @@ mod tests {
         ));
         // Nor is a path that does not exist, or one that is not plain.
         assert!(fs.serve_unit(&ask(&key, &digest, b"dir/nothing", true)).is_err());
-        assert!(matches!(fs.serve_unit(&ask(&key, &digest, b"../etc/passwd", true)), Err(SourceError::BadKey(_))));
+        assert!(matches!(
+            fs.serve_unit(&ask(&key, &digest, b"../etc/passwd", true)),
+            Err(SourceError::BadKey(_))
+        ));
     }
 
     #[test]
@@ -182,7 +198,11 @@ mod tests {
         let fh = fs.open(ino, libc::O_RDWR).unwrap().fh;
         fs.write(fh, 0, b"changed here").unwrap();
         let got = fs.serve_unit(&ask(&key, &digest, b"dir/f", true));
-        assert!(matches!(got, Err(SourceError::OtherVersion)), "{:?}", got.map(|d| d.len()));
+        assert!(
+            matches!(got, Err(SourceError::OtherVersion)),
+            "{:?}",
+            got.map(|d| d.len())
+        );
         fs.release(fh).unwrap();
     }
 }
