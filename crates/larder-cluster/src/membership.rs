@@ -64,6 +64,15 @@ impl View {
             .filter(|r| r.serve)
     }
 
+    /// Whether the holder of a certificate is a live member: a live member's record has the certificate's
+    /// name and fingerprint. What a peer server admits.
+    pub fn admits(&self, peer: &crate::tls::Peer) -> bool {
+        self.live
+            .iter()
+            .filter_map(|id| self.members.get(id))
+            .any(|r| r.name == peer.name && r.fingerprint == peer.fingerprint)
+    }
+
     /// The placement over the live members that serve.
     pub fn placement(&self) -> Placement {
         Placement::new(self.serving().map(|r| Member {
@@ -436,5 +445,48 @@ impl Membership {
 impl Drop for Membership {
     fn drop(&mut self) {
         self.shutdown(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::Peer;
+
+    fn record(id: MemberId, name: &str, fingerprint: &str) -> MemberRecord {
+        MemberRecord {
+            id,
+            name: name.into(),
+            addr: String::new(),
+            weight: 1,
+            fingerprint: fingerprint.into(),
+            serve: false,
+        }
+    }
+
+    fn peer(name: &str, fingerprint: &str) -> Peer {
+        Peer {
+            name: name.into(),
+            fingerprint: fingerprint.into(),
+        }
+    }
+
+    #[test]
+    fn a_view_admits_a_live_members_certificate_only() {
+        let mut view = View::default();
+        for r in [record(1, "a", "aa"), record(2, "b", "bb"), record(3, "gone", "cc")] {
+            view.members.insert(r.id, r);
+        }
+        view.live.extend([1, 2]);
+        assert!(view.admits(&peer("a", "aa")));
+        assert!(
+            view.admits(&peer("b", "bb")),
+            "a client that does not serve is a member too"
+        );
+        assert!(!view.admits(&peer("a", "bb")), "another member's certificate");
+        assert!(!view.admits(&peer("a", "old")), "an old certificate");
+        assert!(!view.admits(&peer("stranger", "aa")), "a name no member has");
+        assert!(!view.admits(&peer("gone", "cc")), "a member that is not live");
+        assert!(!view.admits(&peer("a", "")));
     }
 }

@@ -13,23 +13,42 @@
 //! failures. Every failure is the caller's cue to go on to the next candidate or home: a clean read never
 //! fails because a peer died.
 //!
+//! Every connection is **mutual TLS** with the cluster's certificates (design note 014; there is no
+//! plaintext mode). The server requires a client certificate from the cluster CA, then admits the
+//! connection only if [`Admit`] says its certificate belongs to a live member (name and fingerprint as in
+//! that member's record); it checks again at every call, so a member removed from the membership is
+//! refused on the connections it already has. The client dials a member by its record's name (the
+//! server's certificate must name it and chain to the CA) and refuses a server whose certificate's
+//! fingerprint is not the record's. A handshake runs in a task of its own under
+//! [`HANDSHAKE_TIMEOUT`]: a slow or garbage one holds up no one else. Refusals are counted
+//! ([`PeerStats::refused`]) and logged once per peer.
+//!
 //! Callers are synchronous (the read path's threads): the client and the server each run a small tokio
 //! runtime of their own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use hyper_util::rt::TokioIo;
 pub use prost::bytes::Bytes;
+use rustls::{ClientConfig, ServerConfig};
 use sha2::{Digest, Sha256};
-use tonic::transport::{Channel, Endpoint, Server};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::Connected;
+use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
 
 use crate::membership::MemberRecord;
 use crate::placement::{MemberId, UnitDigest};
+use crate::tls;
 
 /// The generated protocol.
 pub mod proto {
@@ -47,6 +66,16 @@ pub const MAX_UNIT: u64 = 256 << 20;
 /// HTTP/2 windows: a stream's, and the connection's (several units in flight).
 const STREAM_WINDOW: u32 = 8 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
+/// Longest a peer's TLS handshake may take on the server.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Peers whose refusal is logged (each once); past that, refusals are only counted.
+const LOGGED_PEERS: usize = 1024;
+
+/// Whether the peer at the other end of a connection is a member now: its certificate's name is a live
+/// member's name, and its fingerprint that member's record's (`View::admits` does exactly this). Called
+/// for each connection and each call, on the server's runtime: it must not wait (read the membership's
+/// view, never etcd).
+pub type Admit = Arc<dyn Fn(&tls::Peer) -> bool + Send + Sync>;
 
 /// The digest of a unit key's encoding: the first 16 bytes of its SHA-256, as every node computes it.
 pub fn digest(key: &[u8]) -> UnitDigest {
@@ -112,6 +141,9 @@ pub struct PeerStats {
     /// Units served to peers, and their bytes.
     pub served: AtomicU64,
     pub served_bytes: AtomicU64,
+    /// Connections and calls the server refused: failed or timed-out TLS handshakes (no certificate, one
+    /// from another CA, not TLS at all), and certificates that are not a live member's.
+    pub refused: AtomicU64,
 }
 
 /// How the client treats peers.
@@ -218,6 +250,98 @@ impl futures::Stream for Iter {
     }
 }
 
+/// Who is at the other end of a connection the server accepted: tonic's connect info, in every request's
+/// extensions.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub remote: SocketAddr,
+    /// As its certificate says (checked against the membership when it connected).
+    pub peer: tls::Peer,
+}
+
+/// An accepted connection: TLS done, the peer admitted.
+struct PeerConn {
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    info: PeerInfo,
+}
+
+impl Connected for PeerConn {
+    type ConnectInfo = PeerInfo;
+    fn connect_info(&self) -> PeerInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for PeerConn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PeerConn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// The admitted connections, as the stream tonic serves.
+struct Admitted(tokio::sync::mpsc::Receiver<PeerConn>);
+
+impl futures::Stream for Admitted {
+    type Item = Result<PeerConn, std::io::Error>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|c| c.map(Ok))
+    }
+}
+
+/// The server's refusals: counted, and logged once per peer (by its certificate's name and fingerprint,
+/// or by its address when it made no handshake).
+struct Refusals {
+    stats: Arc<PeerStats>,
+    logged: Mutex<HashSet<String>>,
+}
+
+impl Refusals {
+    fn refuse(&self, who: String, why: &str) {
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let mut logged = larder_cache::contention::lock(&self.logged);
+        if logged.len() < LOGGED_PEERS && logged.insert(who.clone()) {
+            tracing::warn!(peer = %who, "refused a peer: {why} (logged once per peer; counted in refused)");
+        } else {
+            tracing::debug!(peer = %who, "refused a peer: {why}");
+        }
+    }
+
+    fn refuse_member(&self, remote: SocketAddr, peer: &tls::Peer) {
+        let who = format!(
+            "{} (certificate sha256 {}, from {})",
+            peer.name,
+            peer.fingerprint,
+            remote.ip()
+        );
+        self.refuse(
+            who,
+            "its certificate is not a live member's (name and fingerprint as in its record)",
+        );
+    }
+}
+
 /// A node's peer server, serving until dropped.
 pub struct PeerServer {
     addr: SocketAddr,
@@ -226,11 +350,29 @@ pub struct PeerServer {
 }
 
 impl PeerServer {
-    /// Listen on `listen` (port 0: any) and serve units from `source`.
+    /// Listen on `listen` (port 0: any) and serve units from `source` to the peers `admit` lets in, over
+    /// mutual TLS with `tls` (which must require a client certificate: [`tls::NodeTls::server_config`]).
     pub fn start(
         listen: SocketAddr,
+        tls: Arc<ServerConfig>,
+        admit: Admit,
         source: Arc<dyn UnitSource>,
         stats: Arc<PeerStats>,
+    ) -> std::io::Result<PeerServer> {
+        let service = Service {
+            source,
+            stats: stats.clone(),
+        };
+        PeerServer::start_with(listen, tls, admit, stats, service)
+    }
+
+    /// Like [`PeerServer::start`], with any implementation of the protocol (tests: peers that lie).
+    pub fn start_with<P: Peer>(
+        listen: SocketAddr,
+        tls: Arc<ServerConfig>,
+        admit: Admit,
+        stats: Arc<PeerStats>,
+        service: P,
     ) -> std::io::Result<PeerServer> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -240,21 +382,46 @@ impl PeerServer {
         let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let incoming = {
+        let listener = {
             let _guard = runtime.enter();
-            tonic::transport::server::TcpIncoming::from(tokio::net::TcpListener::from_std(listener)?)
-                .with_nodelay(Some(true))
+            tokio::net::TcpListener::from_std(listener)?
         };
-        let service = RawServer::new(Service { source, stats })
-            .max_decoding_message_size(64 << 10)
-            .max_encoding_message_size(CHUNK + (64 << 10));
+        let refusals = Arc::new(Refusals {
+            stats,
+            logged: Mutex::default(),
+        });
+        let (admitted, incoming) = tokio::sync::mpsc::channel(64);
+        runtime.spawn(accept(
+            listener,
+            TlsAcceptor::from(tls),
+            admit.clone(),
+            refusals.clone(),
+            admitted,
+        ));
+        // Checked again at every call: a member removed since it connected is refused on its connection.
+        let check = move |request: Request<()>| -> Result<Request<()>, Status> {
+            match request.extensions().get::<PeerInfo>() {
+                Some(info) if admit(&info.peer) => Ok(request),
+                Some(info) => {
+                    refusals.refuse_member(info.remote, &info.peer);
+                    Err(Status::permission_denied("not a live member of this cluster"))
+                }
+                None => Err(Status::permission_denied("no peer certificate")),
+            }
+        };
+        let service = InterceptedService::new(
+            RawServer::new(service)
+                .max_decoding_message_size(64 << 10)
+                .max_encoding_message_size(CHUNK + (64 << 10)),
+            check,
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         runtime.spawn(async move {
             let served = Server::builder()
                 .initial_stream_window_size(Some(STREAM_WINDOW))
                 .initial_connection_window_size(Some(CONNECTION_WINDOW))
                 .add_service(service)
-                .serve_with_incoming_shutdown(incoming, async {
+                .serve_with_incoming_shutdown(Admitted(incoming), async {
                     let _ = stopped.await;
                 })
                 .await;
@@ -272,6 +439,55 @@ impl PeerServer {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+}
+
+/// Accept connections, each handshake and admission in a task of its own; the admitted ones go to tonic.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    acceptor: TlsAcceptor,
+    admit: Admit,
+    refusals: Arc<Refusals>,
+    admitted: tokio::sync::mpsc::Sender<PeerConn>,
+) {
+    loop {
+        let (tcp, remote) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors, most likely: wait rather than spin.
+                tracing::warn!(error = %e, "cannot accept a peer connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, admit, refusals, admitted) =
+            (acceptor.clone(), admit.clone(), refusals.clone(), admitted.clone());
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return refusals.refuse(remote.ip().to_string(), &format!("TLS handshake failed: {e}")),
+                Err(_) => {
+                    return refusals.refuse(
+                        remote.ip().to_string(),
+                        &format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}"),
+                    );
+                }
+            };
+            let peer = match tls::peer(stream.get_ref().1) {
+                Ok(p) => p,
+                Err(e) => return refusals.refuse(remote.ip().to_string(), &e.to_string()),
+            };
+            if !admit(&peer) {
+                return refusals.refuse_member(remote, &peer);
+            }
+            let _ = admitted
+                .send(PeerConn {
+                    stream,
+                    info: PeerInfo { remote, peer },
+                })
+                .await;
+        });
     }
 }
 
@@ -293,19 +509,47 @@ struct Breaker {
     open_until: Option<Instant>,
 }
 
+/// What a cached channel was made for: a member's record changing any of it means a new channel.
+#[derive(Clone, PartialEq, Eq)]
+struct Dialled {
+    addr: String,
+    name: String,
+    fingerprint: String,
+}
+
+impl Dialled {
+    fn of(peer: &MemberRecord) -> Dialled {
+        Dialled {
+            addr: peer.addr.clone(),
+            name: peer.name.clone(),
+            fingerprint: peer.fingerprint.clone(),
+        }
+    }
+}
+
 /// Asks peers for units.
 pub struct PeerClient {
     cfg: PeerConfig,
     runtime: tokio::runtime::Runtime,
-    /// By member: the address the channel goes to, and the channel.
-    channels: Mutex<HashMap<MemberId, (String, Channel)>>,
+    tls: Arc<ClientConfig>,
+    /// By member: what the channel was made for, and the channel.
+    channels: Mutex<HashMap<MemberId, (Dialled, Channel)>>,
+    /// Members and the certificates they presented that did not match their records, logged once each.
+    mismatches: Arc<Mutex<HashSet<(MemberId, String)>>>,
     breakers: Mutex<HashMap<MemberId, Breaker>>,
     pub stats: Arc<PeerStats>,
     me: MemberId,
 }
 
 impl PeerClient {
-    pub fn new(me: MemberId, cfg: PeerConfig, stats: Arc<PeerStats>) -> std::io::Result<PeerClient> {
+    /// A client for node `me`, connecting with `tls` (the cluster CA its only root, this node's
+    /// certificate its client authentication: [`tls::NodeTls::client_config`]).
+    pub fn new(
+        me: MemberId,
+        cfg: PeerConfig,
+        tls: Arc<ClientConfig>,
+        stats: Arc<PeerStats>,
+    ) -> std::io::Result<PeerClient> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("larder-peer-ask")
@@ -314,7 +558,9 @@ impl PeerClient {
         Ok(PeerClient {
             cfg,
             runtime,
+            tls,
             channels: Mutex::default(),
+            mismatches: Arc::default(),
             breakers: Mutex::default(),
             stats,
             me,
@@ -322,25 +568,73 @@ impl PeerClient {
     }
 
     fn channel(&self, peer: &MemberRecord) -> Result<Channel, PeerError> {
+        let dialled = Dialled::of(peer);
         let mut channels = larder_cache::contention::lock(&self.channels);
-        if let Some((addr, ch)) = channels.get(&peer.id)
-            && *addr == peer.addr
+        if let Some((d, ch)) = channels.get(&peer.id)
+            && *d == dialled
         {
             return Ok(ch.clone());
         }
+        let server_name =
+            tls::server_name(&peer.name).map_err(|e| PeerError::Failed(format!("member {:016x}: {e}", peer.id)))?;
         let endpoint = Endpoint::from_shared(format!("http://{}", peer.addr))
             .map_err(|e| PeerError::Failed(format!("bad address {:?}: {e}", peer.addr)))?
-            .connect_timeout(self.cfg.connect_timeout)
-            .tcp_nodelay(true)
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
+        let connector = TlsConnector::from(self.tls.clone());
+        let timeout = self.cfg.connect_timeout;
+        let (id, target, mismatches) = (peer.id, dialled.clone(), self.mismatches.clone());
+        // TCP, then TLS with the member's name, then its record's fingerprint; all within the connect timeout.
+        let connect = tower::service_fn(move |_: Uri| {
+            let (connector, server_name, target, mismatches) = (
+                connector.clone(),
+                server_name.clone(),
+                target.clone(),
+                mismatches.clone(),
+            );
+            async move {
+                let handshake = async {
+                    let tcp = TcpStream::connect(target.addr.as_str()).await?;
+                    tcp.set_nodelay(true)?;
+                    connector.connect(server_name, tcp).await
+                };
+                let stream = tokio::time::timeout(timeout, handshake).await.map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no TLS connection to {} within {timeout:?}", target.addr),
+                    )
+                })??;
+                let got = tls::peer(stream.get_ref().1).map_err(std::io::Error::other)?;
+                if got.fingerprint != target.fingerprint {
+                    let mut logged = larder_cache::contention::lock(&mismatches);
+                    if logged.len() < LOGGED_PEERS && logged.insert((id, got.fingerprint.clone())) {
+                        tracing::warn!(
+                        peer = format!("{id:016x}"),
+                        name = %target.name,
+                        presented = %got.fingerprint,
+                        recorded = %target.fingerprint,
+                        "refused a peer: its certificate is not the one in its membership record (logged once)"
+                        );
+                    }
+                    drop(logged);
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "{} presented certificate sha256 {}, its record says {}",
+                            target.name, got.fingerprint, target.fingerprint
+                        ),
+                    ));
+                }
+                Ok(TokioIo::new(stream))
+            }
+        });
         let ch = {
             let _guard = self.runtime.enter();
-            endpoint.connect_lazy()
+            endpoint.connect_with_connector_lazy(connect)
         };
-        channels.insert(peer.id, (peer.addr.clone(), ch.clone()));
+        channels.insert(peer.id, (dialled, ch.clone()));
         Ok(ch)
     }
 

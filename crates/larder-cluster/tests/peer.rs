@@ -1,6 +1,8 @@
-//! The peer transport over real loopback connections: a node's server and another node's client, a peer
-//! that lies (other units, wrong checksums, chunks out of place), one that answers garbage, one that hangs,
-//! and one that is gone.
+//! The peer transport over real loopback connections, mutual TLS with certificates from a cluster CA made
+//! in a temporary directory: a node's server and another node's client, a peer that lies (other units,
+//! wrong checksums, chunks out of place), one that answers garbage, one that hangs, and one that is gone;
+//! peers refused for a certificate from another CA or one that is not their record's, on either end; and
+//! handshakes that are garbage or never come.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -10,12 +12,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use larder_cluster::MemberRecord;
-use larder_cluster::peer::proto::peer_server::{Peer, PeerServer as RawServer};
+use larder_cluster::peer::proto::peer_server::Peer;
 use larder_cluster::peer::proto::{Chunk, FetchRequest};
 use larder_cluster::peer::{
-    Ask, CHUNK, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats, SourceError, UnitSource, digest,
+    Admit, Ask, CHUNK, HANDSHAKE_TIMEOUT, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats, SourceError,
+    UnitSource, digest,
 };
+use larder_cluster::{MemberRecord, NodeTls, tls};
 use prost::bytes::Bytes;
 use tonic::{Request, Response, Status};
 
@@ -43,15 +46,78 @@ fn pattern(len: usize, seed: u8) -> Bytes {
         .into()
 }
 
-fn member(id: u64, addr: SocketAddr) -> MemberRecord {
+/// A cluster's CA in a temporary directory, and its nodes' certificates.
+struct Certs(tempfile::TempDir);
+
+impl Certs {
+    fn new() -> Certs {
+        let dir = tempfile::tempdir().unwrap();
+        tls::init(dir.path()).unwrap();
+        Certs(dir)
+    }
+
+    /// Node `name`'s TLS, its certificate issued first if it has none.
+    fn node(&self, name: &str) -> NodeTls {
+        if !self.0.path().join(format!("{name}.pem")).exists() {
+            tls::issue(self.0.path(), name, false).unwrap();
+        }
+        NodeTls::load(self.0.path(), name).unwrap()
+    }
+
+    /// Node `name`'s TLS with a new certificate (the old one still chains to the CA).
+    fn reissue(&self, name: &str) -> NodeTls {
+        tls::issue(self.0.path(), name, true).unwrap();
+        NodeTls::load(self.0.path(), name).unwrap()
+    }
+}
+
+/// The membership record of node `tls` as member `id`, reached at `addr`.
+fn member(id: u64, tls: &NodeTls, addr: SocketAddr) -> MemberRecord {
     MemberRecord {
         id,
-        name: format!("node{id}"),
+        name: tls.name().to_string(),
         addr: addr.to_string(),
         weight: 1,
-        fingerprint: String::new(),
+        fingerprint: tls.fingerprint().to_string(),
         serve: true,
     }
+}
+
+/// The certificates (name, fingerprint) a server admits; a test changes them as the membership would.
+type Members = Arc<Mutex<Vec<(String, String)>>>;
+
+fn members(nodes: &[&NodeTls]) -> Members {
+    Arc::new(Mutex::new(
+        nodes
+            .iter()
+            .map(|n| (n.name().to_string(), n.fingerprint().to_string()))
+            .collect(),
+    ))
+}
+
+fn admit(members: &Members) -> Admit {
+    let members = members.clone();
+    Arc::new(move |p: &tls::Peer| {
+        members
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(name, fp)| *name == p.name && *fp == p.fingerprint)
+    })
+}
+
+/// A peer server on loopback with node `node`'s certificate, admitting `members`.
+fn serve(node: &NodeTls, members: &Members, source: Arc<dyn UnitSource>) -> (PeerServer, Arc<PeerStats>) {
+    let stats = Arc::new(PeerStats::default());
+    let server = PeerServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        node.server_config(),
+        admit(members),
+        source,
+        stats.clone(),
+    )
+    .unwrap();
+    (server, stats)
 }
 
 fn ask<'a>(key: &'a [u8], digest: &'a [u8; 16], forward: bool) -> Ask<'a> {
@@ -64,8 +130,8 @@ fn ask<'a>(key: &'a [u8], digest: &'a [u8; 16], forward: bool) -> Ask<'a> {
     }
 }
 
-fn client(cfg: PeerConfig) -> PeerClient {
-    PeerClient::new(9, cfg, Arc::new(PeerStats::default())).unwrap()
+fn client(node: &NodeTls, cfg: PeerConfig) -> PeerClient {
+    PeerClient::new(9, cfg, node.client_config(), Arc::new(PeerStats::default())).unwrap()
 }
 
 fn quick() -> PeerConfig {
@@ -88,10 +154,11 @@ fn units_come_back_whole_and_right_of_every_size() {
             .unwrap()
             .insert(format!("k{i}").into_bytes(), pattern(len, i as u8));
     }
-    let stats = Arc::new(PeerStats::default());
-    let server = PeerServer::start("127.0.0.1:0".parse().unwrap(), units.clone(), stats.clone()).unwrap();
-    let peer = member(1, server.addr());
-    let c = client(PeerConfig::default());
+    let certs = Certs::new();
+    let (n1, n9) = (certs.node("node1"), certs.node("node9"));
+    let (server, stats) = serve(&n1, &members(&[&n9]), units.clone());
+    let peer = member(1, &n1, server.addr());
+    let c = client(&n9, PeerConfig::default());
     for (i, &len) in sizes.iter().enumerate() {
         let key = format!("k{i}").into_bytes();
         let got = c.fetch(&peer, &ask(&key, &digest(&key), false)).unwrap();
@@ -106,6 +173,7 @@ fn units_come_back_whole_and_right_of_every_size() {
         Err(PeerError::OtherVersion)
     ));
     assert_eq!(stats.served.load(Ordering::Relaxed), sizes.len() as u64);
+    assert_eq!(stats.refused.load(Ordering::Relaxed), 0);
     assert_eq!(c.stats.hits.load(Ordering::Relaxed), sizes.len() as u64);
     assert_eq!(c.stats.misses.load(Ordering::Relaxed), 2);
     assert_eq!(
@@ -158,26 +226,16 @@ impl Peer for Liar {
     }
 }
 
-fn serve_liar(liar: Liar) -> (SocketAddr, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let incoming = {
-        let _g = rt.enter();
-        tonic::transport::server::TcpIncoming::from(tokio::net::TcpListener::from_std(listener).unwrap())
-    };
-    rt.spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(RawServer::new(liar))
-            .serve_with_incoming(incoming)
-            .await;
-    });
-    (addr, rt)
+/// A liar with node `node`'s certificate (a member gone bad), admitting `client`.
+fn serve_liar(liar: Liar, node: &NodeTls, client: &NodeTls) -> PeerServer {
+    PeerServer::start_with(
+        "127.0.0.1:0".parse().unwrap(),
+        node.server_config(),
+        admit(&members(&[client])),
+        Arc::new(PeerStats::default()),
+        liar,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -214,13 +272,19 @@ fn a_peer_that_lies_is_never_believed() {
         }),
         ("no chunks at all", |_| Vec::new()),
     ];
+    let certs = Certs::new();
+    let (n1, n9) = (certs.node("node1"), certs.node("node9"));
     for (what, lie) in lies {
-        let (addr, _rt) = serve_liar(Liar {
-            unit: unit.clone(),
-            lie,
-        });
-        let c = client(PeerConfig::default());
-        let got = c.fetch(&member(1, addr), &ask(b"key", &digest(b"key"), false));
+        let liar = serve_liar(
+            Liar {
+                unit: unit.clone(),
+                lie,
+            },
+            &n1,
+            &n9,
+        );
+        let c = client(&n9, PeerConfig::default());
+        let got = c.fetch(&member(1, &n1, liar.addr()), &ask(b"key", &digest(b"key"), false));
         assert!(
             matches!(got, Err(PeerError::Corrupt(_))),
             "{what}: {:?}",
@@ -229,13 +293,17 @@ fn a_peer_that_lies_is_never_believed() {
         assert_eq!(c.stats.corrupt.load(Ordering::Relaxed), 1, "{what}");
     }
     // The honest variant of the same server is believed.
-    let (addr, _rt) = serve_liar(Liar {
-        unit: unit.clone(),
-        lie: |c| c,
-    });
+    let honest = serve_liar(
+        Liar {
+            unit: unit.clone(),
+            lie: |c| c,
+        },
+        &n1,
+        &n9,
+    );
     assert_eq!(
-        client(PeerConfig::default())
-            .fetch(&member(1, addr), &ask(b"key", &digest(b"key"), false))
+        client(&n9, PeerConfig::default())
+            .fetch(&member(1, &n1, honest.addr()), &ask(b"key", &digest(b"key"), false))
             .unwrap(),
         unit
     );
@@ -260,8 +328,10 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
             }
         });
     }
-    let c = client(quick());
-    let g = member(1, garbage_addr);
+    let certs = Certs::new();
+    let (n1, n2, n9) = (certs.node("node1"), certs.node("node2"), certs.node("node9"));
+    let c = client(&n9, quick());
+    let g = member(1, &n1, garbage_addr);
     for _ in 0..2 {
         let started = Instant::now();
         assert!(matches!(
@@ -303,10 +373,10 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
     // Hanging: a unit that takes longer than the timeout.
     let units = Arc::new(Units::default());
     units.0.lock().unwrap().insert(b"slow".to_vec(), pattern(10, 1));
-    let server = PeerServer::start("127.0.0.1:0".parse().unwrap(), units, Arc::new(PeerStats::default())).unwrap();
+    let (server, _) = serve(&n2, &members(&[&n9]), units);
     let started = Instant::now();
     assert!(matches!(
-        c.fetch(&member(2, server.addr()), &ask(b"slow", &digest(b"slow"), false)),
+        c.fetch(&member(2, &n2, server.addr()), &ask(b"slow", &digest(b"slow"), false)),
         Err(PeerError::Timeout(_))
     ));
     assert!(
@@ -318,7 +388,10 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
     // Gone: nothing listens there any more.
     let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let started = Instant::now();
-    assert!(c.fetch(&member(3, gone), &ask(b"k", &digest(b"k"), false)).is_err());
+    assert!(
+        c.fetch(&member(3, &n1, gone), &ask(b"k", &digest(b"k"), false))
+            .is_err()
+    );
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
@@ -326,22 +399,196 @@ fn a_peer_answering_garbage_hanging_or_gone_is_skipped_quickly_and_its_breaker_o
 fn a_peer_that_moved_is_followed_to_its_new_address() {
     let units = Arc::new(Units::default());
     units.0.lock().unwrap().insert(b"k".to_vec(), pattern(100, 9));
-    let first = PeerServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        units.clone(),
-        Arc::new(PeerStats::default()),
-    )
-    .unwrap();
-    let c = client(quick());
+    let certs = Certs::new();
+    let (n1, n9) = (certs.node("node1"), certs.node("node9"));
+    let admitted = members(&[&n9]);
+    let (first, _) = serve(&n1, &admitted, units.clone());
+    let c = client(&n9, quick());
     assert!(
-        c.fetch(&member(1, first.addr()), &ask(b"k", &digest(b"k"), false))
+        c.fetch(&member(1, &n1, first.addr()), &ask(b"k", &digest(b"k"), false))
             .is_ok()
     );
     drop(first);
-    let second = PeerServer::start("127.0.0.1:0".parse().unwrap(), units, Arc::new(PeerStats::default())).unwrap();
+    let (second, _) = serve(&n1, &admitted, units);
     assert_eq!(
-        c.fetch(&member(1, second.addr()), &ask(b"k", &digest(b"k"), false))
+        c.fetch(&member(1, &n1, second.addr()), &ask(b"k", &digest(b"k"), false))
             .unwrap(),
         pattern(100, 9)
     );
+}
+
+/// A server holding one unit, "k", for the tests of who is refused.
+fn one_unit() -> Arc<Units> {
+    let units = Arc::new(Units::default());
+    units.0.lock().unwrap().insert(b"k".to_vec(), pattern(1000, 4));
+    units
+}
+
+/// Wait (a little) for the server's count of refusals to reach `n`, and check it goes no further.
+fn refused_reaches(stats: &PeerStats, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while stats.refused.load(Ordering::Relaxed) < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(stats.refused.load(Ordering::Relaxed), n);
+}
+
+fn fetch_k(c: &PeerClient, peer: &MemberRecord) -> Result<Bytes, PeerError> {
+    c.fetch(peer, &ask(b"k", &digest(b"k"), false))
+}
+
+/// A client configuration that trusts `ca`'s CA (so it accepts our servers) but presents `node`'s
+/// certificate, from whatever CA issued it.
+fn presenting(ca: &Certs, node: &str, certs_of: &Certs) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(ca.0.path().join(tls::CA_CERT)).unwrap())
+        .unwrap();
+    let cert = CertificateDer::from_pem_file(certs_of.0.path().join(format!("{node}.pem"))).unwrap();
+    let key = PrivateKeyDer::from_pem_file(certs_of.0.path().join(format!("{node}.key"))).unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![cert], key)
+        .unwrap();
+    cfg.alpn_protocols = vec![tls::ALPN_H2.to_vec()];
+    Arc::new(cfg)
+}
+
+#[test]
+fn a_client_with_a_certificate_from_another_ca_is_refused() {
+    let (ours, theirs) = (Certs::new(), Certs::new());
+    let (n1, n9) = (ours.node("node1"), ours.node("node9"));
+    let foreign = theirs.node("node9");
+    // The server would admit the foreign certificate's name and fingerprint: only the CA refuses it.
+    let (server, stats) = serve(&n1, &members(&[&n9, &foreign]), one_unit());
+    let peer = member(1, &n1, server.addr());
+    // A client that trusts our CA but presents a certificate from theirs, and a node of their cluster.
+    let trusting = PeerClient::new(9, quick(), presenting(&ours, "node9", &theirs), Arc::default()).unwrap();
+    let theirs_node = client(&foreign, quick());
+    for (what, c) in [("presenting theirs", &trusting), ("their node", &theirs_node)] {
+        let got = fetch_k(c, &peer);
+        assert!(
+            matches!(got, Err(PeerError::Failed(_))),
+            "{what}: {:?}",
+            got.map(|b| b.len())
+        );
+        assert_eq!(c.stats.failures.load(Ordering::Relaxed), 1, "{what}");
+    }
+    assert_eq!(
+        stats.served.load(Ordering::Relaxed),
+        0,
+        "a unit went to a foreign CA's node"
+    );
+    // The client may see the server's alert a moment before the server counts it.
+    refused_reaches(&stats, 2);
+    // The same name from our CA is served, by the same configuration but for its certificate.
+    let ours_too = PeerClient::new(9, quick(), presenting(&ours, "node9", &ours), Arc::default()).unwrap();
+    assert_eq!(fetch_k(&ours_too, &peer).unwrap(), pattern(1000, 4));
+    assert_eq!(stats.served.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_peer_whose_certificate_is_not_its_records_is_refused_by_the_server() {
+    let certs = Certs::new();
+    let (n1, old) = (certs.node("node1"), certs.node("node9"));
+    let admitted = members(&[&old]);
+    let (server, stats) = serve(&n1, &admitted, one_unit());
+    let peer = member(1, &n1, server.addr());
+    // Valid certificates from the cluster CA, neither in the membership: node9's new one (its record still
+    // names the old), and one of a name no member has.
+    let new = certs.reissue("node9");
+    let stranger = certs.node("stranger");
+    for (what, node) in [("a new certificate", &new), ("a stranger", &stranger)] {
+        let got = fetch_k(&client(node, quick()), &peer);
+        assert!(
+            matches!(got, Err(PeerError::Failed(_))),
+            "{what}: {:?}",
+            got.map(|b| b.len())
+        );
+    }
+    assert_eq!(stats.served.load(Ordering::Relaxed), 0, "a unit went to a non-member");
+    assert_eq!(stats.refused.load(Ordering::Relaxed), 2);
+    // The certificate in the record is served, until the record changes: then the connection it already
+    // has is refused at the next call.
+    let c = client(&old, quick());
+    assert_eq!(fetch_k(&c, &peer).unwrap(), pattern(1000, 4));
+    *admitted.lock().unwrap() = vec![(new.name().to_string(), new.fingerprint().to_string())];
+    let got = fetch_k(&c, &peer);
+    assert!(matches!(got, Err(PeerError::Failed(_))), "{:?}", got.map(|b| b.len()));
+    assert_eq!(stats.served.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.refused.load(Ordering::Relaxed), 3);
+    // And the new one is served now.
+    assert_eq!(fetch_k(&client(&new, quick()), &peer).unwrap(), pattern(1000, 4));
+}
+
+#[test]
+fn a_server_whose_certificate_is_not_its_records_is_refused_by_the_client() {
+    let certs = Certs::new();
+    let (n9, n2) = (certs.node("node9"), certs.node("node2"));
+    let old = certs.node("node1");
+    let new = certs.reissue("node1");
+    let (server, stats) = serve(&new, &members(&[&n9]), one_unit());
+    let c = client(&n9, quick());
+    // Its record has the old certificate: the server chains to the CA and names node1, and is refused.
+    let recorded = member(1, &old, server.addr());
+    let got = fetch_k(&c, &recorded);
+    assert!(matches!(got, Err(PeerError::Failed(_))), "{:?}", got.map(|b| b.len()));
+    // A record naming another node, with the fingerprint the server presents, is refused too.
+    let mut renamed = member(2, &new, server.addr());
+    renamed.name = n2.name().to_string();
+    let got = fetch_k(&c, &renamed);
+    assert!(matches!(got, Err(PeerError::Failed(_))), "{:?}", got.map(|b| b.len()));
+    assert_eq!(c.stats.failures.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.served.load(Ordering::Relaxed), 0);
+    // A refusal is a failure like any other: the breaker opens.
+    let got = fetch_k(&c, &recorded);
+    assert!(matches!(got, Err(PeerError::Failed(_))), "{:?}", got.map(|b| b.len()));
+    assert!(matches!(fetch_k(&c, &recorded), Err(PeerError::Skipped(1, _))));
+    // Once the record has the new certificate, the client connects anew and is served.
+    std::thread::sleep(quick().cool_down);
+    assert_eq!(fetch_k(&c, &member(1, &new, server.addr())).unwrap(), pattern(1000, 4));
+    assert_eq!(stats.served.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_garbage_or_stalled_handshake_does_not_stop_the_server_serving_others() {
+    let certs = Certs::new();
+    let (n1, n9) = (certs.node("node1"), certs.node("node9"));
+    let (server, stats) = serve(&n1, &members(&[&n9]), one_unit());
+    // One connection that never says a word, one that says garbage and waits.
+    let started = Instant::now();
+    let mut silent = std::net::TcpStream::connect(server.addr()).unwrap();
+    let mut garbage = std::net::TcpStream::connect(server.addr()).unwrap();
+    garbage
+        .write_all(b"\x16\x03\x01\x00\x05garbage that is not a client hello at all")
+        .unwrap();
+    // Meanwhile a member is served at once.
+    let c = client(&n9, quick());
+    let asked = Instant::now();
+    assert_eq!(fetch_k(&c, &member(1, &n1, server.addr())).unwrap(), pattern(1000, 4));
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "served in {:?}",
+        asked.elapsed()
+    );
+    // The garbage is refused at once, the silence when the handshake's time is up: both closed.
+    let mut buf = [0u8; 64];
+    garbage.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    while matches!(garbage.read(&mut buf), Ok(n) if n > 0) {}
+    silent.set_read_timeout(Some(HANDSHAKE_TIMEOUT * 2)).unwrap();
+    assert!(
+        matches!(silent.read(&mut buf), Ok(0)),
+        "the silent connection was left open"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= HANDSHAKE_TIMEOUT - Duration::from_millis(100) && took < HANDSHAKE_TIMEOUT + Duration::from_secs(2),
+        "the silent connection was closed after {took:?}"
+    );
+    refused_reaches(&stats, 2);
+    assert_eq!(stats.served.load(Ordering::Relaxed), 1);
 }

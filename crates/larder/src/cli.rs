@@ -263,9 +263,13 @@ pub struct MountArgs {
     /// Where this node serves its cached units to the other nodes, as they reach it (IP:PORT).
     #[arg(long, requires = "cluster")]
     pub listen: Option<std::net::SocketAddr>,
-    /// This node's name in the cluster [default: the host name].
+    /// This node's name in the cluster, and its certificate's [default: the host name].
     #[arg(long, requires = "cluster")]
     pub node_name: Option<String>,
+    /// The cluster's certificates, as `larder cluster init` and `larder cluster cert` made them: ca.pem and
+    /// this node's NAME.pem and NAME.key. Required with --cluster: every peer connection is mutual TLS.
+    #[arg(long, value_name = "DIR", requires = "cluster")]
+    pub cluster_tls: Option<PathBuf>,
     /// Serve cached units to the other nodes (off: a short-lived client that only reads).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub peer_serve: OnOff,

@@ -50,8 +50,8 @@ fn cert(args: ClusterCertArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// This host's name, as the kernel has it.
-fn host_name() -> anyhow::Result<String> {
+/// This host's name, as the kernel has it: a node's name unless it is given.
+pub fn host_name() -> anyhow::Result<String> {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it on success.
     if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, Session, SessionACL};
 use larder_cache::{Db, Store, StoreConfig};
-use larder_cluster::peer::{PeerClient, PeerConfig, PeerServer, PeerStats};
-use larder_cluster::{MemberRecord, Membership, MembershipConfig};
+use larder_cluster::peer::{Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
+use larder_cluster::{MemberRecord, Membership, MembershipConfig, NodeTls};
 use larder_fs::cluster::FsUnitSource;
 use larder_fs::tier::PeerTier;
 use larder_fs::{Fs, FsConfig, WriteMode};
@@ -257,10 +257,12 @@ struct Cluster {
     membership: Arc<Membership>,
     client: Arc<PeerClient>,
     stats: Arc<PeerStats>,
+    tls: NodeTls,
     serve: bool,
 }
 
-/// Join the cluster `--cluster` names, if any: this node's id (kept in its cache directory), its record
+/// Join the cluster `--cluster` names, if any: this node's id (kept in its cache directory), its TLS
+/// (`--cluster-tls`: the certificate of its node name), its record (with that certificate's fingerprint)
 /// and liveness in etcd.
 fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
     let Some(endpoints) = &args.cluster else {
@@ -277,13 +279,24 @@ fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
         None if serve => return Err(anyhow!("--cluster needs --listen IP:PORT (or --peer-serve off)")),
         None => String::new(),
     };
+    let Some(tls_dir) = &args.cluster_tls else {
+        return Err(anyhow!(
+            "--cluster needs --cluster-tls DIR: the cluster's certificates (ca.pem, and this node's NAME.pem and \
+             NAME.key from `larder cluster cert DIR NAME`); every peer connection is mutual TLS"
+        ));
+    };
+    let name = match &args.node_name {
+        Some(name) => name.clone(),
+        None => crate::cluster::host_name().context("no --node-name, and this host's name cannot be had")?,
+    };
+    let tls = NodeTls::load(tls_dir, &name).map_err(|e| anyhow!("--cluster-tls {}: {e}", tls_dir.display()))?;
     let id = larder_cluster::node_id(cache_dir)?;
     let record = MemberRecord {
         id,
-        name: args.node_name.clone().unwrap_or_else(host_name),
+        name,
         addr,
         weight: args.cache_size,
-        fingerprint: String::new(),
+        fingerprint: tls.fingerprint().to_string(),
         serve,
     };
     let cfg = MembershipConfig::new(endpoints.0.clone(), args.cluster_name.clone());
@@ -291,13 +304,14 @@ fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
         Arc::new(Membership::join(cfg, record).map_err(|e| anyhow!("cannot join cluster {}: {e}", args.cluster_name))?);
     let stats = Arc::new(PeerStats::default());
     let client = Arc::new(
-        PeerClient::new(id, PeerConfig::default(), stats.clone())
+        PeerClient::new(id, PeerConfig::default(), tls.client_config(), stats.clone())
             .map_err(|e| anyhow!("cannot start the peer client: {e}"))?,
     );
     let view = membership.view();
     tracing::info!(
         cluster = %args.cluster_name,
         node = format!("{id:016x}"),
+        name = %tls.name(),
         members = view.members.len(),
         live = view.live.len(),
         "joined the cluster"
@@ -306,6 +320,7 @@ fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
         membership,
         client,
         stats,
+        tls,
         serve,
     }))
 }
@@ -381,7 +396,10 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         Some(c) if c.serve => {
             let listen = c.membership.me().addr.parse().expect("checked at join");
             let source = Arc::new(FsUnitSource(Arc::downgrade(&fs)));
-            let server = PeerServer::start(listen, source, c.stats.clone())
+            // A peer is admitted while its certificate is a live member's, as this node's view has it now.
+            let membership = c.membership.clone();
+            let admit: Admit = Arc::new(move |peer| membership.view().admits(peer));
+            let server = PeerServer::start(listen, c.tls.server_config(), admit, source, c.stats.clone())
                 .map_err(|e| anyhow!("cannot serve peers at {listen}: {e}"))?;
             tracing::info!(addr = %server.addr(), "serving cached units to the cluster");
             Some(server)
@@ -399,6 +417,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         home: home_url.clone(),
         cache_dir: p.cache_dir.clone(),
         block_size: args.block_size,
+        peers: cluster.as_ref().map(|c| c.stats.clone()),
     });
     let socket = mounts::socket_path(&p.mountpoint);
     control::serve(&socket, source.clone())?;

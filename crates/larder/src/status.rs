@@ -23,6 +23,8 @@ pub struct StatusSource {
     pub home: String,
     pub cache_dir: PathBuf,
     pub block_size: u64,
+    /// The peer transport's figures, in a cluster.
+    pub peers: Option<Arc<larder_cluster::peer::PeerStats>>,
 }
 
 /// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
@@ -81,6 +83,26 @@ pub struct Status {
     pub journal: JournalStatus,
     pub efficiency: Efficiency,
     pub fs: FsStatus,
+    /// The peer transport, in a cluster: units asked of peers and served to them, and peers refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<PeerStatus>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// Units asked of peers: got, answered "not held" or "another version", failed (unreachable, timed
+    /// out, refused, corrupt), corrupt among them, and not asked because a peer's breaker was open.
+    pub fetches: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub failures: u64,
+    pub corrupt: u64,
+    pub skipped: u64,
+    /// Units served to peers, and their bytes.
+    pub served: u64,
+    pub served_bytes: u64,
+    /// Connections and calls refused: failed TLS handshakes, and certificates not a live member's.
+    pub refused: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,6 +289,20 @@ impl StatusSource {
                 dirty_files: fs.dirty_files,
                 readahead_blocks: fs.readahead_blocks,
             },
+            peers: self.peers.as_ref().map(|p| {
+                let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+                PeerStatus {
+                    fetches: n(&p.fetches),
+                    hits: n(&p.hits),
+                    misses: n(&p.misses),
+                    failures: n(&p.failures),
+                    corrupt: n(&p.corrupt),
+                    skipped: n(&p.skipped),
+                    served: n(&p.served),
+                    served_bytes: n(&p.served_bytes),
+                    refused: n(&p.refused),
+                }
+            }),
         }
     }
 }
@@ -415,6 +451,20 @@ pub fn run(args: StatusArgs) -> Result<()> {
     ];
     for (k, val) in rows {
         println!("{k:<14} {val}");
+    }
+    if let Some(p) = &v.peers {
+        println!(
+            "{:<14} asked {}: {} hits, {} misses, {} failed, {} skipped; served {} ({}), refused {}",
+            "peers",
+            p.fetches,
+            p.hits,
+            p.misses,
+            p.failures,
+            p.skipped,
+            p.served,
+            human_bytes(p.served_bytes),
+            p.refused
+        );
     }
     for r in &v.journal.refused {
         println!("{:<14} {}", "refused", describe_refused(r));

@@ -1,9 +1,10 @@
 //! A cluster of larder mounts: separate daemons sharing one home, their membership in a real etcd, their
-//! peer servers on loopback. Each node reads through its own FUSE mount, as users do.
+//! peer servers on loopback, mutual TLS with certificates made by `larder cluster init` and `larder
+//! cluster cert`. Each node reads through its own FUSE mount, as users do.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Mount, Rng, TestDir, assert_same_bytes, num, read, require_fuse, s, write_random};
@@ -24,7 +25,23 @@ fn make_data_set(home: &Path, rng: &mut Rng) -> Vec<(String, Vec<u8>)> {
     files
 }
 
-fn node(t: &TestDir, etcd: &Etcd, name: &str, extra: &[&str]) -> Mount {
+/// A cluster's certificates in `dir`, made as an operator makes them: the CA, then each node's.
+fn certs(dir: &Path, names: &[&str]) -> PathBuf {
+    let out = common::larder(&["cluster", "init", s(dir)]);
+    assert!(out.success(), "larder cluster init: {out}");
+    for name in names {
+        let out = common::larder(&["cluster", "cert", s(dir), name]);
+        assert!(out.success(), "larder cluster cert {name}: {out}");
+    }
+    dir.to_path_buf()
+}
+
+/// The status's figures of the peer transport.
+fn peers(m: &Mount, figure: &str) -> u64 {
+    num(&m.status(), &format!("/peers/{figure}"))
+}
+
+fn node(t: &TestDir, etcd: &Etcd, tls: &Path, name: &str, extra: &[&str]) -> Mount {
     let mnt = t.root().join(format!("mnt-{name}"));
     let cache = t.root().join(format!("cache-{name}"));
     std::fs::create_dir_all(&mnt).unwrap();
@@ -37,6 +54,8 @@ fn node(t: &TestDir, etcd: &Etcd, name: &str, extra: &[&str]) -> Mount {
         "test",
         "--node-name",
         name,
+        "--cluster-tls",
+        s(tls),
         "--listen",
         &listen,
         "--block-size",
@@ -77,7 +96,8 @@ fn three_nodes_read_one_data_set_and_home_sends_each_byte_about_once() {
     let mut rng = Rng::new(0x5eed_c105);
     let files = make_data_set(&t.root().join("home"), &mut rng);
     let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
-    let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| node(&t, &etcd, n, &[])).collect();
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
+    let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| node(&t, &etcd, &tls, n, &[])).collect();
     // The first nodes learn of the later ones through their watch.
     std::thread::sleep(Duration::from_millis(500));
     for (i, m) in nodes.iter().enumerate() {
@@ -103,8 +123,9 @@ fn a_node_killed_while_serving_costs_its_peers_no_error() {
     let t = TestDir::new("cluster-kill");
     let mut rng = Rng::new(0xdead_beef);
     let files = make_data_set(&t.root().join("home"), &mut rng);
-    let a = node(&t, &etcd, "a", &[]);
-    let b = node(&t, &etcd, "b", &[]);
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
+    let a = node(&t, &etcd, &tls, "a", &[]);
+    let b = node(&t, &etcd, &tls, "b", &[]);
     std::thread::sleep(Duration::from_millis(500));
     read_all(&a, &files, "a");
     // B goes down hard: no leave, its lease still runs, so the others still think it is live.
@@ -113,7 +134,7 @@ fn a_node_killed_while_serving_costs_its_peers_no_error() {
     b.force_cleanup();
     b.disarm();
     // A new node reads everything: what B owned comes from A (the next candidate) or home, never an error.
-    let c = node(&t, &etcd, "c", &[]);
+    let c = node(&t, &etcd, &tls, "c", &[]);
     let started = Instant::now();
     read_all(&c, &files, "c, with b dead");
     eprintln!("read with a dead peer in {:?}", started.elapsed());
@@ -128,7 +149,8 @@ fn a_client_that_does_not_serve_still_reads_from_its_peers() {
     let t = TestDir::new("cluster-client");
     let mut rng = Rng::new(7);
     let files = make_data_set(&t.root().join("home"), &mut rng);
-    let a = node(&t, &etcd, "a", &[]);
+    let tls = certs(&t.root().join("tls"), &["a", "client"]);
+    let a = node(&t, &etcd, &tls, "a", &[]);
     read_all(&a, &files, "a");
     let home_before = home_bytes(&a);
     // A read-only client: no --listen, nothing served; every unit is A's to give.
@@ -144,6 +166,10 @@ fn a_client_that_does_not_serve_still_reads_from_its_peers() {
             &cluster,
             "--cluster-name",
             "test",
+            "--node-name",
+            "client",
+            "--cluster-tls",
+            s(&tls),
             "--peer-serve",
             "off",
             "--no-passthrough",
@@ -168,6 +194,9 @@ fn mounting_into_a_cluster_with_bad_settings_fails_at_the_call() {
     std::fs::create_dir_all(&mnt).unwrap();
     let cache = t.root().join("cache");
     let dead = format!("etcd://127.0.0.1:{}", free_port());
+    let tls = certs(&t.root().join("tls"), &["n1"]);
+    let tls = s(&tls);
+    let listen = ["--listen", "127.0.0.1:7000"];
     for (args, expect) in [
         (vec!["--cluster", "http://x:1"], "etcd://"),
         (vec!["--cluster", dead.as_str()], "--listen"),
@@ -175,8 +204,21 @@ fn mounting_into_a_cluster_with_bad_settings_fails_at_the_call() {
             vec!["--cluster", dead.as_str(), "--listen", "0.0.0.0:7000"],
             "unspecified",
         ),
+        ([&["--cluster", dead.as_str()], &listen[..]].concat(), "--cluster-tls"),
         (
-            vec!["--cluster", dead.as_str(), "--listen", "127.0.0.1:7000"],
+            [
+                &["--cluster", dead.as_str(), "--cluster-tls", tls, "--node-name", "n2"],
+                &listen[..],
+            ]
+            .concat(),
+            "n2.pem does not exist",
+        ),
+        (
+            [
+                &["--cluster", dead.as_str(), "--cluster-tls", tls, "--node-name", "n1"],
+                &listen[..],
+            ]
+            .concat(),
             "cannot join cluster",
         ),
     ] {
@@ -188,4 +230,57 @@ fn mounting_into_a_cluster_with_bad_settings_fails_at_the_call() {
         assert!(out.to_string().contains(expect), "{args:?}: {out}");
         assert!(!common::is_mounted(&mnt), "{}", s(&mnt));
     }
+}
+
+#[test]
+fn a_node_with_a_certificate_from_another_ca_joins_but_is_served_nothing() {
+    require_fuse();
+    let etcd = Etcd::start();
+    let t = TestDir::new("cluster-foreign");
+    let mut rng = Rng::new(0xf0e1);
+    let files = make_data_set(&t.root().join("home"), &mut rng);
+    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let ours = certs(&t.root().join("tls"), &["a", "b"]);
+    // Another CA's certificate, of a name no member of ours has.
+    let theirs = certs(&t.root().join("tls-theirs"), &["x"]);
+    let a = node(&t, &etcd, &ours, "a", &[]);
+    let b = node(&t, &etcd, &ours, "b", &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    read_all(&a, &files, "a");
+    read_all(&b, &files, "b");
+    let served = peers(&a, "served") + peers(&b, "served");
+    assert_eq!(peers(&a, "refused") + peers(&b, "refused"), 0);
+    // X joins etcd like any node, and asks A and B for what it reads.
+    let x = node(&t, &etcd, &theirs, "x", &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    read_all(&x, &files, "x, a node of another CA");
+    assert_eq!(tier_hits(&x, "peer"), 0, "a node of another CA was served by a peer");
+    assert_eq!(peers(&x, "hits"), 0);
+    assert!(peers(&x, "failures") + peers(&x, "skipped") > 0, "x never asked a peer");
+    assert!(
+        home_bytes(&x) >= total,
+        "x read {} of {total} bytes from home",
+        home_bytes(&x)
+    );
+    assert_eq!(
+        peers(&a, "served") + peers(&b, "served"),
+        served,
+        "a unit went to a node of another CA"
+    );
+    let refused = peers(&a, "refused") + peers(&b, "refused");
+    eprintln!("x read {total} bytes from home; a and b refused it {refused} times");
+    assert!(refused > 0, "a and b did not count x refused");
+    // Logged once per peer, not once per connection.
+    let logged: Vec<usize> = [&a, &b]
+        .iter()
+        .map(|m| m.log().matches("refused a peer").count())
+        .collect();
+    assert!(
+        logged.iter().sum::<usize>() >= 1 && logged.iter().all(|&n| n <= 1),
+        "{logged:?}\n{}",
+        a.log()
+    );
+    x.unmount();
+    b.unmount();
+    a.unmount();
 }
