@@ -42,7 +42,7 @@ pub enum Command {
     Evict(ResidencyArgs),
     /// Build a demo home, mount it behind an emulated slow link, read it cold then warm.
     Demo(DemoArgs),
-    /// The certificates of a cluster: its own CA, and a certificate for each node.
+    /// A cluster of nodes: its own CA and a certificate for each node; its members.
     #[command(subcommand)]
     Cluster(ClusterCommand),
 }
@@ -54,6 +54,17 @@ pub enum ClusterCommand {
     Init(ClusterInitArgs),
     /// Issue node NAME's certificate with the CA in DIR: NAME.pem and NAME.key beside it.
     Cert(ClusterCertArgs),
+    /// The members of the cluster a mount is in, as its node sees them (live or not, address, weight).
+    Members(ClusterMembersArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterMembersArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -418,6 +418,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         cache_dir: p.cache_dir.clone(),
         block_size: args.block_size,
         peers: cluster.as_ref().map(|c| c.stats.clone()),
+        cluster: cluster
+            .as_ref()
+            .map(|c| (args.cluster_name.clone(), c.membership.clone())),
     });
     let socket = mounts::socket_path(&p.mountpoint);
     control::serve(&socket, source.clone())?;

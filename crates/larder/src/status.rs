@@ -25,6 +25,8 @@ pub struct StatusSource {
     pub block_size: u64,
     /// The peer transport's figures, in a cluster.
     pub peers: Option<Arc<larder_cluster::peer::PeerStats>>,
+    /// This node's membership, and the cluster's name, in a cluster.
+    pub cluster: Option<(String, Arc<larder_cluster::Membership>)>,
 }
 
 /// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
@@ -86,6 +88,65 @@ pub struct Status {
     /// The peer transport, in a cluster: units asked of peers and served to them, and peers refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<PeerStatus>,
+    /// The cluster this node is in, as its last view of the membership has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub name: String,
+    /// This node's id (16 hex digits) and name.
+    pub node: String,
+    pub node_name: String,
+    /// Whether etcd answered the last call, and whether this node renewed its liveness within half the
+    /// lease (if not, the others may soon count it gone).
+    pub etcd_online: bool,
+    pub lease_ok: bool,
+    /// The etcd revision of the view.
+    pub revision: i64,
+    /// Every member registered, live or not.
+    pub members: Vec<MemberStatus>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MemberStatus {
+    pub id: String,
+    pub name: String,
+    pub addr: String,
+    /// Its weight in placement: its cache size in bytes.
+    pub weight: u64,
+    pub live: bool,
+    pub serves: bool,
+    pub this_node: bool,
+}
+
+impl ClusterStatus {
+    fn of(name: &str, m: &larder_cluster::Membership) -> ClusterStatus {
+        let view = m.view();
+        let me = m.me().id;
+        ClusterStatus {
+            name: name.to_string(),
+            node: format!("{me:016x}"),
+            node_name: m.me().name.clone(),
+            etcd_online: m.online(),
+            lease_ok: m.lease_ok(),
+            revision: view.revision,
+            members: view
+                .members
+                .values()
+                .map(|r| MemberStatus {
+                    id: format!("{:016x}", r.id),
+                    name: r.name.clone(),
+                    addr: r.addr.clone(),
+                    weight: r.weight,
+                    live: view.live.contains(&r.id),
+                    serves: r.serve,
+                    this_node: r.id == me,
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -303,6 +364,7 @@ impl StatusSource {
                     refused: n(&p.refused),
                 }
             }),
+            cluster: self.cluster.as_ref().map(|(name, m)| ClusterStatus::of(name, m)),
         }
     }
 }
@@ -466,8 +528,63 @@ pub fn run(args: StatusArgs) -> Result<()> {
             p.refused
         );
     }
+    if let Some(c) = &v.cluster {
+        let live = c.members.iter().filter(|m| m.live).count();
+        println!(
+            "{:<14} {} as {} ({}): {live} of {} members live; etcd {}{}",
+            "cluster",
+            c.name,
+            c.node_name,
+            c.node,
+            c.members.len(),
+            if c.etcd_online {
+                "online"
+            } else {
+                "away (last view kept)"
+            },
+            if c.lease_ok {
+                ""
+            } else {
+                "; liveness not renewed lately"
+            }
+        );
+    }
     for r in &v.journal.refused {
         println!("{:<14} {}", "refused", describe_refused(r));
+    }
+    Ok(())
+}
+
+/// `larder cluster members MNT`: the members of the cluster the mount is in, as its node sees them.
+pub fn members(mountpoint: &std::path::Path, json: bool) -> Result<()> {
+    let socket = mounts::socket_path(mountpoint);
+    let status = control::status(&socket)?;
+    let Some(c) = status.cluster else {
+        bail!(
+            "{} is not in a cluster (mounted without --cluster)",
+            mountpoint.display()
+        );
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+        return Ok(());
+    }
+    println!("cluster {} (view at etcd revision {})", c.name, c.revision);
+    println!(
+        "{:<16} {:<20} {:<22} {:>10} {:<5} {:<6}",
+        "id", "name", "address", "weight", "live", "serves"
+    );
+    for m in &c.members {
+        println!(
+            "{:<16} {:<20} {:<22} {:>10} {:<5} {:<6}{}",
+            m.id,
+            m.name,
+            if m.addr.is_empty() { "-" } else { &m.addr },
+            human_bytes(m.weight),
+            if m.live { "yes" } else { "no" },
+            if m.serves { "yes" } else { "no" },
+            if m.this_node { "  (this node)" } else { "" }
+        );
     }
     Ok(())
 }

@@ -284,3 +284,76 @@ fn a_node_with_a_certificate_from_another_ca_joins_but_is_served_nothing() {
     b.unmount();
     a.unmount();
 }
+
+/// `larder cluster members MNT --json`, parsed.
+fn members(m: &Mount) -> serde_json::Value {
+    let out = common::larder(&["cluster", "members", s(&m.mnt), "--json"]);
+    assert!(out.success(), "larder cluster members: {out}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+fn live_names(v: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["live"] == true)
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn members_and_their_liveness_show_in_the_status_and_cluster_members() {
+    require_fuse();
+    let etcd = Etcd::start();
+    let t = TestDir::new("cluster-members");
+    std::fs::create_dir_all(t.root().join("home")).unwrap();
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = node(&t, &etcd, &tls, "a", &[]);
+    let b = node(&t, &etcd, &tls, "b", &[]);
+    assert!(
+        common::wait_until(Duration::from_secs(5), || live_names(&members(&a)) == ["a", "b"]),
+        "a does not see both live: {}",
+        members(&a)
+    );
+    let v = members(&a);
+    assert_eq!(v["name"], "test");
+    let me: Vec<&serde_json::Value> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["this_node"] == true)
+        .collect();
+    assert_eq!(me.len(), 1);
+    assert_eq!(me[0]["name"], "a");
+    assert_eq!(v["node"], me[0]["id"]);
+    assert_eq!(me[0]["weight"].as_u64(), Some(10 << 30), "the weight is the cache size");
+    assert_eq!(a.status()["cluster"]["etcd_online"], true);
+    let human = common::larder(&["status", s(&a.mnt)]);
+    assert!(
+        human.stdout.contains("cluster") && human.stdout.contains("2 of 2 members live"),
+        "{human}"
+    );
+    // B leaves: gone from A's view at once, its record kept.
+    b.unmount();
+    assert!(
+        common::wait_until(Duration::from_secs(5), || live_names(&members(&a)) == ["a"]),
+        "b is still live after it left: {}",
+        members(&a)
+    );
+    assert_eq!(
+        members(&a)["members"].as_array().unwrap().len(),
+        2,
+        "b's record, its identity, is kept"
+    );
+    // A mount not in a cluster says so.
+    let plain_mnt = t.root().join("mnt-plain");
+    std::fs::create_dir_all(&plain_mnt).unwrap();
+    let plain = Mount::new(&t.root().join("home"), &plain_mnt, &t.root().join("cache-plain"), &[]);
+    let out = common::larder(&["cluster", "members", s(&plain.mnt)]);
+    assert!(!out.success() && out.to_string().contains("not in a cluster"), "{out}");
+    plain.unmount();
+    a.unmount();
+}
