@@ -59,6 +59,10 @@ use proto::peer_client::PeerClient as RawClient;
 use proto::peer_server::{Peer, PeerServer as RawServer};
 use proto::{Chunk, FetchRequest};
 
+/// How long a daemon's server waits for its view of the membership to admit a certificate it does not
+/// know yet (a node that has just joined) before refusing the connection.
+pub const ADMIT_GRACE: Duration = Duration::from_secs(2);
+
 /// Bytes of a unit per chunk.
 pub const CHUNK: usize = 256 << 10;
 /// The largest unit a peer may announce: more is garbage, not a unit.
@@ -352,10 +356,15 @@ pub struct PeerServer {
 impl PeerServer {
     /// Listen on `listen` (port 0: any) and serve units from `source` to the peers `admit` lets in, over
     /// mutual TLS with `tls` (which must require a client certificate: [`tls::NodeTls::server_config`]).
+    ///
+    /// A certificate `admit` refuses at the handshake is asked about again for up to `grace` before the
+    /// connection is refused: a node that has just joined may reach this one a moment before this node's
+    /// view of the membership has it ([`ADMIT_GRACE`] in a daemon; no grace in tests of refusals).
     pub fn start(
         listen: SocketAddr,
         tls: Arc<ServerConfig>,
         admit: Admit,
+        grace: Duration,
         source: Arc<dyn UnitSource>,
         stats: Arc<PeerStats>,
     ) -> std::io::Result<PeerServer> {
@@ -363,7 +372,7 @@ impl PeerServer {
             source,
             stats: stats.clone(),
         };
-        PeerServer::start_with(listen, tls, admit, stats, service)
+        PeerServer::start_with(listen, tls, admit, grace, stats, service)
     }
 
     /// Like [`PeerServer::start`], with any implementation of the protocol (tests: peers that lie).
@@ -371,6 +380,7 @@ impl PeerServer {
         listen: SocketAddr,
         tls: Arc<ServerConfig>,
         admit: Admit,
+        grace: Duration,
         stats: Arc<PeerStats>,
         service: P,
     ) -> std::io::Result<PeerServer> {
@@ -395,6 +405,7 @@ impl PeerServer {
             listener,
             TlsAcceptor::from(tls),
             admit.clone(),
+            grace,
             refusals.clone(),
             admitted,
         ));
@@ -447,6 +458,7 @@ async fn accept(
     listener: tokio::net::TcpListener,
     acceptor: TlsAcceptor,
     admit: Admit,
+    grace: Duration,
     refusals: Arc<Refusals>,
     admitted: tokio::sync::mpsc::Sender<PeerConn>,
 ) {
@@ -478,8 +490,13 @@ async fn accept(
                 Ok(p) => p,
                 Err(e) => return refusals.refuse(remote.ip().to_string(), &e.to_string()),
             };
-            if !admit(&peer) {
-                return refusals.refuse_member(remote, &peer);
+            // A node that has just joined may be here before this node's view has it: ask again, a while.
+            let deadline = tokio::time::Instant::now() + grace;
+            while !admit(&peer) {
+                if tokio::time::Instant::now() >= deadline {
+                    return refusals.refuse_member(remote, &peer);
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
             let _ = admitted
                 .send(PeerConn {

@@ -108,11 +108,22 @@ fn admit(members: &Members) -> Admit {
 
 /// A peer server on loopback with node `node`'s certificate, admitting `members`.
 fn serve(node: &NodeTls, members: &Members, source: Arc<dyn UnitSource>) -> (PeerServer, Arc<PeerStats>) {
+    serve_with_grace(node, members, source, Duration::ZERO)
+}
+
+/// The same, asking `members` again for up to `grace` about a certificate it does not admit at once.
+fn serve_with_grace(
+    node: &NodeTls,
+    members: &Members,
+    source: Arc<dyn UnitSource>,
+    grace: Duration,
+) -> (PeerServer, Arc<PeerStats>) {
     let stats = Arc::new(PeerStats::default());
     let server = PeerServer::start(
         "127.0.0.1:0".parse().unwrap(),
         node.server_config(),
         admit(members),
+        grace,
         source,
         stats.clone(),
     )
@@ -232,6 +243,7 @@ fn serve_liar(liar: Liar, node: &NodeTls, client: &NodeTls) -> PeerServer {
         "127.0.0.1:0".parse().unwrap(),
         node.server_config(),
         admit(&members(&[client])),
+        Duration::ZERO,
         Arc::new(PeerStats::default()),
         liar,
     )
@@ -590,5 +602,37 @@ fn a_garbage_or_stalled_handshake_does_not_stop_the_server_serving_others() {
         "the silent connection was closed after {took:?}"
     );
     refused_reaches(&stats, 2);
+    assert_eq!(stats.served.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_node_that_has_just_joined_is_admitted_once_the_view_has_it_within_the_grace() {
+    let certs = Certs::new();
+    let (n1, newcomer) = (certs.node("node1"), certs.node("node2"));
+    // The server's view does not have the newcomer yet; it will in 300 ms.
+    let admitted = members(&[]);
+    let (server, stats) = serve_with_grace(&n1, &admitted, one_unit(), Duration::from_secs(2));
+    let peer = member(1, &n1, server.addr());
+    let later = {
+        let admitted = admitted.clone();
+        let entry = (newcomer.name().to_string(), newcomer.fingerprint().to_string());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            admitted.lock().unwrap().push(entry);
+        })
+    };
+    let c = client(&newcomer, PeerConfig::default());
+    assert_eq!(fetch_k(&c, &peer).unwrap(), pattern(1000, 4));
+    later.join().unwrap();
+    assert_eq!(stats.refused.load(Ordering::Relaxed), 0);
+    // A stranger is still refused, once the grace is over.
+    let stranger = certs.node("stranger");
+    let started = Instant::now();
+    assert!(fetch_k(&client(&stranger, PeerConfig::default()), &peer).is_err());
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "refused before the grace ran out"
+    );
+    refused_reaches(&stats, 1);
     assert_eq!(stats.served.load(Ordering::Relaxed), 1);
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, Session, SessionACL};
 use larder_cache::{Db, Store, StoreConfig};
-use larder_cluster::peer::{Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
+use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
 use larder_cluster::{MemberRecord, Membership, MembershipConfig, NodeTls};
 use larder_fs::cluster::FsUnitSource;
 use larder_fs::tier::PeerTier;
@@ -399,8 +399,15 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
             // A peer is admitted while its certificate is a live member's, as this node's view has it now.
             let membership = c.membership.clone();
             let admit: Admit = Arc::new(move |peer| membership.view().admits(peer));
-            let server = PeerServer::start(listen, c.tls.server_config(), admit, source, c.stats.clone())
-                .map_err(|e| anyhow!("cannot serve peers at {listen}: {e}"))?;
+            let server = PeerServer::start(
+                listen,
+                c.tls.server_config(),
+                admit,
+                ADMIT_GRACE,
+                source,
+                c.stats.clone(),
+            )
+            .map_err(|e| anyhow!("cannot serve peers at {listen}: {e}"))?;
             tracing::info!(addr = %server.addr(), "serving cached units to the cluster");
             Some(server)
         }
