@@ -50,6 +50,15 @@ pub const READ_BYTES: &str = "larder_read_bytes";
 pub const READ_SECONDS: &str = "larder_read_seconds";
 pub const TIER_HITS: &str = "larder_tier_hits";
 pub const TIER_BYTES_SERVED: &str = "larder_tier_bytes_served";
+pub const PEER_FETCHES: &str = "larder_peer_fetches";
+pub const PEER_ANSWERS: &str = "larder_peer_answers";
+pub const PEER_BYTES: &str = "larder_peer_bytes";
+pub const PEER_SERVED: &str = "larder_peer_served";
+pub const PEER_SERVED_BYTES: &str = "larder_peer_served_bytes";
+pub const PEER_REFUSED: &str = "larder_peer_refused";
+pub const CLUSTER_MEMBERS: &str = "larder_cluster_members";
+pub const CLUSTER_ETCD_ONLINE: &str = "larder_cluster_etcd_online";
+pub const CLUSTER_LEASE_OK: &str = "larder_cluster_lease_ok";
 pub const ECDAL: &str = "larder_ecdal";
 pub const ECDAB: &str = "larder_ecdab";
 pub const ABD: &str = "larder_abd";
@@ -64,6 +73,18 @@ pub struct Figures<'a> {
     pub store: StoreStats,
     pub journal: JournalStats,
     pub efficiency: Efficiency,
+    /// In a cluster: the peer transport's figures, and the membership as this node sees it.
+    pub peers: Option<crate::status::PeerStatus>,
+    pub cluster: Option<ClusterFigures>,
+}
+
+/// The membership, for metrics: members live and registered, and this node's standing with etcd.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClusterFigures {
+    pub live: u64,
+    pub members: u64,
+    pub etcd_online: bool,
+    pub lease_ok: bool,
 }
 
 fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, value: impl EncodeCounterValue) -> fmt::Result {
@@ -193,6 +214,9 @@ impl Figures<'_> {
             MetricType::Counter,
         )?;
         ConstCounter::new(store.hits).encode(hits.encode_family(&[("tier", "cache")])?)?;
+        if let Some(p) = &self.peers {
+            ConstCounter::new(p.hits).encode(hits.encode_family(&[("tier", "peer")])?)?;
+        }
         ConstCounter::new(fs.home_waits).encode(hits.encode_family(&[("tier", "home")])?)?;
         let mut served = enc.encode_descriptor(
             TIER_BYTES_SERVED,
@@ -202,6 +226,61 @@ impl Figures<'_> {
         )?;
         ConstCounter::new(fs.bytes_from_cache).encode(served.encode_family(&[("tier", "cache")])?)?;
         ConstCounter::new(fs.bytes_from_home).encode(served.encode_family(&[("tier", "home")])?)?;
+        if let Some(p) = &self.peers {
+            counter(enc, PEER_FETCHES, "Units asked of peers.", p.fetches)?;
+            let mut answers = enc.encode_descriptor(
+                PEER_ANSWERS,
+                "Answers to units asked of peers: hit, miss (not held, another version), failure \
+                 (unreachable, timed out, refused, corrupt), corrupt (among the failures), skipped (breaker open).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (result, n) in [
+                ("hit", p.hits),
+                ("miss", p.misses),
+                ("failure", p.failures),
+                ("corrupt", p.corrupt),
+                ("skipped", p.skipped),
+            ] {
+                ConstCounter::new(n).encode(answers.encode_family(&[("result", result)])?)?;
+            }
+            counter(enc, PEER_BYTES, "Bytes of units got from peers.", p.bytes)?;
+            counter(enc, PEER_SERVED, "Units served to peers.", p.served)?;
+            counter(
+                enc,
+                PEER_SERVED_BYTES,
+                "Bytes of units served to peers.",
+                p.served_bytes,
+            )?;
+            counter(
+                enc,
+                PEER_REFUSED,
+                "Peer connections and calls refused (failed TLS handshakes, certificates not a live member's).",
+                p.refused,
+            )?;
+        }
+        if let Some(c) = &self.cluster {
+            let mut members = enc.encode_descriptor(
+                CLUSTER_MEMBERS,
+                "Cluster members in this node's view.",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(c.live as i64).encode(members.encode_family(&[("state", "live")])?)?;
+            ConstGauge::new(c.members as i64).encode(members.encode_family(&[("state", "registered")])?)?;
+            gauge(
+                enc,
+                CLUSTER_ETCD_ONLINE,
+                "1 while etcd answers this node.",
+                c.etcd_online as i64,
+            )?;
+            gauge(
+                enc,
+                CLUSTER_LEASE_OK,
+                "1 while this node renewed its liveness within half its lease.",
+                c.lease_ok as i64,
+            )?;
+        }
         // The ratios are left out until they are defined.
         for (name, help, value) in [
             (
@@ -248,6 +327,16 @@ impl Collector for LarderCollector {
             store,
             journal: self.0.fs.journal_stats(),
             efficiency: Efficiency::of(&fs, &store, abd),
+            peers: self.0.peer_status(),
+            cluster: self.0.cluster.as_ref().map(|(_, m)| {
+                let view = m.view();
+                ClusterFigures {
+                    live: view.live.len() as u64,
+                    members: view.members.len() as u64,
+                    etcd_online: m.online(),
+                    lease_ok: m.lease_ok(),
+                }
+            }),
         }
         .encode(enc)
     }
@@ -306,6 +395,8 @@ mod tests {
         fs: FsStats,
         store: StoreStats,
         journal: JournalStats,
+        peers: Option<crate::status::PeerStatus>,
+        cluster: Option<ClusterFigures>,
     }
 
     impl Collector for Fixed {
@@ -316,6 +407,8 @@ mod tests {
                 store: self.store,
                 journal: self.journal,
                 efficiency: Efficiency::of(&self.fs, &self.store, None),
+                peers: self.peers,
+                cluster: self.cluster,
             }
             .encode(enc)
         }
@@ -387,6 +480,58 @@ mod tests {
         assert_eq!(value(&text, "larder_ecdab"), Some(3.0), "{text}");
         assert!(!text.contains("larder_abd"), "abd is undefined yet:\n{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_cluster_nodes_peers_and_members_are_exposed_and_a_lone_nodes_are_not() {
+        let peers = crate::status::PeerStatus {
+            fetches: 10,
+            hits: 6,
+            misses: 2,
+            failures: 2,
+            corrupt: 1,
+            skipped: 3,
+            bytes: 6 << 20,
+            served: 5,
+            served_bytes: 5 << 20,
+            refused: 4,
+        };
+        let cluster = ClusterFigures {
+            live: 2,
+            members: 3,
+            etcd_online: true,
+            lease_ok: false,
+        };
+        let text = exposition(Fixed {
+            peers: Some(peers),
+            cluster: Some(cluster),
+            ..Fixed::default()
+        });
+        for (name, want) in [
+            ("larder_peer_fetches_total", 10.0),
+            ("larder_peer_answers_total{result=\"hit\"}", 6.0),
+            ("larder_peer_answers_total{result=\"miss\"}", 2.0),
+            ("larder_peer_answers_total{result=\"failure\"}", 2.0),
+            ("larder_peer_answers_total{result=\"corrupt\"}", 1.0),
+            ("larder_peer_answers_total{result=\"skipped\"}", 3.0),
+            ("larder_peer_bytes_total", (6 << 20) as f64),
+            ("larder_peer_served_total", 5.0),
+            ("larder_peer_served_bytes_total", (5 << 20) as f64),
+            ("larder_peer_refused_total", 4.0),
+            ("larder_tier_hits_total{tier=\"peer\"}", 6.0),
+            ("larder_cluster_members{state=\"live\"}", 2.0),
+            ("larder_cluster_members{state=\"registered\"}", 3.0),
+            ("larder_cluster_etcd_online", 1.0),
+            ("larder_cluster_lease_ok", 0.0),
+        ] {
+            assert_eq!(value(&text, name), Some(want), "{name}:\n{text}");
+        }
+        let lone = exposition(Fixed::default());
+        assert!(
+            !lone.contains("larder_peer") && !lone.contains("larder_cluster"),
+            "{lone}"
+        );
+        assert!(!lone.contains("tier=\"peer\""), "{lone}");
     }
 
     #[test]

@@ -159,6 +159,9 @@ pub struct PeerStatus {
     pub failures: u64,
     pub corrupt: u64,
     pub skipped: u64,
+    /// Bytes of the units got from peers.
+    #[serde(default)]
+    pub bytes: u64,
     /// Units served to peers, and their bytes.
     pub served: u64,
     pub served_bytes: u64,
@@ -350,22 +353,30 @@ impl StatusSource {
                 dirty_files: fs.dirty_files,
                 readahead_blocks: fs.readahead_blocks,
             },
-            peers: self.peers.as_ref().map(|p| {
-                let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-                PeerStatus {
-                    fetches: n(&p.fetches),
-                    hits: n(&p.hits),
-                    misses: n(&p.misses),
-                    failures: n(&p.failures),
-                    corrupt: n(&p.corrupt),
-                    skipped: n(&p.skipped),
-                    served: n(&p.served),
-                    served_bytes: n(&p.served_bytes),
-                    refused: n(&p.refused),
-                }
-            }),
+            peers: self.peer_status(),
             cluster: self.cluster.as_ref().map(|(name, m)| ClusterStatus::of(name, m)),
         }
+    }
+}
+
+impl StatusSource {
+    /// The peer transport's figures now, in a cluster.
+    pub fn peer_status(&self) -> Option<PeerStatus> {
+        self.peers.as_ref().map(|p| {
+            let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            PeerStatus {
+                fetches: n(&p.fetches),
+                hits: n(&p.hits),
+                misses: n(&p.misses),
+                failures: n(&p.failures),
+                corrupt: n(&p.corrupt),
+                skipped: n(&p.skipped),
+                bytes: n(&p.bytes),
+                served: n(&p.served),
+                served_bytes: n(&p.served_bytes),
+                refused: n(&p.refused),
+            }
+        })
     }
 }
 
