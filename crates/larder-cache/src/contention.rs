@@ -4,7 +4,9 @@
 //! do the same for a reader-writer lock: readers never wait for each other, only for a writer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{
+    LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, TryLockResult,
+};
 use std::time::Instant;
 
 static WAITS: AtomicU64 = AtomicU64::new(0);
@@ -13,49 +15,33 @@ static WAIT_NS: AtomicU64 = AtomicU64::new(0);
 /// Lock `m`, counting the wait if it is held; a poisoned lock is taken as it is (its holder panicked,
 /// the state it guards is still consistent at every unlock point).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.try_lock() {
-        Ok(g) => g,
-        Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(TryLockError::WouldBlock) => {
-            let start = Instant::now();
-            let g = m.lock().unwrap_or_else(|p| p.into_inner());
-            counted(start);
-            g
-        }
-    }
+    take(|| m.try_lock(), || m.lock())
 }
 
 /// Share `l` with other readers, counting the wait if a writer holds it (or waits for it).
 pub fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    match l.try_read() {
-        Ok(g) => g,
-        Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(TryLockError::WouldBlock) => {
-            let start = Instant::now();
-            let g = l.read().unwrap_or_else(|p| p.into_inner());
-            counted(start);
-            g
-        }
-    }
+    take(|| l.try_read(), || l.read())
 }
 
 /// Take `l` alone, counting the wait if anyone holds it.
 pub fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    match l.try_write() {
+    take(|| l.try_write(), || l.write())
+}
+
+/// The guard `try_take` gives at once, else the one `wait` waits for, with the wait counted; poison is
+/// ignored (see [`lock`]).
+fn take<G>(try_take: impl FnOnce() -> TryLockResult<G>, wait: impl FnOnce() -> LockResult<G>) -> G {
+    match try_take() {
         Ok(g) => g,
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => {
             let start = Instant::now();
-            let g = l.write().unwrap_or_else(|p| p.into_inner());
-            counted(start);
+            let g = wait().unwrap_or_else(|p| p.into_inner());
+            WAITS.fetch_add(1, Ordering::Relaxed);
+            WAIT_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
             g
         }
     }
-}
-
-fn counted(start: Instant) {
-    WAITS.fetch_add(1, Ordering::Relaxed);
-    WAIT_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
 /// Waits for a held lock so far, and the nanoseconds spent in them.
