@@ -137,7 +137,7 @@ impl Fs {
     /// `empty`, `ino` is a directory with no entries: what a check made before the namespace-change lock was
     /// taken found, still true under it.
     fn still_bound(&self, parent: u64, name: &OsStr, ino: Option<u64>, empty: bool) -> bool {
-        let ns = write(&self.ns);
+        let ns = read(&self.ns);
         let now = ns.bound(parent, name);
         let empty_ok = !empty || ino.is_none_or(|i| ns.inodes.get(&i).is_some_and(|n| n.children.is_empty()));
         now == ino && empty_ok
@@ -147,7 +147,7 @@ impl Fs {
     /// directory) is empty. May ask home.
     fn removable(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<u64> {
         let child = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
-        let kind = write(&self.ns).inode(child)?.kind;
+        let kind = read(&self.ns).inode(child)?.kind;
         match (dir, kind == FileKind::Dir) {
             (true, false) => return Err(FsError::NotDir),
             (false, true) => return Err(FsError::IsDir),
@@ -178,11 +178,11 @@ impl Fs {
         if dst == Some(src) {
             return Ok(None);
         }
-        let src_kind = write(&self.ns).inode(src)?.kind;
+        let src_kind = read(&self.ns).inode(src)?.kind;
         if let Some(d) = dst
             && !flags.exchange
         {
-            let dst_kind = write(&self.ns).inode(d)?.kind;
+            let dst_kind = read(&self.ns).inode(d)?.kind;
             match (src_kind == FileKind::Dir, dst_kind == FileKind::Dir) {
                 (true, false) => return Err(FsError::NotDir),
                 (false, true) => return Err(FsError::IsDir),
@@ -430,7 +430,7 @@ impl Fs {
         let Some((src, dst)) = found else {
             return Ok(());
         };
-        let src_kind = write(&self.ns).inode(src)?.kind;
+        let src_kind = read(&self.ns).inode(src)?.kind;
         let mut ns = write(&self.ns);
         // A directory may not move into its own subtree.
         let mut cur = new_parent;
@@ -518,7 +518,7 @@ impl Fs {
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
         self.writable()?;
         let (kind, flush_lock, write_lock) = {
-            let ns = write(&self.ns);
+            let ns = read(&self.ns);
             let node = ns.inode(ino)?;
             (node.kind, node.flush_lock.clone(), node.write_lock.clone())
         };
@@ -652,7 +652,7 @@ impl Fs {
             return Ok(());
         }
         // Files still open hold dirty data no close has queued yet: queue it, so the flushers can free room.
-        let dirty: Vec<u64> = write(&self.ns)
+        let dirty: Vec<u64> = read(&self.ns)
             .inodes
             .iter()
             .filter(|(_, n)| !n.dirty.is_empty() && !n.removed)

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use larder_home::{FileKind, HomeError, Version};
 
-use crate::namespace::{Fs, lock, write};
+use crate::namespace::{Fs, lock, read};
 use crate::{FsError, FsResult};
 
 /// Most of the cache that pinned files may take: the rest stays for everything else.
@@ -111,7 +111,7 @@ impl Fs {
     #[allow(clippy::type_complexity)]
     fn want(&self, slot: usize, ino: u64) -> FsResult<(Option<(u64, u64)>, Option<Want>)> {
         let path = {
-            let ns = write(&self.ns);
+            let ns = read(&self.ns);
             if ns.inode(ino)?.kind == FileKind::File {
                 self.revalidation_path(&ns, ino)?
             } else {
@@ -121,7 +121,7 @@ impl Fs {
         if let Some(path) = path {
             self.revalidate(ino, &path)?;
         }
-        let ns = write(&self.ns);
+        let ns = read(&self.ns);
         let node = ns.inode(ino)?;
         if node.kind != FileKind::File {
             return Ok((None, None));
@@ -166,7 +166,7 @@ impl Fs {
         for &ino in inos {
             let r = (|| {
                 let (object, size, kind) = {
-                    let ns = write(&self.ns);
+                    let ns = read(&self.ns);
                     let node = ns.inode(ino)?;
                     let size = node.attr.as_ref().map_or(0, |a| a.size);
                     (node.object, size, node.kind)
@@ -211,7 +211,7 @@ impl Fs {
         inos.iter()
             .map(|&ino| {
                 let (object, size, kind) = {
-                    let ns = write(&self.ns);
+                    let ns = read(&self.ns);
                     let node = ns.inode(ino)?;
                     (node.object, node.attr.as_ref().map_or(0, |a| a.size), node.kind)
                 };

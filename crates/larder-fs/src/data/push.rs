@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use larder_home::HomeError;
 
 use super::{add_range, blocks_of, subtract};
-use crate::namespace::{Fs, lock, write};
+use crate::namespace::{Fs, lock, read, write};
 use crate::{FsError, FsResult};
 
 impl Fs {
@@ -14,7 +14,7 @@ impl Fs {
     /// With `force`, home's version is overwritten whatever it is; otherwise a version other than the one
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
-        let write_lock = write(&self.ns).inode(ino)?.write_lock.clone();
+        let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
         let (ranges, size, object, path, base, file, mtime, record) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);

@@ -80,7 +80,7 @@ impl Fs {
 
     /// The cached blocks of `ino` as byte ranges, and whether they cover all of it.
     pub(super) fn present_ranges(&self, ino: u64) -> FsResult<(u64, Vec<std::ops::Range<u64>>, u64, bool)> {
-        let ns = write(&self.ns);
+        let ns = read(&self.ns);
         let node = ns.inode(ino)?;
         let size = node.attr.as_ref().map_or(0, |a| a.size);
         let bs = self.core.store.block_size();
@@ -156,7 +156,7 @@ impl Fs {
             ConflictPolicy::KeepBoth => {
                 let aside = self.conflict_path(path);
                 let written = self.present_ranges(ino).and_then(|(object, ranges, size, complete)| {
-                    let perm = write(&self.ns).inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
+                    let perm = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
                     let file = self.core.store.file(object)?;
                     self.core.home.create(&aside, perm, Owner::default())?;
                     self.core.home.write(&aside, &file, &ranges, size, None, None)?;

@@ -14,7 +14,7 @@ use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, HomeError, Owner, SetAttr, TimeSet, Version};
 
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, lock, write};
+use crate::namespace::{Fs, lock, read, write};
 use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, RefusedChange, WriteMode};
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
@@ -369,7 +369,7 @@ impl Fs {
         {
             return attr;
         }
-        let local = write(&self.ns)
+        let local = read(&self.ns)
             .inode(op.ino)
             .ok()
             .and_then(|n| n.attr.as_ref().map(|a| a.mtime));
@@ -413,7 +413,7 @@ impl Fs {
         dirs.dedup();
         for dir in dirs {
             let (path, mtime) = {
-                let ns = write(&self.ns);
+                let ns = read(&self.ns);
                 if !self.pipeline.journal().dir_settled(dir) {
                     continue;
                 }

@@ -9,7 +9,7 @@ use larder_home::{HomeAttr, HomeError, RenameFlags, SetAttr, TimeSet, unreachabl
 use super::{COMPARE_MAX, Outcome, os, owner_of};
 use crate::FsError;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Namespace, lock, write};
+use crate::namespace::{Fs, Namespace, lock, read, write};
 use crate::record::from_ns;
 
 impl Fs {
@@ -240,7 +240,7 @@ impl Fs {
                 return Outcome::Done;
             }
         }
-        let flush_lock = match write(&self.ns).inode(op.ino) {
+        let flush_lock = match read(&self.ns).inode(op.ino) {
             Ok(n) => n.flush_lock.clone(),
             Err(_) => return Outcome::Done,
         };
@@ -271,7 +271,7 @@ impl Fs {
     /// Home's attributes if so.
     pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
         let (ranges, size, object) = {
-            let ns = write(&self.ns);
+            let ns = read(&self.ns);
             let Ok(node) = ns.inode(ino) else { return None };
             match &node.unconfirmed {
                 Some(a) => (a.ranges.clone(), a.size, node.object),

@@ -269,7 +269,7 @@ impl Fs {
                 Err(FsError::NotFound)
             }
             Err(e) if unreachable(&e) => {
-                let ns = write(&self.ns);
+                let ns = read(&self.ns);
                 if ns.inode(ino)?.attr.is_some() {
                     return self.entry(&ns, ino);
                 }
@@ -282,7 +282,7 @@ impl Fs {
     /// Read the target of a symlink.
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let path = {
-            let ns = write(&self.ns);
+            let ns = read(&self.ns);
             let node = ns.inode(ino)?;
             if node.kind != FileKind::Symlink {
                 return Err(FsError::Invalid);
