@@ -25,3 +25,13 @@ pub use identity::{IdentityError, node_id};
 pub use membership::{MemberRecord, Membership, MembershipConfig, MembershipError, View};
 pub use placement::{Member, MemberId, Placement, UnitDigest};
 pub use tls::{NodeTls, Peer, TlsError, fingerprint};
+
+/// A small tokio runtime of the cluster's own, `threads` workers named `name`: the membership, the peer
+/// server and the peer client each run one, so that their callers stay synchronous.
+pub(crate) fn runtime(threads: usize, name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+}

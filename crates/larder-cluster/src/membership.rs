@@ -362,12 +362,7 @@ impl Membership {
         {
             return Err(MembershipError::BadName(cfg.cluster.clone()));
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("larder-members")
-            .enable_all()
-            .build()
-            .map_err(MembershipError::Runtime)?;
+        let runtime = crate::runtime(1, "larder-members").map_err(MembershipError::Runtime)?;
         let shared = Arc::new(Shared {
             cfg,
             me,

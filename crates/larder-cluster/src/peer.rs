@@ -204,15 +204,14 @@ impl Peer for Service {
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<ChunkStream>, Status> {
         let req = request.into_inner();
         let source = self.source.clone();
-        let asked = req.clone();
+        let unit_digest = digest(&req.key);
         let unit = tokio::task::spawn_blocking(move || {
-            let digest = digest(&asked.key);
             source.unit(&Ask {
-                key: &asked.key,
-                digest: &digest,
-                path: &asked.path,
-                index: asked.index,
-                forward: asked.forward,
+                key: &req.key,
+                digest: &unit_digest,
+                path: &req.path,
+                index: req.index,
+                forward: req.forward,
             })
         })
         .await
@@ -226,7 +225,7 @@ impl Peer for Service {
         };
         self.stats.served.fetch_add(1, Ordering::Relaxed);
         self.stats.served_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-        let d = Bytes::copy_from_slice(&digest(&req.key));
+        let d = Bytes::copy_from_slice(&unit_digest);
         let (total, crc) = (data.len() as u64, crc32c::crc32c(&data));
         let chunks: Vec<Result<Chunk, Status>> = (0..data.len().max(1))
             .step_by(CHUNK)
@@ -240,17 +239,7 @@ impl Peer for Service {
                 })
             })
             .collect();
-        Ok(Response::new(Box::pin(Iter(chunks.into_iter()))))
-    }
-}
-
-/// A stream over a list already made.
-struct Iter(std::vec::IntoIter<Result<Chunk, Status>>);
-
-impl futures::Stream for Iter {
-    type Item = Result<Chunk, Status>;
-    fn poll_next(mut self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
-        std::task::Poll::Ready(self.0.next())
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 }
 
@@ -384,11 +373,7 @@ impl PeerServer {
         stats: Arc<PeerStats>,
         service: P,
     ) -> std::io::Result<PeerServer> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("larder-peer-serve")
-            .enable_all()
-            .build()?;
+        let runtime = crate::runtime(2, "larder-peer-serve")?;
         let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -567,11 +552,7 @@ impl PeerClient {
         tls: Arc<ClientConfig>,
         stats: Arc<PeerStats>,
     ) -> std::io::Result<PeerClient> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("larder-peer-ask")
-            .enable_all()
-            .build()?;
+        let runtime = crate::runtime(2, "larder-peer-ask")?;
         Ok(PeerClient {
             cfg,
             runtime,
