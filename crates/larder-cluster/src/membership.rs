@@ -53,6 +53,8 @@ pub struct View {
     pub live: BTreeSet<MemberId>,
     /// The etcd revision this view reflects.
     pub revision: i64,
+    /// The placement over the live members that serve, made once when the view is published.
+    placement: Arc<Placement>,
 }
 
 impl View {
@@ -74,11 +76,8 @@ impl View {
     }
 
     /// The placement over the live members that serve.
-    pub fn placement(&self) -> Placement {
-        Placement::new(self.serving().map(|r| Member {
-            id: r.id,
-            weight: r.weight,
-        }))
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 }
 
@@ -264,7 +263,11 @@ impl Shared {
         }
     }
 
-    fn publish(&self, view: View) {
+    fn publish(&self, mut view: View) {
+        view.placement = Arc::new(Placement::new(view.serving().map(|r| Member {
+            id: r.id,
+            weight: r.weight,
+        })));
         *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
     }
 

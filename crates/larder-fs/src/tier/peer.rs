@@ -8,10 +8,10 @@
 //! never asks peers in turn.
 
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use larder_cluster::Membership;
 use larder_cluster::peer::{Ask, PeerClient};
-use larder_cluster::{Membership, Placement};
 
 use super::{Tier, TierError, Unit, Want};
 use crate::key::Part;
@@ -23,25 +23,11 @@ const ASK: usize = 2;
 pub struct PeerTier {
     membership: Arc<Membership>,
     client: Arc<PeerClient>,
-    /// The placement of the last view seen, by the view's revision.
-    placement: Mutex<(i64, Arc<Placement>)>,
 }
 
 impl PeerTier {
     pub fn new(membership: Arc<Membership>, client: Arc<PeerClient>) -> PeerTier {
-        PeerTier {
-            membership,
-            client,
-            placement: Mutex::new((-1, Arc::new(Placement::default()))),
-        }
-    }
-
-    fn placement(&self, revision: i64, make: impl FnOnce() -> Placement) -> Arc<Placement> {
-        let mut p = crate::namespace::lock(&self.placement);
-        if p.0 != revision {
-            *p = (revision, Arc::new(make()));
-        }
-        p.1.clone()
+        PeerTier { membership, client }
     }
 }
 
@@ -59,14 +45,13 @@ impl Tier for PeerTier {
             return Ok(None);
         }
         let view = self.membership.view();
-        let placement = self.placement(view.revision, || view.placement());
         let me = self.membership.me().id;
         let key = want.key.encode();
         let index = match want.key.part {
             Part::Block { index, .. } => index,
             Part::Whole { .. } => 0,
         };
-        for (rank, id) in placement.candidates(&want.digest.0, ASK).into_iter().enumerate() {
+        for (rank, id) in view.placement().candidates(&want.digest.0, ASK).into_iter().enumerate() {
             if id == me {
                 if rank == 0 {
                     // This node owns the unit: home is next, and the unit is kept here for the others.
@@ -83,7 +68,8 @@ impl Tier for PeerTier {
                 forward: rank == 0,
             };
             match self.client.fetch(peer, &ask) {
-                Ok(bytes) => return Ok(Some(Unit::new(want.digest, Arc::new(bytes.to_vec())))),
+                // The unit's buffer is the client's own: taken over, not copied.
+                Ok(bytes) => return Ok(Some(Unit::new(want.digest, Arc::new(Vec::from(bytes))))),
                 Err(e) => tracing::debug!(peer = %peer.name, key = %want.digest, error = %e, "a peer had nothing"),
             }
         }
