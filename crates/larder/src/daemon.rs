@@ -235,16 +235,10 @@ fn forward_invalidations(fs: &Arc<Fs>, notifier: fuser::Notifier) {
     }
 }
 
+/// This host's name as one word (for conflict copies' names): `_` for anything but letters, digits and
+/// `-`, and `localhost` when it cannot be had.
 fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it on success.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(0);
-    let name = if ok {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::new()
-    };
+    let name = crate::cluster::host_name().unwrap_or_default();
     let clean: String = name
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
