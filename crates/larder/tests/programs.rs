@@ -76,11 +76,12 @@ fn integrity(db: &Path) -> (String, u64) {
 /// `writers` processes at once, each running `txns` `sqlite3` processes one after another, each
 /// committing one transaction of `rows` rows to one database in WAL mode. Every process opens and closes
 /// the database, so the last one out removes `-wal` and `-shm` and the next one makes them again, while
-/// the other writer has the database open.
+/// the other writer has the database open. The creating process waits for locks too: a reader may
+/// already have the new file open, and switching to WAL needs it alone.
 fn wal_workload(db: &Path, writers: u32, txns: u32, rows: u32) {
     sqlite(
         db,
-        "PRAGMA journal_mode=WAL;\nCREATE TABLE t(writer INTEGER, txn INTEGER, row INTEGER, payload TEXT);\n",
+        "PRAGMA busy_timeout=60000;\nPRAGMA journal_mode=WAL;\nCREATE TABLE t(writer INTEGER, txn INTEGER, row INTEGER, payload TEXT);\n",
     )
     .expect("create the database");
     let handles: Vec<_> = (0..writers)
@@ -196,7 +197,7 @@ fn sqlite_wal_three_writers_and_a_reader_on_a_local_mount() {
             // Readers map the database file.
             sqlite(
                 &db,
-                "PRAGMA journal_mode=WAL;\nCREATE TABLE t(writer, txn, row, payload);\n",
+                "PRAGMA busy_timeout=60000;\nPRAGMA journal_mode=WAL;\nCREATE TABLE t(writer, txn, row, payload);\n",
             )
             .expect("create");
             let handles: Vec<_> = (0..writers)
