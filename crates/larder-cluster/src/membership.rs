@@ -44,6 +44,18 @@ pub struct MemberRecord {
     pub serve: bool,
 }
 
+/// What a live member says of itself now, in its liveness key: changes while it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Liveness {
+    /// Bytes its cache could take without evicting.
+    #[serde(default)]
+    pub free: u64,
+    /// It is handing its units over before it goes: it owns nothing new, and is still asked for what it
+    /// holds.
+    #[serde(default)]
+    pub leaving: bool,
+}
+
 /// What a node knows of the cluster at one moment.
 #[derive(Clone, Debug, Default)]
 pub struct View {
@@ -51,17 +63,23 @@ pub struct View {
     pub members: BTreeMap<MemberId, MemberRecord>,
     /// The ids whose liveness key exists.
     pub live: BTreeSet<MemberId>,
+    /// What each live member last said of itself.
+    pub liveness: BTreeMap<MemberId, Liveness>,
     /// The etcd revision this view reflects.
     pub revision: i64,
     /// The placement over the live members that serve, made once when the view is published.
     placement: Arc<Placement>,
+    /// The placements this one replaced within the hint window, newest first, each with when it was
+    /// replaced: a unit's previous owners still hold it for a while after a change.
+    replaced: Vec<(Arc<Placement>, Instant)>,
 }
 
 impl View {
-    /// The live members that serve, with their records.
+    /// The live members that serve and are not leaving, with their records: those that own units.
     pub fn serving(&self) -> impl Iterator<Item = &MemberRecord> {
         self.live
             .iter()
+            .filter(|id| !self.liveness.get(id).is_some_and(|l| l.leaving))
             .filter_map(|id| self.members.get(id))
             .filter(|r| r.serve)
     }
@@ -79,7 +97,56 @@ impl View {
     pub fn placement(&self) -> &Placement {
         &self.placement
     }
+
+    /// Hints (as in Coopc-PVFS): the members that owned `unit` under the placements replaced within the
+    /// hint window and own it no longer, newest first, each once, live ones only (a member that is
+    /// leaving still counts: it is handing its units over). They may still hold it when its new owner
+    /// does not yet.
+    pub fn previous_owners(&self, unit: &crate::placement::UnitDigest) -> Vec<MemberId> {
+        let now = self.placement.owner(unit);
+        let mut out = Vec::new();
+        for (placement, _) in &self.replaced {
+            if let Some(id) = placement.owner(unit)
+                && Some(id) != now
+                && !out.contains(&id)
+                && self.live.contains(&id)
+            {
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// This view with its placement made over its members now, and the placement of `before` (the view it
+    /// replaces) kept as a hint if it differs, for `hint_for` from `now`. A node's first view has no
+    /// view before it: the placement before it joined, over the others, is the hint then.
+    fn placed(mut self, before: &View, me: MemberId, hint_for: Duration, now: Instant) -> View {
+        let placement = Placement::new(self.serving().map(|r| Member {
+            id: r.id,
+            weight: r.weight,
+        }));
+        let previous = if before.revision == 0 && before.placement.is_empty() {
+            Arc::new(Placement::new(self.serving().filter(|r| r.id != me).map(|r| Member {
+                id: r.id,
+                weight: r.weight,
+            })))
+        } else {
+            before.placement.clone()
+        };
+        self.replaced = before.replaced.clone();
+        if placement != *previous && !previous.is_empty() {
+            self.replaced.insert(0, (previous, now));
+        }
+        self.replaced
+            .retain(|(_, at)| now.saturating_duration_since(*at) < hint_for);
+        self.replaced.truncate(MAX_HINTS);
+        self.placement = Arc::new(placement);
+        self
+    }
 }
+
+/// Replaced placements kept as hints at most: a unit's last few owners.
+const MAX_HINTS: usize = 4;
 
 /// Where the cluster's coordination lives, and how liveness is kept.
 #[derive(Clone, Debug)]
@@ -94,6 +161,9 @@ pub struct MembershipConfig {
     pub renew_every: Duration,
     /// How long one etcd call may take before it counts as failed.
     pub timeout: Duration,
+    /// How long after a membership change a unit's previous owner is still asked for it (a hint)
+    /// before home.
+    pub hint_for: Duration,
 }
 
 impl MembershipConfig {
@@ -104,6 +174,7 @@ impl MembershipConfig {
             ttl: Duration::from_secs(10),
             renew_every: Duration::from_secs(3),
             timeout: Duration::from_secs(2),
+            hint_for: Duration::from_secs(600),
         }
     }
 
@@ -153,6 +224,9 @@ struct Shared {
     stop: AtomicBool,
     /// The lease this node's liveness key is under now (0: none).
     lease: AtomicU64,
+    /// What this node says of itself in its liveness key, and a wake-up for the keeper to say it again.
+    said: std::sync::Mutex<Liveness>,
+    resay: tokio::sync::Notify,
 }
 
 /// This node's membership: its registration, kept alive, and its view of the others.
@@ -206,17 +280,20 @@ impl Shared {
         .await?;
         let ttl = self.cfg.ttl.as_secs().max(1) as i64;
         let lease = timed(&self.cfg, "a lease", client.lease_grant(ttl, None)).await?.id();
-        let opts = PutOptions::new().with_lease(lease);
-        let live = self.cfg.live_key(self.me.id);
-        timed(
-            &self.cfg,
-            "the liveness key",
-            client.put(live, self.me.id.to_string(), Some(opts)),
-        )
-        .await?;
+        self.say(client, lease).await?;
         self.lease.store(lease as u64, Ordering::SeqCst);
         self.renewed_ms.store(now_ms(), Ordering::SeqCst);
         Ok(lease)
+    }
+
+    /// Write this node's liveness key, under `lease`, with what it says of itself now.
+    async fn say(&self, client: &mut Client, lease: i64) -> Result<(), MembershipError> {
+        let said = *self.said.lock().unwrap_or_else(|p| p.into_inner());
+        let value = serde_json::to_vec(&said).expect("liveness serialises");
+        let opts = PutOptions::new().with_lease(lease);
+        let live = self.cfg.live_key(self.me.id);
+        timed(&self.cfg, "the liveness key", client.put(live, value, Some(opts))).await?;
+        Ok(())
     }
 
     /// Read every record and liveness key; the new view.
@@ -255,20 +332,21 @@ impl Shared {
                 }
             }
         } else if let Some(id) = rest.strip_prefix(b"live/").and_then(parse) {
-            if value.is_some() {
+            if let Some(value) = value {
                 view.live.insert(id);
+                // Nodes of an earlier make wrote their id alone: live, nothing more said.
+                view.liveness
+                    .insert(id, serde_json::from_slice(value).unwrap_or_default());
             } else {
                 view.live.remove(&id);
+                view.liveness.remove(&id);
             }
         }
     }
 
-    fn publish(&self, mut view: View) {
-        view.placement = Arc::new(Placement::new(view.serving().map(|r| Member {
-            id: r.id,
-            weight: r.weight,
-        })));
-        *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
+    fn publish(&self, view: View) {
+        let mut current = self.view.write().unwrap_or_else(|p| p.into_inner());
+        *current = Arc::new(view.placed(&current, self.me.id, self.cfg.hint_for, Instant::now()));
     }
 
     /// The keeper: renew, watch, and on any failure wait a moment, connect again, register again and
@@ -321,6 +399,7 @@ impl Shared {
                 return Ok(());
             }
             tokio::select! {
+                _ = self.resay.notified() => self.say(client, lease).await?,
                 _ = tick.tick() => {
                     timed(&self.cfg, "keep-alive", keeper.keep_alive()).await?;
                     match timed(&self.cfg, "keep-alive", acks.message()).await? {
@@ -374,6 +453,8 @@ impl Membership {
             online: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             lease: AtomicU64::new(0),
+            said: std::sync::Mutex::new(Liveness::default()),
+            resay: tokio::sync::Notify::new(),
         });
         let (client, lease, revision) = runtime.block_on(async {
             let mut client = shared.connect().await?;
@@ -408,6 +489,32 @@ impl Membership {
     pub fn lease_ok(&self) -> bool {
         let age = now_ms().saturating_sub(self.shared.renewed_ms.load(Ordering::SeqCst));
         Duration::from_millis(age) < self.shared.cfg.ttl / 2
+    }
+
+    /// Say how much its cache could take without evicting. Written to etcd by the background task once it
+    /// moved by a hundredth of the node's weight since last said, so a busy cache does not write to etcd
+    /// at every fill.
+    pub fn say_free(&self, free: u64) {
+        let mut said = self.shared.said.lock().unwrap_or_else(|p| p.into_inner());
+        if free.abs_diff(said.free) >= (self.shared.me.weight / 100).max(1) {
+            said.free = free;
+            self.shared.resay.notify_one();
+        }
+    }
+
+    /// Say that this node is leaving: it owns nothing new from now on (once the others' views have it),
+    /// and is still asked for what it holds. Written to etcd at once; [`Membership::heard`] tells when
+    /// it is there.
+    pub fn start_leaving(&self) {
+        self.shared.said.lock().unwrap_or_else(|p| p.into_inner()).leaving = true;
+        self.shared.resay.notify_one();
+    }
+
+    /// Whether this node's view shows it as it said it is (its last [`Membership::say`] is in etcd and
+    /// came back through the watch).
+    pub fn heard(&self) -> bool {
+        let said = *self.shared.said.lock().unwrap_or_else(|p| p.into_inner());
+        self.view().liveness.get(&self.shared.me.id) == Some(&said)
     }
 
     /// Leave: stop renewing and remove this node's liveness at once (its record stays: it is who the node
@@ -467,6 +574,123 @@ mod tests {
             name: name.into(),
             fingerprint: fingerprint.into(),
         }
+    }
+
+    /// A view of serving members `ids`, all live, of weight 1, placed after `before` at `at`.
+    fn view_of(ids: &[MemberId], before: &View, at: Instant) -> View {
+        let mut view = View::default();
+        for &id in ids {
+            let mut r = record(id, &format!("n{id}"), "f");
+            r.serve = true;
+            view.members.insert(id, r);
+            view.live.insert(id);
+        }
+        view.placed(before, 0, Duration::from_secs(60), at)
+    }
+
+    fn digest(i: u32) -> crate::placement::UnitDigest {
+        crate::peer::digest(&i.to_le_bytes())
+    }
+
+    #[test]
+    fn after_a_join_the_previous_owner_of_each_moved_unit_is_a_hint_until_the_window_ends() {
+        let t0 = Instant::now();
+        let three = view_of(&[1, 2, 3], &View::default(), t0);
+        assert!(
+            (0..1000).all(|i| three.previous_owners(&digest(i)).is_empty()),
+            "a first view has no hints"
+        );
+        let four = view_of(&[1, 2, 3, 4], &three, t0 + Duration::from_secs(1));
+        let mut moved = 0;
+        for i in 0..1000 {
+            let d = digest(i);
+            let (was, is) = (three.placement().owner(&d), four.placement().owner(&d));
+            let hints = four.previous_owners(&d);
+            if was == is {
+                assert!(hints.is_empty(), "unit {i} did not move, yet hints {hints:?}");
+            } else {
+                moved += 1;
+                assert_eq!(is, Some(4), "a join moves units to the new member only");
+                assert_eq!(hints, vec![was.unwrap()], "unit {i}");
+            }
+        }
+        assert!(
+            (150..350).contains(&moved),
+            "{moved} of 1000 units moved to the fourth member"
+        );
+        // A later view that changes nothing keeps the hints; past the window they are gone.
+        let same = view_of(&[1, 2, 3, 4], &four, t0 + Duration::from_secs(30));
+        assert_eq!(same.replaced.len(), 1);
+        let later = view_of(&[1, 2, 3, 4], &same, t0 + Duration::from_secs(62));
+        assert!(later.replaced.is_empty());
+        assert!((0..1000).all(|i| later.previous_owners(&digest(i)).is_empty()));
+    }
+
+    #[test]
+    fn a_nodes_first_view_hints_the_owners_from_before_it_joined() {
+        let t0 = Instant::now();
+        let three = view_of(&[1, 2, 3], &View::default(), t0);
+        let mut first = view_of(&[1, 2, 3, 4], &View::default(), t0);
+        first = first.placed(&View::default(), 4, Duration::from_secs(60), t0);
+        for i in 0..300 {
+            let d = digest(i);
+            let want: Vec<MemberId> = match three.placement().owner(&d) {
+                was if was != first.placement().owner(&d) => was.into_iter().collect(),
+                _ => vec![],
+            };
+            assert_eq!(first.previous_owners(&d), want, "unit {i}");
+        }
+    }
+
+    #[test]
+    fn a_leaving_member_owns_nothing_but_is_still_a_hint_and_a_dead_one_is_not() {
+        let t0 = Instant::now();
+        let three = view_of(&[1, 2, 3], &View::default(), t0);
+        let mut leaving = three.clone();
+        leaving.liveness.insert(2, Liveness { free: 0, leaving: true });
+        let leaving = leaving.placed(&three, 0, Duration::from_secs(60), t0);
+        let owned_by_2: Vec<u32> = (0..300)
+            .filter(|&i| three.placement().owner(&digest(i)) == Some(2))
+            .collect();
+        assert!(!owned_by_2.is_empty());
+        for &i in &owned_by_2 {
+            assert_ne!(leaving.placement().owner(&digest(i)), Some(2));
+            assert_eq!(leaving.previous_owners(&digest(i)), vec![2]);
+        }
+        // Once its liveness key is gone, it is asked no more.
+        let mut gone = leaving.clone();
+        gone.live.remove(&2);
+        gone.liveness.remove(&2);
+        let gone = gone.placed(&leaving, 0, Duration::from_secs(60), t0);
+        assert!(owned_by_2.iter().all(|&i| gone.previous_owners(&digest(i)).is_empty()));
+    }
+
+    #[test]
+    fn a_liveness_key_of_an_earlier_make_reads_as_live_with_nothing_said() {
+        let cfg = MembershipConfig::new(vec![], "c");
+        let shared = Shared {
+            me: record(1, "a", "f"),
+            view: RwLock::new(Arc::new(View::default())),
+            renewed_ms: AtomicU64::new(0),
+            online: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            lease: AtomicU64::new(0),
+            said: std::sync::Mutex::new(Liveness::default()),
+            resay: tokio::sync::Notify::new(),
+            cfg,
+        };
+        let mut view = View::default();
+        shared.apply(&mut view, b"/larder/c/live/0000000000000007", Some(b"7"));
+        shared.apply(
+            &mut view,
+            b"/larder/c/live/0000000000000008",
+            Some(br#"{"free":5,"leaving":true}"#),
+        );
+        assert!(view.live.contains(&7) && view.live.contains(&8));
+        assert_eq!(view.liveness[&7], Liveness::default());
+        assert_eq!(view.liveness[&8], Liveness { free: 5, leaving: true });
+        shared.apply(&mut view, b"/larder/c/live/0000000000000008", None);
+        assert!(!view.live.contains(&8) && !view.liveness.contains_key(&8));
     }
 
     #[test]

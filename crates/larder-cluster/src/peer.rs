@@ -57,7 +57,7 @@ pub mod proto {
 
 use proto::peer_client::PeerClient as RawClient;
 use proto::peer_server::{Peer, PeerServer as RawServer};
-use proto::{Chunk, FetchRequest};
+use proto::{Chunk, FetchRequest, Taken};
 
 /// How long a daemon's server waits for its view of the membership to admit a certificate it does not
 /// know yet (a node that has just joined) before refusing the connection.
@@ -116,6 +116,8 @@ pub struct Ask<'a> {
     pub index: u32,
     /// Whether the peer may fetch the unit from home to answer (it is the unit's owner).
     pub forward: bool,
+    /// A member to ask first for what it holds: the leaving member that hands the unit over.
+    pub from: Option<MemberId>,
 }
 
 /// Where a node's server gets the units it serves: its own read path (cache, then home when
@@ -145,6 +147,8 @@ pub struct PeerStats {
     /// Units served to peers, and their bytes.
     pub served: AtomicU64,
     pub served_bytes: AtomicU64,
+    /// Units this node took over from members that left.
+    pub taken: AtomicU64,
     /// Connections and calls the server refused: failed or timed-out TLS handshakes (no certificate, one
     /// from another CA, not TLS at all), and certificates that are not a live member's.
     pub refused: AtomicU64,
@@ -203,26 +207,7 @@ impl Peer for Service {
 
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<ChunkStream>, Status> {
         let req = request.into_inner();
-        let source = self.source.clone();
-        let unit_digest = digest(&req.key);
-        let unit = tokio::task::spawn_blocking(move || {
-            source.unit(&Ask {
-                key: &req.key,
-                digest: &unit_digest,
-                path: &req.path,
-                index: req.index,
-                forward: req.forward,
-            })
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?;
-        let data = match unit {
-            Ok(d) => d,
-            Err(SourceError::NotHeld) => return Err(Status::not_found("not held")),
-            Err(SourceError::OtherVersion) => return Err(Status::failed_precondition("another version")),
-            Err(SourceError::BadKey(e)) => return Err(Status::invalid_argument(e)),
-            Err(SourceError::Failed(e)) => return Err(Status::unavailable(e)),
-        };
+        let (data, unit_digest) = self.unit(req, false).await?;
         self.stats.served.fetch_add(1, Ordering::Relaxed);
         self.stats.served_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         let d = Bytes::copy_from_slice(&unit_digest);
@@ -240,6 +225,40 @@ impl Peer for Service {
             })
             .collect();
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+
+    async fn take(&self, request: Request<FetchRequest>) -> Result<Response<Taken>, Status> {
+        let (data, _) = self.unit(request.into_inner(), true).await?;
+        self.stats.taken.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::new(Taken { len: data.len() as u64 }))
+    }
+}
+
+impl Service {
+    /// The unit `req` names, from the source (fetched if `forward`; a take asks its requester first), and
+    /// its key's digest.
+    async fn unit(&self, req: FetchRequest, take: bool) -> Result<(Bytes, UnitDigest), Status> {
+        let source = self.source.clone();
+        let unit_digest = digest(&req.key);
+        let unit = tokio::task::spawn_blocking(move || {
+            source.unit(&Ask {
+                key: &req.key,
+                digest: &unit_digest,
+                path: &req.path,
+                index: req.index,
+                forward: take || req.forward,
+                from: take.then_some(req.requester),
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        match unit {
+            Ok(d) => Ok((d, unit_digest)),
+            Err(SourceError::NotHeld) => Err(Status::not_found("not held")),
+            Err(SourceError::OtherVersion) => Err(Status::failed_precondition("another version")),
+            Err(SourceError::BadKey(e)) => Err(Status::invalid_argument(e)),
+            Err(SourceError::Failed(e)) => Err(Status::unavailable(e)),
+        }
     }
 }
 
@@ -670,6 +689,39 @@ impl PeerClient {
         }
     }
 
+    /// Ask `peer`, the new owner of the unit `ask` names, to take it over from this node (which is
+    /// leaving); its length once kept there. Not counted as a fetch; a failure counts on the peer's breaker.
+    pub fn take(&self, peer: &MemberRecord, ask: &Ask) -> Result<u64, PeerError> {
+        self.allowed(peer.id)?;
+        let channel = self.channel(peer)?;
+        let request = self.request(ask);
+        let timeout = self.cfg.timeout;
+        let result = self
+            .runtime
+            .block_on(async move {
+                tokio::time::timeout(timeout, async move {
+                    let mut client = RawClient::new(channel);
+                    let taken = client.take(request).await.map_err(status_error)?;
+                    Ok(taken.into_inner().len)
+                })
+                .await
+            })
+            .unwrap_or(Err(PeerError::Timeout(timeout)));
+        let failed = !matches!(result, Ok(_) | Err(PeerError::NotHeld | PeerError::OtherVersion));
+        self.record(peer.id, failed);
+        result
+    }
+
+    fn request(&self, ask: &Ask) -> FetchRequest {
+        FetchRequest {
+            key: Bytes::copy_from_slice(ask.key),
+            requester: self.me,
+            forward: ask.forward,
+            path: Bytes::copy_from_slice(ask.path),
+            index: ask.index,
+        }
+    }
+
     /// The unit `ask` names, from `peer`.
     pub fn fetch(&self, peer: &MemberRecord, ask: &Ask) -> Result<Bytes, PeerError> {
         if let Err(e) = self.allowed(peer.id) {
@@ -679,13 +731,7 @@ impl PeerClient {
         self.stats.fetches.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let channel = self.channel(peer)?;
-        let request = FetchRequest {
-            key: Bytes::copy_from_slice(ask.key),
-            requester: self.me,
-            forward: ask.forward,
-            path: Bytes::copy_from_slice(ask.path),
-            index: ask.index,
-        };
+        let request = self.request(ask);
         let timeout = self.cfg.timeout;
         let want = ask.digest;
         let result = self

@@ -29,7 +29,7 @@ pub struct Member {
 }
 
 /// The placement of units over a set of members. Built once per membership view, then shared.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Placement {
     /// Sorted by id, weights above zero, no id twice.
     members: Vec<(MemberId, f64)>,

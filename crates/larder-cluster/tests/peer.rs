@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_cluster::peer::proto::peer_server::Peer;
-use larder_cluster::peer::proto::{Chunk, FetchRequest};
+use larder_cluster::peer::proto::{Chunk, FetchRequest, Taken};
 use larder_cluster::peer::{
     Admit, Ask, CHUNK, HANDSHAKE_TIMEOUT, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats, SourceError,
     UnitSource, digest,
@@ -22,13 +22,18 @@ use larder_cluster::{MemberRecord, NodeTls, tls};
 use prost::bytes::Bytes;
 use tonic::{Request, Response, Status};
 
-/// Units by key; keys starting with "old" are of another version; "slow" keys take a while.
+/// Units by key; keys starting with "old" are of another version; "slow" keys take a while. Every ask
+/// is noted: its key, whether it forwarded, and whom it named to ask first.
 #[derive(Default)]
-struct Units(Mutex<HashMap<Vec<u8>, Bytes>>);
+struct Units(Mutex<HashMap<Vec<u8>, Bytes>>, Mutex<Vec<Asked>>);
+
+/// An ask as a source saw it: the key, whether it forwarded, and whom it named to ask first.
+type Asked = (Vec<u8>, bool, Option<u64>);
 
 impl UnitSource for Units {
     fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError> {
         let key = ask.key;
+        self.1.lock().unwrap().push((key.to_vec(), ask.forward, ask.from));
         if key.starts_with(b"old") {
             return Err(SourceError::OtherVersion);
         }
@@ -138,6 +143,7 @@ fn ask<'a>(key: &'a [u8], digest: &'a [u8; 16], forward: bool) -> Ask<'a> {
         path: b"some/file",
         index: 0,
         forward,
+        from: None,
     }
 }
 
@@ -234,6 +240,10 @@ impl Peer for Liar {
             .collect();
         let lied: Vec<Result<Chunk, Status>> = (self.lie)(chunks).into_iter().map(Ok).collect();
         Ok(Response::new(Box::pin(futures::stream::iter(lied))))
+    }
+
+    async fn take(&self, _: Request<FetchRequest>) -> Result<Response<Taken>, Status> {
+        Err(Status::unimplemented("a liar takes nothing"))
     }
 }
 
@@ -427,6 +437,29 @@ fn a_peer_that_moved_is_followed_to_its_new_address() {
             .unwrap(),
         pattern(100, 9)
     );
+}
+
+#[test]
+fn a_take_asks_the_new_owner_to_get_the_unit_from_the_leaving_node_first_and_keep_it() {
+    let certs = Certs::new();
+    let (server_tls, leaving) = (certs.node("new-owner"), certs.node("leaving"));
+    let units = one_unit();
+    let (server, stats) = serve(&server_tls, &members(&[&leaving]), units.clone());
+    let c = client(&leaving, quick());
+    let owner = member(1, &server_tls, server.addr());
+    assert_eq!(c.take(&owner, &ask(b"k", &digest(b"k"), false)).unwrap(), 1000);
+    // The source was asked as the owner (it may fetch), naming the leaving node (id 9) to ask first.
+    assert_eq!(*units.1.lock().unwrap(), vec![(b"k".to_vec(), true, Some(9))]);
+    assert_eq!(stats.taken.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.served.load(Ordering::Relaxed), 0, "a take sends no data back");
+    // A unit the new owner cannot get is the leaving node's to report, not a failure of the peer.
+    assert!(matches!(
+        c.take(&owner, &ask(b"none", &digest(b"none"), false)),
+        Err(PeerError::NotHeld)
+    ));
+    // Fetches name no one.
+    fetch_k(&c, &owner).unwrap();
+    assert_eq!(units.1.lock().unwrap().last().unwrap(), &(b"k".to_vec(), false, None));
 }
 
 /// A server holding one unit, "k", for the tests of who is refused.

@@ -6,13 +6,14 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use larder_cluster::peer::{Ask, Bytes, SourceError, UnitSource};
-use larder_home::FileKind;
+use larder_home::{FileKind, Version};
 
 use crate::key::Part;
+
 use crate::namespace::{Fs, ROOT, read};
 use crate::tier::{Local, Want};
 
@@ -67,9 +68,6 @@ impl Fs {
                 }
                 return Err(SourceError::OtherVersion);
             }
-            if !ask.forward && !self.holds(object, &key.part) {
-                return Err(SourceError::NotHeld);
-            }
             let local = Local {
                 object,
                 epoch,
@@ -77,7 +75,11 @@ impl Fs {
                 version: &version,
             };
             let mut want = Want::new(&key, range, local);
+            if !ask.forward {
+                return self.core.tiers.held(&want).ok_or(SourceError::NotHeld);
+            }
             want.from_peer = true;
+            want.take_from = ask.from;
             return self
                 .core
                 .tiers
@@ -86,13 +88,62 @@ impl Fs {
         }
         Err(SourceError::OtherVersion)
     }
+}
 
-    /// Whether the store holds all of unit `part` of `object`.
-    fn holds(&self, object: u64, part: &Part) -> bool {
-        match *part {
-            Part::Whole { len } => self.core.store.present(object, len),
-            Part::Block { index, .. } => self.core.store.contains((object, index)),
+/// A unit of home's content this node holds whole: what it can serve, and hands over when it leaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldUnit {
+    /// The unit's portable key (encoded) and its digest.
+    pub key: Vec<u8>,
+    pub digest: [u8; 16],
+    /// Where home has the file, and the block the unit starts at: what a peer asked for it resolves.
+    pub path: PathBuf,
+    pub index: u32,
+    pub len: u64,
+}
+
+impl Fs {
+    /// Every unit this node holds whole of the files it knows clean and at home, with the version home
+    /// has: the units a peer could be served. A walk over the namespace (taken shared, once) and the
+    /// store's index: for the status and for leaving, not for the I/O path.
+    pub fn held_units(&self) -> Vec<HeldUnit> {
+        let files: Vec<(u64, Version, u64, PathBuf)> = {
+            let ns = read(&self.ns);
+            ns.inodes
+                .iter()
+                .filter(|(_, n)| n.kind == FileKind::File && n.dirty.is_empty() && n.home_size.is_none() && !n.removed)
+                .filter_map(|(&ino, n)| {
+                    let version = n.attr.as_ref()?.version.clone();
+                    let path = ns.home_path(ino).ok()??;
+                    Some((n.object, version, n.home_end(), path))
+                })
+                .collect()
+        };
+        let bs = self.core.store.block_size();
+        let mut out = Vec::new();
+        for (object, version, home_end, path) in files {
+            let blocks = home_end.div_ceil(bs) as u32;
+            for index in 0..blocks.max(1) {
+                let (key, range) = self.core.unit_of(index, &path, &version, home_end);
+                let held = match key.part {
+                    Part::Whole { len } => self.core.store.present(object, len),
+                    Part::Block { .. } => range.end > range.start && self.core.store.contains((object, index)),
+                };
+                if held {
+                    out.push(HeldUnit {
+                        digest: key.digest().0,
+                        key: key.encode(),
+                        path: path.clone(),
+                        index,
+                        len: range.end - range.start,
+                    });
+                }
+                if matches!(key.part, Part::Whole { .. }) {
+                    break;
+                }
+            }
         }
+        out
     }
 }
 
@@ -141,6 +192,7 @@ mod tests {
             path,
             index: 0,
             forward,
+            from: None,
         }
     }
 
@@ -184,6 +236,32 @@ mod tests {
             fs.serve_unit(&ask(&key, &digest, b"../etc/passwd", true)),
             Err(SourceError::BadKey(_))
         ));
+    }
+
+    #[test]
+    fn the_units_held_are_those_read_by_the_keys_a_peer_asks_with_and_not_a_changed_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
+        let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
+        let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
+        assert!(fs.held_units().is_empty(), "nothing read yet");
+        let fh = fs.open(ino, libc::O_RDONLY).unwrap().fh;
+        assert_eq!(fs.read(fh, 0, 1 << 20).unwrap().len(), 10 << 10);
+        let held = fs.held_units();
+        let key = key_of(&fs, ino, Path::new("dir/f"), 0);
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!(held[0].key, key);
+        assert_eq!(held[0].digest, larder_cluster::peer::digest(&key));
+        assert_eq!(
+            (held[0].path.as_path(), held[0].index, held[0].len),
+            (Path::new("dir/f"), 0, 10 << 10)
+        );
+        fs.release(fh).unwrap();
+        // Changed here: no longer home's version, so not held as a unit of it.
+        let fh = fs.open(ino, libc::O_RDWR).unwrap().fh;
+        fs.write(fh, 0, b"changed").unwrap();
+        assert!(fs.held_units().is_empty());
+        fs.release(fh).unwrap();
     }
 
     #[test]

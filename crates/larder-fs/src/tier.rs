@@ -51,8 +51,11 @@ pub struct Want<'a> {
     pub range: Range<u64>,
     /// Where this node has the content; tiers shared between nodes go by the key alone.
     pub local: Local<'a>,
-    /// Asked by a peer: the walk must not ask peers in turn (the asker tries the others itself).
+    /// Asked by a peer as the unit's owner: the walk asks only the unit's previous owners, for what they
+    /// hold (the asker tries the other candidates itself).
     pub from_peer: bool,
+    /// The member handing the unit over to this node (it is leaving): asked first, for what it holds.
+    pub take_from: Option<u64>,
 }
 
 /// This node's names for the content of a [`Want`].
@@ -75,6 +78,7 @@ impl<'a> Want<'a> {
             range,
             local,
             from_peer: false,
+            take_from: None,
         }
     }
 }
@@ -180,6 +184,10 @@ pub struct TierStats {
     /// Units offered to it, and offers it failed.
     pub offers: u64,
     pub offer_errors: u64,
+    /// Times it was asked, the time its answers took in all (nanoseconds), and the bytes of its hits.
+    pub asks: u64,
+    pub nanos: u64,
+    pub bytes: u64,
 }
 
 #[derive(Default)]
@@ -190,6 +198,26 @@ struct Counters {
     rejected: AtomicU64,
     offers: AtomicU64,
     offer_errors: AtomicU64,
+    asks: AtomicU64,
+    nanos: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Counters {
+    /// Ask `tier` for `want`, timed.
+    fn ask(&self, tier: &dyn Tier, want: &Want) -> Result<Option<Unit>, TierError> {
+        let started = std::time::Instant::now();
+        let answer = tier.get(want);
+        bump(&self.asks);
+        self.nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        answer
+    }
+
+    fn hit(&self, unit: &Unit) {
+        bump(&self.hits);
+        self.bytes.fetch_add(unit.data.len() as u64, Ordering::Relaxed);
+    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -218,6 +246,34 @@ impl Tiers {
         self.flights.run(want.digest, || self.walk(want))
     }
 
+    /// The unit `want` names if this node holds it: the tiers before the first shared one (and never
+    /// home), filling the nearer ones. For a peer that asks only for what this node has: nothing is
+    /// fetched, so no walk is joined or started.
+    pub fn held(&self, want: &Want) -> Option<Arc<Vec<u8>>> {
+        let last = self.tiers.len() - 1;
+        for (i, (tier, counts)) in self.tiers.iter().enumerate() {
+            if i == last || tier.shared() {
+                return None;
+            }
+            let unit = match counts.ask(tier.as_ref(), want) {
+                Ok(Some(unit)) => unit,
+                Ok(None) | Err(_) => {
+                    bump(&counts.misses);
+                    continue;
+                }
+            };
+            if unit.fault(want, true, tier.checks_own_answers()).is_some() {
+                bump(&counts.rejected);
+                bump(&counts.misses);
+                continue;
+            }
+            counts.hit(&unit);
+            self.fill(&self.tiers[..i], want, &unit);
+            return Some(unit.data);
+        }
+        None
+    }
+
     /// Whether a walk for `digest` is under way.
     pub fn in_flight(&self, digest: &KeyDigest) -> bool {
         self.flights.in_flight(digest)
@@ -234,6 +290,9 @@ impl Tiers {
                 rejected: c.rejected.load(Ordering::Relaxed),
                 offers: c.offers.load(Ordering::Relaxed),
                 offer_errors: c.offer_errors.load(Ordering::Relaxed),
+                asks: c.asks.load(Ordering::Relaxed),
+                nanos: c.nanos.load(Ordering::Relaxed),
+                bytes: c.bytes.load(Ordering::Relaxed),
             })
             .collect()
     }
@@ -241,7 +300,7 @@ impl Tiers {
     fn walk(&self, want: &Want) -> FetchResult {
         let last = self.tiers.len() - 1;
         for (i, (tier, counts)) in self.tiers.iter().enumerate() {
-            let answer = match tier.get(want) {
+            let answer = match counts.ask(tier.as_ref(), want) {
                 Ok(answer) => answer,
                 Err(e) if i == last => {
                     bump(&counts.errors);
@@ -271,7 +330,7 @@ impl Tiers {
                 bump(&counts.misses);
                 continue;
             }
-            bump(&counts.hits);
+            counts.hit(&unit);
             self.fill(&self.tiers[..i], want, &unit);
             return Ok(unit.data);
         }

@@ -56,6 +56,17 @@ pub enum ClusterCommand {
     Cert(ClusterCertArgs),
     /// The members of the cluster a mount is in, as its node sees them (live or not, address, weight).
     Members(ClusterMembersArgs),
+    /// Leave the cluster: hand the units this node owns to their new owners, then unmount.
+    Leave(ClusterLeaveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterLeaveArgs {
+    /// How long handing units over may take; what is not handed over by then is left for home.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub hand_over_for: Duration,
+    #[command(flatten)]
+    pub unmount: UnmountArgs,
 }
 
 #[derive(Args, Debug)]

@@ -5,15 +5,45 @@ use std::path::Path;
 use anyhow::Context;
 use larder_cluster::tls;
 
-use crate::cli::{ClusterCertArgs, ClusterCommand, ClusterInitArgs};
+use crate::cli::{ClusterCertArgs, ClusterCommand, ClusterInitArgs, ClusterLeaveArgs};
+use crate::control::{self, Request, Response};
 
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Init(args) => init(args),
         ClusterCommand::Cert(args) => cert(args),
         ClusterCommand::Members(args) => crate::status::members(&args.mountpoint, args.json),
+        ClusterCommand::Leave(args) => leave(args),
     }
 }
+
+fn leave(args: ClusterLeaveArgs) -> anyhow::Result<()> {
+    let mnt = &args.unmount.mountpoint;
+    let socket = crate::mounts::socket_path(&std::path::absolute(mnt)?);
+    let request = Request::Leave {
+        within_ms: args.hand_over_for.as_millis() as u64,
+    };
+    let done = match control::send(&socket, &request, Some(args.hand_over_for + HAND_OVER_SLACK))? {
+        Response::Left(done) => done,
+        other => return Err(control::unexpected("leave", &other)),
+    };
+    println!(
+        "handed {} of the {} units this node owned ({}) to their new owners in {:.1} s{}",
+        done.units,
+        done.owned,
+        crate::status::human_bytes(done.bytes),
+        done.seconds,
+        if done.failed > 0 {
+            format!("; {} left for home", done.failed)
+        } else {
+            String::new()
+        }
+    );
+    crate::mounts::unmount(args.unmount)
+}
+
+/// Beyond the hand-over's own time: waiting for etcd to take the leaving.
+const HAND_OVER_SLACK: std::time::Duration = std::time::Duration::from_secs(20);
 
 fn init(args: ClusterInitArgs) -> anyhow::Result<()> {
     let made = tls::init(&args.dir)?;

@@ -25,6 +25,8 @@ pub enum Request {
     Drain { wait_ms: u64 },
     /// Act on the residency of the files with these inode numbers.
     Residency { action: ResidencyAction, inos: Vec<u64> },
+    /// Say this node is leaving its cluster and hand its units over, within `within_ms`.
+    Leave { within_ms: u64 },
 }
 
 /// The longest one drain request waits: a client that wants longer asks again.
@@ -102,6 +104,7 @@ pub enum Response {
     Residency {
         results: Vec<Result<FileResidency, String>>,
     },
+    Left(crate::leave::HandedOver),
     /// The request was not understood.
     Error {
         message: String,

@@ -214,7 +214,19 @@ fn spawn_prober(health: Arc<Health>, home: Arc<dyn Home>, fs: std::sync::Weak<Fs
     });
 }
 
-/// This machine's name, for conflict file names.
+/// Tell the cluster, every few seconds, how much this node's cache could take without evicting.
+fn spawn_free_teller(membership: Arc<Membership>, fs: std::sync::Weak<Fs>) {
+    let _ = std::thread::Builder::new().name("larder-free".into()).spawn(move || {
+        loop {
+            let Some(fs) = fs.upgrade() else { return };
+            let store = fs.store().stats();
+            membership.say_free(store.bytes_limit.saturating_sub(store.bytes_used));
+            drop(fs);
+            std::thread::sleep(Duration::from_secs(3));
+        }
+    });
+}
+
 /// Send the core's invalidations to the kernel from a thread of their own: a notification may wait for a
 /// lock the kernel holds while it waits for the very request that caused it.
 fn forward_invalidations(fs: &Arc<Fs>, notifier: fuser::Notifier) {
@@ -410,6 +422,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     fs.start();
     let closer = CloseOnExit(fs.clone());
     spawn_prober(health, below_gate, Arc::downgrade(&fs));
+    if let Some(c) = &cluster {
+        spawn_free_teller(c.membership.clone(), Arc::downgrade(&fs));
+    }
     let source = Arc::new(StatusSource {
         fs: fs.clone(),
         counters: p.counters.clone(),
@@ -422,6 +437,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         cluster: cluster
             .as_ref()
             .map(|c| (args.cluster_name.clone(), c.membership.clone())),
+        peer_client: cluster.as_ref().map(|c| c.client.clone()),
     });
     let socket = mounts::socket_path(&p.mountpoint);
     control::serve(&socket, source.clone())?;

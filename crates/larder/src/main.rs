@@ -9,6 +9,7 @@ mod control;
 mod daemon;
 mod demo;
 mod journal;
+mod leave;
 mod metrics;
 mod mounts;
 mod preflight;

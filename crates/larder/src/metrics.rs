@@ -50,6 +50,8 @@ pub const READ_BYTES: &str = "larder_read_bytes";
 pub const READ_SECONDS: &str = "larder_read_seconds";
 pub const TIER_HITS: &str = "larder_tier_hits";
 pub const TIER_BYTES_SERVED: &str = "larder_tier_bytes_served";
+pub const TIER_ASKS: &str = "larder_tier_asks";
+pub const TIER_ASK_SECONDS: &str = "larder_tier_ask_seconds";
 pub const PEER_FETCHES: &str = "larder_peer_fetches";
 pub const PEER_ANSWERS: &str = "larder_peer_answers";
 pub const PEER_BYTES: &str = "larder_peer_bytes";
@@ -58,6 +60,8 @@ pub const PEER_SERVED_BYTES: &str = "larder_peer_served_bytes";
 pub const PEER_REFUSED: &str = "larder_peer_refused";
 pub const CLUSTER_MEMBERS: &str = "larder_cluster_members";
 pub const CLUSTER_ETCD_ONLINE: &str = "larder_cluster_etcd_online";
+pub const CLUSTER_OWNED_UNITS: &str = "larder_cluster_owned_units";
+pub const CLUSTER_OWNED_BYTES: &str = "larder_cluster_owned_bytes";
 pub const CLUSTER_LEASE_OK: &str = "larder_cluster_lease_ok";
 pub const ECDAL: &str = "larder_ecdal";
 pub const ECDAB: &str = "larder_ecdab";
@@ -76,6 +80,8 @@ pub struct Figures<'a> {
     /// In a cluster: the peer transport's figures, and the membership as this node sees it.
     pub peers: Option<crate::status::PeerStatus>,
     pub cluster: Option<ClusterFigures>,
+    /// The read path's walk, tier by tier, nearest first.
+    pub walk: Vec<larder_fs::tier::TierStats>,
 }
 
 /// The membership, for metrics: members live and registered, and this node's standing with etcd.
@@ -85,6 +91,9 @@ pub struct ClusterFigures {
     pub members: u64,
     pub etcd_online: bool,
     pub lease_ok: bool,
+    /// Units this node holds and owns, and their bytes.
+    pub owned_units: u64,
+    pub owned_bytes: u64,
 }
 
 fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, value: impl EncodeCounterValue) -> fmt::Result {
@@ -227,6 +236,28 @@ impl Figures<'_> {
         ConstCounter::new(fs.bytes_from_cache).encode(served.encode_family(&[("tier", "cache")])?)?;
         ConstCounter::new(fs.bytes_from_home).encode(served.encode_family(&[("tier", "home")])?)?;
         if let Some(p) = &self.peers {
+            ConstCounter::new(p.bytes).encode(served.encode_family(&[("tier", "peer")])?)?;
+        }
+        let mut asks = enc.encode_descriptor(
+            TIER_ASKS,
+            "Units the read path asked of each tier, hit or miss (the cache: blocks not found by a read's \
+             first look).",
+            None,
+            MetricType::Counter,
+        )?;
+        for t in &self.walk {
+            ConstCounter::new(t.asks).encode(asks.encode_family(&[("tier", t.name)])?)?;
+        }
+        let mut seconds = enc.encode_descriptor(
+            TIER_ASK_SECONDS,
+            "Time each tier took to answer the read path's asks: with the asks, its mean latency.",
+            None,
+            MetricType::Counter,
+        )?;
+        for t in &self.walk {
+            ConstCounter::new(t.nanos as f64 / 1e9).encode(seconds.encode_family(&[("tier", t.name)])?)?;
+        }
+        if let Some(p) = &self.peers {
             counter(enc, PEER_FETCHES, "Units asked of peers.", p.fetches)?;
             let mut answers = enc.encode_descriptor(
                 PEER_ANSWERS,
@@ -280,6 +311,18 @@ impl Figures<'_> {
                 "1 while this node renewed its liveness within half its lease.",
                 c.lease_ok as i64,
             )?;
+            gauge(
+                enc,
+                CLUSTER_OWNED_UNITS,
+                "Units this node holds and owns by the cluster's placement.",
+                c.owned_units as i64,
+            )?;
+            gauge(
+                enc,
+                CLUSTER_OWNED_BYTES,
+                "Bytes of the units this node holds and owns.",
+                c.owned_bytes as i64,
+            )?;
         }
         // The ratios are left out until they are defined.
         for (name, help, value) in [
@@ -328,15 +371,18 @@ impl Collector for LarderCollector {
             journal: self.0.fs.journal_stats(),
             efficiency: Efficiency::of(&fs, &store, abd),
             peers: self.0.peer_status(),
-            cluster: self.0.cluster.as_ref().map(|(_, m)| {
-                let view = m.view();
+            cluster: self.0.cluster.as_ref().map(|(name, m)| {
+                let c = crate::status::ClusterStatus::of(name, m, &self.0.fs.held_units());
                 ClusterFigures {
-                    live: view.live.len() as u64,
-                    members: view.members.len() as u64,
-                    etcd_online: m.online(),
-                    lease_ok: m.lease_ok(),
+                    live: c.members.iter().filter(|m| m.live).count() as u64,
+                    members: c.members.len() as u64,
+                    etcd_online: c.etcd_online,
+                    lease_ok: c.lease_ok,
+                    owned_units: c.owned_units,
+                    owned_bytes: c.owned_bytes,
                 }
             }),
+            walk: self.0.fs.tier_stats(),
         }
         .encode(enc)
     }
@@ -397,6 +443,7 @@ mod tests {
         journal: JournalStats,
         peers: Option<crate::status::PeerStatus>,
         cluster: Option<ClusterFigures>,
+        walk: Vec<larder_fs::tier::TierStats>,
     }
 
     impl Collector for Fixed {
@@ -409,6 +456,7 @@ mod tests {
                 efficiency: Efficiency::of(&self.fs, &self.store, None),
                 peers: self.peers,
                 cluster: self.cluster,
+                walk: self.walk.clone(),
             }
             .encode(enc)
         }
@@ -501,10 +549,23 @@ mod tests {
             members: 3,
             etcd_online: true,
             lease_ok: false,
+            owned_units: 12,
+            owned_bytes: 12 << 20,
+        };
+        let tier = |name, asks, nanos| larder_fs::tier::TierStats {
+            name,
+            asks,
+            nanos,
+            ..Default::default()
         };
         let text = exposition(Fixed {
             peers: Some(peers),
             cluster: Some(cluster),
+            walk: vec![
+                tier("cache", 20, 2_000_000),
+                tier("peer", 10, 5_000_000),
+                tier("home", 4, 40_000_000),
+            ],
             ..Fixed::default()
         });
         for (name, want) in [
@@ -523,6 +584,13 @@ mod tests {
             ("larder_cluster_members{state=\"registered\"}", 3.0),
             ("larder_cluster_etcd_online", 1.0),
             ("larder_cluster_lease_ok", 0.0),
+            ("larder_cluster_owned_units", 12.0),
+            ("larder_cluster_owned_bytes", (12 << 20) as f64),
+            ("larder_tier_bytes_served_total{tier=\"peer\"}", (6 << 20) as f64),
+            ("larder_tier_asks_total{tier=\"cache\"}", 20.0),
+            ("larder_tier_asks_total{tier=\"peer\"}", 10.0),
+            ("larder_tier_ask_seconds_total{tier=\"peer\"}", 0.005),
+            ("larder_tier_ask_seconds_total{tier=\"home\"}", 0.04),
         ] {
             assert_eq!(value(&text, name), Some(want), "{name}:\n{text}");
         }

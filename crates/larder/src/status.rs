@@ -27,6 +27,8 @@ pub struct StatusSource {
     pub peers: Option<Arc<larder_cluster::peer::PeerStats>>,
     /// This node's membership, and the cluster's name, in a cluster.
     pub cluster: Option<(String, Arc<larder_cluster::Membership>)>,
+    /// The peer transport's client, in a cluster: a node that leaves hands its units over through it.
+    pub peer_client: Option<Arc<larder_cluster::peer::PeerClient>>,
 }
 
 /// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
@@ -107,6 +109,11 @@ pub struct ClusterStatus {
     pub revision: i64,
     /// Every member registered, live or not.
     pub members: Vec<MemberStatus>,
+    /// The units this node holds and owns (by the placement of its view), and their bytes.
+    #[serde(default)]
+    pub owned_units: u64,
+    #[serde(default)]
+    pub owned_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -118,14 +125,26 @@ pub struct MemberStatus {
     pub weight: u64,
     pub live: bool,
     pub serves: bool,
+    /// Handing its units over before it goes.
+    #[serde(default)]
+    pub leaving: bool,
+    /// The free space of its cache, as it last said.
+    #[serde(default)]
+    pub free: u64,
     pub this_node: bool,
 }
 
 impl ClusterStatus {
-    fn of(name: &str, m: &larder_cluster::Membership) -> ClusterStatus {
+    pub fn of(name: &str, m: &larder_cluster::Membership, held: &[larder_fs::cluster::HeldUnit]) -> ClusterStatus {
         let view = m.view();
         let me = m.me().id;
+        let owned: Vec<&larder_fs::cluster::HeldUnit> = held
+            .iter()
+            .filter(|u| view.placement().owner(&u.digest) == Some(me))
+            .collect();
         ClusterStatus {
+            owned_units: owned.len() as u64,
+            owned_bytes: owned.iter().map(|u| u.len).sum(),
             name: name.to_string(),
             node: format!("{me:016x}"),
             node_name: m.me().name.clone(),
@@ -142,6 +161,8 @@ impl ClusterStatus {
                     weight: r.weight,
                     live: view.live.contains(&r.id),
                     serves: r.serve,
+                    leaving: view.liveness.get(&r.id).is_some_and(|l| l.leaving),
+                    free: view.liveness.get(&r.id).map_or(0, |l| l.free),
                     this_node: r.id == me,
                 })
                 .collect(),
@@ -231,6 +252,11 @@ pub struct WalkTier {
     pub errors: u64,
     /// Answers refused: another version, the wrong length, or a failed checksum.
     pub rejected: u64,
+    /// Bytes of its hits, and the mean time it took to answer (hit or miss), in microseconds.
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub mean_us: f64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -333,6 +359,12 @@ impl StatusSource {
                         misses: t.misses,
                         errors: t.errors,
                         rejected: t.rejected,
+                        bytes: t.bytes,
+                        mean_us: if t.asks == 0 {
+                            0.0
+                        } else {
+                            t.nanos as f64 / t.asks as f64 / 1000.0
+                        },
                     })
                     .collect(),
             },
@@ -354,7 +386,10 @@ impl StatusSource {
                 readahead_blocks: fs.readahead_blocks,
             },
             peers: self.peer_status(),
-            cluster: self.cluster.as_ref().map(|(name, m)| ClusterStatus::of(name, m)),
+            cluster: self
+                .cluster
+                .as_ref()
+                .map(|(name, m)| ClusterStatus::of(name, m, &self.fs.held_units())),
         }
     }
 }
@@ -398,6 +433,17 @@ impl control::Handler for StatusSource {
                 }
             }
             Request::Residency { action, inos } => crate::residency::serve(&self.fs, action, &inos),
+            Request::Leave { within_ms } => match (&self.cluster, &self.peer_client) {
+                (Some((_, membership)), Some(client)) => {
+                    match crate::leave::hand_over(&self.fs, membership, client, Duration::from_millis(within_ms)) {
+                        Ok(done) => Response::Left(done),
+                        Err(e) => Response::Error { message: e.to_string() },
+                    }
+                }
+                _ => Response::Error {
+                    message: "not in a cluster (mounted without --cluster)".into(),
+                },
+            },
         }
     }
 }
@@ -559,6 +605,29 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 "; liveness not renewed lately"
             }
         );
+        println!(
+            "{:<14} owns {} units ({}) of what it holds",
+            "",
+            c.owned_units,
+            human_bytes(c.owned_bytes)
+        );
+    }
+    if v.tiers.walk.len() > 2 {
+        let walk: Vec<String> = v
+            .tiers
+            .walk
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {} hits ({}), {:.0} µs mean",
+                    t.name,
+                    t.hits,
+                    human_bytes(t.bytes),
+                    t.mean_us
+                )
+            })
+            .collect();
+        println!("{:<14} {}", "walk", walk.join("; "));
     }
     for r in &v.journal.refused {
         println!("{:<14} {}", "refused", describe_refused(r));
@@ -582,18 +651,23 @@ pub fn members(mountpoint: &std::path::Path, json: bool) -> Result<()> {
     }
     println!("cluster {} (view at etcd revision {})", c.name, c.revision);
     println!(
-        "{:<16} {:<20} {:<22} {:>10} {:<5} {:<6}",
-        "id", "name", "address", "weight", "live", "serves"
+        "{:<16} {:<20} {:<22} {:>10} {:<8} {:<6} {:>10}",
+        "id", "name", "address", "weight", "live", "serves", "free"
     );
     for m in &c.members {
         println!(
-            "{:<16} {:<20} {:<22} {:>10} {:<5} {:<6}{}",
+            "{:<16} {:<20} {:<22} {:>10} {:<8} {:<6} {:>10}{}",
             m.id,
             m.name,
             if m.addr.is_empty() { "-" } else { &m.addr },
             human_bytes(m.weight),
-            if m.live { "yes" } else { "no" },
+            match (m.live, m.leaving) {
+                (true, true) => "leaving",
+                (true, false) => "yes",
+                _ => "no",
+            },
             if m.serves { "yes" } else { "no" },
+            if m.live { human_bytes(m.free) } else { "-".into() },
             if m.this_node { "  (this node)" } else { "" }
         );
     }

@@ -357,3 +357,103 @@ fn members_and_their_liveness_show_in_the_status_and_cluster_members() {
     plain.unmount();
     a.unmount();
 }
+
+/// `name`'s status figure of the units it holds and owns.
+fn owned(m: &Mount) -> u64 {
+    num(&m.status(), "/cluster/owned_units")
+}
+
+/// A node that only reads (`--peer-serve off`): it owns nothing, so each unit it reads comes from its
+/// owner, which fetches it from home if it does not hold it.
+fn client(t: &TestDir, etcd: &Etcd, tls: &Path, name: &str) -> Mount {
+    node(t, etcd, tls, name, &["--peer-serve", "off"])
+}
+
+fn live_count(m: &Mount) -> usize {
+    live_names(&members(m)).len()
+}
+
+#[test]
+fn a_node_that_joins_takes_its_units_from_their_previous_owners_and_one_that_leaves_hands_them_over() {
+    require_fuse();
+    let etcd = Etcd::start();
+    let t = TestDir::new("cluster-churn");
+    let mut rng = Rng::new(0xc4a1);
+    let files = make_data_set(&t.root().join("home"), &mut rng);
+    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c", "d", "x", "y", "z"]);
+    let owners: Vec<Mount> = ["a", "b", "c"].iter().map(|n| node(&t, &etcd, &tls, n, &[])).collect();
+    // A client reads the data set: each owner fetches its share from home, once, and keeps it.
+    let x = client(&t, &etcd, &tls, "x");
+    assert!(common::wait_until(Duration::from_secs(5), || live_count(&x) == 4));
+    read_all(&x, &files, "client x");
+    let from_home = |ms: &[&Mount]| ms.iter().map(|m| home_bytes(m)).sum::<u64>();
+    let home_first = from_home(&owners.iter().collect::<Vec<_>>());
+    assert!(
+        home_first as f64 <= total as f64 * 1.05 && home_bytes(&x) == 0,
+        "home sent {home_first} bytes to the owners and {} to the client for {total}",
+        home_bytes(&x)
+    );
+    let units: u64 = owners.iter().map(owned).sum();
+    assert!(units > 40, "the owners own {units} units");
+
+    // D joins. A second client reads it all: the units D now owns come from their previous owners
+    // (hints), not from home.
+    let d = node(&t, &etcd, &tls, "d", &[]);
+    let y = client(&t, &etcd, &tls, "y");
+    assert!(common::wait_until(Duration::from_secs(5), || {
+        [&owners[0], &owners[1], &owners[2], &y]
+            .iter()
+            .all(|m| live_count(m) == 6)
+    }));
+    read_all(&y, &files, "client y, after d joined");
+    let all: Vec<&Mount> = owners.iter().chain([&d]).collect();
+    let home_after_join = from_home(&all) + home_bytes(&y);
+    let moved = owned(&d);
+    eprintln!(
+        "d joined: it owns {moved} of {units} units; home sent {} more bytes",
+        home_after_join - home_first
+    );
+    assert!(
+        home_after_join - home_first <= total / 50,
+        "home sent {} bytes again after a join",
+        home_after_join - home_first
+    );
+    let share = moved as f64 / units as f64;
+    assert!(
+        (0.1..=0.45).contains(&share),
+        "a fourth node took {moved} of {units} units ({share:.2}), not about a quarter"
+    );
+    assert_eq!(
+        all.iter().map(|m| owned(m)).sum::<u64>() - moved,
+        owners.iter().map(owned).sum::<u64>(),
+        "a unit has two owners"
+    );
+
+    // B leaves, handing its units to their new owners; a third client reads it all, again without home.
+    let [a, b, c]: [Mount; 3] = owners.try_into().ok().unwrap();
+    let (b_owned, b_home) = (owned(&b), home_bytes(&b));
+    let out = common::larder(&["cluster", "leave", s(&b.mnt), "--timeout", "20s"]);
+    assert!(out.success(), "larder cluster leave: {out}\n{}", b.log());
+    assert!(
+        b_owned > 0 && out.stdout.contains(&format!("handed {b_owned} of the {b_owned} units")),
+        "b owned {b_owned} units: {out}"
+    );
+    assert!(common::wait_until(Duration::from_secs(10), || !common::alive(b.pid)));
+    b.disarm();
+    let z = client(&t, &etcd, &tls, "z");
+    read_all(&z, &files, "client z, after b left");
+    let home_after_leave = from_home(&[&a, &c, &d, &y, &z]) + b_home;
+    eprintln!(
+        "b left, handing over {b_owned} units; home sent {} more bytes",
+        home_after_leave - home_after_join
+    );
+    assert!(
+        home_after_leave - home_after_join <= total / 50,
+        "home sent {} bytes again after a node left: its units were not handed over",
+        home_after_leave - home_after_join
+    );
+    for m in [x, y, z, a, c, d] {
+        m.unmount();
+    }
+}

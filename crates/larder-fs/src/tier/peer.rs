@@ -1,17 +1,18 @@
 //! The peer tier: the cluster's other nodes, between this node's store and home (design note 013).
 //!
-//! A unit's candidates are the live members that serve, in rendezvous order for its key. If this node is
-//! the owner, the peers are not asked (home is next, and this node keeps the unit for the others). Else
-//! the owner is asked first, allowed to fetch from home to answer (collapsed forwarding: one home read
-//! for every node that wants the unit), then the next candidate, for what it holds only. Any failure is a
-//! miss: the walk goes on to home. Content not yet pushed is never asked for, and a walk a peer started
-//! never asks peers in turn.
+//! A unit's candidates are the live members that serve, in rendezvous order for its key; its hints are
+//! the members that owned it before a recent membership change. If this node is the owner, only the hints
+//! are asked, for what they hold (home is next, and this node keeps the unit for the others). Else the
+//! owner is asked first, allowed to fetch from home to answer (collapsed forwarding: one home read for
+//! every node that wants the unit), then the next candidate and the hints, for what they hold only. Any
+//! failure is a miss: the walk goes on to home. Content not yet pushed is never asked for, and a walk a
+//! peer started asks only the hints, never with leave to fetch: no ask goes round in circles.
 
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use larder_cluster::Membership;
 use larder_cluster::peer::{Ask, PeerClient};
+use larder_cluster::{MemberId, Membership};
 
 use super::{Tier, TierError, Unit, Want};
 use crate::key::Part;
@@ -41,31 +42,31 @@ impl Tier for PeerTier {
     }
 
     fn get(&self, want: &Want) -> Result<Option<Unit>, TierError> {
-        if want.from_peer || !want.key.shareable() {
+        if !want.key.shareable() {
             return Ok(None);
         }
         let view = self.membership.view();
         let me = self.membership.me().id;
+        let digest = &want.digest.0;
+        let candidates = view.placement().candidates(digest, ASK);
         let key = want.key.encode();
         let index = match want.key.part {
             Part::Block { index, .. } => index,
             Part::Whole { .. } => 0,
         };
-        for (rank, id) in view.placement().candidates(&want.digest.0, ASK).into_iter().enumerate() {
-            if id == me {
-                if rank == 0 {
-                    // This node owns the unit: home is next, and the unit is kept here for the others.
-                    return Ok(None);
-                }
-                continue;
-            }
+        let mut hints = view.previous_owners(digest);
+        if let Some(from) = want.take_from {
+            hints.insert(0, from);
+        }
+        for (id, forward) in asks(me, &candidates, &hints, want.from_peer) {
             let Some(peer) = view.members.get(&id) else { continue };
             let ask = Ask {
                 key: &key,
-                digest: &want.digest.0,
+                digest,
                 path: want.local.path.as_os_str().as_bytes(),
                 index,
-                forward: rank == 0,
+                forward,
+                from: None,
             };
             match self.client.fetch(peer, &ask) {
                 // The unit's buffer is the client's own: taken over, not copied.
@@ -74,5 +75,46 @@ impl Tier for PeerTier {
             }
         }
         Ok(None)
+    }
+}
+
+/// Whom to ask for a unit, in order, and whether each may fetch it from home to answer (`forward`).
+/// `candidates` are the unit's owner and the next in rendezvous order, `hints` its previous owners.
+///
+/// - This node owns the unit, or a peer asked it as the owner (`from_peer`): only the previous owners,
+///   for what they hold; home is next, and the unit is kept here for the others. A join thus moves a
+///   unit from its previous owner to its new one, not from home.
+/// - Else the owner, which may fetch from home (and asks the previous owners itself first), then the
+///   next candidate and the previous owners, for what they hold.
+fn asks(me: MemberId, candidates: &[MemberId], hints: &[MemberId], from_peer: bool) -> Vec<(MemberId, bool)> {
+    let mut out: Vec<(MemberId, bool)> = Vec::new();
+    if !(from_peer || candidates.first() == Some(&me)) {
+        out.extend(candidates.iter().enumerate().map(|(rank, &id)| (id, rank == 0)));
+    }
+    for &id in hints {
+        out.push((id, false));
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|&(id, _)| id != me && seen.insert(id));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asks;
+
+    #[test]
+    fn an_owner_asks_only_previous_owners_and_others_ask_the_owner_first() {
+        // Not the owner: the owner may fetch; the next candidate and the hints only give what they hold.
+        assert_eq!(asks(9, &[1, 2], &[3], false), vec![(1, true), (2, false), (3, false)]);
+        // A hint that is also the next candidate is asked once.
+        assert_eq!(asks(9, &[1, 2], &[2], false), vec![(1, true), (2, false)]);
+        // This node owns the unit: the previous owners, then home.
+        assert_eq!(asks(1, &[1, 2], &[3], false), vec![(3, false)]);
+        assert!(asks(1, &[1, 2], &[], false).is_empty());
+        // Asked by a peer as the owner: the same, whatever this node's view says.
+        assert_eq!(asks(2, &[1, 2], &[3], true), vec![(3, false)]);
+        // This node second: it never asks itself.
+        assert_eq!(asks(2, &[1, 2], &[], false), vec![(1, true)]);
     }
 }

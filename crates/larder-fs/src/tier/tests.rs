@@ -203,3 +203,24 @@ fn unpushed_content_is_never_offered_to_a_shared_tier() {
     tiers.fetch(&want(&k)).unwrap();
     assert!(shared.holds(&k.digest()));
 }
+
+#[test]
+fn what_is_held_comes_from_the_tiers_before_the_shared_ones_and_never_from_farther() {
+    let k = key("v1");
+    let private = Arc::new(MemoryTier::new(1 << 20));
+    let peer = MemoryTier::shared(1 << 20);
+    peer.put(Unit::new(k.digest(), Arc::new(DATA.to_vec())));
+    let shared = Arc::new(FaultTier::new(Arc::new(peer)));
+    let source = origin(&k);
+    let tiers = Tiers::new(vec![private.clone(), shared.clone(), source.clone()]);
+    // Neither a shared tier nor the source is asked for what is only held.
+    assert!(tiers.held(&want(&k)).is_none());
+    assert_eq!((shared.gets(), source.gets()), (0, 0));
+    // Once fetched, it is held: served from the private tier.
+    tiers.fetch(&want(&k)).unwrap();
+    assert_eq!(&tiers.held(&want(&k)).unwrap()[..], DATA);
+    assert_eq!(source.gets(), 0, "the shared tier answered the fetch");
+    // Bytes the private tier holds under another key are not this unit.
+    let other = key("v2");
+    assert!(tiers.held(&want(&other)).is_none());
+}
