@@ -24,7 +24,7 @@ pub mod tls;
 pub use identity::{IdentityError, node_id};
 pub use membership::{MemberRecord, Membership, MembershipConfig, MembershipError, View};
 pub use placement::{Member, MemberId, Placement, UnitDigest};
-pub use tls::{NodeTls, Peer, TlsError, fingerprint};
+pub use tls::{EtcdTls, NodeTls, Peer, TlsError, fingerprint};
 
 /// A small tokio runtime of the cluster's own, `threads` workers named `name`: the membership, the peer
 /// server and the peer client each run one, so that their callers stay synchronous.

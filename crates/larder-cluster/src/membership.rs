@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions, WatchOptions,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::placement::{Member, MemberId, Placement};
@@ -164,6 +166,8 @@ pub struct MembershipConfig {
     /// How long after a membership change a unit's previous owner is still asked for it (a hint)
     /// before home.
     pub hint_for: Duration,
+    /// TLS to etcd (endpoints `https://`), with the node's certificate as its client certificate.
+    pub tls: Option<crate::tls::EtcdTls>,
 }
 
 impl MembershipConfig {
@@ -175,6 +179,7 @@ impl MembershipConfig {
             renew_every: Duration::from_secs(3),
             timeout: Duration::from_secs(2),
             hint_for: Duration::from_secs(600),
+            tls: None,
         }
     }
 
@@ -258,9 +263,16 @@ async fn timed<T>(
 
 impl Shared {
     async fn connect(&self) -> Result<Client, MembershipError> {
-        let opts = ConnectOptions::new()
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(self.cfg.timeout)
             .with_timeout(self.cfg.timeout);
+        if let Some(tls) = &self.cfg.tls {
+            opts = opts.with_tls(
+                TlsOptions::new()
+                    .ca_certificate(Certificate::from_pem(&tls.ca))
+                    .identity(Identity::from_pem(&tls.cert, &tls.key)),
+            );
+        }
         Client::connect(self.cfg.endpoints.clone(), Some(opts))
             .await
             .map_err(|source| MembershipError::Connect {

@@ -20,6 +20,8 @@ pub struct Etcd {
     dir: tempfile::TempDir,
     pub client: u16,
     peer: u16,
+    /// With TLS: the CA its clients must chain to, and its own certificate and key.
+    tls: Option<[std::path::PathBuf; 3]>,
 }
 
 impl Etcd {
@@ -30,21 +32,48 @@ impl Etcd {
             dir: tempfile::tempdir().expect("a temporary directory"),
             client: free_port(),
             peer: free_port(),
+            tls: None,
         };
         e.run();
         e
     }
 
-    /// Its client endpoint, `http://127.0.0.1:PORT`.
+    /// Start one that speaks only TLS to its clients, with the certificate `cert` and key `key`, and
+    /// admits only clients whose certificate chains to `ca` (`--client-cert-auth`).
+    pub fn start_tls(ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> Etcd {
+        let mut e = Etcd {
+            child: None,
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            client: free_port(),
+            peer: free_port(),
+            tls: Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]),
+        };
+        e.run();
+        e
+    }
+
+    /// Its client endpoint, `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client)
     }
 
     /// Start it (again, on the same data and ports, after [`Etcd::kill`]).
     pub fn run(&mut self) {
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer);
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some([ca, cert, key]) = &self.tls {
+            command
+                .arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(ca)
+                .arg("--cert-file")
+                .arg(cert)
+                .arg("--key-file")
+                .arg(key);
+        }
+        let child = command
             .args(["--name", "t", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])

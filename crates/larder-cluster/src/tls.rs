@@ -186,12 +186,19 @@ pub fn init(dir: &Path) -> Result<Issued, TlsError> {
 /// CA, valid about two years, for both server and client authentication. An existing pair of that name is
 /// replaced only with `force`.
 pub fn issue(dir: &Path, name: &str, force: bool) -> Result<Issued, TlsError> {
-    issue_valid(dir, name, force, validity(NODE_VALIDITY)?)
+    issue_for(dir, name, &[], force)
+}
+
+/// Like [`issue`], the certificate naming the host names or IP addresses of `also` too: for a service
+/// its clients reach by address, such as an etcd the nodes speak TLS to.
+pub fn issue_for(dir: &Path, name: &str, also: &[String], force: bool) -> Result<Issued, TlsError> {
+    issue_valid(dir, name, also, force, validity(NODE_VALIDITY)?)
 }
 
 fn issue_valid(
     dir: &Path,
     name: &str,
+    also: &[String],
     force: bool,
     (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
 ) -> Result<Issued, TlsError> {
@@ -218,6 +225,15 @@ fn issue_valid(
     params.distinguished_name = DistinguishedName::new();
     params.distinguished_name.push(DnType::CommonName, name);
     params.subject_alt_names = vec![SanType::DnsName(name.try_into().map_err(generate)?)];
+    for other in also {
+        params.subject_alt_names.push(match other.parse::<std::net::IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => {
+                check_name(other)?;
+                SanType::DnsName(other.as_str().try_into().map_err(generate)?)
+            }
+        });
+    }
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
@@ -375,6 +391,35 @@ impl NodeTls {
     /// certificate its client authentication. Connect with [`server_name`] of the peer's node name.
     pub fn client_config(&self) -> Arc<ClientConfig> {
         self.client.clone()
+    }
+}
+
+/// What a node presents to etcd, and trusts it by, when it speaks TLS to it (`etcds://`): the cluster's CA
+/// (etcd's certificate must chain to it and name the address the node dials) and the node's own
+/// certificate and key as its client certificate (etcd started with `--client-cert-auth` and the CA as
+/// `--trusted-ca-file` admits it).
+#[derive(Clone)]
+pub struct EtcdTls {
+    pub ca: Vec<u8>,
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+impl EtcdTls {
+    /// Node `name`'s, from the cluster directory `dir` (the files [`NodeTls::load`] checks).
+    pub fn load(dir: &Path, name: &str) -> Result<EtcdTls, TlsError> {
+        let (cert_path, key_path) = node_paths(dir, name);
+        Ok(EtcdTls {
+            ca: read(&dir.join(CA_CERT), NO_CA)?,
+            cert: read(&cert_path, NO_CERT)?,
+            key: read_key(&key_path, NO_CERT)?,
+        })
+    }
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls").finish_non_exhaustive()
     }
 }
 
@@ -961,7 +1006,7 @@ mod tests {
 
         // An expired certificate.
         let long_ago = time::OffsetDateTime::from_unix_timestamp(1_500_000_000).unwrap();
-        issue_valid(p, "old", false, (long_ago, long_ago + Duration::from_secs(86_400))).unwrap();
+        issue_valid(p, "old", &[], false, (long_ago, long_ago + Duration::from_secs(86_400))).unwrap();
         let err = load_err("old").to_string();
         assert!(err.contains("old.pem") && err.contains("expired"), "{err}");
     }

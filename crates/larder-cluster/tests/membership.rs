@@ -159,3 +159,36 @@ fn joining_fails_clearly_when_etcd_cannot_be_reached_or_the_name_is_bad() {
         Err(MembershipError::BadName(_))
     ));
 }
+
+#[test]
+fn over_tls_etcd_admits_a_node_with_the_clusters_certificate_and_no_other() {
+    use larder_cluster::{EtcdTls, tls};
+    let ours = tempfile::tempdir().unwrap();
+    let theirs = tempfile::tempdir().unwrap();
+    for dir in [ours.path(), theirs.path()] {
+        tls::init(dir).unwrap();
+        tls::issue(dir, "node1", false).unwrap();
+    }
+    // etcd's own certificate, from the cluster's CA, naming the address the nodes dial.
+    tls::issue_for(ours.path(), "etcd", &["127.0.0.1".into()], false).unwrap();
+    let p = ours.path();
+    let etcd = Etcd::start_tls(&p.join("ca.pem"), &p.join("etcd.pem"), &p.join("etcd.key"));
+    let with = |dir: &std::path::Path| {
+        let mut cfg = config(&etcd, "tls");
+        cfg.tls = Some(EtcdTls::load(dir, "node1").unwrap());
+        cfg
+    };
+    let a = Membership::join(with(ours.path()), record(1, "10.0.0.1:7000")).unwrap();
+    eventually("a sees itself live", Duration::from_secs(5), || {
+        a.view().live.contains(&1)
+    });
+    assert!(a.online());
+    // A certificate from another CA: etcd refuses the handshake, and the join says it could not.
+    assert!(Membership::join(with(theirs.path()), record(2, "10.0.0.2:7000")).is_err());
+    // Plain text to a TLS etcd: refused too.
+    let mut plain = config(&etcd, "tls");
+    plain.endpoints = vec![format!("http://127.0.0.1:{}", etcd.client)];
+    assert!(Membership::join(plain, record(3, "10.0.0.3:7000")).is_err());
+    assert_eq!(a.view().live.len(), 1, "a refused node joined: {:?}", a.view().live);
+    a.leave();
+}

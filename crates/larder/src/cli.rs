@@ -93,6 +93,10 @@ pub struct ClusterCertArgs {
     /// Replace an existing certificate and key of that name (the node then needs the new pair).
     #[arg(long)]
     pub force: bool,
+    /// Another host name or IP address the certificate names (repeatable): for an etcd the nodes reach
+    /// over TLS by that address.
+    #[arg(long = "also-name", value_name = "HOST|IP")]
+    pub also: Vec<String>,
 }
 
 fn block_size(s: &str) -> Result<u64, String> {
@@ -112,15 +116,28 @@ pub enum OnOff {
     Off,
 }
 
-/// etcd's client endpoints, as `http://HOST:PORT`.
+/// etcd's client endpoints, as `http://HOST:PORT` (`https://` over TLS).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdEndpoints(pub Vec<String>);
 
-/// `--cluster etcd://HOST:PORT[,HOST:PORT...]`.
+impl EtcdEndpoints {
+    /// Whether larder speaks TLS to etcd.
+    pub fn tls(&self) -> bool {
+        self.0.iter().any(|e| e.starts_with("https://"))
+    }
+}
+
+/// `--cluster etcd://HOST:PORT[,HOST:PORT...]`, or `etcds://` for TLS.
 fn parse_cluster(s: &str) -> Result<EtcdEndpoints, String> {
-    let rest = s
-        .strip_prefix("etcd://")
-        .ok_or_else(|| format!("{s:?}: expected etcd://HOST:PORT[,HOST:PORT...]"))?;
+    let (scheme, rest) = if let Some(rest) = s.strip_prefix("etcd://") {
+        ("http", rest)
+    } else if let Some(rest) = s.strip_prefix("etcds://") {
+        ("https", rest)
+    } else {
+        return Err(format!(
+            "{s:?}: expected etcd://HOST:PORT[,HOST:PORT...] (or etcds:// for TLS)"
+        ));
+    };
     let endpoints: Vec<String> = rest
         .split(',')
         .map(|hp| {
@@ -130,7 +147,7 @@ fn parse_cluster(s: &str) -> Result<EtcdEndpoints, String> {
             if host.is_empty() || host.contains('/') || port.parse::<u16>().is_err() {
                 return Err(format!("{hp:?}: expected HOST:PORT"));
             }
-            Ok(format!("http://{hp}"))
+            Ok(format!("{scheme}://{hp}"))
         })
         .collect::<Result<_, _>>()?;
     Ok(EtcdEndpoints(endpoints))
@@ -275,7 +292,8 @@ pub struct MountArgs {
     /// Serve Prometheus metrics at this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Join a cluster whose membership lives in etcd: etcd://HOST:PORT[,HOST:PORT...]. Its nodes serve
+    /// Join a cluster whose membership lives in etcd: etcd://HOST:PORT[,HOST:PORT...], or etcds://... to
+    /// speak TLS to etcd (trusting the cluster's CA, presenting this node's certificate). Its nodes serve
     /// each other's cached units before going to home.
     #[arg(long, value_parser = parse_cluster)]
     pub cluster: Option<EtcdEndpoints>,
@@ -405,8 +423,13 @@ mod tests {
             parse_cluster("etcd://10.0.0.1:2379,etcd-b:2379").unwrap(),
             EtcdEndpoints(vec!["http://10.0.0.1:2379".into(), "http://etcd-b:2379".into()])
         );
+        let tls = parse_cluster("etcds://10.0.0.1:2379").unwrap();
+        assert_eq!(tls, EtcdEndpoints(vec!["https://10.0.0.1:2379".into()]));
+        assert!(tls.tls() && !parse_cluster("etcd://a:1").unwrap().tls());
         for bad in [
             "http://a:2379",
+            "https://a:2379",
+            "etcds://a",
             "etcd://a",
             "etcd://a:b",
             "etcd://:2379",

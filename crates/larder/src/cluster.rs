@@ -70,7 +70,7 @@ fn cert(args: ClusterCertArgs) -> anyhow::Result<()> {
             name
         }
     };
-    let issued = tls::issue(&args.dir, &name, args.force)?;
+    let issued = tls::issue_for(&args.dir, &name, &args.also, args.force)?;
     println!(
         "issued the certificate of node {name}, signed by the CA in {}:",
         args.dir.display()

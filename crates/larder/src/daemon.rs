@@ -17,7 +17,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, Session, SessionACL};
 use larder_cache::{Db, Store, StoreConfig};
 use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
-use larder_cluster::{MemberRecord, Membership, MembershipConfig, NodeTls};
+use larder_cluster::{EtcdTls, MemberRecord, Membership, MembershipConfig, NodeTls};
 use larder_fs::cluster::FsUnitSource;
 use larder_fs::tier::PeerTier;
 use larder_fs::{Fs, FsConfig, WriteMode};
@@ -305,7 +305,11 @@ fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
         fingerprint: tls.fingerprint().to_string(),
         serve,
     };
-    let cfg = MembershipConfig::new(endpoints.0.clone(), args.cluster_name.clone());
+    let mut cfg = MembershipConfig::new(endpoints.0.clone(), args.cluster_name.clone());
+    if endpoints.tls() {
+        cfg.tls =
+            Some(EtcdTls::load(tls_dir, tls.name()).map_err(|e| anyhow!("--cluster-tls {}: {e}", tls_dir.display()))?);
+    }
     let membership =
         Arc::new(Membership::join(cfg, record).map_err(|e| anyhow!("cannot join cluster {}: {e}", args.cluster_name))?);
     let stats = Arc::new(PeerStats::default());

@@ -457,3 +457,42 @@ fn a_node_that_joins_takes_its_units_from_their_previous_owners_and_one_that_lea
         m.unmount();
     }
 }
+
+#[test]
+fn a_node_joins_an_etcd_that_requires_client_certificates_over_etcds() {
+    require_fuse();
+    let t = TestDir::new("cluster-etcd-tls");
+    std::fs::create_dir_all(t.root().join("home")).unwrap();
+    let tls = certs(&t.root().join("tls"), &["a"]);
+    let out = common::larder(&["cluster", "cert", s(&tls), "etcd", "--also-name", "127.0.0.1"]);
+    assert!(out.success(), "{out}");
+    let etcd = Etcd::start_tls(&tls.join("ca.pem"), &tls.join("etcd.pem"), &tls.join("etcd.key"));
+    let mnt = t.root().join("mnt-a");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = |scheme: &str| {
+        vec![
+            "--cluster".to_string(),
+            format!("{scheme}://127.0.0.1:{}", etcd.client),
+            "--cluster-tls".into(),
+            s(&tls).into(),
+            "--node-name".into(),
+            "a".into(),
+            "--listen".into(),
+            listen.clone(),
+        ]
+    };
+    // Plain text to an etcd that speaks TLS: the mount fails, saying it could not join.
+    let plain = args("etcd");
+    let plain: Vec<&str> = plain.iter().map(String::as_str).collect();
+    let out = Mount::try_new(&t.root().join("home"), &mnt, &t.root().join("cache-a"), &plain)
+        .err()
+        .expect("mounted against a TLS etcd in plain text");
+    assert!(out.to_string().contains("cannot join cluster"), "{out}");
+    let over_tls = args("etcds");
+    let over_tls: Vec<&str> = over_tls.iter().map(String::as_str).collect();
+    let a = Mount::new(&t.root().join("home"), &mnt, &t.root().join("cache-a"), &over_tls);
+    assert_eq!(a.status()["cluster"]["etcd_online"], true);
+    assert_eq!(live_names(&members(&a)), ["a"]);
+    a.unmount();
+}
