@@ -24,4 +24,4 @@ pub use flight::SingleFlight;
 pub use lru::Lru;
 pub use policy::{Eviction, Policy};
 pub use s3fifo::{PolicyStats, S3Fifo};
-pub use store::{BlockKey, CacheError, CacheResult, Store, StoreConfig, StoreStats};
+pub use store::{BlockKey, CacheError, CacheResult, Departing, Store, StoreConfig, StoreStats};

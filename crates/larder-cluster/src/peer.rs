@@ -147,8 +147,14 @@ pub struct PeerStats {
     /// Units served to peers, and their bytes.
     pub served: AtomicU64,
     pub served_bytes: AtomicU64,
-    /// Units this node took over from members that left.
+    /// Units this node took over from members that left or migrated them here.
     pub taken: AtomicU64,
+    /// Units this node owned that it sent to a member with room instead of evicting them, and their
+    /// bytes; units evicted because no member had room, or because migration was over its rate.
+    pub migrated: AtomicU64,
+    pub migrated_bytes: AtomicU64,
+    pub migrate_no_room: AtomicU64,
+    pub migrate_over_rate: AtomicU64,
     /// Connections and calls the server refused: failed or timed-out TLS handshakes (no certificate, one
     /// from another CA, not TLS at all), and certificates that are not a live member's.
     pub refused: AtomicU64,

@@ -4,17 +4,22 @@
 //! when the asker says this node owns the unit (one home read for every node that wants it, however
 //! many ask at once: the read path's single flight).
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
-use larder_cluster::peer::{Ask, Bytes, SourceError, UnitSource};
+use larder_cluster::peer::{Ask, Bytes, PeerClient, PeerStats, SourceError, UnitSource};
+use larder_cluster::{MemberId, Membership};
 use larder_home::{FileKind, Version};
 
 use crate::key::Part;
 
-use crate::namespace::{Fs, ROOT, read};
+use crate::namespace::{Fs, Namespace, ROOT, read};
+use crate::tier::Whereabouts;
 use crate::tier::{Local, Want};
 
 type SourceResult<T> = Result<T, SourceError>;
@@ -102,48 +107,199 @@ pub struct HeldUnit {
     pub len: u64,
 }
 
+/// A file as home has it, clean here: its cache object, the version home has, where home's content ends,
+/// and its path at home.
+struct HomeFile {
+    object: u64,
+    version: Version,
+    home_end: u64,
+    path: PathBuf,
+}
+
+/// `ino` if it is a file this node knows clean and at home, with the version home has: the files whose
+/// units a peer may be served (nothing changed here, not removed).
+fn home_file(ns: &Namespace, ino: u64) -> Option<HomeFile> {
+    let n = ns.inode(ino).ok()?;
+    if n.kind != FileKind::File || !n.dirty.is_empty() || n.home_size.is_some() || n.removed {
+        return None;
+    }
+    Some(HomeFile {
+        object: n.object,
+        version: n.attr.as_ref()?.version.clone(),
+        home_end: n.home_end(),
+        path: ns.home_path(ino).ok()??,
+    })
+}
+
 impl Fs {
     /// Every unit this node holds whole of the files it knows clean and at home, with the version home
     /// has: the units a peer could be served. A walk over the namespace (taken shared, once) and the
     /// store's index: for the status and for leaving, not for the I/O path.
     pub fn held_units(&self) -> Vec<HeldUnit> {
-        let files: Vec<(u64, Version, u64, PathBuf)> = {
+        let files: Vec<HomeFile> = {
             let ns = read(&self.ns);
-            ns.inodes
-                .iter()
-                .filter(|(_, n)| n.kind == FileKind::File && n.dirty.is_empty() && n.home_size.is_none() && !n.removed)
-                .filter_map(|(&ino, n)| {
-                    let version = n.attr.as_ref()?.version.clone();
-                    let path = ns.home_path(ino).ok()??;
-                    Some((n.object, version, n.home_end(), path))
-                })
-                .collect()
+            ns.inodes.keys().filter_map(|&ino| home_file(&ns, ino)).collect()
         };
         let bs = self.core.store.block_size();
         let mut out = Vec::new();
-        for (object, version, home_end, path) in files {
-            let blocks = home_end.div_ceil(bs) as u32;
+        for f in files {
+            let blocks = f.home_end.div_ceil(bs) as u32;
             for index in 0..blocks.max(1) {
-                let (key, range) = self.core.unit_of(index, &path, &version, home_end);
-                let held = match key.part {
-                    Part::Whole { len } => self.core.store.present(object, len),
-                    Part::Block { .. } => range.end > range.start && self.core.store.contains((object, index)),
-                };
-                if held {
-                    out.push(HeldUnit {
-                        digest: key.digest().0,
-                        key: key.encode(),
-                        path: path.clone(),
-                        index,
-                        len: range.end - range.start,
-                    });
-                }
-                if matches!(key.part, Part::Whole { .. }) {
+                let (unit, whole) = self.unit_held(&f, index);
+                out.extend(unit);
+                if whole {
                     break;
                 }
             }
         }
         out
+    }
+
+    /// Unit `index` of `f` if the store holds it whole, and whether it is the file's whole unit.
+    fn unit_held(&self, f: &HomeFile, index: u32) -> (Option<HeldUnit>, bool) {
+        let (key, range) = self.core.unit_of(index, &f.path, &f.version, f.home_end);
+        let (held, whole) = match key.part {
+            Part::Whole { len } => (self.core.store.present(f.object, len), true),
+            Part::Block { .. } => (
+                range.end > range.start && self.core.store.contains((f.object, index)),
+                false,
+            ),
+        };
+        let unit = held.then(|| HeldUnit {
+            digest: key.digest().0,
+            key: key.encode(),
+            path: f.path.clone(),
+            index,
+            len: range.end - range.start,
+        });
+        (unit, whole)
+    }
+
+    /// The inodes of cache objects, for the files [`home_file`] takes.
+    fn files_by_object(&self) -> HashMap<u64, u64> {
+        let ns = read(&self.ns);
+        ns.inodes
+            .iter()
+            .filter(|(_, n)| n.kind == FileKind::File)
+            .map(|(&ino, n)| (n.object, ino))
+            .collect()
+    }
+}
+
+/// Migration instead of eviction (Cluster-Aware Cache): when the harvester is about to evict a unit this
+/// node owns, the cluster's copy of it, the unit is offered to the member with the most free space (that
+/// has room for twice the unit): it takes the unit over from this node (a `Take`), and this node notes
+/// where it went, so that its walk asks there before home. At most `rate` bytes a second are offered:
+/// migration takes a bounded share of the peer links; past it, units are evicted as on a lone node.
+pub struct Migrator {
+    membership: Arc<Membership>,
+    client: Arc<PeerClient>,
+    whereabouts: Arc<Whereabouts>,
+    stats: Arc<PeerStats>,
+    rate: u64,
+    /// Bytes that may be offered now, and when the bucket was last filled.
+    bucket: Mutex<(f64, Instant)>,
+    /// Cache objects' inodes, rebuilt at most once a second when an object is not found.
+    files: Mutex<(Option<Instant>, HashMap<u64, u64>)>,
+}
+
+impl Migrator {
+    pub fn new(
+        membership: Arc<Membership>,
+        client: Arc<PeerClient>,
+        whereabouts: Arc<Whereabouts>,
+        stats: Arc<PeerStats>,
+        rate: u64,
+    ) -> Migrator {
+        Migrator {
+            membership,
+            client,
+            whereabouts,
+            stats,
+            rate,
+            bucket: Mutex::new((rate as f64, Instant::now())),
+            files: Mutex::new((None, HashMap::new())),
+        }
+    }
+
+    /// The harvester is about to evict blocks `indexes` of `object` (one unit): offer it if this node owns
+    /// it. Returns once the unit is taken over, or not offered.
+    pub fn depart(&self, fs: &Fs, object: u64, indexes: &[u32]) {
+        let Some(&index) = indexes.iter().min() else { return };
+        if self.rate == 0 {
+            return;
+        }
+        let Some(ino) = self.ino_of(fs, object) else { return };
+        let Some(file) = home_file(&read(&fs.ns), ino).filter(|f| f.object == object) else {
+            return;
+        };
+        let (Some(unit), _) = fs.unit_held(&file, index) else {
+            return;
+        };
+        let view = self.membership.view();
+        let me = self.membership.me().id;
+        if view.placement().owner(&unit.digest) != Some(me) {
+            // Not the cluster's copy: the unit's owner has it, or fetches it.
+            return;
+        }
+        let room = |id: &MemberId| view.liveness.get(id).map_or(0, |l| l.free);
+        let Some(to) = view
+            .serving()
+            .filter(|r| r.id != me && room(&r.id) >= 2 * unit.len)
+            .max_by_key(|r| room(&r.id))
+        else {
+            self.stats.migrate_no_room.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if !self.spend(unit.len) {
+            self.stats.migrate_over_rate.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let ask = Ask {
+            key: &unit.key,
+            digest: &unit.digest,
+            path: unit.path.as_os_str().as_bytes(),
+            index: unit.index,
+            forward: true,
+            from: None,
+        };
+        match self.client.take(to, &ask) {
+            Ok(len) => {
+                self.whereabouts.note(unit.digest, to.id);
+                self.stats.migrated.fetch_add(1, Ordering::Relaxed);
+                self.stats.migrated_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::debug!(peer = %to.name, path = %unit.path.display(), error = %e, "a unit was not migrated")
+            }
+        }
+    }
+
+    /// The inode of cache object `object`, if a file of this node has it.
+    fn ino_of(&self, fs: &Fs, object: u64) -> Option<u64> {
+        let mut files = larder_cache::contention::lock(&self.files);
+        if let Some(&ino) = files.1.get(&object) {
+            return Some(ino);
+        }
+        if files.0.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return None;
+        }
+        *files = (Some(Instant::now()), fs.files_by_object());
+        files.1.get(&object).copied()
+    }
+
+    /// Take `len` bytes from the bucket (filled at `rate` a second, holding a second's worth at most).
+    fn spend(&self, len: u64) -> bool {
+        let mut b = larder_cache::contention::lock(&self.bucket);
+        let now = Instant::now();
+        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * self.rate as f64).min(self.rate as f64);
+        b.1 = now;
+        if b.0 >= len as f64 {
+            b.0 -= len as f64;
+            true
+        } else {
+            false
+        }
     }
 }
 

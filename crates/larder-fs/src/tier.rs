@@ -26,7 +26,7 @@ pub use fault::{FaultTier, Faults};
 pub use local::{HomeTier, StoreTier};
 #[cfg(any(test, feature = "mock"))]
 pub use memory::MemoryTier;
-pub use peer::PeerTier;
+pub use peer::{PeerTier, Whereabouts};
 
 use std::ops::Range;
 use std::path::Path;

@@ -313,6 +313,10 @@ pub struct MountArgs {
     /// Serve cached units to the other nodes (off: a short-lived client that only reads).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub peer_serve: OnOff,
+    /// Bytes a second of units this node owns that it may send to members with room instead of evicting
+    /// them (0: evict as a lone node does).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, requires = "cluster")]
+    pub migrate_rate: u64,
     /// Refuse all changes (the same as --write-mode read-only).
     #[arg(long)]
     pub read_only: bool,

@@ -18,8 +18,8 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use larder_cache::{Db, Store, StoreConfig};
 use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
 use larder_cluster::{EtcdTls, MemberRecord, Membership, MembershipConfig, NodeTls};
-use larder_fs::cluster::FsUnitSource;
-use larder_fs::tier::PeerTier;
+use larder_fs::cluster::{FsUnitSource, Migrator};
+use larder_fs::tier::{PeerTier, Whereabouts};
 use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
 use larder_home::{Health, HealthLayer, Home, Layered};
@@ -395,13 +395,34 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let health = Health::new();
     let gated: Arc<dyn Home> = Arc::new(Layered::new(below_gate.clone(), HealthLayer(health.clone())));
     let cluster = join_cluster(args, &p.cache_dir)?;
+    let whereabouts = Arc::new(Whereabouts::default());
     let between: Vec<Arc<dyn larder_fs::tier::Tier>> = match &cluster {
-        Some(c) => vec![Arc::new(PeerTier::new(c.membership.clone(), c.client.clone()))],
+        Some(c) => vec![Arc::new(PeerTier::new(
+            c.membership.clone(),
+            c.client.clone(),
+            whereabouts.clone(),
+        ))],
         None => Vec::new(),
     };
     let fs = Arc::new(
         Fs::with_tiers(gated, store, fs_cfg, health.clone(), between).map_err(|e| anyhow!("home {home_url}: {e}"))?,
     );
+    if let Some(c) = cluster.as_ref().filter(|c| c.serve) {
+        // The units this node owns go to members with room rather than away, at a bounded rate.
+        let migrator = Migrator::new(
+            c.membership.clone(),
+            c.client.clone(),
+            whereabouts,
+            c.stats.clone(),
+            args.migrate_rate,
+        );
+        let weak = Arc::downgrade(&fs);
+        fs.store().set_departing(Arc::new(move |object, indexes| {
+            if let Some(fs) = weak.upgrade() {
+                migrator.depart(&fs, object, indexes);
+            }
+        }));
+    }
     let _peer_server = match &cluster {
         Some(c) if c.serve => {
             let listen = c.membership.me().addr.parse().expect("checked at join");

@@ -58,6 +58,9 @@ pub const PEER_BYTES: &str = "larder_peer_bytes";
 pub const PEER_SERVED: &str = "larder_peer_served";
 pub const PEER_SERVED_BYTES: &str = "larder_peer_served_bytes";
 pub const PEER_REFUSED: &str = "larder_peer_refused";
+pub const PEER_TAKEN: &str = "larder_peer_taken";
+pub const PEER_MIGRATED: &str = "larder_peer_migrated";
+pub const PEER_MIGRATED_BYTES: &str = "larder_peer_migrated_bytes";
 pub const CLUSTER_MEMBERS: &str = "larder_cluster_members";
 pub const CLUSTER_ETCD_ONLINE: &str = "larder_cluster_etcd_online";
 pub const CLUSTER_OWNED_UNITS: &str = "larder_cluster_owned_units";
@@ -288,6 +291,24 @@ impl Figures<'_> {
                 PEER_REFUSED,
                 "Peer connections and calls refused (failed TLS handshakes, certificates not a live member's).",
                 p.refused,
+            )?;
+            counter(
+                enc,
+                PEER_TAKEN,
+                "Units taken over from members that left or migrated them here.",
+                p.taken,
+            )?;
+            counter(
+                enc,
+                PEER_MIGRATED,
+                "Units this node owned sent to a member with room instead of being evicted.",
+                p.migrated,
+            )?;
+            counter(
+                enc,
+                PEER_MIGRATED_BYTES,
+                "Bytes of the units sent to members with room instead of being evicted.",
+                p.migrated_bytes,
             )?;
         }
         if let Some(c) = &self.cluster {
@@ -543,6 +564,10 @@ mod tests {
             served: 5,
             served_bytes: 5 << 20,
             refused: 4,
+            taken: 1,
+            migrated: 2,
+            migrated_bytes: 2 << 20,
+            ..Default::default()
         };
         let cluster = ClusterFigures {
             live: 2,
@@ -585,6 +610,9 @@ mod tests {
             ("larder_cluster_etcd_online", 1.0),
             ("larder_cluster_lease_ok", 0.0),
             ("larder_cluster_owned_units", 12.0),
+            ("larder_peer_taken_total", 1.0),
+            ("larder_peer_migrated_total", 2.0),
+            ("larder_peer_migrated_bytes_total", (2 << 20) as f64),
             ("larder_cluster_owned_bytes", (12 << 20) as f64),
             ("larder_tier_bytes_served_total{tier=\"peer\"}", (6 << 20) as f64),
             ("larder_tier_asks_total{tier=\"cache\"}", 20.0),

@@ -170,7 +170,7 @@ impl ClusterStatus {
     }
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct PeerStatus {
     /// Units asked of peers: got, answered "not held" or "another version", failed (unreachable, timed
     /// out, refused, corrupt), corrupt among them, and not asked because a peer's breaker was open.
@@ -188,6 +188,19 @@ pub struct PeerStatus {
     pub served_bytes: u64,
     /// Connections and calls refused: failed TLS handshakes, and certificates not a live member's.
     pub refused: u64,
+    /// Units taken over from members that left or migrated them here.
+    #[serde(default)]
+    pub taken: u64,
+    /// Units this node owned that went to a member with room instead of being evicted, and their bytes;
+    /// evicted because no member had room, or because migration was over its rate.
+    #[serde(default)]
+    pub migrated: u64,
+    #[serde(default)]
+    pub migrated_bytes: u64,
+    #[serde(default)]
+    pub migrate_no_room: u64,
+    #[serde(default)]
+    pub migrate_over_rate: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -219,6 +232,9 @@ pub struct CacheStatus {
     pub blocks: u64,
     pub block_size: u64,
     pub evictions: u64,
+    /// Of them, blocks evicted by reads and writes themselves because the harvester fell behind.
+    #[serde(default)]
+    pub evictions_by_fills: u64,
     pub corrupt_blocks: u64,
     pub logical_bytes: u64,
     pub bytes_pinned: u64,
@@ -329,6 +345,7 @@ impl StatusSource {
                 blocks: store.blocks,
                 block_size: self.block_size,
                 evictions: store.evictions,
+                evictions_by_fills: store.evictions_by_fills,
                 corrupt_blocks: store.corrupt_blocks,
                 logical_bytes: store.logical_bytes,
                 bytes_pinned: store.bytes_pinned,
@@ -410,6 +427,11 @@ impl StatusSource {
                 served: n(&p.served),
                 served_bytes: n(&p.served_bytes),
                 refused: n(&p.refused),
+                taken: n(&p.taken),
+                migrated: n(&p.migrated),
+                migrated_bytes: n(&p.migrated_bytes),
+                migrate_no_room: n(&p.migrate_no_room),
+                migrate_over_rate: n(&p.migrate_over_rate),
             }
         })
     }
@@ -573,7 +595,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
     }
     if let Some(p) = &v.peers {
         println!(
-            "{:<14} asked {}: {} hits, {} misses, {} failed, {} skipped; served {} ({}), refused {}",
+            "{:<14} asked {}: {} hits, {} misses, {} failed, {} skipped; served {} ({}), refused {}; \
+             migrated {} ({}), took {}",
             "peers",
             p.fetches,
             p.hits,
@@ -582,7 +605,10 @@ pub fn run(args: StatusArgs) -> Result<()> {
             p.skipped,
             p.served,
             human_bytes(p.served_bytes),
-            p.refused
+            p.refused,
+            p.migrated,
+            human_bytes(p.migrated_bytes),
+            p.taken
         );
     }
     if let Some(c) = &v.cluster {

@@ -496,3 +496,61 @@ fn a_node_joins_an_etcd_that_requires_client_certificates_over_etcds() {
     assert_eq!(live_names(&members(&a)), ["a"]);
     a.unmount();
 }
+
+#[test]
+fn a_node_sends_the_units_it_owns_to_a_member_with_room_rather_than_evicting_them() {
+    require_fuse();
+    let etcd = Etcd::start();
+    let t = TestDir::new("cluster-migrate");
+    let mut rng = Rng::new(0x3167);
+    std::fs::create_dir_all(t.root().join("home")).unwrap();
+    let big = write_random(&t.root().join("home/big.bin"), 40 << 20, &mut rng);
+    let files = vec![("big.bin".to_string(), big)];
+    let tls = certs(&t.root().join("tls"), &["a", "b", "y"]);
+    // A owns about a third of the units, and its cache holds little more than half the file.
+    let a = node(&t, &etcd, &tls, "a", &["--cache-size", "24MiB", "--readahead", "1MiB"]);
+    let b = node(&t, &etcd, &tls, "b", &["--cache-size", "48MiB"]);
+    assert!(common::wait_until(Duration::from_secs(5), || live_count(&a) == 2));
+    // Read at a pace the harvester keeps up with (it migrates as it evicts); past it, reads evict for
+    // themselves, without migrating (counted as `evictions_by_fills`).
+    {
+        use std::io::Read;
+        let mut f = std::fs::File::open(a.path("big.bin")).unwrap();
+        let mut got = Vec::new();
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut chunk).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        assert_same_bytes(&got, &files[0].1, "big.bin on a, whose cache is too small for it");
+    }
+    let p = a.status()["peers"].clone();
+    let by_fills = num(&a.status(), "/cache/evictions_by_fills");
+    eprintln!("a: {p}; {by_fills} blocks evicted by reads");
+    assert_eq!(by_fills, 0, "the harvester fell behind reads at 40 MiB/s");
+    let migrated = p["migrated"].as_u64().unwrap();
+    assert!(
+        migrated > 0,
+        "a evicted the units it owns rather than send them to b: {p}"
+    );
+    assert_eq!(peers(&b, "taken"), migrated);
+    // A client reads the file: the units a sent away come back through a from b, not from home.
+    let home_before = home_bytes(&a) + home_bytes(&b);
+    let y = client(&t, &etcd, &tls, "y");
+    assert!(common::wait_until(Duration::from_secs(5), || live_count(&y) == 3));
+    read_all(&y, &files, "client y");
+    let again = home_bytes(&a) + home_bytes(&b) + home_bytes(&y) - home_before;
+    let lost = p["migrate_no_room"].as_u64().unwrap() + p["migrate_over_rate"].as_u64().unwrap();
+    eprintln!("a migrated {migrated} units ({lost} evicted for want of room or rate); home sent {again} bytes again");
+    assert!(
+        again <= lost * (1 << 20),
+        "home sent {again} bytes again for {lost} units evicted without migration"
+    );
+    for m in [y, b, a] {
+        m.unmount();
+    }
+}

@@ -190,11 +190,11 @@ impl Store {
             *lock(&self.harvest) = true;
             self.harvest_cv.notify_one();
             if used > self.cfg.limit {
-                self.evict_to(high, usize::MAX);
+                self.evict_to(high, usize::MAX, false);
             }
             return;
         }
-        self.evict_to(low, usize::MAX);
+        self.evict_to(low, usize::MAX, false);
     }
 
     /// Evict clean blocks in the policy's order until usage is at most `target` or `most` blocks were
@@ -210,7 +210,10 @@ impl Store {
     ///
     /// The holes of the blocks dropped under one shard lock are punched once it is let go, before the next
     /// victim is taken ([`Punches`]): a hit of the shard does not wait for them.
-    pub(super) fn evict_to(&self, target: u64, most: usize) -> bool {
+    ///
+    /// With `show`, each unit is shown to the [`Departing`] hook first, with the shard let go; the checks
+    /// are made again after it.
+    pub(super) fn evict_to(&self, target: u64, most: usize, show: bool) -> bool {
         self.drain_touches();
         let mut taken = 0;
         let mut punches = Punches::new(self);
@@ -221,24 +224,27 @@ impl Store {
             #[cfg(test)]
             self.pause(Pause::Evict(key));
             let mut st = self.state(key.0);
-            let still = st.blocks.get(&key).is_some_and(|e| !e.dirty) && st.evictable(key.0);
-            if !still {
+            let Some(mut unit) = Self::departing_unit(&st, key) else {
                 continue;
-            }
-            // A whole unit goes together: its other clean blocks follow the one the policy chose.
-            let mut unit = vec![key];
-            if st.meta(key.0).whole {
-                unit.extend(
-                    st.blocks_of(key.0)
-                        .filter(|(k, e)| !e.dirty && **k != key)
-                        .map(|(k, _)| *k),
-                );
+            };
+            if show && let Some(hook) = self.departing.get() {
+                drop(st);
+                let indexes: Vec<u32> = unit.iter().map(|k| k.1).collect();
+                hook(key.0, &indexes);
+                st = self.state(key.0);
+                match Self::departing_unit(&st, key) {
+                    Some(u) => unit = u,
+                    None => continue,
+                }
             }
             taken += unit.len() - 1;
             let mut mutations = Vec::with_capacity(unit.len());
             for key in unit {
                 self.remove_locked(&mut st, key, &mut punches);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
+                if !show {
+                    self.evictions_by_fills.fetch_add(1, Ordering::Relaxed);
+                }
                 mutations.push(Mutation::DelBlock {
                     object: key.0,
                     index: key.1,
@@ -250,6 +256,30 @@ impl Store {
             punches.run();
         }
         self.used.load(Ordering::Relaxed) <= target || lock(&self.policy).stats().units == 0
+    }
+
+    /// The blocks that leave with victim `key`, if it may leave: it is present, clean, and its object is
+    /// neither pinned nor held. A whole unit goes together: its other clean blocks follow the one the
+    /// policy chose.
+    fn departing_unit(st: &ShardState, key: BlockKey) -> Option<Vec<BlockKey>> {
+        let still = st.blocks.get(&key).is_some_and(|e| !e.dirty) && st.evictable(key.0);
+        if !still {
+            return None;
+        }
+        let mut unit = vec![key];
+        if st.meta(key.0).whole {
+            unit.extend(
+                st.blocks_of(key.0)
+                    .filter(|(k, e)| !e.dirty && **k != key)
+                    .map(|(k, _)| *k),
+            );
+        }
+        Some(unit)
+    }
+
+    /// Show the harvester's victims to `hook` before they go (see [`Departing`]). Set once.
+    pub fn set_departing(&self, hook: super::Departing) {
+        let _ = self.departing.set(hook);
     }
 
     /// Start the harvester: a thread that evicts down to the low watermark once usage passes the high one,
@@ -275,7 +305,7 @@ impl Store {
                         continue;
                     }
                     // In batches, so that the buffered hits of the shards are passed on between them.
-                    while !store.evict_to(low, 64) {}
+                    while !store.evict_to(low, 64, true) {}
                 }
             })?;
         Ok(())

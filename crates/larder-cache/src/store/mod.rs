@@ -118,6 +118,9 @@ pub struct StoreStats {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
+    /// Blocks evicted by fills themselves, past the limit, because the harvester fell behind (never shown
+    /// to the [`Departing`] hook).
+    pub evictions_by_fills: u64,
     pub corrupt_blocks: u64,
     /// Bytes put into the cache (blocks fetched from home, and written here).
     pub inserted_bytes: u64,
@@ -334,6 +337,13 @@ struct FdCache {
     tick: u64,
 }
 
+/// Shown, by the harvester, each clean unit it is about to evict (an object and the indexes of its blocks
+/// going together), with no lock held and the blocks still readable: a cluster node offers the units it
+/// owns to a member with room (migration instead of eviction). It must return in bounded time; the
+/// blocks are dropped afterwards unless they changed meanwhile. Evictions a fill makes itself (the
+/// harvester fell behind) show nothing: they must not wait.
+pub type Departing = Arc<dyn Fn(u64, &[u32]) + Send + Sync>;
+
 /// The local block store.
 pub struct Store {
     cfg: StoreConfig,
@@ -357,9 +367,12 @@ pub struct Store {
     harvest: Mutex<bool>,
     harvest_cv: Condvar,
     harvesting: AtomicBool,
+    /// Shown each unit the harvester is about to evict, while it is still readable (see [`Departing`]).
+    departing: std::sync::OnceLock<Departing>,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
+    evictions_by_fills: AtomicU64,
     corrupt: AtomicU64,
     inserted: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
@@ -663,6 +676,7 @@ impl Store {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
+            evictions_by_fills: self.evictions_by_fills.load(Ordering::Relaxed),
             corrupt_blocks: self.corrupt.load(Ordering::Relaxed),
             inserted_bytes: self.inserted.load(Ordering::Relaxed),
             logical_bytes: self.logical.load(Ordering::Relaxed),

@@ -252,6 +252,75 @@ fn the_harvester_evicts_so_that_fills_do_not() {
 }
 
 #[test]
+fn the_harvester_shows_each_unit_while_it_is_still_readable_before_it_goes_and_fills_show_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("index.redb")).unwrap();
+    let cfg = StoreConfig {
+        dir: dir.path().join("objects"),
+        block_size: 4096,
+        limit: 20 * 4096,
+        high_watermark: 0.5,
+        low_watermark: 0.25,
+        dedup: false,
+        eviction: Eviction::S3Fifo,
+    };
+    let s = Arc::new(Store::open(cfg, db).unwrap());
+    // What the hook saw: each unit (its object and blocks), and whether every block could be read then.
+    type Shown = (u64, Vec<u32>, bool);
+    let seen: Arc<Mutex<Vec<Shown>>> = Arc::default();
+    let (weak, log) = (Arc::downgrade(&s), seen.clone());
+    s.set_departing(Arc::new(move |object, indexes| {
+        let store = weak.upgrade().unwrap();
+        let readable = indexes
+            .iter()
+            .all(|&i| store.read((object, i), 0, 16).unwrap().is_some());
+        log.lock().unwrap().push((object, indexes.to_vec(), readable));
+    }));
+    // Inline eviction (no harvester) shows nothing.
+    for i in 0..30 {
+        s.fill((1, i), &[i as u8; 4096], 0).unwrap();
+    }
+    assert!(s.stats().evictions > 0);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a fill's own eviction waited for the hook"
+    );
+    s.start_harvester().unwrap();
+    // A whole small file (object 2, two blocks) and blocks of a large one (object 3).
+    // Each fill waits for the harvester to catch up, so that no fill passes the limit and evicts itself.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let settle = || {
+        while s.stats().bytes_used > 10 * 4096 {
+            assert!(std::time::Instant::now() < deadline, "the harvester does not keep up");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    };
+    settle();
+    s.fill_whole(2, &[5u8; 6000], 0).unwrap();
+    for i in 0..30 {
+        s.fill((3, i), &[i as u8; 4096], 0).unwrap();
+        settle();
+    }
+    assert!(
+        seen.lock().unwrap().iter().any(|(o, _, _)| *o == 2),
+        "the harvester never showed object 2"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.iter().all(|(_, _, readable)| *readable), "{seen:?}");
+    let whole: Vec<_> = seen.iter().filter(|(o, _, _)| *o == 2).collect();
+    assert_eq!(whole.len(), 1, "a whole unit is shown once: {whole:?}");
+    let mut indexes = whole[0].1.clone();
+    indexes.sort();
+    assert_eq!(indexes, vec![0, 1], "a whole unit is shown with all its blocks");
+    // Shown, then gone (nothing read them again).
+    for (o, idx, _) in &seen {
+        for &i in idx {
+            assert!(!s.contains((*o, i)), "({o}, {i}) stayed after it was shown");
+        }
+    }
+}
+
+#[test]
 fn blocks_read_again_survive_a_scan() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path(), 40 * 4096);
@@ -1021,7 +1090,7 @@ fn operations_on_objects_in_many_shards_racing_keep_blocks_and_figures_true() {
     check_figures(&s);
     let stats = s.stats();
     assert!(stats.evictions > 0, "{stats:?}");
-    s.evict_to(0, usize::MAX);
+    s.evict_to(0, usize::MAX, false);
     let stats = s.stats();
     assert_eq!(
         (stats.bytes_used, stats.bytes_dirty),
@@ -1085,7 +1154,7 @@ fn hits_of_a_shard_do_not_wait_for_its_hole_punches_and_a_block_being_punched_is
             std::thread::spawn(move || match how {
                 "evict_object" => assert_eq!(s.evict_object(a), BS as u64),
                 _ => {
-                    s.evict_to(0, 1);
+                    s.evict_to(0, 1, false);
                 }
             })
         };

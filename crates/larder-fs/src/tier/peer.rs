@@ -8,6 +8,7 @@
 //! failure is a miss: the walk goes on to home. Content not yet pushed is never asked for, and a walk a
 //! peer started asks only the hints, never with leave to fetch: no ask goes round in circles.
 
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
@@ -24,11 +25,52 @@ const ASK: usize = 2;
 pub struct PeerTier {
     membership: Arc<Membership>,
     client: Arc<PeerClient>,
+    whereabouts: Arc<Whereabouts>,
 }
 
 impl PeerTier {
-    pub fn new(membership: Arc<Membership>, client: Arc<PeerClient>) -> PeerTier {
-        PeerTier { membership, client }
+    /// `whereabouts` are the notes of where this node's units went instead of being evicted.
+    pub fn new(membership: Arc<Membership>, client: Arc<PeerClient>, whereabouts: Arc<Whereabouts>) -> PeerTier {
+        PeerTier {
+            membership,
+            client,
+            whereabouts,
+        }
+    }
+}
+
+/// Where units this node owned went when it evicted them (migration instead of eviction): asked for them
+/// like a previous owner. The oldest notes are forgotten past [`Whereabouts::KEPT`].
+#[derive(Default)]
+pub struct Whereabouts(std::sync::Mutex<Notes>);
+
+/// Where each unit went, by its digest, and the digests oldest first.
+#[derive(Default)]
+struct Notes {
+    to: HashMap<[u8; 16], MemberId>,
+    order: VecDeque<[u8; 16]>,
+}
+
+impl Whereabouts {
+    /// Notes kept at most (about 40 bytes each).
+    pub const KEPT: usize = 100_000;
+
+    /// Note that unit `digest` went to member `to`.
+    pub fn note(&self, digest: [u8; 16], to: MemberId) {
+        let mut notes = larder_cache::contention::lock(&self.0);
+        if notes.to.insert(digest, to).is_none() {
+            notes.order.push_back(digest);
+        }
+        while notes.order.len() > Self::KEPT {
+            if let Some(old) = notes.order.pop_front() {
+                notes.to.remove(&old);
+            }
+        }
+    }
+
+    /// Where unit `digest` went, if this node sent it away.
+    pub fn of(&self, digest: &[u8; 16]) -> Option<MemberId> {
+        larder_cache::contention::lock(&self.0).to.get(digest).copied()
     }
 }
 
@@ -55,6 +97,9 @@ impl Tier for PeerTier {
             Part::Whole { .. } => 0,
         };
         let mut hints = view.previous_owners(digest);
+        if let Some(to) = self.whereabouts.of(digest) {
+            hints.insert(0, to);
+        }
         if let Some(from) = want.take_from {
             hints.insert(0, from);
         }
@@ -101,7 +146,27 @@ fn asks(me: MemberId, candidates: &[MemberId], hints: &[MemberId], from_peer: bo
 
 #[cfg(test)]
 mod tests {
-    use super::asks;
+    use super::{Whereabouts, asks};
+
+    #[test]
+    fn whereabouts_are_kept_for_the_newest_units_only() {
+        let w = Whereabouts::default();
+        let digest = |i: usize| {
+            let mut d = [0u8; 16];
+            d[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            d
+        };
+        for i in 0..Whereabouts::KEPT + 10 {
+            w.note(digest(i), i as u64 % 3);
+        }
+        assert_eq!(w.of(&digest(0)), None, "the oldest notes are forgotten");
+        assert_eq!(w.of(&digest(9)), None);
+        assert_eq!(w.of(&digest(10)), Some(1));
+        assert_eq!(w.of(&digest(Whereabouts::KEPT + 9)), Some((Whereabouts::KEPT as u64 + 9) % 3));
+        // A unit sent again goes where it went last.
+        w.note(digest(10), 7);
+        assert_eq!(w.of(&digest(10)), Some(7));
+    }
 
     #[test]
     fn an_owner_asks_only_previous_owners_and_others_ask_the_owner_first() {
