@@ -1,8 +1,8 @@
 //! For tests of the cluster, in this crate and others (feature `testing`): a real etcd (Debian's
-//! `etcd-server`), started on loopback ports of its own with its data in a temporary directory, and
-//! stopped when dropped.
+//! `etcd-server`), started on ports of its own (on loopback, or for its clients on an address the test
+//! chooses) with its data in a temporary directory, and stopped when dropped.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,16 +18,25 @@ pub fn free_port() -> u16 {
 pub struct Etcd {
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// Where it serves its clients.
+    pub host: IpAddr,
     pub client: u16,
     peer: u16,
 }
 
 impl Etcd {
-    /// Start one, and wait until it listens.
+    /// Start one on loopback, and wait until it listens.
     pub fn start() -> Etcd {
+        Etcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Start one serving its clients on `host` (an address of this machine, e.g. a test network's
+    /// bridge), and wait until it listens. Its peer port stays on loopback.
+    pub fn start_on(host: IpAddr) -> Etcd {
         let mut e = Etcd {
             child: None,
             dir: tempfile::tempdir().expect("a temporary directory"),
+            host,
             client: free_port(),
             peer: free_port(),
         };
@@ -35,9 +44,14 @@ impl Etcd {
         e
     }
 
-    /// Its client endpoint, `http://127.0.0.1:PORT`.
+    /// Its client endpoint, `http://HOST:PORT`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        format!("http://{}", self.client_addr())
+    }
+
+    /// Its client address, `HOST:PORT` (as `--cluster etcd://HOST:PORT` names it).
+    pub fn client_addr(&self) -> String {
+        std::net::SocketAddr::new(self.host, self.client).to_string()
     }
 
     /// Start it (again, on the same data and ports, after [`Etcd::kill`]).
@@ -56,7 +70,7 @@ impl Etcd {
             .expect("etcd (Debian's etcd-server) must be installed: scripts/setup.sh --tests installs it");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+        while TcpStream::connect((self.host, self.client)).is_err() {
             assert!(Instant::now() < deadline, "etcd did not start listening");
             std::thread::sleep(Duration::from_millis(50));
         }
