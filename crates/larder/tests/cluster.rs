@@ -6,6 +6,7 @@
 //! FUSE mount, as users do.
 
 mod common;
+mod moto;
 mod netns;
 
 use std::net::IpAddr;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{Mount, Rng, TestDir, assert_same_bytes, log_tail, num, read, require_fuse, s, write_random};
 use larder_cluster::testing::{Etcd, free_port};
+use moto::S3Test;
 use netns::TestNet;
 
 /// Where every node's peer server listens, on its namespace's address.
@@ -231,6 +233,35 @@ fn three_nodes_read_one_data_set_and_home_sends_each_byte_about_once() {
     let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| site.node(&t, &tls, n, &WAN)).collect();
     wait_all_live(&nodes.iter().collect::<Vec<_>>(), &["a", "b", "c"]);
     read_by_three(&nodes, &files, "a directory home behind --emulate-wan");
+    for m in nodes {
+        m.unmount();
+    }
+}
+
+#[test]
+fn three_nodes_read_one_data_set_over_an_s3_home_and_home_sends_each_byte_about_once() {
+    require_fuse();
+    let site = Site::new("three-s3", &["a", "b", "c"]);
+    let st = S3Test::new_on("cluster-s3", "home", &site.net.host_ip().to_string());
+    let staging = st.t.root().join("staging");
+    let mut rng = Rng::new(0x53_c105);
+    let files = make_data_set(&staging, 32 << 20, &mut rng);
+    st.tool_ok(&["put-dir", &st.bucket, &st.prefix, s(&staging)]);
+    let tls = certs(&st.t.root().join("tls"), &["a", "b", "c"]);
+    let env = st.srv.env();
+    let nodes: Vec<Mount> = ["a", "b", "c"]
+        .iter()
+        .map(|n| {
+            let mut args = site.cluster_options(n, &tls, true);
+            args.extend(st.mount_args(&NODE_OPTIONS).iter().map(|a| a.to_string()));
+            site.mount(&st.t, n, &st.url(), &args, &env)
+        })
+        .collect();
+    wait_all_live(&nodes.iter().collect::<Vec<_>>(), &["a", "b", "c"]);
+    let gets_before = st.srv.requests().get;
+    read_by_three(&nodes, &files, "an S3 home");
+    let gets = st.srv.requests().get - gets_before;
+    eprintln!("an S3 home: moto served {gets} GETs for {} files", files.len());
     for m in nodes {
         m.unmount();
     }
