@@ -186,6 +186,19 @@ fn wait_all_live(nodes: &[&Mount], names: &[&str]) {
     }
 }
 
+/// Wait (`secs` at most) until each of `nodes` says etcd is online (`want`) or not.
+fn wait_etcd_online(nodes: &[&Mount], want: bool, secs: u64) {
+    for m in nodes {
+        assert!(
+            common::wait_until(Duration::from_secs(secs), || m.status()["cluster"]["etcd_online"]
+                == want),
+            "{} does not say etcd_online {want} within {secs} s: {}",
+            m.mnt.display(),
+            m.status()["cluster"]
+        );
+    }
+}
+
 /// Three nodes read `files` one after another; returns the bytes home sent over all of them, after
 /// checking they are at most 1.05 × the data set and that peers served reads.
 fn read_by_three(nodes: &[Mount], files: &[(String, Vec<u8>)], what: &str) -> u64 {
@@ -212,6 +225,9 @@ fn read_by_three(nodes: &[Mount], files: &[(String, Vec<u8>)], what: &str) -> u6
     assert!(peer_hits > 0, "{what}: no read was served by a peer");
     from_home
 }
+
+/// The TTL of a node's liveness lease in etcd (larder's default).
+const LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// The size of the data set of most tests.
 const SMALL_SET: usize = 25 << 20;
@@ -262,6 +278,84 @@ fn three_nodes_read_one_data_set_over_an_s3_home_and_home_sends_each_byte_about_
     read_by_three(&nodes, &files, "an S3 home");
     let gets = st.srv.requests().get - gets_before;
     eprintln!("an S3 home: moto served {gets} GETs for {} files", files.len());
+    for m in nodes {
+        m.unmount();
+    }
+}
+
+#[test]
+fn nodes_keep_serving_while_etcd_is_away_and_come_back_online_with_it() {
+    require_fuse();
+    let mut site = Site::new("etcd-away", &["a", "b", "c"]);
+    let t = TestDir::new("cluster-etcd-away");
+    let mut rng = Rng::new(0xe7cd);
+    let files = make_data_set(&t.root().join("home"), SMALL_SET, &mut rng);
+    let total = size_of(&files);
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
+    let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| site.node(&t, &tls, n, &[])).collect();
+    let all: Vec<&Mount> = nodes.iter().collect();
+    wait_all_live(&all, &["a", "b", "c"]);
+    // Each node reads a third of the files: every node's cache holds some units, of every owner.
+    for (i, m) in nodes.iter().enumerate() {
+        let part: Vec<(String, Vec<u8>)> = files.iter().skip(i).step_by(3).cloned().collect();
+        read_all(m, &part, &format!("node {i}, its part"));
+    }
+    let hits_before: u64 = nodes.iter().map(|m| tier_hits(m, "peer")).sum();
+    site.etcd.kill();
+    let stopped = Instant::now();
+    wait_etcd_online(&all, false, 30);
+    eprintln!("every node saw etcd gone within {:?}", stopped.elapsed());
+    // The last view stands: every member is still live to every node, and asked.
+    for m in &nodes {
+        assert_eq!(live_names(&members(m)), ["a", "b", "c"], "{}", m.mnt.display());
+    }
+    let started = Instant::now();
+    for (i, m) in nodes.iter().enumerate() {
+        read_all(m, &files, &format!("node {i}, with etcd away"));
+    }
+    let read_in = started.elapsed();
+    let from_home: u64 = nodes.iter().map(home_bytes).sum();
+    let peer_hits = nodes.iter().map(|m| tier_hits(m, "peer")).sum::<u64>() - hits_before;
+    eprintln!(
+        "with etcd away, three nodes read the data set of {total} bytes in {read_in:?}; home sent {from_home} \
+         bytes in all; peer hits while away {peer_hits}"
+    );
+    assert!(peer_hits > 0, "no read was served by a peer while etcd was away");
+    assert!(
+        from_home as f64 <= total as f64 * 1.05,
+        "home sent {from_home} bytes for a data set of {total}: the nodes stopped asking their peers"
+    );
+    for m in &nodes {
+        assert_eq!(
+            m.status()["cluster"]["etcd_online"],
+            false,
+            "etcd is still away: {}",
+            m.mnt.display()
+        );
+    }
+    // etcd returns on its data and ports: every node registers again and watches again.
+    site.etcd.run();
+    let restarted = Instant::now();
+    wait_etcd_online(&all, true, 30);
+    eprintln!(
+        "every node was back online within {:?} of etcd's return",
+        restarted.elapsed()
+    );
+    for m in &nodes {
+        assert!(
+            common::wait_until(Duration::from_secs(15), || m.status()["cluster"]["lease_ok"] == true),
+            "{} did not renew its lease after etcd returned: {}",
+            m.mnt.display(),
+            m.status()["cluster"]
+        );
+    }
+    wait_all_live(&all, &["a", "b", "c"]);
+    // The leases taken before the outage run out (etcd gave them a full TTL again when it came back):
+    // each node's liveness is under the lease it took on its return, and stays.
+    std::thread::sleep(LEASE_TTL + Duration::from_secs(2));
+    for m in &nodes {
+        assert_eq!(live_names(&members(m)), ["a", "b", "c"], "{}", m.mnt.display());
+    }
     for m in nodes {
         m.unmount();
     }
