@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A local S3 server for larder's S3 tests and demos: moto_server on 127.0.0.1, on a free port.
+# A local S3 server for larder's S3 tests and demos: moto_server on 127.0.0.1 (or $S3_HOST), on a free port.
 #
 #   scripts/s3-server.sh start   # install moto[server] if missing, start it (if not running), print the env
 #   scripts/s3-server.sh env     # print the env of the running server (fails if none runs)
@@ -8,6 +8,10 @@
 #
 # `start` and `env` print one line to eval:
 #   export S3_ENDPOINT=http://127.0.0.1:PORT AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1
+#
+# S3_HOST (default 127.0.0.1) is the address the server listens on and the endpoint names: another
+# address of this machine, e.g. a test network's bridge, lets processes in other network namespaces
+# reach it. It must be the same for every command on one state dir.
 #
 # State (pid, port, log) lives in $S3_STATE_DIR (default /tmp/larder-s3): one server per state dir, so
 # tests running side by side give each server a dir of its own. Every wait is bounded. moto keeps the
@@ -19,6 +23,7 @@ PID_FILE="$STATE_DIR/pid"
 PORT_FILE="$STATE_DIR/port"
 LOG_FILE="$STATE_DIR/moto.log"
 PYTHON="${PYTHON:-python3}"
+HOST="${S3_HOST:-127.0.0.1}"
 START_TIMEOUT="${S3_START_TIMEOUT:-30}"   # seconds to wait for the server to answer
 STOP_TIMEOUT=10                           # seconds to wait for it to exit after SIGTERM
 
@@ -28,7 +33,7 @@ die() {
 }
 
 print_env() {
-  echo "export S3_ENDPOINT=http://127.0.0.1:$1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1"
+  echo "export S3_ENDPOINT=http://$HOST:$1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1"
 }
 
 # The pid in the pid file if that process is alive and is a moto server, else nothing.
@@ -45,7 +50,7 @@ running_pid() {
 
 # Whether the server on port $1 answers an S3 request (ListBuckets) within 2 s.
 answers() {
-  curl -s -o /dev/null --max-time 2 -w '%{http_code}' "http://127.0.0.1:$1/" 2>/dev/null | grep -q '^200$'
+  curl -s -o /dev/null --max-time 2 -w '%{http_code}' "http://$HOST:$1/" 2>/dev/null | grep -q '^200$'
 }
 
 ensure_installed() {
@@ -67,7 +72,7 @@ ensure_installed() {
 }
 
 free_port() {
-  "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  "$PYTHON" -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "$HOST"
 }
 
 start() {
@@ -90,7 +95,7 @@ start() {
     port="$(free_port)"
     # setsid: the server outlives this script and is not in the caller's process group (Ctrl-C, test
     # harnesses). A background job is no group leader, so setsid execs in place: $! is the server's pid.
-    setsid "$PYTHON" -m moto.server -H 127.0.0.1 -p "$port" >"$LOG_FILE" 2>&1 </dev/null &
+    setsid "$PYTHON" -m moto.server -H "$HOST" -p "$port" >"$LOG_FILE" 2>&1 </dev/null &
     pid=$!
     echo "$pid" >"$PID_FILE"
     echo "$port" >"$PORT_FILE"
@@ -147,7 +152,7 @@ case "${1:-}" in
     if [ -z "$pid" ] || ! answers "$(cat "$PORT_FILE")"; then
       die "no answering server for state dir $STATE_DIR"
     fi
-    echo "s3-server: pid $pid, http://127.0.0.1:$(cat "$PORT_FILE")"
+    echo "s3-server: pid $pid, http://$HOST:$(cat "$PORT_FILE")"
     ;;
   *)
     echo "usage: $0 start|stop|env|status   (state dir: \$S3_STATE_DIR, default /tmp/larder-s3)" >&2

@@ -1,8 +1,8 @@
 //! For tests of the cluster, in this crate and others (feature `testing`): a real etcd (Debian's
-//! `etcd-server`), started on loopback ports of its own with its data in a temporary directory, and
-//! stopped when dropped.
+//! `etcd-server`), started on ports of its own (on loopback, or for its clients on an address the test
+//! chooses) with its data in a temporary directory, and stopped when dropped.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,8 @@ pub fn free_port() -> u16 {
 pub struct Etcd {
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// Where it serves its clients.
+    pub host: IpAddr,
     pub client: u16,
     peer: u16,
     /// With TLS: the CA its clients must chain to, and its own certificate and key.
@@ -25,11 +27,18 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    /// Start one, and wait until it listens.
+    /// Start one on loopback, and wait until it listens.
     pub fn start() -> Etcd {
+        Etcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Start one serving its clients on `host` (an address of this machine, e.g. a test network's
+    /// bridge), and wait until it listens. Its peer port stays on loopback.
+    pub fn start_on(host: IpAddr) -> Etcd {
         let mut e = Etcd {
             child: None,
             dir: tempfile::tempdir().expect("a temporary directory"),
+            host,
             client: free_port(),
             peer: free_port(),
             tls: None,
@@ -38,12 +47,13 @@ impl Etcd {
         e
     }
 
-    /// Start one that speaks only TLS to its clients, with the certificate `cert` and key `key`, and
-    /// admits only clients whose certificate chains to `ca` (`--client-cert-auth`).
-    pub fn start_tls(ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> Etcd {
+    /// Start one on `host` that speaks only TLS to its clients, with the certificate `cert` and key
+    /// `key`, and admits only clients whose certificate chains to `ca` (`--client-cert-auth`).
+    pub fn start_tls(host: IpAddr, ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> Etcd {
         let mut e = Etcd {
             child: None,
             dir: tempfile::tempdir().expect("a temporary directory"),
+            host,
             client: free_port(),
             peer: free_port(),
             tls: Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]),
@@ -52,10 +62,15 @@ impl Etcd {
         e
     }
 
-    /// Its client endpoint, `http://127.0.0.1:PORT` (`https://` with TLS).
+    /// Its client endpoint, `http://HOST:PORT` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.client)
+        format!("{scheme}://{}", self.client_addr())
+    }
+
+    /// Its client address, `HOST:PORT` (as `--cluster etcd://HOST:PORT` names it).
+    pub fn client_addr(&self) -> String {
+        std::net::SocketAddr::new(self.host, self.client).to_string()
     }
 
     /// Start it (again, on the same data and ports, after [`Etcd::kill`]).
@@ -85,7 +100,7 @@ impl Etcd {
             .expect("etcd (Debian's etcd-server) must be installed: scripts/setup.sh --tests installs it");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+        while TcpStream::connect((self.host, self.client)).is_err() {
             assert!(Instant::now() < deadline, "etcd did not start listening");
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -172,7 +172,8 @@ fn over_tls_etcd_admits_a_node_with_the_clusters_certificate_and_no_other() {
     // etcd's own certificate, from the cluster's CA, naming the address the nodes dial.
     tls::issue_for(ours.path(), "etcd", &["127.0.0.1".into()], false).unwrap();
     let p = ours.path();
-    let etcd = Etcd::start_tls(&p.join("ca.pem"), &p.join("etcd.pem"), &p.join("etcd.key"));
+    let localhost = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let etcd = Etcd::start_tls(localhost, &p.join("ca.pem"), &p.join("etcd.pem"), &p.join("etcd.key"));
     let with = |dir: &std::path::Path| {
         let mut cfg = config(&etcd, "tls");
         cfg.tls = Some(EtcdTls::load(dir, "node1").unwrap());

@@ -1,28 +1,51 @@
-//! A cluster of larder mounts: separate daemons sharing one home, their membership in a real etcd, their
-//! peer servers on loopback, mutual TLS with certificates made by `larder cluster init` and `larder
-//! cluster cert`. Each node reads through its own FUSE mount, as users do.
+//! A cluster of larder mounts: separate daemons sharing one home, their membership in a real etcd,
+//! mutual TLS with certificates made by `larder cluster init` and `larder cluster cert`. Each node is a
+//! process in a network namespace of its own on a private bridge (`netns`), its peer server on its
+//! namespace's address; etcd, and moto for an S3 home, listen on the bridge's address in the root
+//! namespace, and a directory home is shared through the file system. Each node reads through its own
+//! FUSE mount, as users do.
 
 mod common;
+mod moto;
+mod netns;
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Mount, Rng, TestDir, assert_same_bytes, num, read, require_fuse, s, write_random};
+use common::{Mount, Rng, TestDir, assert_same_bytes, log_tail, num, read, require_fuse, s, write_random};
 use larder_cluster::testing::{Etcd, free_port};
+use moto::S3Test;
+use netns::TestNet;
 
-/// The data set: one large file (many blocks, owned all over the cluster) and small files (whole units).
-fn make_data_set(home: &Path, rng: &mut Rng) -> Vec<(String, Vec<u8>)> {
-    std::fs::create_dir_all(home.join("set/small")).unwrap();
-    let mut files = vec![(
-        "set/big.bin".to_string(),
-        write_random(&home.join("set/big.bin"), 24 << 20, rng),
-    )];
+/// Where every node's peer server listens, on its namespace's address.
+const PEER_PORT: u16 = 7443;
+
+/// The options every node of a directory home mounts with.
+const NODE_OPTIONS: [&str; 5] = ["--block-size", "1MiB", "--no-passthrough", "--validity-lag", "1h"];
+
+/// The data set under `root`, `total` bytes: 40 small files (whole units) and one large file of the rest
+/// (many blocks, owned all over the cluster).
+fn make_data_set(root: &Path, total: usize, rng: &mut Rng) -> Vec<(String, Vec<u8>)> {
+    std::fs::create_dir_all(root.join("set/small")).unwrap();
+    let mut files = Vec::new();
     for i in 0..40 {
         let rel = format!("set/small/f{i:02}");
         let size = 1024 + rng.below(60 << 10) as usize;
-        files.push((rel.clone(), write_random(&home.join(&rel), size, rng)));
+        files.push((rel.clone(), write_random(&root.join(&rel), size, rng)));
     }
+    let big = total
+        .checked_sub(size_of(&files) as usize)
+        .expect("a data set larger than its small files");
+    files.push((
+        "set/big.bin".to_string(),
+        write_random(&root.join("set/big.bin"), big, rng),
+    ));
     files
+}
+
+fn size_of(files: &[(String, Vec<u8>)]) -> u64 {
+    files.iter().map(|(_, d)| d.len() as u64).sum()
 }
 
 /// A cluster's certificates in `dir`, made as an operator makes them: the CA, then each node's.
@@ -36,36 +59,89 @@ fn certs(dir: &Path, names: &[&str]) -> PathBuf {
     dir.to_path_buf()
 }
 
+/// A test's cluster: its private network with a namespace per node, and an etcd on the bridge. The
+/// fields drop in order, etcd before the network; a test's mounts, declared later, go first.
+struct Site {
+    etcd: Etcd,
+    net: TestNet,
+}
+
+impl Site {
+    fn new(label: &str, nodes: &[&str]) -> Site {
+        Site::with_etcd(label, nodes, Etcd::start_on)
+    }
+
+    /// A site whose etcd `start` starts, on the bridge's address it is given.
+    fn with_etcd(label: &str, nodes: &[&str], start: impl FnOnce(IpAddr) -> Etcd) -> Site {
+        let net = TestNet::new(label, nodes);
+        let etcd = start(IpAddr::V4(net.host_ip()));
+        Site { etcd, net }
+    }
+
+    /// The options that put node `name` in the cluster with its certificates in `tls`: serving the
+    /// others on its namespace's address, or a client that only reads.
+    fn cluster_options(&self, name: &str, tls: &Path, serve: bool) -> Vec<String> {
+        let mut args = vec![
+            "--cluster".to_string(),
+            // TLS to an etcd that speaks it.
+            if self.etcd.endpoint().starts_with("https://") {
+                format!("etcds://{}", self.etcd.client_addr())
+            } else {
+                format!("etcd://{}", self.etcd.client_addr())
+            },
+            "--cluster-name".into(),
+            "test".into(),
+            "--node-name".into(),
+            name.into(),
+            "--cluster-tls".into(),
+            s(tls).into(),
+        ];
+        if serve {
+            args.extend(["--listen".into(), format!("{}:{PEER_PORT}", self.net.node(name).ip)]);
+        } else {
+            args.extend(["--peer-serve".into(), "off".into()]);
+        }
+        args
+    }
+
+    /// Mount `home` (a directory or a URL) for node `name` at `mnt-NAME` in `t` with cache dir
+    /// `cache-NAME`, the daemon in the node's namespace, with `args` and `env`.
+    fn mount(&self, t: &TestDir, name: &str, home: &str, args: &[String], env: &[(&str, &str)]) -> Mount {
+        let mnt = t.root().join(format!("mnt-{name}"));
+        let cache = t.root().join(format!("cache-{name}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let node = self.net.node(name);
+        let prefix = node.prefix();
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match Mount::try_new_under(&prefix, home, &mnt, &cache, &args, env) {
+            Ok(m) => {
+                assert!(
+                    node.holds(m.pid),
+                    "node {name}'s daemon (pid {}) is not in {}",
+                    m.pid,
+                    node.netns
+                );
+                m
+            }
+            Err(out) => panic!(
+                "larder mount {home} for node {name} failed:\n{out}\n--- daemon log ---\n{}",
+                log_tail(&cache, 60)
+            ),
+        }
+    }
+
+    /// Node `name` of the directory home `t/home`, serving the others, with `extra` options.
+    fn node(&self, t: &TestDir, tls: &Path, name: &str, extra: &[&str]) -> Mount {
+        let mut args = self.cluster_options(name, tls, true);
+        args.extend(NODE_OPTIONS.iter().chain(extra).map(|a| a.to_string()));
+        self.mount(t, name, s(&t.root().join("home")), &args, &[])
+    }
+}
+
 /// The status's figures of the peer transport.
 fn peers(m: &Mount, figure: &str) -> u64 {
     num(&m.status(), &format!("/peers/{figure}"))
-}
-
-fn node(t: &TestDir, etcd: &Etcd, tls: &Path, name: &str, extra: &[&str]) -> Mount {
-    let mnt = t.root().join(format!("mnt-{name}"));
-    let cache = t.root().join(format!("cache-{name}"));
-    std::fs::create_dir_all(&mnt).unwrap();
-    let cluster = format!("etcd://127.0.0.1:{}", etcd.client);
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut args = vec![
-        "--cluster",
-        &cluster,
-        "--cluster-name",
-        "test",
-        "--node-name",
-        name,
-        "--cluster-tls",
-        s(tls),
-        "--listen",
-        &listen,
-        "--block-size",
-        "1MiB",
-        "--no-passthrough",
-        "--validity-lag",
-        "1h",
-    ];
-    args.extend_from_slice(extra);
-    Mount::new(&t.root().join("home"), &mnt, &cache, &args)
 }
 
 fn home_bytes(m: &Mount) -> u64 {
@@ -88,29 +164,208 @@ fn read_all(m: &Mount, files: &[(String, Vec<u8>)], what: &str) {
     }
 }
 
-#[test]
-fn three_nodes_read_one_data_set_and_home_sends_each_byte_about_once() {
-    require_fuse();
-    let etcd = Etcd::start();
-    let t = TestDir::new("cluster-three");
-    let mut rng = Rng::new(0x5eed_c105);
-    let files = make_data_set(&t.root().join("home"), &mut rng);
-    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
-    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
-    let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| node(&t, &etcd, &tls, n, &[])).collect();
-    // The first nodes learn of the later ones through their watch.
-    std::thread::sleep(Duration::from_millis(500));
+/// `larder cluster members MNT --json`, parsed.
+fn members(m: &Mount) -> serde_json::Value {
+    let out = common::larder(&["cluster", "members", s(&m.mnt), "--json"]);
+    assert!(out.success(), "larder cluster members: {out}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+fn live_names(v: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["live"] == true)
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Wait (10 s at most) until each of `nodes` sees exactly `names` live: the first nodes learn of the
+/// later ones through their watch.
+fn wait_all_live(nodes: &[&Mount], names: &[&str]) {
+    for m in nodes {
+        assert!(
+            common::wait_until(Duration::from_secs(10), || live_names(&members(m)) == names),
+            "{} does not see {names:?} live: {}",
+            m.mnt.display(),
+            members(m)
+        );
+    }
+}
+
+/// Wait (`secs` at most) until each of `nodes` says etcd is online (`want`) or not.
+fn wait_etcd_online(nodes: &[&Mount], want: bool, secs: u64) {
+    for m in nodes {
+        assert!(
+            common::wait_until(Duration::from_secs(secs), || m.status()["cluster"]["etcd_online"]
+                == want),
+            "{} does not say etcd_online {want} within {secs} s: {}",
+            m.mnt.display(),
+            m.status()["cluster"]
+        );
+    }
+}
+
+/// Three nodes read `files` one after another; returns the bytes home sent over all of them, after
+/// checking they are at most 1.05 × the data set and that peers served reads.
+fn read_by_three(nodes: &[Mount], files: &[(String, Vec<u8>)], what: &str) -> u64 {
+    let total = size_of(files);
+    let started = Instant::now();
     for (i, m) in nodes.iter().enumerate() {
-        read_all(m, &files, &format!("node {i}"));
+        let t = Instant::now();
+        read_all(m, files, &format!("node {i}"));
+        eprintln!("{what}: node {i} read the data set in {:?}", t.elapsed());
     }
     let from_home: u64 = nodes.iter().map(home_bytes).sum();
     let peer_hits: u64 = nodes.iter().map(|m| tier_hits(m, "peer")).sum();
-    eprintln!("data set {total} bytes; home sent {from_home} over three nodes; peer hits {peer_hits}");
+    eprintln!(
+        "{what}: data set {total} bytes ({} MiB), read by three nodes in {:?}; home sent {from_home} bytes \
+         ({:.3} × the data set); peer hits {peer_hits}",
+        total >> 20,
+        started.elapsed(),
+        from_home as f64 / total as f64
+    );
     assert!(
         from_home as f64 <= total as f64 * 1.05,
-        "home sent {from_home} bytes for a data set of {total} read by three nodes"
+        "{what}: home sent {from_home} bytes for a data set of {total} read by three nodes"
     );
-    assert!(peer_hits > 0, "no read was served by a peer");
+    assert!(peer_hits > 0, "{what}: no read was served by a peer");
+    from_home
+}
+
+/// The TTL of a node's liveness lease in etcd (larder's default).
+const LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// The size of the data set of most tests.
+const SMALL_SET: usize = 25 << 20;
+
+/// The data set three nodes read over a directory home, as the cluster's requirement states it.
+const FULL_SET: usize = 256 << 20;
+
+/// The link to home of the three nodes over a directory home.
+const WAN: [&str; 2] = ["--emulate-wan", "latency=10ms,bandwidth=100MiB/s"];
+
+#[test]
+fn three_nodes_read_one_data_set_and_home_sends_each_byte_about_once() {
+    require_fuse();
+    let site = Site::new("three", &["a", "b", "c"]);
+    let t = TestDir::new("cluster-three");
+    let mut rng = Rng::new(0x5eed_c105);
+    let files = make_data_set(&t.root().join("home"), FULL_SET, &mut rng);
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
+    let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| site.node(&t, &tls, n, &WAN)).collect();
+    wait_all_live(&nodes.iter().collect::<Vec<_>>(), &["a", "b", "c"]);
+    read_by_three(&nodes, &files, "a directory home behind --emulate-wan");
+    for m in nodes {
+        m.unmount();
+    }
+}
+
+#[test]
+fn three_nodes_read_one_data_set_over_an_s3_home_and_home_sends_each_byte_about_once() {
+    require_fuse();
+    let site = Site::new("three-s3", &["a", "b", "c"]);
+    let st = S3Test::new_on("cluster-s3", "home", &site.net.host_ip().to_string());
+    let staging = st.t.root().join("staging");
+    let mut rng = Rng::new(0x53_c105);
+    let files = make_data_set(&staging, 32 << 20, &mut rng);
+    st.tool_ok(&["put-dir", &st.bucket, &st.prefix, s(&staging)]);
+    let tls = certs(&st.t.root().join("tls"), &["a", "b", "c"]);
+    let env = st.srv.env();
+    let nodes: Vec<Mount> = ["a", "b", "c"]
+        .iter()
+        .map(|n| {
+            let mut args = site.cluster_options(n, &tls, true);
+            args.extend(st.mount_args(&NODE_OPTIONS).iter().map(|a| a.to_string()));
+            site.mount(&st.t, n, &st.url(), &args, &env)
+        })
+        .collect();
+    wait_all_live(&nodes.iter().collect::<Vec<_>>(), &["a", "b", "c"]);
+    let gets_before = st.srv.requests().get;
+    read_by_three(&nodes, &files, "an S3 home");
+    let gets = st.srv.requests().get - gets_before;
+    eprintln!("an S3 home: moto served {gets} GETs for {} files", files.len());
+    for m in nodes {
+        m.unmount();
+    }
+}
+
+#[test]
+fn nodes_keep_serving_while_etcd_is_away_and_come_back_online_with_it() {
+    require_fuse();
+    let mut site = Site::new("etcd-away", &["a", "b", "c"]);
+    let t = TestDir::new("cluster-etcd-away");
+    let mut rng = Rng::new(0xe7cd);
+    let files = make_data_set(&t.root().join("home"), SMALL_SET, &mut rng);
+    let total = size_of(&files);
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
+    let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| site.node(&t, &tls, n, &[])).collect();
+    let all: Vec<&Mount> = nodes.iter().collect();
+    wait_all_live(&all, &["a", "b", "c"]);
+    // Each node reads a third of the files: every node's cache holds some units, of every owner.
+    for (i, m) in nodes.iter().enumerate() {
+        let part: Vec<(String, Vec<u8>)> = files.iter().skip(i).step_by(3).cloned().collect();
+        read_all(m, &part, &format!("node {i}, its part"));
+    }
+    let hits_before: u64 = nodes.iter().map(|m| tier_hits(m, "peer")).sum();
+    site.etcd.kill();
+    let stopped = Instant::now();
+    wait_etcd_online(&all, false, 30);
+    eprintln!("every node saw etcd gone within {:?}", stopped.elapsed());
+    // The last view stands: every member is still live to every node, and asked.
+    for m in &nodes {
+        assert_eq!(live_names(&members(m)), ["a", "b", "c"], "{}", m.mnt.display());
+    }
+    let started = Instant::now();
+    for (i, m) in nodes.iter().enumerate() {
+        read_all(m, &files, &format!("node {i}, with etcd away"));
+    }
+    let read_in = started.elapsed();
+    let from_home: u64 = nodes.iter().map(home_bytes).sum();
+    let peer_hits = nodes.iter().map(|m| tier_hits(m, "peer")).sum::<u64>() - hits_before;
+    eprintln!(
+        "with etcd away, three nodes read the data set of {total} bytes in {read_in:?}; home sent {from_home} \
+         bytes in all; peer hits while away {peer_hits}"
+    );
+    assert!(peer_hits > 0, "no read was served by a peer while etcd was away");
+    assert!(
+        from_home as f64 <= total as f64 * 1.05,
+        "home sent {from_home} bytes for a data set of {total}: the nodes stopped asking their peers"
+    );
+    for m in &nodes {
+        assert_eq!(
+            m.status()["cluster"]["etcd_online"],
+            false,
+            "etcd is still away: {}",
+            m.mnt.display()
+        );
+    }
+    // etcd returns on its data and ports: every node registers again and watches again.
+    site.etcd.run();
+    let restarted = Instant::now();
+    wait_etcd_online(&all, true, 30);
+    eprintln!(
+        "every node was back online within {:?} of etcd's return",
+        restarted.elapsed()
+    );
+    for m in &nodes {
+        assert!(
+            common::wait_until(Duration::from_secs(15), || m.status()["cluster"]["lease_ok"] == true),
+            "{} did not renew its lease after etcd returned: {}",
+            m.mnt.display(),
+            m.status()["cluster"]
+        );
+    }
+    wait_all_live(&all, &["a", "b", "c"]);
+    // The leases taken before the outage run out (etcd gave them a full TTL again when it came back):
+    // each node's liveness is under the lease it took on its return, and stays.
+    std::thread::sleep(LEASE_TTL + Duration::from_secs(2));
+    for m in &nodes {
+        assert_eq!(live_names(&members(m)), ["a", "b", "c"], "{}", m.mnt.display());
+    }
     for m in nodes {
         m.unmount();
     }
@@ -119,14 +374,14 @@ fn three_nodes_read_one_data_set_and_home_sends_each_byte_about_once() {
 #[test]
 fn a_node_killed_while_serving_costs_its_peers_no_error() {
     require_fuse();
-    let etcd = Etcd::start();
+    let site = Site::new("kill", &["a", "b", "c"]);
     let t = TestDir::new("cluster-kill");
     let mut rng = Rng::new(0xdead_beef);
-    let files = make_data_set(&t.root().join("home"), &mut rng);
+    let files = make_data_set(&t.root().join("home"), SMALL_SET, &mut rng);
     let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
-    let a = node(&t, &etcd, &tls, "a", &[]);
-    let b = node(&t, &etcd, &tls, "b", &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    let a = site.node(&t, &tls, "a", &[]);
+    let b = site.node(&t, &tls, "b", &[]);
+    wait_all_live(&[&a, &b], &["a", "b"]);
     read_all(&a, &files, "a");
     // B goes down hard: no leave, its lease still runs, so the others still think it is live.
     common::signal(b.pid, libc::SIGKILL);
@@ -134,7 +389,7 @@ fn a_node_killed_while_serving_costs_its_peers_no_error() {
     b.force_cleanup();
     b.disarm();
     // A new node reads everything: what B owned comes from A (the next candidate) or home, never an error.
-    let c = node(&t, &etcd, &tls, "c", &[]);
+    let c = site.node(&t, &tls, "c", &[]);
     let started = Instant::now();
     read_all(&c, &files, "c, with b dead");
     eprintln!("read with a dead peer in {:?}", started.elapsed());
@@ -145,38 +400,20 @@ fn a_node_killed_while_serving_costs_its_peers_no_error() {
 #[test]
 fn a_client_that_does_not_serve_still_reads_from_its_peers() {
     require_fuse();
-    let etcd = Etcd::start();
+    let site = Site::new("client", &["a", "client"]);
     let t = TestDir::new("cluster-client");
     let mut rng = Rng::new(7);
-    let files = make_data_set(&t.root().join("home"), &mut rng);
+    let files = make_data_set(&t.root().join("home"), SMALL_SET, &mut rng);
     let tls = certs(&t.root().join("tls"), &["a", "client"]);
-    let a = node(&t, &etcd, &tls, "a", &[]);
+    let a = site.node(&t, &tls, "a", &[]);
     read_all(&a, &files, "a");
     let home_before = home_bytes(&a);
     // A read-only client: no --listen, nothing served; every unit is A's to give.
-    let mnt = t.root().join("mnt-client");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let cluster = format!("etcd://127.0.0.1:{}", etcd.client);
-    let client = Mount::new(
-        &t.root().join("home"),
-        &mnt,
-        &t.root().join("cache-client"),
-        &[
-            "--cluster",
-            &cluster,
-            "--cluster-name",
-            "test",
-            "--node-name",
-            "client",
-            "--cluster-tls",
-            s(&tls),
-            "--peer-serve",
-            "off",
-            "--no-passthrough",
-        ],
-    );
+    let mut args = site.cluster_options("client", &tls, false);
+    args.push("--no-passthrough".into());
+    let client = site.mount(&t, "client", s(&t.root().join("home")), &args, &[]);
     read_all(&client, &files, "the client");
-    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let total = size_of(&files);
     assert_eq!(home_bytes(&client), 0, "the client went to home for data a peer held");
     assert!(tier_hits(&client, "peer") > 0);
     assert_eq!(home_bytes(&a), home_before, "the owner fetched again what it held");
@@ -235,24 +472,24 @@ fn mounting_into_a_cluster_with_bad_settings_fails_at_the_call() {
 #[test]
 fn a_node_with_a_certificate_from_another_ca_joins_but_is_served_nothing() {
     require_fuse();
-    let etcd = Etcd::start();
+    let site = Site::new("foreign", &["a", "b", "x"]);
     let t = TestDir::new("cluster-foreign");
     let mut rng = Rng::new(0xf0e1);
-    let files = make_data_set(&t.root().join("home"), &mut rng);
-    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let files = make_data_set(&t.root().join("home"), SMALL_SET, &mut rng);
+    let total = size_of(&files);
     let ours = certs(&t.root().join("tls"), &["a", "b"]);
     // Another CA's certificate, of a name no member of ours has.
     let theirs = certs(&t.root().join("tls-theirs"), &["x"]);
-    let a = node(&t, &etcd, &ours, "a", &[]);
-    let b = node(&t, &etcd, &ours, "b", &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    let a = site.node(&t, &ours, "a", &[]);
+    let b = site.node(&t, &ours, "b", &[]);
+    wait_all_live(&[&a, &b], &["a", "b"]);
     read_all(&a, &files, "a");
     read_all(&b, &files, "b");
     let served = peers(&a, "served") + peers(&b, "served");
     assert_eq!(peers(&a, "refused") + peers(&b, "refused"), 0);
     // X joins etcd like any node, and asks A and B for what it reads.
-    let x = node(&t, &etcd, &theirs, "x", &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    let x = site.node(&t, &theirs, "x", &[]);
+    wait_all_live(&[&a, &b, &x], &["a", "b", "x"]);
     read_all(&x, &files, "x, a node of another CA");
     assert_eq!(tier_hits(&x, "peer"), 0, "a node of another CA was served by a peer");
     assert_eq!(peers(&x, "hits"), 0);
@@ -285,39 +522,16 @@ fn a_node_with_a_certificate_from_another_ca_joins_but_is_served_nothing() {
     a.unmount();
 }
 
-/// `larder cluster members MNT --json`, parsed.
-fn members(m: &Mount) -> serde_json::Value {
-    let out = common::larder(&["cluster", "members", s(&m.mnt), "--json"]);
-    assert!(out.success(), "larder cluster members: {out}");
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
-}
-
-fn live_names(v: &serde_json::Value) -> Vec<String> {
-    let mut names: Vec<String> = v["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["live"] == true)
-        .map(|m| m["name"].as_str().unwrap().to_string())
-        .collect();
-    names.sort();
-    names
-}
-
 #[test]
 fn members_and_their_liveness_show_in_the_status_and_cluster_members() {
     require_fuse();
-    let etcd = Etcd::start();
+    let site = Site::new("members", &["a", "b"]);
     let t = TestDir::new("cluster-members");
     std::fs::create_dir_all(t.root().join("home")).unwrap();
     let tls = certs(&t.root().join("tls"), &["a", "b"]);
-    let a = node(&t, &etcd, &tls, "a", &[]);
-    let b = node(&t, &etcd, &tls, "b", &[]);
-    assert!(
-        common::wait_until(Duration::from_secs(5), || live_names(&members(&a)) == ["a", "b"]),
-        "a does not see both live: {}",
-        members(&a)
-    );
+    let a = site.node(&t, &tls, "a", &[]);
+    let b = site.node(&t, &tls, "b", &[]);
+    wait_all_live(&[&a], &["a", "b"]);
     let v = members(&a);
     assert_eq!(v["name"], "test");
     let me: Vec<&serde_json::Value> = v["members"]
@@ -330,6 +544,15 @@ fn members_and_their_liveness_show_in_the_status_and_cluster_members() {
     assert_eq!(me[0]["name"], "a");
     assert_eq!(v["node"], me[0]["id"]);
     assert_eq!(me[0]["weight"].as_u64(), Some(10 << 30), "the weight is the cache size");
+    // Each member is reached at its own namespace's address.
+    for m in v["members"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        assert_eq!(
+            m["addr"].as_str(),
+            Some(format!("{}:{PEER_PORT}", site.net.node(name).ip).as_str()),
+            "{m}"
+        );
+    }
     assert_eq!(a.status()["cluster"]["etcd_online"], true);
     let human = common::larder(&["status", s(&a.mnt)]);
     assert!(
@@ -365,8 +588,8 @@ fn owned(m: &Mount) -> u64 {
 
 /// A node that only reads (`--peer-serve off`): it owns nothing, so each unit it reads comes from its
 /// owner, which fetches it from home if it does not hold it.
-fn client(t: &TestDir, etcd: &Etcd, tls: &Path, name: &str) -> Mount {
-    node(t, etcd, tls, name, &["--peer-serve", "off"])
+fn client(site: &Site, t: &TestDir, tls: &Path, name: &str) -> Mount {
+    site.node(t, tls, name, &["--peer-serve", "off"])
 }
 
 fn live_count(m: &Mount) -> usize {
@@ -376,15 +599,16 @@ fn live_count(m: &Mount) -> usize {
 #[test]
 fn a_node_that_joins_takes_its_units_from_their_previous_owners_and_one_that_leaves_hands_them_over() {
     require_fuse();
-    let etcd = Etcd::start();
+    let names = ["a", "b", "c", "d", "x", "y", "z"];
+    let site = Site::new("churn", &names);
     let t = TestDir::new("cluster-churn");
     let mut rng = Rng::new(0xc4a1);
-    let files = make_data_set(&t.root().join("home"), &mut rng);
-    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
-    let tls = certs(&t.root().join("tls"), &["a", "b", "c", "d", "x", "y", "z"]);
-    let owners: Vec<Mount> = ["a", "b", "c"].iter().map(|n| node(&t, &etcd, &tls, n, &[])).collect();
+    let files = make_data_set(&t.root().join("home"), SMALL_SET, &mut rng);
+    let total = size_of(&files);
+    let tls = certs(&t.root().join("tls"), &names);
+    let owners: Vec<Mount> = ["a", "b", "c"].iter().map(|n| site.node(&t, &tls, n, &[])).collect();
     // A client reads the data set: each owner fetches its share from home, once, and keeps it.
-    let x = client(&t, &etcd, &tls, "x");
+    let x = client(&site, &t, &tls, "x");
     assert!(common::wait_until(Duration::from_secs(5), || live_count(&x) == 4));
     read_all(&x, &files, "client x");
     let from_home = |ms: &[&Mount]| ms.iter().map(|m| home_bytes(m)).sum::<u64>();
@@ -399,8 +623,8 @@ fn a_node_that_joins_takes_its_units_from_their_previous_owners_and_one_that_lea
 
     // D joins. A second client reads it all: the units D now owns come from their previous owners
     // (hints), not from home.
-    let d = node(&t, &etcd, &tls, "d", &[]);
-    let y = client(&t, &etcd, &tls, "y");
+    let d = site.node(&t, &tls, "d", &[]);
+    let y = client(&site, &t, &tls, "y");
     assert!(common::wait_until(Duration::from_secs(5), || {
         [&owners[0], &owners[1], &owners[2], &y]
             .iter()
@@ -441,7 +665,7 @@ fn a_node_that_joins_takes_its_units_from_their_previous_owners_and_one_that_lea
     );
     assert!(common::wait_until(Duration::from_secs(10), || !common::alive(b.pid)));
     b.disarm();
-    let z = client(&t, &etcd, &tls, "z");
+    let z = client(&site, &t, &tls, "z");
     read_all(&z, &files, "client z, after b left");
     let home_after_leave = from_home(&[&a, &c, &d, &y, &z]) + b_home;
     eprintln!(
@@ -464,70 +688,62 @@ fn a_node_joins_an_etcd_that_requires_client_certificates_over_etcds() {
     let t = TestDir::new("cluster-etcd-tls");
     std::fs::create_dir_all(t.root().join("home")).unwrap();
     let tls = certs(&t.root().join("tls"), &["a"]);
-    let out = common::larder(&["cluster", "cert", s(&tls), "etcd", "--also-name", "127.0.0.1"]);
-    assert!(out.success(), "{out}");
-    let etcd = Etcd::start_tls(&tls.join("ca.pem"), &tls.join("etcd.pem"), &tls.join("etcd.key"));
-    let mnt = t.root().join("mnt-a");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let args = |scheme: &str| {
-        vec![
-            "--cluster".to_string(),
-            format!("{scheme}://127.0.0.1:{}", etcd.client),
-            "--cluster-tls".into(),
-            s(&tls).into(),
-            "--node-name".into(),
-            "a".into(),
-            "--listen".into(),
-            listen.clone(),
-        ]
-    };
+    // etcd's own certificate, from the cluster's CA, naming the address the nodes dial.
+    let site = Site::with_etcd("etcd-tls", &["a"], |ip| {
+        let out = common::larder(&["cluster", "cert", s(&tls), "etcd", "--also-name", &ip.to_string()]);
+        assert!(out.success(), "{out}");
+        Etcd::start_tls(ip, &tls.join("ca.pem"), &tls.join("etcd.pem"), &tls.join("etcd.key"))
+    });
     // Plain text to an etcd that speaks TLS: the mount fails, saying it could not join.
-    let plain = args("etcd");
+    let mut plain = site.cluster_options("a", &tls, true);
+    plain[1] = plain[1].replace("etcds://", "etcd://");
     let plain: Vec<&str> = plain.iter().map(String::as_str).collect();
-    let out = Mount::try_new(&t.root().join("home"), &mnt, &t.root().join("cache-a"), &plain)
+    let node = site.net.node("a");
+    let prefix = node.prefix();
+    let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+    let (mnt, cache) = (t.root().join("mnt-a"), t.root().join("cache-a"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let home = t.root().join("home");
+    let out = Mount::try_new_under(&prefix, s(&home), &mnt, &cache, &plain, &[])
         .err()
         .expect("mounted against a TLS etcd in plain text");
     assert!(out.to_string().contains("cannot join cluster"), "{out}");
-    let over_tls = args("etcds");
-    let over_tls: Vec<&str> = over_tls.iter().map(String::as_str).collect();
-    let a = Mount::new(&t.root().join("home"), &mnt, &t.root().join("cache-a"), &over_tls);
+    let a = site.node(&t, &tls, "a", &[]);
     assert_eq!(a.status()["cluster"]["etcd_online"], true);
     assert_eq!(live_names(&members(&a)), ["a"]);
     a.unmount();
 }
 
+/// Read `file` through `m` a MiB at a time, at a pace a harvester keeps up with (it migrates as it evicts;
+/// past it, reads evict for themselves, without migrating: `cache.evictions_by_fills`), and compare.
+fn read_slowly(m: &Mount, file: &(String, Vec<u8>), what: &str) {
+    use std::io::Read;
+    let mut f = std::fs::File::open(m.path(&file.0)).unwrap();
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    for _ in 0..=file.1.len() >> 20 {
+        let n = f.read(&mut chunk).unwrap();
+        got.extend_from_slice(&chunk[..n]);
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_same_bytes(&got, &file.1, &format!("{} on {what}", file.0));
+}
+
 #[test]
 fn a_node_sends_the_units_it_owns_to_a_member_with_room_rather_than_evicting_them() {
     require_fuse();
-    let etcd = Etcd::start();
+    let site = Site::new("migrate", &["a", "b", "y"]);
     let t = TestDir::new("cluster-migrate");
     let mut rng = Rng::new(0x3167);
     std::fs::create_dir_all(t.root().join("home")).unwrap();
     let big = write_random(&t.root().join("home/big.bin"), 40 << 20, &mut rng);
-    let files = vec![("big.bin".to_string(), big)];
+    let file = ("big.bin".to_string(), big);
     let tls = certs(&t.root().join("tls"), &["a", "b", "y"]);
     // A owns about a third of the units, and its cache holds little more than half the file.
-    let a = node(&t, &etcd, &tls, "a", &["--cache-size", "24MiB", "--readahead", "1MiB"]);
-    let b = node(&t, &etcd, &tls, "b", &["--cache-size", "48MiB"]);
+    let a = site.node(&t, &tls, "a", &["--cache-size", "24MiB", "--readahead", "1MiB"]);
+    let b = site.node(&t, &tls, "b", &["--cache-size", "48MiB"]);
     assert!(common::wait_until(Duration::from_secs(5), || live_count(&a) == 2));
-    // Read at a pace the harvester keeps up with (it migrates as it evicts); past it, reads evict for
-    // themselves, without migrating (counted as `evictions_by_fills`).
-    {
-        use std::io::Read;
-        let mut f = std::fs::File::open(a.path("big.bin")).unwrap();
-        let mut got = Vec::new();
-        let mut chunk = vec![0u8; 1 << 20];
-        loop {
-            let n = f.read(&mut chunk).unwrap();
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&chunk[..n]);
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        assert_same_bytes(&got, &files[0].1, "big.bin on a, whose cache is too small for it");
-    }
+    read_slowly(&a, &file, "a, whose cache is too small for it");
     let p = a.status()["peers"].clone();
     let by_fills = num(&a.status(), "/cache/evictions_by_fills");
     eprintln!("a: {p}; {by_fills} blocks evicted by reads");
@@ -540,11 +756,15 @@ fn a_node_sends_the_units_it_owns_to_a_member_with_room_rather_than_evicting_the
     assert_eq!(peers(&b, "taken"), migrated);
     // A client reads the file: the units a sent away come back through a from b, not from home.
     let home_before = home_bytes(&a) + home_bytes(&b);
-    let y = client(&t, &etcd, &tls, "y");
+    let y = client(&site, &t, &tls, "y");
     assert!(common::wait_until(Duration::from_secs(5), || live_count(&y) == 3));
-    read_all(&y, &files, "client y");
+    // As A takes back what it owns, it evicts (and migrates) again.
+    read_slowly(&y, &file, "client y");
     let again = home_bytes(&a) + home_bytes(&b) + home_bytes(&y) - home_before;
-    let lost = p["migrate_no_room"].as_u64().unwrap() + p["migrate_over_rate"].as_u64().unwrap();
+    let p = a.status()["peers"].clone();
+    let lost = p["migrate_no_room"].as_u64().unwrap()
+        + p["migrate_over_rate"].as_u64().unwrap()
+        + num(&a.status(), "/cache/evictions_by_fills");
     eprintln!("a migrated {migrated} units ({lost} evicted for want of room or rate); home sent {again} bytes again");
     assert!(
         again <= lost * (1 << 20),

@@ -162,7 +162,10 @@ mod tests {
         assert_eq!(w.of(&digest(0)), None, "the oldest notes are forgotten");
         assert_eq!(w.of(&digest(9)), None);
         assert_eq!(w.of(&digest(10)), Some(1));
-        assert_eq!(w.of(&digest(Whereabouts::KEPT + 9)), Some((Whereabouts::KEPT as u64 + 9) % 3));
+        assert_eq!(
+            w.of(&digest(Whereabouts::KEPT + 9)),
+            Some((Whereabouts::KEPT as u64 + 9) % 3)
+        );
         // A unit sent again goes where it went last.
         w.note(digest(10), 7);
         assert_eq!(w.of(&digest(10)), Some(7));

@@ -526,6 +526,33 @@ impl Mount {
         env: &[(&str, &str)],
         umask: Option<u32>,
     ) -> Result<Mount, Output> {
+        Mount::launch(&[], home, mnt, cache, extra, env, umask)
+    }
+
+    /// Like [`Mount::try_new_env`], the `larder mount` command (and so the daemon) run under `prefix`, a
+    /// command that runs the program appended to it: e.g. `nsenter --net=/run/netns/NS`, to put the
+    /// daemon in a network namespace while it mounts where the test sees it.
+    pub fn try_new_under(
+        prefix: &[&str],
+        home: &str,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Mount, Output> {
+        assert!(!prefix.is_empty(), "an empty prefix: use Mount::try_new_env");
+        Mount::launch(prefix, home, mnt, cache, extra, env, None)
+    }
+
+    fn launch(
+        prefix: &[&str],
+        home: &str,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        umask: Option<u32>,
+    ) -> Result<Mount, Output> {
         let mut args: Vec<&str> = vec!["mount", home, s(mnt), "--cache-dir", s(cache)];
         args.extend_from_slice(extra);
         // Tests of the part-one behaviour check home right after each call: they run write-through unless
@@ -533,9 +560,16 @@ impl Mount {
         if !extra.iter().any(|a| *a == "--write-mode" || *a == "--read-only") {
             args.extend_from_slice(&["--write-mode", "write-through"]);
         }
-        let out = match umask {
-            None => run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE),
-            Some(u) => {
+        let out = match (umask, prefix) {
+            (None, []) => run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE),
+            (None, [program, rest @ ..]) => {
+                let mut argv: Vec<&str> = rest.to_vec();
+                argv.push(LARDER);
+                argv.extend_from_slice(&args);
+                run_cmd_env(program, &argv, env, COMMAND_DEADLINE)
+            }
+            (Some(u), _) => {
+                assert!(prefix.is_empty(), "a umask and a prefix together are not supported");
                 let u = format!("{u:03o}");
                 let mut sh: Vec<&str> = vec!["-c", "umask \"$0\" && exec \"$@\"", &u, LARDER];
                 sh.extend_from_slice(&args);

@@ -50,11 +50,18 @@ pub struct S3Server {
 }
 
 impl S3Server {
+    /// A server on loopback.
     pub fn start(state: &Path) -> S3Server {
+        S3Server::start_on(state, "127.0.0.1")
+    }
+
+    /// A server listening on `host`, an address of this machine (e.g. a test network's bridge, for
+    /// mounts in other network namespaces); its endpoint names that address.
+    pub fn start_on(state: &Path, host: &str) -> S3Server {
         let out = run_cmd_env(
             "bash",
             &[&script("s3-server.sh"), "start"],
-            &[("S3_STATE_DIR", s(state))],
+            &[("S3_STATE_DIR", s(state)), ("S3_HOST", host)],
             TOOL_DEADLINE,
         );
         assert!(out.success(), "scripts/s3-server.sh start failed:\n{out}");
@@ -200,8 +207,13 @@ pub struct S3Test {
 impl S3Test {
     /// A new server with bucket `larder-NAME`; the mount's home is `s3://larder-NAME/PREFIX`.
     pub fn new(name: &str, prefix: &str) -> S3Test {
+        S3Test::new_on(name, prefix, "127.0.0.1")
+    }
+
+    /// Like [`S3Test::new`], the server listening on `host` (see [`S3Server::start_on`]).
+    pub fn new_on(name: &str, prefix: &str, host: &str) -> S3Test {
         let t = TestDir::new(name);
-        let srv = S3Server::start(&t.root().join("s3-state"));
+        let srv = S3Server::start_on(&t.root().join("s3-state"), host);
         let st = S3Test {
             srv,
             t,
