@@ -11,8 +11,9 @@
 //! A node keeps a [`View`] of both, loaded at join and kept current by a watch. [`Membership::view`] only
 //! reads that snapshot: etcd being slow or away never reaches the I/O path. While etcd is away the last
 //! view stands (members alive then are still asked; a dead one costs a read a timeout and a skip), and
-//! the keeper keeps trying: once etcd answers again, the node registers anew (a new lease if the old one
-//! ran out) and reloads the view before it watches again. [`Membership::lease_ok`] says whether this
+//! the keeper keeps trying: once etcd answers again, the node registers anew (its liveness key under a
+//! new lease; the old lease, if it still lives, runs out unused) and reloads the view before it watches
+//! again. [`Membership::lease_ok`] says whether this
 //! node renewed within half the TTL: a node that cannot should stop acting as an owner, since the others
 //! may already consider it gone.
 //!
@@ -391,7 +392,8 @@ impl Shared {
         }
     }
 
-    /// Register again (on a new lease, unless the old one still lives) and reload the view.
+    /// Register again (on a new lease: the old one, if it still lives, runs out unused) and reload the
+    /// view.
     async fn rejoin(&self, client: &mut Client) -> Result<(i64, i64), MembershipError> {
         let lease = self.register(client).await?;
         let view = self.load(client).await?;
