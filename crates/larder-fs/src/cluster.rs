@@ -107,6 +107,20 @@ pub struct HeldUnit {
     pub len: u64,
 }
 
+impl HeldUnit {
+    /// The ask that names this unit to a peer: as its owner (it may fetch the unit), for a take.
+    pub fn ask(&self) -> Ask<'_> {
+        Ask {
+            key: &self.key,
+            digest: &self.digest,
+            path: self.path.as_os_str().as_bytes(),
+            index: self.index,
+            forward: true,
+            from: None,
+        }
+    }
+}
+
 /// A file as home has it, clean here: its cache object, the version home has, where home's content ends,
 /// and its path at home.
 struct HomeFile {
@@ -255,15 +269,7 @@ impl Migrator {
             self.stats.migrate_over_rate.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let ask = Ask {
-            key: &unit.key,
-            digest: &unit.digest,
-            path: unit.path.as_os_str().as_bytes(),
-            index: unit.index,
-            forward: true,
-            from: None,
-        };
-        match self.client.take(to, &ask) {
+        match self.client.take(to, &unit.ask()) {
             Ok(len) => {
                 self.whereabouts.note(unit.digest, to.id);
                 self.stats.migrated.fetch_add(1, Ordering::Relaxed);

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use larder_cluster::peer::{Ask, PeerClient};
+use larder_cluster::peer::PeerClient;
 use larder_cluster::{Member, Membership, Placement};
 use larder_fs::Fs;
 use larder_fs::cluster::HeldUnit;
@@ -66,7 +66,7 @@ pub fn hand_over(fs: &Fs, membership: &Membership, client: &PeerClient, time: Du
                 while let Some(u) = owned.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let to = view.placement().owner(&u.digest).and_then(|id| view.members.get(&id));
                     let taken = match to {
-                        Some(peer) if Instant::now() < deadline => client.take(peer, &ask(u)).map_err(|e| e.to_string()),
+                        Some(peer) if Instant::now() < deadline => client.take(peer, &u.ask()).map_err(|e| e.to_string()),
                         Some(_) => Err("out of time".into()),
                         None => Err("no member owns units".into()),
                     };
@@ -99,16 +99,4 @@ pub fn hand_over(fs: &Fs, membership: &Membership, client: &PeerClient, time: Du
         "handed this node's units over to their new owners"
     );
     Ok(done)
-}
-
-fn ask(u: &HeldUnit) -> Ask<'_> {
-    use std::os::unix::ffi::OsStrExt;
-    Ask {
-        key: &u.key,
-        digest: &u.digest,
-        path: u.path.as_os_str().as_bytes(),
-        index: u.index,
-        forward: true,
-        from: None,
-    }
 }
