@@ -17,10 +17,8 @@ use larder_cluster::{MemberId, Membership};
 use larder_home::{FileKind, Version};
 
 use crate::key::Part;
-
 use crate::namespace::{Fs, Namespace, ROOT, read};
-use crate::tier::Whereabouts;
-use crate::tier::{Local, Want};
+use crate::tier::{Local, Want, Whereabouts};
 
 type SourceResult<T> = Result<T, SourceError>;
 
