@@ -3,6 +3,9 @@
 //! version it knows is the one the key names, and answers from its read path: its store, and home too
 //! when the asker says this node owns the unit (one home read for every node that wants it, however
 //! many ask at once: the read path's single flight).
+//!
+//! Also here: the units this node holds ([`Fs::held_units`], for the status and for leaving), and
+//! migration instead of eviction ([`Migrator`]).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
