@@ -118,6 +118,9 @@ pub struct Ask<'a> {
     pub forward: bool,
     /// A member to ask first for what it holds: the leaving member that hands the unit over.
     pub from: Option<MemberId>,
+    /// The member asking, as the server got it (a client sends its own id whatever this says): the one
+    /// a walk that answers the ask does not ask back.
+    pub asker: MemberId,
 }
 
 /// Where a node's server gets the units it serves: its own read path (cache, then home when
@@ -254,6 +257,7 @@ impl Service {
                 index: req.index,
                 forward: take || req.forward,
                 from: take.then_some(req.requester),
+                asker: req.requester,
             })
         })
         .await

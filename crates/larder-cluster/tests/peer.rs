@@ -27,13 +27,16 @@ use tonic::{Request, Response, Status};
 #[derive(Default)]
 struct Units(Mutex<HashMap<Vec<u8>, Bytes>>, Mutex<Vec<Asked>>);
 
-/// An ask as a source saw it: the key, whether it forwarded, and whom it named to ask first.
-type Asked = (Vec<u8>, bool, Option<u64>);
+/// An ask as a source saw it: the key, whether it forwarded, whom it named to ask first, and who asked.
+type Asked = (Vec<u8>, bool, Option<u64>, u64);
 
 impl UnitSource for Units {
     fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError> {
         let key = ask.key;
-        self.1.lock().unwrap().push((key.to_vec(), ask.forward, ask.from));
+        self.1
+            .lock()
+            .unwrap()
+            .push((key.to_vec(), ask.forward, ask.from, ask.asker));
         if key.starts_with(b"old") {
             return Err(SourceError::OtherVersion);
         }
@@ -144,6 +147,7 @@ fn ask<'a>(key: &'a [u8], digest: &'a [u8; 16], forward: bool) -> Ask<'a> {
         index: 0,
         forward,
         from: None,
+        asker: 0,
     }
 }
 
@@ -449,7 +453,7 @@ fn a_take_asks_the_new_owner_to_get_the_unit_from_the_leaving_node_first_and_kee
     let owner = member(1, &server_tls, server.addr());
     assert_eq!(c.take(&owner, &ask(b"k", &digest(b"k"), false)).unwrap(), 1000);
     // The source was asked as the owner (it may fetch), naming the leaving node (id 9) to ask first.
-    assert_eq!(*units.1.lock().unwrap(), vec![(b"k".to_vec(), true, Some(9))]);
+    assert_eq!(*units.1.lock().unwrap(), vec![(b"k".to_vec(), true, Some(9), 9)]);
     assert_eq!(stats.taken.load(Ordering::Relaxed), 1);
     assert_eq!(stats.served.load(Ordering::Relaxed), 0, "a take sends no data back");
     // A unit the new owner cannot get is the leaving node's to report, not a failure of the peer.
@@ -457,9 +461,12 @@ fn a_take_asks_the_new_owner_to_get_the_unit_from_the_leaving_node_first_and_kee
         c.take(&owner, &ask(b"none", &digest(b"none"), false)),
         Err(PeerError::NotHeld)
     ));
-    // Fetches name no one.
+    // Fetches name no one to ask first; the server knows who asks.
     fetch_k(&c, &owner).unwrap();
-    assert_eq!(units.1.lock().unwrap().last().unwrap(), &(b"k".to_vec(), false, None));
+    assert_eq!(
+        units.1.lock().unwrap().last().unwrap(),
+        &(b"k".to_vec(), false, None, 9)
+    );
 }
 
 /// A server holding one unit, "k", for the tests of who is refused.

@@ -86,6 +86,7 @@ impl Fs {
             }
             want.from_peer = true;
             want.take_from = ask.from;
+            want.asker = Some(ask.asker);
             return self
                 .core
                 .tiers
@@ -118,6 +119,7 @@ impl HeldUnit {
             index: self.index,
             forward: true,
             from: None,
+            asker: 0,
         }
     }
 }
@@ -356,6 +358,7 @@ mod tests {
             index: 0,
             forward,
             from: None,
+            asker: 0,
         }
     }
 

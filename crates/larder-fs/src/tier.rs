@@ -56,6 +56,8 @@ pub struct Want<'a> {
     pub from_peer: bool,
     /// The member handing the unit over to this node (it is leaving): asked first, for what it holds.
     pub take_from: Option<u64>,
+    /// The member whose ask this walk answers: never asked back (it does not hold the unit).
+    pub asker: Option<u64>,
 }
 
 /// This node's names for the content of a [`Want`].
@@ -79,6 +81,7 @@ impl<'a> Want<'a> {
             local,
             from_peer: false,
             take_from: None,
+            asker: None,
         }
     }
 }

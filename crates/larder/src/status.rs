@@ -663,7 +663,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
 
 /// `larder cluster members MNT`: the members of the cluster the mount is in, as its node sees them.
 pub fn members(mountpoint: &std::path::Path, json: bool) -> Result<()> {
-    let socket = mounts::socket_path(mountpoint);
+    let socket = mounts::socket_path(&mounts::absolute(mountpoint)?);
     let status = control::status(&socket)?;
     let Some(c) = status.cluster else {
         bail!(

@@ -96,10 +96,13 @@ impl Tier for PeerTier {
             Part::Block { index, .. } => index,
             Part::Whole { .. } => 0,
         };
+        // Where the unit may still be: where this node sent it, and its previous owners; never the member
+        // whose ask this walk answers (it has not got it), unless it hands the unit over itself.
         let mut hints = view.previous_owners(digest);
         if let Some(to) = self.whereabouts.of(digest) {
             hints.insert(0, to);
         }
+        hints.retain(|&id| Some(id) != want.asker);
         if let Some(from) = want.take_from {
             hints.insert(0, from);
         }
@@ -112,6 +115,7 @@ impl Tier for PeerTier {
                 index,
                 forward,
                 from: None,
+                asker: me,
             };
             match self.client.fetch(peer, &ask) {
                 // The unit's buffer is the client's own: taken over, not copied.
