@@ -559,6 +559,22 @@ fn members_and_their_liveness_show_in_the_status_and_cluster_members() {
         human.stdout.contains("cluster") && human.stdout.contains("2 of 2 members live"),
         "{human}"
     );
+    // The mount point may be given relative to the working directory, as to every other command.
+    let relative = common::run_cmd(
+        "sh",
+        &[
+            "-c",
+            "cd \"$1\" && exec \"$2\" cluster members mnt-a",
+            "sh",
+            s(t.root()),
+            common::LARDER,
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(
+        relative.success() && relative.stdout.contains("(this node)"),
+        "{relative}"
+    );
     // B leaves: gone from A's view at once, its record kept.
     b.unmount();
     assert!(
