@@ -349,7 +349,7 @@ def main():
         "full": a.full, "link": {"latency": a.latency, "bandwidth_MiB_s": a.bandwidth / MiB},
         "stat_latency": a.stat_latency, "cache_size": a.cache_size, "rclone_flags": RCLONE_FLAGS},
         "scenarios": {}}
-    res["setup"] = H.bench_setup(res["config"], suite=True)
+    res["setup"] = H.bench_setup(res["config"], suite=True, peers=not a.skip_peers)
     work = tempfile.mkdtemp(prefix="larder-bench-suite-", dir="/var/tmp")
     res["work_dir"] = work
     t_start = time.monotonic()
