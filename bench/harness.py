@@ -404,9 +404,11 @@ def wait_port(port, seconds, proc=None):
     return False
 
 
-def bench_setup(record, suite=False):
-    """Run scripts/bench-setup.sh (with --suite: also what only the suite needs); its KEY=VALUE lines."""
-    cmd = ["bash", os.path.join(ROOT, "scripts", "bench-setup.sh")] + (["--suite"] if suite else [])
+def bench_setup(record, suite=False, peers=True):
+    """Run scripts/bench-setup.sh (with --suite: also what only the suite needs, the peers unless not
+    `peers`); its KEY=VALUE lines."""
+    cmd = ["bash", os.path.join(ROOT, "scripts", "bench-setup.sh")] + (["--suite"] if suite else []) + \
+        ([] if peers or not suite else ["--skip-peers"])
     r = subprocess.run(cmd, capture_output=True,
                        text=True, timeout=1800)
     if r.stderr.strip():

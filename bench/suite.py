@@ -12,6 +12,9 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
   hybrid       HCCache §6   a skewed small/large-file trace: hybrid units + S3-FIFO vs per-block LRU
   metadata     Panache §7 (mdtest)   creates/s, write-through and write-back, home behind 30 ms
   reread       Coopc-PVFS §4.1   two input files read again and again by 4 processes
+  cluster      design 013, IMCa §5.5   larder nodes in network namespaces of their own: a large file and
+               4 KiB files read from peers, N = 1, 2, 4 nodes reading one data set together, a cold read
+               by one node of four (larder only; needs root and etcd)
 Systems: the home directory itself ("direct", the local-disk limit), larder, and the peers
 `rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, and s3fs-fuse with
 `use_cache` over an S3 server (s3s-fs) serving the same home as a bucket. Over "the link", larder's home
@@ -40,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 from harness import MiB, log, note  # noqa: E402
 
-SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread"]
+SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 RCLONE_FLAGS = H.RCLONE_FLAGS
@@ -349,7 +352,7 @@ def main():
         "full": a.full, "link": {"latency": a.latency, "bandwidth_MiB_s": a.bandwidth / MiB},
         "stat_latency": a.stat_latency, "cache_size": a.cache_size, "rclone_flags": RCLONE_FLAGS},
         "scenarios": {}}
-    res["setup"] = H.bench_setup(res["config"], suite=True)
+    res["setup"] = H.bench_setup(res["config"], suite=True, peers=not a.skip_peers)
     work = tempfile.mkdtemp(prefix="larder-bench-suite-", dir="/var/tmp")
     res["work_dir"] = work
     t_start = time.monotonic()

@@ -13,6 +13,9 @@ processes (as the seeds' experiments ran them), each printing one JSON line of r
     worker.py creates DIR SECONDS CAP      create empty files (open O_CREAT|O_EXCL, close) for SECONDS
     worker.py propfind URL LIST            a WebDAV PROPFIND (Depth 0) of every path in LIST, one connection
     worker.py reread PASSES FILE...        read every FILE whole, PASSES times
+    worker.py tcp-recv ADDR PORT SECONDS   accept one TCP connection at ADDR:PORT and read it to its end (or
+                                          SECONDS): the raw TCP throughput a sender reaches
+    worker.py tcp-send ADDR PORT BYTES SECONDS   send BYTES (or for SECONDS) over one connection to ADDR:PORT
 
 Barrier: before each timed phase the worker prints "ready" and waits for a line on stdin ("go"), so the
 clients of a run start together; `records` waits before each record size, as IMCa separates sizes with
@@ -181,6 +184,53 @@ def reread(passes, files):
     return {"bytes": total, "seconds": time.perf_counter() - t0, "pass_seconds": per_pass}
 
 
+def tcp_recv(addr, port, seconds):
+    import socket
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((addr, port))
+    srv.listen(1)
+    srv.settimeout(60)
+    barrier()
+    conn, _ = srv.accept()
+    conn.settimeout(60)
+    buf = bytearray(4 * MiB)
+    mv = memoryview(buf)
+    got = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        n = conn.recv_into(mv)
+        if n <= 0:
+            break
+        got += n
+    dt = time.perf_counter() - t0
+    conn.close()
+    srv.close()
+    return {"bytes": got, "seconds": dt, "MiB_s": got / MiB / dt}
+
+
+def tcp_send(addr, port, size, seconds):
+    import socket
+    chunk = memoryview(os.urandom(4 * MiB))
+    barrier()
+    deadline = time.monotonic() + 60
+    while True:  # the receiver listens before it says ready; a refused connect is retried a moment
+        try:
+            conn = socket.create_connection((addr, port), timeout=60)
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    sent = 0
+    t0 = time.perf_counter()
+    while sent < size and time.perf_counter() - t0 < seconds:
+        conn.sendall(chunk[: min(len(chunk), size - sent)])
+        sent += min(len(chunk), size - sent)
+    conn.close()
+    return {"bytes": sent, "seconds": time.perf_counter() - t0}
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "records":
@@ -199,6 +249,10 @@ def main():
         r = propfind(args[0], args[1])
     elif cmd == "reread":
         r = reread(int(args[0]), args[1:])
+    elif cmd == "tcp-recv":
+        r = tcp_recv(args[0], int(args[1]), float(args[2]))
+    elif cmd == "tcp-send":
+        r = tcp_send(args[0], int(args[1]), int(args[2]), float(args[3]))
     else:
         sys.exit(f"unknown command {cmd}")
     print(json.dumps(r), flush=True)

@@ -6,8 +6,10 @@
 #     Debian archive, checked against the .dsc's SHA-256);
 #   - statbench: bench/statbench.c, a tight stat loop over a list of paths;
 #   - randread: bench/randread.c, random 4 KiB reads by several threads (bench/hotpath.py).
-# With --suite (bench/suite.py): also matplotlib for the plots, and the s3fs-fuse peer with the S3 server it
-# reads (see the s3fs block below).
+# With --suite (bench/suite.py): also matplotlib for the plots, etcd, ip and nsenter for the cluster scenario,
+# and the s3fs-fuse peer with the S3 server it reads (see the s3fs block below).
+# With --suite --skip-peers (bench/suite.py --skip-peers): not the s3fs-fuse peer, nor s3s-fs, whose build
+# takes minutes.
 # Idempotent: installs only what is missing and rebuilds only what is absent or stale. Prints the helpers'
 # paths on its last lines as KEY=VALUE (PASSTHROUGH_HP=..., STATBENCH=..., RANDREAD=...; empty when not built, with the
 # reason in PASSTHROUGH_HP_ERROR=...; with --suite also S3FS=... and S3S_FS=..., likewise with ..._ERROR=...).
@@ -17,8 +19,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${LARDER_BENCH_BUILD:-/var/tmp/larder-bench-build}
 POOL=http://deb.debian.org/debian/pool/main/f/fuse3
 
-SUITE=0
+SUITE=0 PEERS=1
 [ "${1:-}" = "--suite" ] && SUITE=1
+[ "${2:-}" = "--skip-peers" ] && PEERS=0
 
 need_apt=()
 if [ "$SUITE" = 1 ] && ! python3 -c 'import matplotlib' 2>/dev/null; then
@@ -35,6 +38,12 @@ command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v xz >/dev/null 2>&1 || need_apt+=(xz-utils)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+if [ "$SUITE" = 1 ]; then
+  # The cluster scenario: etcd for the membership, ip and nsenter for a network namespace per node.
+  command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+  command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+  command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -159,7 +168,9 @@ install_s3s_fs() {  # in a subshell: the lock is released when it ends
   rm -rf "$BUILD/s3s-fs-build"
   echo "$exe"
 }
-if [ "$SUITE" = 1 ]; then
+if [ "$SUITE" = 1 ] && [ "$PEERS" = 0 ]; then
+  S3FS= S3FS_ERROR="skipped (--skip-peers)" S3S_FS= S3S_FS_ERROR="skipped (--skip-peers)"
+elif [ "$SUITE" = 1 ]; then
   S3FS_ERROR= S3S_FS_ERROR=
   if out=$(install_s3fs); then S3FS=$(echo "$out" | tail -n 1); else S3FS= S3FS_ERROR=$(echo "$out" | tail -n 1); fi
   if out=$(install_s3s_fs); then S3S_FS=$(echo "$out" | tail -n 1); else S3S_FS= S3S_FS_ERROR=$(echo "$out" | tail -n 1); fi
