@@ -734,6 +734,12 @@ impl PeerClient {
 
     /// The unit `ask` names, from `peer`.
     pub fn fetch(&self, peer: &MemberRecord, ask: &Ask) -> Result<Bytes, PeerError> {
+        self.fetch_checked(peer, ask).map(|(data, _)| data)
+    }
+
+    /// The unit `ask` names, from `peer`, and the CRC-32C every byte of it was checked against: the
+    /// caller need not compute it again.
+    pub fn fetch_checked(&self, peer: &MemberRecord, ask: &Ask) -> Result<(Bytes, u32), PeerError> {
         if let Err(e) = self.allowed(peer.id) {
             self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Err(e);
@@ -752,7 +758,7 @@ impl PeerClient {
             .nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match &result {
-            Ok(data) => {
+            Ok((data, _)) => {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                 self.record(peer.id, false);
@@ -774,8 +780,8 @@ impl PeerClient {
     }
 }
 
-/// One fetch over `channel`, every chunk checked.
-async fn fetch_on(channel: Channel, request: FetchRequest, want: &UnitDigest) -> Result<Bytes, PeerError> {
+/// One fetch over `channel`, every chunk checked; the unit and its CRC-32C.
+async fn fetch_on(channel: Channel, request: FetchRequest, want: &UnitDigest) -> Result<(Bytes, u32), PeerError> {
     let mut client = RawClient::new(channel).max_decoding_message_size(CHUNK + (64 << 10));
     let mut stream = client.fetch(request).await.map_err(status_error)?.into_inner();
     let mut out: Vec<u8> = Vec::new();
@@ -811,7 +817,7 @@ async fn fetch_on(channel: Channel, request: FetchRequest, want: &UnitDigest) ->
     if crc32c::crc32c(&out) != crc {
         return Err(PeerError::Corrupt("checksum mismatch".into()));
     }
-    Ok(Bytes::from(out))
+    Ok((Bytes::from(out), crc))
 }
 
 fn status_error(s: Status) -> PeerError {

@@ -96,8 +96,14 @@ impl Store {
     ///   moved) as it would have under the lock. A fill of a block being punched waits for the punch, then
     ///   writes its bytes over the hole.
     pub fn fill(&self, key: BlockKey, data: &[u8], epoch: u64) -> CacheResult<()> {
+        self.fill_checked(key, data, crc32c::crc32c(data), epoch)
+    }
+
+    /// [`Store::fill`] of `data` whose CRC-32C the caller has (it checked the bytes against it as they
+    /// came): the store keeps it in its index rather than computing it again.
+    pub fn fill_checked(&self, key: BlockKey, data: &[u8], crc: u32, epoch: u64) -> CacheResult<()> {
+        debug_assert_eq!(crc, crc32c::crc32c(data), "a fill's checksum is its data's");
         let start = key.1 as u64 * self.cfg.block_size;
-        let crc = crc32c::crc32c(data);
         let shard = self.shard(key.0);
         let mut st = lock(&shard.state);
         loop {

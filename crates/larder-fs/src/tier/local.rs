@@ -71,7 +71,11 @@ impl Tier for StoreTier {
         let Want { local, key, .. } = want;
         match key.part {
             Part::Whole { .. } => self.store.fill_whole(local.object, &unit.data, local.epoch),
-            Part::Block { index, .. } => self.store.fill((local.object, index), &unit.data, local.epoch),
+            // A block's unit is the block: its checksum, checked on the way here, is the block's.
+            Part::Block { index, .. } => {
+                self.store
+                    .fill_checked((local.object, index), &unit.data, unit.crc32c, local.epoch)
+            }
         }
         .map_err(|e| TierError::Io(e.to_string()))
     }

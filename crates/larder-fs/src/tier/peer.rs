@@ -83,6 +83,11 @@ impl Tier for PeerTier {
         true
     }
 
+    /// The client checked each chunk's key digest and the whole unit against its CRC-32C as it came.
+    fn checks_own_answers(&self) -> bool {
+        true
+    }
+
     fn get(&self, want: &Want) -> Result<Option<Unit>, TierError> {
         if !want.key.shareable() {
             return Ok(None);
@@ -117,9 +122,16 @@ impl Tier for PeerTier {
                 from: None,
                 asker: me,
             };
-            match self.client.fetch(peer, &ask) {
-                // The unit's buffer is the client's own: taken over, not copied.
-                Ok(bytes) => return Ok(Some(Unit::new(want.digest, Arc::new(Vec::from(bytes))))),
+            match self.client.fetch_checked(peer, &ask) {
+                // The unit's buffer is the client's own: taken over, not copied; its checksum was checked
+                // as it came, and is not computed again.
+                Ok((bytes, crc32c)) => {
+                    return Ok(Some(Unit {
+                        data: Arc::new(Vec::from(bytes)),
+                        crc32c,
+                        key: want.digest,
+                    }));
+                }
                 Err(e) => tracing::debug!(peer = %peer.name, key = %want.digest, error = %e, "a peer had nothing"),
             }
         }
