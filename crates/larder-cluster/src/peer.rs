@@ -70,6 +70,9 @@ pub const MAX_UNIT: u64 = 256 << 20;
 /// HTTP/2 windows: a stream's, and the connection's (several units in flight).
 const STREAM_WINDOW: u32 = 8 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
+/// The largest HTTP/2 frame a node accepts: a chunk in one frame, rather than sixteen of the default
+/// 16 KiB, each read, framed and copied on its own.
+const MAX_FRAME: u32 = CHUNK as u32 + (16 << 10);
 /// Longest a peer's TLS handshake may take on the server.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Peers whose refusal is logged (each once); past that, refusals are only counted.
@@ -443,6 +446,7 @@ impl PeerServer {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         runtime.spawn(async move {
             let served = Server::builder()
+                .max_frame_size(Some(MAX_FRAME))
                 .initial_stream_window_size(Some(STREAM_WINDOW))
                 .initial_connection_window_size(Some(CONNECTION_WINDOW))
                 .add_service(service)
@@ -606,6 +610,7 @@ impl PeerClient {
             tls::server_name(&peer.name).map_err(|e| PeerError::Failed(format!("member {:016x}: {e}", peer.id)))?;
         let endpoint = Endpoint::from_shared(format!("http://{}", peer.addr))
             .map_err(|e| PeerError::Failed(format!("bad address {:?}: {e}", peer.addr)))?
+            .max_frame_size(MAX_FRAME)
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .http2_keep_alive_interval(Duration::from_secs(10))
