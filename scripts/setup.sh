@@ -19,8 +19,11 @@ if [ "${1:-}" = --tests ]; then
   command -v sqlite3 >/dev/null 2>&1 || need_apt+=(sqlite3)
   command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
   command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
-  # The cluster's coordination service, started by the tests on loopback (the package starts no service).
+  # The cluster's coordination service, started by the tests themselves (the package starts no service).
   command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+  # The cluster tests run each node in a network namespace of its own, entered with nsenter.
+  command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+  command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
   command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 fi
 
