@@ -250,10 +250,12 @@ impl Service {
     /// The unit `req` names, from the source (fetched if `forward`; a take asks its requester first), and
     /// its key's digest.
     async fn unit(&self, req: FetchRequest, take: bool) -> Result<(Bytes, UnitDigest), Status> {
-        let source = self.source.clone();
         let unit_digest = digest(&req.key);
-        let unit = tokio::task::spawn_blocking(move || {
-            source.unit(&Ask {
+        // The source blocks (a read of the cache, or of home for an owner): on this worker, which hands
+        // its other tasks to another meanwhile, rather than on a thread of the blocking pool, a hop there
+        // and back that costs a small unit more than its read.
+        let unit = tokio::task::block_in_place(|| {
+            self.source.unit(&Ask {
                 key: &req.key,
                 digest: &unit_digest,
                 path: &req.path,
@@ -262,9 +264,7 @@ impl Service {
                 from: take.then_some(req.requester),
                 asker: req.requester,
             })
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?;
+        });
         match unit {
             Ok(d) => Ok((d, unit_digest)),
             Err(SourceError::NotHeld) => Err(Status::not_found("not held")),
