@@ -104,6 +104,36 @@ impl Etcd {
             assert!(Instant::now() < deadline, "etcd did not start listening");
             std::thread::sleep(Duration::from_millis(50));
         }
+        // Listening is not serving: etcd may reset a client's first connections until it is ready.
+        while !self.answers() {
+            assert!(Instant::now() < deadline, "etcd listens but does not answer");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether it answers a status call now (over TLS with its own certificate, which serves as a
+    /// client's too).
+    fn answers(&self) -> bool {
+        let mut opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(1));
+        if let Some([ca, cert, key]) = &self.tls {
+            let read = |p: &std::path::Path| std::fs::read(p).expect("the test etcd's certificate files");
+            opts = opts.with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(read(ca)))
+                    .identity(etcd_client::Identity::from_pem(read(cert), read(key))),
+            );
+        }
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            return false;
+        };
+        runtime.block_on(async {
+            match etcd_client::Client::connect([self.endpoint()], Some(opts)).await {
+                Ok(mut client) => client.status().await.is_ok(),
+                Err(_) => false,
+            }
+        })
     }
 
     /// Kill it, as a crash would.
