@@ -217,20 +217,26 @@ fn eviction_keeps_usage_under_limit_and_spares_dirty_blocks() {
     assert!(s.stats().evictions >= 30);
 }
 
-#[test]
-fn the_harvester_evicts_so_that_fills_do_not() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("index.redb")).unwrap();
+/// A store of 20 blocks for the harvester: it evicts from 10 blocks (the high watermark) down to 5 (the
+/// low one). Not started.
+fn store_for_harvest(dir: &Path, dedup: bool) -> Arc<Store> {
+    let db = Db::open(&dir.join("index.redb")).unwrap();
     let cfg = StoreConfig {
-        dir: dir.path().join("objects"),
+        dir: dir.join("objects"),
         block_size: 4096,
         limit: 20 * 4096,
         high_watermark: 0.5,
         low_watermark: 0.25,
-        dedup: true,
+        dedup,
         eviction: Eviction::S3Fifo,
     };
-    let s = Arc::new(Store::open(cfg, db).unwrap());
+    Arc::new(Store::open(cfg, db).unwrap())
+}
+
+#[test]
+fn the_harvester_evicts_so_that_fills_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store_for_harvest(dir.path(), true);
     s.start_harvester().unwrap();
     for i in 0..100 {
         s.fill((1, i), &[i as u8; 4096], 0).unwrap();
@@ -254,17 +260,7 @@ fn the_harvester_evicts_so_that_fills_do_not() {
 #[test]
 fn the_harvester_shows_each_unit_while_it_is_still_readable_before_it_goes_and_fills_show_none() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("index.redb")).unwrap();
-    let cfg = StoreConfig {
-        dir: dir.path().join("objects"),
-        block_size: 4096,
-        limit: 20 * 4096,
-        high_watermark: 0.5,
-        low_watermark: 0.25,
-        dedup: false,
-        eviction: Eviction::S3Fifo,
-    };
-    let s = Arc::new(Store::open(cfg, db).unwrap());
+    let s = store_for_harvest(dir.path(), false);
     // What the hook saw: each unit (its object and blocks), and whether every block could be read then.
     type Shown = (u64, Vec<u32>, bool);
     let seen: Arc<Mutex<Vec<Shown>>> = Arc::default();
