@@ -262,18 +262,38 @@ async fn timed<T>(
     }
 }
 
+/// How a client connects to etcd: each call within `timeout`, over TLS with `tls` if given.
+pub(crate) fn connect_options(timeout: Duration, tls: Option<&crate::tls::EtcdTls>) -> ConnectOptions {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout);
+    match tls {
+        Some(tls) => opts.with_tls(
+            TlsOptions::new()
+                .ca_certificate(Certificate::from_pem(&tls.ca))
+                .identity(Identity::from_pem(&tls.cert, &tls.key)),
+        ),
+        None => opts,
+    }
+}
+
 impl Shared {
-    async fn connect(&self) -> Result<Client, MembershipError> {
-        let mut opts = ConnectOptions::new()
-            .with_connect_timeout(self.cfg.timeout)
-            .with_timeout(self.cfg.timeout);
-        if let Some(tls) = &self.cfg.tls {
-            opts = opts.with_tls(
-                TlsOptions::new()
-                    .ca_certificate(Certificate::from_pem(&tls.ca))
-                    .identity(Identity::from_pem(&tls.cert, &tls.key)),
-            );
+    fn new(cfg: MembershipConfig, me: MemberRecord) -> Shared {
+        Shared {
+            cfg,
+            me,
+            view: RwLock::new(Arc::new(View::default())),
+            renewed_ms: AtomicU64::new(0),
+            online: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            lease: AtomicU64::new(0),
+            said: std::sync::Mutex::new(Liveness::default()),
+            resay: tokio::sync::Notify::new(),
         }
+    }
+
+    async fn connect(&self) -> Result<Client, MembershipError> {
+        let opts = connect_options(self.cfg.timeout, self.cfg.tls.as_ref());
         Client::connect(self.cfg.endpoints.clone(), Some(opts))
             .await
             .map_err(|source| MembershipError::Connect {
@@ -459,17 +479,7 @@ impl Membership {
             return Err(MembershipError::BadName(cfg.cluster.clone()));
         }
         let runtime = crate::runtime(1, "larder-members").map_err(MembershipError::Runtime)?;
-        let shared = Arc::new(Shared {
-            cfg,
-            me,
-            view: RwLock::new(Arc::new(View::default())),
-            renewed_ms: AtomicU64::new(0),
-            online: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            lease: AtomicU64::new(0),
-            said: std::sync::Mutex::new(Liveness::default()),
-            resay: tokio::sync::Notify::new(),
-        });
+        let shared = Arc::new(Shared::new(cfg, me));
         let (client, lease, revision) = runtime.block_on(async {
             let mut client = shared.connect().await?;
             let (lease, revision) = shared.rejoin(&mut client).await?;
@@ -682,17 +692,7 @@ mod tests {
     #[test]
     fn a_liveness_key_of_an_earlier_make_reads_as_live_with_nothing_said() {
         let cfg = MembershipConfig::new(vec![], "c");
-        let shared = Shared {
-            me: record(1, "a", "f"),
-            view: RwLock::new(Arc::new(View::default())),
-            renewed_ms: AtomicU64::new(0),
-            online: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            lease: AtomicU64::new(0),
-            said: std::sync::Mutex::new(Liveness::default()),
-            resay: tokio::sync::Notify::new(),
-            cfg,
-        };
+        let shared = Shared::new(cfg, record(1, "a", "f"));
         let mut view = View::default();
         shared.apply(&mut view, b"/larder/c/live/0000000000000007", Some(b"7"));
         shared.apply(

@@ -2,7 +2,7 @@
 //! `etcd-server`), started on ports of its own (on loopback, or for its clients on an address the test
 //! chooses) with its data in a temporary directory, and stopped when dropped.
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,36 +27,31 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    /// Start one on loopback, and wait until it listens.
+    /// Start one on loopback, and wait until it answers.
     pub fn start() -> Etcd {
         Etcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
     }
 
     /// Start one serving its clients on `host` (an address of this machine, e.g. a test network's
-    /// bridge), and wait until it listens. Its peer port stays on loopback.
+    /// bridge), and wait until it answers. Its peer port stays on loopback.
     pub fn start_on(host: IpAddr) -> Etcd {
-        let mut e = Etcd {
-            child: None,
-            dir: tempfile::tempdir().expect("a temporary directory"),
-            host,
-            client: free_port(),
-            peer: free_port(),
-            tls: None,
-        };
-        e.run();
-        e
+        Etcd::start_with(host, None)
     }
 
     /// Start one on `host` that speaks only TLS to its clients, with the certificate `cert` and key
     /// `key`, and admits only clients whose certificate chains to `ca` (`--client-cert-auth`).
     pub fn start_tls(host: IpAddr, ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> Etcd {
+        Etcd::start_with(host, Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]))
+    }
+
+    fn start_with(host: IpAddr, tls: Option<[std::path::PathBuf; 3]>) -> Etcd {
         let mut e = Etcd {
             child: None,
             dir: tempfile::tempdir().expect("a temporary directory"),
             host,
             client: free_port(),
             peer: free_port(),
-            tls: Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]),
+            tls,
         };
         e.run();
         e
@@ -99,41 +94,36 @@ impl Etcd {
             .spawn()
             .expect("etcd (Debian's etcd-server) must be installed: scripts/setup.sh --tests installs it");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect((self.host, self.client)).is_err() {
-            assert!(Instant::now() < deadline, "etcd did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // Listening is not serving: etcd may reset a client's first connections until it is ready.
-        while !self.answers() {
-            assert!(Instant::now() < deadline, "etcd listens but does not answer");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.wait_answering(Instant::now() + Duration::from_secs(20));
     }
 
-    /// Whether it answers a status call now (over TLS with its own certificate, which serves as a
-    /// client's too).
-    fn answers(&self) -> bool {
-        let mut opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(1))
-            .with_timeout(Duration::from_secs(1));
-        if let Some([ca, cert, key]) = &self.tls {
-            let read = |p: &std::path::Path| std::fs::read(p).expect("the test etcd's certificate files");
-            opts = opts.with_tls(
-                etcd_client::TlsOptions::new()
-                    .ca_certificate(etcd_client::Certificate::from_pem(read(ca)))
-                    .identity(etcd_client::Identity::from_pem(read(cert), read(key))),
-            );
-        }
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-            return false;
+    /// Wait until it answers a status call (over TLS with its own certificate, which serves as a
+    /// client's too): listening is not serving, and etcd may reset a client's first connections until
+    /// it is ready.
+    fn wait_answering(&self, deadline: Instant) {
+        let read = |p: &std::path::Path| std::fs::read(p).expect("the test etcd's certificate files");
+        let tls = self.tls.as_ref().map(|[ca, cert, key]| crate::tls::EtcdTls {
+            ca: read(ca),
+            cert: read(cert),
+            key: read(key),
+        });
+        let opts = crate::membership::connect_options(Duration::from_secs(1), tls.as_ref());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime to ask etcd with");
+        let answers = || {
+            runtime.block_on(async {
+                match etcd_client::Client::connect([self.endpoint()], Some(opts.clone())).await {
+                    Ok(mut client) => client.status().await.is_ok(),
+                    Err(_) => false,
+                }
+            })
         };
-        runtime.block_on(async {
-            match etcd_client::Client::connect([self.endpoint()], Some(opts)).await {
-                Ok(mut client) => client.status().await.is_ok(),
-                Err(_) => false,
-            }
-        })
+        while !answers() {
+            assert!(Instant::now() < deadline, "etcd does not answer at {}", self.endpoint());
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Kill it, as a crash would.
