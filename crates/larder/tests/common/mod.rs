@@ -526,7 +526,14 @@ impl Mount {
         env: &[(&str, &str)],
         umask: Option<u32>,
     ) -> Result<Mount, Output> {
-        Mount::launch(&[], home, mnt, cache, extra, env, umask)
+        match umask {
+            None => Mount::launch(&[], home, mnt, cache, extra, env),
+            Some(u) => {
+                let u = format!("{u:03o}");
+                let prefix = ["sh", "-c", "umask \"$0\" && exec \"$@\"", &u];
+                Mount::launch(&prefix, home, mnt, cache, extra, env)
+            }
+        }
     }
 
     /// Like [`Mount::try_new_env`], the `larder mount` command (and so the daemon) run under `prefix`, a
@@ -541,9 +548,11 @@ impl Mount {
         env: &[(&str, &str)],
     ) -> Result<Mount, Output> {
         assert!(!prefix.is_empty(), "an empty prefix: use Mount::try_new_env");
-        Mount::launch(prefix, home, mnt, cache, extra, env, None)
+        Mount::launch(prefix, home, mnt, cache, extra, env)
     }
 
+    /// `larder mount` with these arguments, run under `prefix` (a command that runs the program appended
+    /// to it) if it is not empty.
     fn launch(
         prefix: &[&str],
         home: &str,
@@ -551,7 +560,6 @@ impl Mount {
         cache: &Path,
         extra: &[&str],
         env: &[(&str, &str)],
-        umask: Option<u32>,
     ) -> Result<Mount, Output> {
         let mut args: Vec<&str> = vec!["mount", home, s(mnt), "--cache-dir", s(cache)];
         args.extend_from_slice(extra);
@@ -560,20 +568,13 @@ impl Mount {
         if !extra.iter().any(|a| *a == "--write-mode" || *a == "--read-only") {
             args.extend_from_slice(&["--write-mode", "write-through"]);
         }
-        let out = match (umask, prefix) {
-            (None, []) => run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE),
-            (None, [program, rest @ ..]) => {
+        let out = match prefix {
+            [] => run_cmd_env(LARDER, &args, env, COMMAND_DEADLINE),
+            [program, rest @ ..] => {
                 let mut argv: Vec<&str> = rest.to_vec();
                 argv.push(LARDER);
                 argv.extend_from_slice(&args);
                 run_cmd_env(program, &argv, env, COMMAND_DEADLINE)
-            }
-            (Some(u), _) => {
-                assert!(prefix.is_empty(), "a umask and a prefix together are not supported");
-                let u = format!("{u:03o}");
-                let mut sh: Vec<&str> = vec!["-c", "umask \"$0\" && exec \"$@\"", &u, LARDER];
-                sh.extend_from_slice(&args);
-                run_cmd_env("sh", &sh, env, COMMAND_DEADLINE)
             }
         };
         if !out.success() {
