@@ -84,7 +84,6 @@ impl Fs {
             if !ask.forward {
                 return self.core.tiers.held(&want).ok_or(SourceError::NotHeld);
             }
-            want.from_peer = true;
             want.take_from = ask.from;
             want.asker = Some(ask.asker);
             return self

@@ -51,12 +51,11 @@ pub struct Want<'a> {
     pub range: Range<u64>,
     /// Where this node has the content; tiers shared between nodes go by the key alone.
     pub local: Local<'a>,
-    /// Asked by a peer as the unit's owner: the walk asks only the unit's previous owners, for what they
-    /// hold (the asker tries the other candidates itself).
-    pub from_peer: bool,
     /// The member handing the unit over to this node (it is leaving): asked first, for what it holds.
     pub take_from: Option<u64>,
-    /// The member whose ask this walk answers: never asked back (it does not hold the unit).
+    /// The member whose ask, as the unit's owner, this walk answers: the walk asks only the unit's
+    /// previous owners, for what they hold (the asker tries the other candidates itself), and never the
+    /// asker (it has not got the unit).
     pub asker: Option<u64>,
 }
 
@@ -79,7 +78,6 @@ impl<'a> Want<'a> {
             key,
             range,
             local,
-            from_peer: false,
             take_from: None,
             asker: None,
         }
@@ -254,27 +252,9 @@ impl Tiers {
     /// fetched, so no walk is joined or started.
     pub fn held(&self, want: &Want) -> Option<Arc<Vec<u8>>> {
         let last = self.tiers.len() - 1;
-        for (i, (tier, counts)) in self.tiers.iter().enumerate() {
-            if i == last || tier.shared() {
-                return None;
-            }
-            let unit = match counts.ask(tier.as_ref(), want) {
-                Ok(Some(unit)) => unit,
-                Ok(None) | Err(_) => {
-                    bump(&counts.misses);
-                    continue;
-                }
-            };
-            if unit.fault(want, true, tier.checks_own_answers()).is_some() {
-                bump(&counts.rejected);
-                bump(&counts.misses);
-                continue;
-            }
-            counts.hit(&unit);
-            self.fill(&self.tiers[..i], want, &unit);
-            return Some(unit.data);
-        }
-        None
+        (0..last)
+            .take_while(|&i| !self.tiers[i].0.shared())
+            .find_map(|i| self.ask(i, want).ok())
     }
 
     /// Whether a walk for `digest` is under way.
@@ -302,42 +282,47 @@ impl Tiers {
 
     fn walk(&self, want: &Want) -> FetchResult {
         let last = self.tiers.len() - 1;
-        for (i, (tier, counts)) in self.tiers.iter().enumerate() {
-            let answer = match counts.ask(tier.as_ref(), want) {
-                Ok(answer) => answer,
-                Err(e) if i == last => {
-                    bump(&counts.errors);
-                    return Err(e.into_home());
-                }
-                Err(e) => {
-                    bump(&counts.errors);
+        for i in 0..last {
+            if let Ok(data) = self.ask(i, want) {
+                return Ok(data);
+            }
+        }
+        self.ask(last, want)
+    }
+
+    /// Ask tier `i` for `want`, and count what it answered. A verified answer fills the nearer tiers and
+    /// is the result. Else the error is what the read gets if `i` is the last tier (the source); a nearer
+    /// tier's failure, miss or refused answer counts as its miss, and the walk goes on.
+    fn ask(&self, i: usize, want: &Want) -> FetchResult {
+        let (tier, counts) = &self.tiers[i];
+        let last = i == self.tiers.len() - 1;
+        let unit = match counts.ask(tier.as_ref(), want) {
+            Ok(Some(unit)) => unit,
+            Ok(None) => {
+                bump(&counts.misses);
+                return Err(HomeError::NotFound);
+            }
+            Err(e) => {
+                bump(&counts.errors);
+                if !last {
                     bump(&counts.misses);
                     tracing::debug!(tier = tier.name(), error = %e, key = %want.digest, "tier failed; asking the next");
-                    continue;
                 }
-            };
-            let Some(unit) = answer else {
-                bump(&counts.misses);
-                if i == last {
-                    return Err(HomeError::NotFound);
-                }
-                continue;
-            };
-            // The last tier is the source: its length is the truth (short only at the end of the file).
-            if let Some(why) = unit.fault(want, i != last, tier.checks_own_answers()) {
-                bump(&counts.rejected);
-                tracing::warn!(tier = tier.name(), key = %want.digest, "a tier answered with {why}; not served");
-                if i == last {
-                    return Err(HomeError::Os(libc::EIO));
-                }
-                bump(&counts.misses);
-                continue;
+                return Err(e.into_home());
             }
-            counts.hit(&unit);
-            self.fill(&self.tiers[..i], want, &unit);
-            return Ok(unit.data);
+        };
+        // The last tier is the source: its length is the truth (short only at the end of the file).
+        if let Some(why) = unit.fault(want, !last, tier.checks_own_answers()) {
+            bump(&counts.rejected);
+            tracing::warn!(tier = tier.name(), key = %want.digest, "a tier answered with {why}; not served");
+            if !last {
+                bump(&counts.misses);
+            }
+            return Err(HomeError::Os(libc::EIO));
         }
-        unreachable!("the last tier answers or fails")
+        counts.hit(&unit);
+        self.fill(&self.tiers[..i], want, &unit);
+        Ok(unit.data)
     }
 
     /// Offer verified `unit` to the `nearer` tiers.

@@ -111,7 +111,7 @@ impl Tier for PeerTier {
         if let Some(from) = want.take_from {
             hints.insert(0, from);
         }
-        for (id, forward) in asks(me, &candidates, &hints, want.from_peer) {
+        for (id, forward) in asks(me, &candidates, &hints, want.asker.is_some()) {
             let Some(peer) = view.members.get(&id) else { continue };
             let ask = Ask {
                 key: &key,
