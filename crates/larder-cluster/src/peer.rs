@@ -710,21 +710,23 @@ impl PeerClient {
         self.allowed(peer.id)?;
         let channel = self.channel(peer)?;
         let request = self.request(ask);
-        let timeout = self.cfg.timeout;
-        let result = self
-            .runtime
-            .block_on(async move {
-                tokio::time::timeout(timeout, async move {
-                    let mut client = RawClient::new(channel);
-                    let taken = client.take(request).await.map_err(status_error)?;
-                    Ok(taken.into_inner().len)
-                })
-                .await
-            })
-            .unwrap_or(Err(PeerError::Timeout(timeout)));
+        let result = self.within_timeout(async move {
+            let mut client = RawClient::new(channel);
+            let taken = client.take(request).await.map_err(status_error)?;
+            Ok(taken.into_inner().len)
+        });
         let failed = !matches!(result, Ok(_) | Err(PeerError::NotHeld | PeerError::OtherVersion));
         self.record(peer.id, failed);
         result
+    }
+
+    /// Run `call` on the client's runtime, given up after the timeout of one unit.
+    fn within_timeout<T>(&self, call: impl Future<Output = Result<T, PeerError>>) -> Result<T, PeerError> {
+        let timeout = self.cfg.timeout;
+        // The timer is made inside the runtime: it needs the runtime's clock.
+        self.runtime
+            .block_on(async move { tokio::time::timeout(timeout, call).await })
+            .unwrap_or(Err(PeerError::Timeout(timeout)))
     }
 
     fn request(&self, ask: &Ask) -> FetchRequest {
@@ -753,12 +755,7 @@ impl PeerClient {
         let started = Instant::now();
         let channel = self.channel(peer)?;
         let request = self.request(ask);
-        let timeout = self.cfg.timeout;
-        let want = ask.digest;
-        let result = self
-            .runtime
-            .block_on(async move { tokio::time::timeout(timeout, fetch_on(channel, request, want)).await })
-            .unwrap_or(Err(PeerError::Timeout(timeout)));
+        let result = self.within_timeout(fetch_on(channel, request, ask.digest));
         self.stats
             .nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
