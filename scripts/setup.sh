@@ -21,6 +21,9 @@ if [ "${1:-}" = --tests ]; then
   command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
   # The cluster's coordination service, started by the tests themselves (the package starts no service).
   command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+  # The shared cache bank's servers, started by the tests themselves.
+  command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)
+  command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
   # The cluster tests run each node in a network namespace of its own, entered with nsenter.
   command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
   command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
