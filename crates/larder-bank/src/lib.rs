@@ -167,7 +167,8 @@ impl Server {
 }
 
 /// The bank's counts since start.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct BankStats {
     pub gets: u64,
     pub hits: u64,

@@ -90,7 +90,12 @@ impl Backend for Memcache {
     }
 
     fn set(&self, key: &str, value: &[u8], ttl: Duration) -> Result<(), String> {
-        let expiry = ttl.as_secs().min(TTL_MAX) as u32;
+        // Zero keeps the item until memcached evicts it: a short time to live must not turn into that.
+        let expiry = if ttl.is_zero() {
+            0
+        } else {
+            ttl.as_secs().clamp(1, TTL_MAX) as u32
+        };
         self.client.set(key, value, expiry).map_err(|e| e.to_string())
     }
 

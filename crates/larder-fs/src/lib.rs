@@ -19,6 +19,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod banked;
 mod changes;
 pub mod cluster;
 mod data;
@@ -37,6 +38,7 @@ mod residency;
 pub mod tier;
 mod types;
 
+pub use banked::BankedHome;
 pub use error::{FsError, FsResult};
 pub use namespace::Fs;
 pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};

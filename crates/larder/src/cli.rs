@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use larder_bank::BankUrl;
 use larder_home::WanSpec;
 
 use crate::units::{parse_duration, parse_size, parse_wan};
@@ -125,6 +126,11 @@ impl EtcdEndpoints {
     pub fn tls(&self) -> bool {
         self.0.iter().any(|e| e.starts_with("https://"))
     }
+}
+
+/// `--bank memcache://HOST:PORT[,...]` or `redis://HOST:PORT[,...]`.
+fn parse_bank(s: &str) -> Result<BankUrl, String> {
+    BankUrl::parse(s)
 }
 
 /// `--cluster etcd://HOST:PORT[,HOST:PORT...]`, or `etcds://` for TLS.
@@ -317,6 +323,18 @@ pub struct MountArgs {
     /// them (0: evict as a lone node does).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, requires = "cluster")]
     pub migrate_rate: u64,
+    /// A bank of shared cache servers behind the peers (or alone): memcache://HOST:PORT[,HOST:PORT...] or
+    /// redis://HOST:PORT[,...]. Units fetched from home are kept there for every node; with a validity
+    /// lag of a second or more, home's attributes and listings too. Any bank failure is a miss.
+    #[arg(long, value_parser = parse_bank)]
+    pub bank: Option<BankUrl>,
+    /// Give up on a bank server's answer after this long (a miss), and skip the server for a while.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, requires = "bank")]
+    pub bank_timeout: Duration,
+    /// How long units stay in the bank at most (0: until the servers evict them). Redis evicts only when
+    /// run with maxmemory and an allkeys policy.
+    #[arg(long, default_value = "1d", value_parser = parse_duration, requires = "bank")]
+    pub bank_ttl: Duration,
     /// Refuse all changes (the same as --write-mode read-only).
     #[arg(long)]
     pub read_only: bool,

@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, Session, SessionACL};
+use larder_bank::{Bank, BankConfig};
 use larder_cache::{Db, Store, StoreConfig};
 use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
 use larder_cluster::{EtcdTls, MemberRecord, Membership, MembershipConfig, NodeTls};
+use larder_fs::BankedHome;
 use larder_fs::cluster::{FsUnitSource, Migrator};
-use larder_fs::tier::{PeerTier, Whereabouts};
+use larder_fs::tier::{BankTier, PeerTier, Whereabouts};
 use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
 use larder_home::{Health, HealthLayer, Home, Layered};
@@ -350,6 +352,20 @@ fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
     }))
 }
 
+/// The bank `--bank` names, connected; refused only if none of its servers answers.
+fn connect_bank(args: &MountArgs) -> Result<Option<Arc<Bank>>> {
+    let Some(url) = &args.bank else {
+        return Ok(None);
+    };
+    let config = BankConfig {
+        timeout: args.bank_timeout,
+        ..BankConfig::default()
+    };
+    let bank = Bank::connect(url, &config).map_err(|e| anyhow!("--bank {url}: {e}"))?;
+    tracing::info!(bank = %url, "keeping units, attributes and listings in the bank");
+    Ok(Some(Arc::new(bank)))
+}
+
 /// Run the daemon in this process until the mount goes away.
 fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     init_logging(&args.log_level);
@@ -406,19 +422,35 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let home_url = p.home.describe();
     // Layers, inside out: the backend (with emulation, the tests' fault switch and counters), then the
     // health gate. The prober asks the home below the gate.
+    // health gate, then the bank's stat cache (it answers from the bank while home is away). The prober
+    // asks the home below the gate.
     let below_gate = p.home.clone();
     let health = Health::new();
-    let gated: Arc<dyn Home> = Arc::new(Layered::new(below_gate.clone(), HealthLayer(health.clone())));
+    let mut gated: Arc<dyn Home> = Arc::new(Layered::new(below_gate.clone(), HealthLayer(health.clone())));
+    let bank = connect_bank(args)?;
+    if let Some(bank) = &bank
+        && BankedHome::worth_it(args.validity_lag)
+    {
+        gated = Arc::new(BankedHome::new(
+            gated,
+            bank.clone(),
+            args.validity_lag,
+            home_url.clone(),
+        ));
+    }
     let cluster = join_cluster(args, &p.cache_dir)?;
     let whereabouts = Arc::new(Whereabouts::default());
-    let between: Vec<Arc<dyn larder_fs::tier::Tier>> = match &cluster {
-        Some(c) => vec![Arc::new(PeerTier::new(
+    let mut between: Vec<Arc<dyn larder_fs::tier::Tier>> = Vec::new();
+    if let Some(c) = &cluster {
+        between.push(Arc::new(PeerTier::new(
             c.membership.clone(),
             c.client.clone(),
             whereabouts.clone(),
-        ))],
-        None => Vec::new(),
-    };
+        )));
+    }
+    if let Some(bank) = &bank {
+        between.push(Arc::new(BankTier::new(bank.clone(), args.bank_ttl)));
+    }
     let fs = Arc::new(
         Fs::with_tiers(gated, store, fs_cfg, health.clone(), between).map_err(|e| anyhow!("home {home_url}: {e}"))?,
     );
@@ -474,6 +506,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         cache_dir: p.cache_dir.clone(),
         block_size: args.block_size,
         peers: cluster.as_ref().map(|c| c.stats.clone()),
+        bank: bank.clone(),
         cluster: cluster
             .as_ref()
             .map(|c| (args.cluster_name.clone(), c.membership.clone())),

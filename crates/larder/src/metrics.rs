@@ -66,6 +66,10 @@ pub const CLUSTER_ETCD_ONLINE: &str = "larder_cluster_etcd_online";
 pub const CLUSTER_OWNED_UNITS: &str = "larder_cluster_owned_units";
 pub const CLUSTER_OWNED_BYTES: &str = "larder_cluster_owned_bytes";
 pub const CLUSTER_LEASE_OK: &str = "larder_cluster_lease_ok";
+pub const BANK_GETS: &str = "larder_bank_gets";
+pub const BANK_PUTS: &str = "larder_bank_puts";
+pub const BANK_BYTES: &str = "larder_bank_bytes";
+pub const BANK_SERVERS: &str = "larder_bank_servers";
 pub const ECDAL: &str = "larder_ecdal";
 pub const ECDAB: &str = "larder_ecdab";
 pub const ABD: &str = "larder_abd";
@@ -85,6 +89,8 @@ pub struct Figures<'a> {
     pub cluster: Option<ClusterFigures>,
     /// The read path's walk, tier by tier, nearest first.
     pub walk: Vec<larder_fs::tier::TierStats>,
+    /// The bank's figures, with `--bank`.
+    pub bank: Option<larder_bank::BankStats>,
 }
 
 /// The membership, for metrics: members live and registered, and this node's standing with etcd.
@@ -108,6 +114,49 @@ fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, value: impl Encode
 }
 
 impl Figures<'_> {
+    fn encode_bank(&self, enc: &mut DescriptorEncoder, b: &larder_bank::BankStats) -> fmt::Result {
+        let mut gets = enc.encode_descriptor(
+            BANK_GETS,
+            "Values asked of the bank (units, attributes, listings), by result: hit, miss (absent, or one \
+             of the failures), error (a server failed, timed out or was skipped), bad (failed its checks).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [("hit", b.hits), ("miss", b.misses), ("error", b.errors), ("bad", b.bad)] {
+            ConstCounter::new(n).encode(gets.encode_family(&[("result", result)])?)?;
+        }
+        let mut puts = enc.encode_descriptor(
+            BANK_PUTS,
+            "Values given to the bank, by result: kept, failed, dropped (the fill queue was full).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("kept", b.puts - b.put_errors),
+            ("failed", b.put_errors),
+            ("dropped", b.dropped),
+        ] {
+            ConstCounter::new(n).encode(puts.encode_family(&[("result", result)])?)?;
+        }
+        let mut bytes = enc.encode_descriptor(
+            BANK_BYTES,
+            "Bytes read from and written to the bank.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(b.bytes_read).encode(bytes.encode_family(&[("direction", "read")])?)?;
+        ConstCounter::new(b.bytes_written).encode(bytes.encode_family(&[("direction", "written")])?)?;
+        let mut servers = enc.encode_descriptor(
+            BANK_SERVERS,
+            "The bank's servers: all, and those skipped after a failure now.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(b.servers as i64).encode(servers.encode_family(&[("state", "all")])?)?;
+        ConstGauge::new(b.servers_down as i64).encode(servers.encode_family(&[("state", "skipped")])?)?;
+        Ok(())
+    }
+
     /// Write every metric to `enc`.
     pub fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
         let (home, fs, store, j, e) = (self.home, &self.fs, &self.store, &self.journal, &self.efficiency);
@@ -311,6 +360,9 @@ impl Figures<'_> {
                 p.migrated_bytes,
             )?;
         }
+        if let Some(b) = &self.bank {
+            self.encode_bank(enc, b)?;
+        }
         if let Some(c) = &self.cluster {
             let mut members = enc.encode_descriptor(
                 CLUSTER_MEMBERS,
@@ -404,6 +456,7 @@ impl Collector for LarderCollector {
                 }
             }),
             walk: self.0.fs.tier_stats(),
+            bank: self.0.bank.as_ref().map(|b| b.stats()),
         }
         .encode(enc)
     }
@@ -465,6 +518,7 @@ mod tests {
         peers: Option<crate::status::PeerStatus>,
         cluster: Option<ClusterFigures>,
         walk: Vec<larder_fs::tier::TierStats>,
+        bank: Option<larder_bank::BankStats>,
     }
 
     impl Collector for Fixed {
@@ -478,6 +532,7 @@ mod tests {
                 peers: self.peers,
                 cluster: self.cluster,
                 walk: self.walk.clone(),
+                bank: self.bank.clone(),
             }
             .encode(enc)
         }
@@ -628,6 +683,45 @@ mod tests {
             "{lone}"
         );
         assert!(!lone.contains("tier=\"peer\""), "{lone}");
+    }
+
+    #[test]
+    fn the_banks_figures_are_exposed_with_a_bank_only() {
+        let bank = larder_bank::BankStats {
+            gets: 10,
+            hits: 6,
+            misses: 4,
+            errors: 1,
+            bad: 2,
+            puts: 5,
+            put_errors: 1,
+            dropped: 3,
+            bytes_read: 600,
+            bytes_written: 400,
+            servers: 2,
+            servers_down: 1,
+            ..Default::default()
+        };
+        let text = exposition(Fixed {
+            bank: Some(bank),
+            ..Fixed::default()
+        });
+        for (name, want) in [
+            ("larder_bank_gets_total{result=\"hit\"}", 6.0),
+            ("larder_bank_gets_total{result=\"miss\"}", 4.0),
+            ("larder_bank_gets_total{result=\"error\"}", 1.0),
+            ("larder_bank_gets_total{result=\"bad\"}", 2.0),
+            ("larder_bank_puts_total{result=\"kept\"}", 4.0),
+            ("larder_bank_puts_total{result=\"failed\"}", 1.0),
+            ("larder_bank_puts_total{result=\"dropped\"}", 3.0),
+            ("larder_bank_bytes_total{direction=\"read\"}", 600.0),
+            ("larder_bank_bytes_total{direction=\"written\"}", 400.0),
+            ("larder_bank_servers{state=\"all\"}", 2.0),
+            ("larder_bank_servers{state=\"skipped\"}", 1.0),
+        ] {
+            assert_eq!(value(&text, name), Some(want), "{name}:\n{text}");
+        }
+        assert!(!exposition(Fixed::default()).contains("larder_bank"));
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub struct StatusSource {
     pub cluster: Option<(String, Arc<larder_cluster::Membership>)>,
     /// The peer transport's client, in a cluster: a node that leaves hands its units over through it.
     pub peer_client: Option<Arc<larder_cluster::peer::PeerClient>>,
+    /// The bank of shared cache servers, with `--bank`.
+    pub bank: Option<Arc<larder_bank::Bank>>,
 }
 
 /// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
@@ -93,6 +95,16 @@ pub struct Status {
     /// The cluster this node is in, as its last view of the membership has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
+    /// The bank of shared cache servers (units, attributes and listings), with its URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bank: Option<BankStatus>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BankStatus {
+    pub url: String,
+    #[serde(flatten)]
+    pub stats: larder_bank::BankStats,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -407,6 +419,10 @@ impl StatusSource {
                 .cluster
                 .as_ref()
                 .map(|(name, m)| ClusterStatus::of(name, m, &self.fs.held_units())),
+            bank: self.bank.as_ref().map(|b| BankStatus {
+                url: b.url().to_string(),
+                stats: b.stats(),
+            }),
         }
     }
 }
@@ -609,6 +625,24 @@ pub fn run(args: StatusArgs) -> Result<()> {
             p.migrated,
             human_bytes(p.migrated_bytes),
             p.taken
+        );
+    }
+    if let Some(b) = &v.bank {
+        let s = &b.stats;
+        println!(
+            "{:<14} {}: {} gets, {} hits, {} errors, {} failed checks; {} kept ({}), {} dropped; {} of {} \
+             servers skipped",
+            "bank",
+            b.url,
+            s.gets,
+            s.hits,
+            s.errors,
+            s.bad,
+            s.puts - s.put_errors,
+            human_bytes(s.bytes_written),
+            s.dropped,
+            s.servers_down,
+            s.servers
         );
     }
     if let Some(c) = &v.cluster {

@@ -1,0 +1,230 @@
+//! Stat caching in the bank (IMCa §4): home's attributes and directory listings kept in the shared bank
+//! for the validity lag, so that the nodes of one site cost home one stat of a file, and one listing of a
+//! directory, per lag, not one per node (design note 015).
+//!
+//! [`BankedHome`] wraps a home. `stat` and `list` ask the bank first; an answer younger than the lag (by
+//! the time home gave it, kept with it) is served, anything else (absent, older, damaged, a bank failure)
+//! asks home and leaves its answer in the bank for the others, in the background. Only answers are kept:
+//! a missing name is asked of home each time. Every change made through this home forgets what the bank
+//! had of the paths it touches (the object, its parent's listing; for a rename both sides) and keeps the
+//! attributes home answered with. Entries below a renamed or removed directory are not found by path and
+//! expire with the lag.
+//!
+//! The lag's promise becomes twice the lag for changes made at home by others: a node may take an entry
+//! the bank kept for nearly a lag and then trust it for a lag of its own. Changes made through larder
+//! nodes are forgotten at once.
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use larder_bank::Bank;
+use larder_home::{
+    ContentId, DirEntry, FileKind, Home, HomeAttr, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version,
+};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// A home whose stats and listings are shared through a bank: see the module doc.
+pub struct BankedHome {
+    inner: Arc<dyn Home>,
+    bank: Arc<Bank>,
+    lag: Duration,
+    /// Names this home in the bank's keys (its URL, as in unit keys).
+    home_id: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Kept<T> {
+    /// When home gave the answer, in milliseconds since the epoch.
+    at_ms: u64,
+    answer: T,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    name: Vec<u8>,
+    kind: FileKind,
+    attr: Option<HomeAttr>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl BankedHome {
+    /// Wrap `inner`, keeping its answers in `bank` for `lag` (at least a second: the bank's expiry counts
+    /// whole seconds). `home_id` names the home as every node names it.
+    pub fn new(inner: Arc<dyn Home>, bank: Arc<Bank>, lag: Duration, home_id: String) -> BankedHome {
+        BankedHome {
+            inner,
+            bank,
+            lag,
+            home_id,
+        }
+    }
+
+    /// Whether a lag this short can be kept in a bank (whose servers count expiry in seconds).
+    pub fn worth_it(lag: Duration) -> bool {
+        lag >= Duration::from_secs(1)
+    }
+
+    fn key(&self, what: &str, path: &Path) -> String {
+        let mut h = Sha256::new();
+        h.update(self.home_id.as_bytes());
+        h.update([0]);
+        h.update(path.as_os_str().as_bytes());
+        let d = h.finalize();
+        let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("larder/{what}/{hex}")
+    }
+
+    /// What the bank keeps under `key`, if home gave it within the lag.
+    fn kept<T: for<'de> Deserialize<'de>>(&self, key: &str) -> Option<T> {
+        let value = self.bank.get(key).ok()??;
+        let kept: Kept<T> = postcard::from_bytes(&value).ok()?;
+        let age = now_ms().saturating_sub(kept.at_ms);
+        (age < self.lag.as_millis() as u64).then_some(kept.answer)
+    }
+
+    fn keep<T: Serialize>(&self, key: String, at_ms: u64, answer: &T) {
+        if let Ok(value) = postcard::to_allocvec(&Kept { at_ms, answer }) {
+            self.bank.put_later(key, value, self.lag);
+        }
+    }
+
+    /// Forget what the bank has of `path` and of its parent's listing.
+    fn forget(&self, path: &Path) {
+        self.bank.delete(&self.key("a", path));
+        if let Some(parent) = path.parent() {
+            self.bank.delete(&self.key("l", parent));
+        }
+    }
+
+    /// After a change to `path` that home answered `attr` for: forget, and keep the new attributes.
+    fn changed(&self, path: &Path, attr: HomeResult<HomeAttr>) -> HomeResult<HomeAttr> {
+        self.forget(path);
+        if let Ok(a) = &attr {
+            self.keep(self.key("a", path), now_ms(), a);
+        }
+        attr
+    }
+}
+
+impl Home for BankedHome {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn reconnect(&self) -> HomeResult<bool> {
+        self.inner.reconnect()
+    }
+    fn content_id(&self, path: &Path, version: &Version) -> ContentId {
+        self.inner.content_id(path, version)
+    }
+
+    fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
+        let key = self.key("a", path);
+        if let Some(attr) = self.kept(&key) {
+            return Ok(attr);
+        }
+        let at = now_ms();
+        let attr = self.inner.stat(path)?;
+        self.keep(key, at, &attr);
+        Ok(attr)
+    }
+
+    fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
+        let key = self.key("l", path);
+        if let Some(entries) = self.kept::<Vec<Entry>>(&key) {
+            return Ok(entries
+                .into_iter()
+                .map(|e| DirEntry {
+                    name: std::ffi::OsString::from_vec(e.name),
+                    kind: e.kind,
+                    attr: e.attr,
+                })
+                .collect());
+        }
+        let at = now_ms();
+        let entries = self.inner.list(path)?;
+        let kept: Vec<Entry> = entries
+            .iter()
+            .map(|e| Entry {
+                name: e.name.as_bytes().to_vec(),
+                kind: e.kind,
+                attr: e.attr.clone(),
+            })
+            .collect();
+        self.keep(key, at, &kept);
+        Ok(entries)
+    }
+
+    fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
+        self.inner.read(path, version, offset, len)
+    }
+    fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>> {
+        self.inner.readlink(path)
+    }
+    fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.changed(path, self.inner.create(path, mode, owner))
+    }
+    fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.changed(path, self.inner.mkdir(path, mode, owner))
+    }
+    fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
+        self.changed(path, self.inner.mknod(path, mode, rdev, owner))
+    }
+    fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
+        self.changed(path, self.inner.symlink(target, path, owner))
+    }
+    fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
+        // The link count of the object changed under its other name too.
+        self.forget(existing);
+        self.changed(new, self.inner.link(existing, new))
+    }
+    fn unlink(&self, path: &Path) -> HomeResult<()> {
+        let r = self.inner.unlink(path);
+        self.forget(path);
+        r
+    }
+    fn rmdir(&self, path: &Path) -> HomeResult<()> {
+        let r = self.inner.rmdir(path);
+        self.forget(path);
+        self.bank.delete(&self.key("l", path));
+        r
+    }
+    fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
+        let r = self.inner.rename(from, to, flags);
+        self.forget(from);
+        self.forget(to);
+        for dir in [from, to] {
+            self.bank.delete(&self.key("l", dir));
+        }
+        r
+    }
+    fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
+        self.changed(path, self.inner.setattr(path, changes))
+    }
+    fn write(
+        &self,
+        path: &Path,
+        source: &File,
+        ranges: &[Range<u64>],
+        size: u64,
+        base: Option<&Version>,
+        mtime: Option<SystemTime>,
+    ) -> HomeResult<HomeAttr> {
+        self.changed(path, self.inner.write(path, source, ranges, size, base, mtime))
+    }
+    fn statfs(&self) -> HomeResult<StatFs> {
+        self.inner.statfs()
+    }
+    fn limits(&self) -> HomeLimits {
+        self.inner.limits()
+    }
+}
