@@ -96,6 +96,9 @@ impl CacheServer {
                     "",
                     "--appendonly",
                     "no",
+                    // A test's server on a private bridge, without a password.
+                    "--protected-mode",
+                    "no",
                 ])
                 .arg("--dir")
                 .arg(self.dir.path());

@@ -98,7 +98,7 @@ impl BankedHome {
         }
     }
 
-    /// Forget what the bank has of `path` and of its parent's listing.
+    /// Forget what the bank has of `path` and of its parent's listing (which may carry its attributes).
     fn forget(&self, path: &Path) {
         self.bank.delete(&self.key("a", path));
         if let Some(parent) = path.parent() {
@@ -106,9 +106,28 @@ impl BankedHome {
         }
     }
 
+    /// Forget `path` as [`BankedHome::forget`] does, and its parent's attributes: a name made or removed
+    /// there changed the directory's times and perhaps its link count.
+    fn forget_name(&self, path: &Path) {
+        self.forget(path);
+        if let Some(parent) = path.parent() {
+            self.bank.delete(&self.key("a", parent));
+        }
+    }
+
     /// After a change to `path` that home answered `attr` for: forget, and keep the new attributes.
     fn changed(&self, path: &Path, attr: HomeResult<HomeAttr>) -> HomeResult<HomeAttr> {
         self.forget(path);
+        self.keep_attr(path, attr)
+    }
+
+    /// After `path` was made: forget it, its parent's listing and attributes; keep its attributes.
+    fn made(&self, path: &Path, attr: HomeResult<HomeAttr>) -> HomeResult<HomeAttr> {
+        self.forget_name(path);
+        self.keep_attr(path, attr)
+    }
+
+    fn keep_attr(&self, path: &Path, attr: HomeResult<HomeAttr>) -> HomeResult<HomeAttr> {
         if let Ok(a) = &attr {
             self.keep(self.key("a", path), now_ms(), a);
         }
@@ -171,37 +190,37 @@ impl Home for BankedHome {
         self.inner.readlink(path)
     }
     fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        self.changed(path, self.inner.create(path, mode, owner))
+        self.made(path, self.inner.create(path, mode, owner))
     }
     fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        self.changed(path, self.inner.mkdir(path, mode, owner))
+        self.made(path, self.inner.mkdir(path, mode, owner))
     }
     fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
-        self.changed(path, self.inner.mknod(path, mode, rdev, owner))
+        self.made(path, self.inner.mknod(path, mode, rdev, owner))
     }
     fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
-        self.changed(path, self.inner.symlink(target, path, owner))
+        self.made(path, self.inner.symlink(target, path, owner))
     }
     fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
         // The link count of the object changed under its other name too.
         self.forget(existing);
-        self.changed(new, self.inner.link(existing, new))
+        self.made(new, self.inner.link(existing, new))
     }
     fn unlink(&self, path: &Path) -> HomeResult<()> {
         let r = self.inner.unlink(path);
-        self.forget(path);
+        self.forget_name(path);
         r
     }
     fn rmdir(&self, path: &Path) -> HomeResult<()> {
         let r = self.inner.rmdir(path);
-        self.forget(path);
+        self.forget_name(path);
         self.bank.delete(&self.key("l", path));
         r
     }
     fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
         let r = self.inner.rename(from, to, flags);
-        self.forget(from);
-        self.forget(to);
+        self.forget_name(from);
+        self.forget_name(to);
         for dir in [from, to] {
             self.bank.delete(&self.key("l", dir));
         }

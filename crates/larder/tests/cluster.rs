@@ -107,28 +107,7 @@ impl Site {
     /// Mount `home` (a directory or a URL) for node `name` at `mnt-NAME` in `t` with cache dir
     /// `cache-NAME`, the daemon in the node's namespace, with `args` and `env`.
     fn mount(&self, t: &TestDir, name: &str, home: &str, args: &[String], env: &[(&str, &str)]) -> Mount {
-        let mnt = t.root().join(format!("mnt-{name}"));
-        let cache = t.root().join(format!("cache-{name}"));
-        std::fs::create_dir_all(&mnt).unwrap();
-        let node = self.net.node(name);
-        let prefix = node.prefix();
-        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match Mount::try_new_under(&prefix, home, &mnt, &cache, &args, env) {
-            Ok(m) => {
-                assert!(
-                    node.holds(m.pid),
-                    "node {name}'s daemon (pid {}) is not in {}",
-                    m.pid,
-                    node.netns
-                );
-                m
-            }
-            Err(out) => panic!(
-                "larder mount {home} for node {name} failed:\n{out}\n--- daemon log ---\n{}",
-                log_tail(&cache, 60)
-            ),
-        }
+        self.net.mount(t.root(), name, home, args, env)
     }
 
     /// Node `name` of the directory home `t/home`, serving the others, with `extra` options.

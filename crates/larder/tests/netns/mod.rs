@@ -28,10 +28,11 @@ use std::fs::File;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::common::{Output, run_cmd};
+use crate::common::{Mount, Output, log_tail, run_cmd};
 
 /// Where the locks that claim subnets live.
 const LOCK_DIR: &str = "/run/larder-test-net";
@@ -164,6 +165,33 @@ impl TestNet {
     }
 
     /// The node named `name`.
+    /// Mount `home` (a directory or a URL) for node `name` at `ROOT/mnt-NAME` with cache dir
+    /// `ROOT/cache-NAME`, the daemon in the node's namespace, with `args` and `env`.
+    pub fn mount(&self, root: &Path, name: &str, home: &str, args: &[String], env: &[(&str, &str)]) -> Mount {
+        let mnt = root.join(format!("mnt-{name}"));
+        let cache = root.join(format!("cache-{name}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let node = self.node(name);
+        let prefix = node.prefix();
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match Mount::try_new_under(&prefix, home, &mnt, &cache, &args, env) {
+            Ok(m) => {
+                assert!(
+                    node.holds(m.pid),
+                    "node {name}'s daemon (pid {}) is not in {}",
+                    m.pid,
+                    node.netns
+                );
+                m
+            }
+            Err(out) => panic!(
+                "larder mount {home} for node {name} failed:\n{out}\n--- daemon log ---\n{}",
+                log_tail(&cache, 60)
+            ),
+        }
+    }
+
     pub fn node(&self, name: &str) -> &Node {
         self.nodes
             .iter()
