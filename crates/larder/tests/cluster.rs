@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Mount, Rng, TestDir, assert_same_bytes, log_tail, num, read, require_fuse, s, write_random};
+use common::{Mount, Rng, TestDir, assert_same_bytes, num, read, require_fuse, s, write_random};
 use larder_cluster::testing::{Etcd, free_port};
 use moto::S3Test;
 use netns::TestNet;
