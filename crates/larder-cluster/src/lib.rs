@@ -13,6 +13,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod held;
 pub mod identity;
 pub mod membership;
 pub mod peer;

@@ -25,10 +25,12 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions,
+    Txn, TxnOp, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::held::{Held, HeldMap};
 use crate::placement::{Member, MemberId, Placement};
 
 /// A member's permanent record.
@@ -195,6 +197,14 @@ impl MembershipConfig {
     fn live_key(&self, id: MemberId) -> String {
         format!("{}live/{id:016x}", self.prefix())
     }
+
+    fn held_prefix(&self) -> Vec<u8> {
+        format!("{}held/", self.prefix()).into_bytes()
+    }
+
+    fn held_key(&self, path: &[u8]) -> Vec<u8> {
+        [self.held_prefix().as_slice(), path].concat()
+    }
 }
 
 /// Why joining failed.
@@ -233,12 +243,17 @@ struct Shared {
     /// What this node says of itself in its liveness key, and a wake-up for the keeper to say it again.
     said: std::sync::Mutex<Liveness>,
     resay: tokio::sync::Notify,
+    /// The records of changes held by nodes and not at home yet.
+    held: HeldMap,
+    /// A client of the current connection, for calls made on behalf of the file system.
+    client: std::sync::Mutex<Option<Client>>,
 }
 
 /// This node's membership: its registration, kept alive, and its view of the others.
 pub struct Membership {
     shared: Arc<Shared>,
     runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
 }
 
 fn now_ms() -> u64 {
@@ -289,6 +304,8 @@ impl Shared {
             lease: AtomicU64::new(0),
             said: std::sync::Mutex::new(Liveness::default()),
             resay: tokio::sync::Notify::new(),
+            held: HeldMap::default(),
+            client: std::sync::Mutex::new(None),
         }
     }
 
@@ -337,18 +354,36 @@ impl Shared {
             revision: resp.header().map_or(0, |h| h.revision()),
             ..View::default()
         };
+        let held_prefix = self.cfg.held_prefix();
+        let mut held = BTreeMap::new();
         for kv in resp.kvs() {
-            self.apply(&mut view, kv.key(), Some(kv.value()));
+            match kv.key().strip_prefix(held_prefix.as_slice()) {
+                Some(path) => {
+                    held.insert(
+                        path.to_vec(),
+                        Held {
+                            value: kv.value().to_vec(),
+                            revision: kv.mod_revision(),
+                        },
+                    );
+                }
+                None => self.apply(&mut view, kv.key(), Some(kv.value()), kv.mod_revision()),
+            }
         }
+        self.held.replace(held, view.revision);
         Ok(view)
     }
 
-    /// Apply one key's value (`None`: deleted) to `view`.
-    fn apply(&self, view: &mut View, key: &[u8], value: Option<&[u8]>) {
+    /// Apply one key's value (`None`: deleted) at `revision` to `view`, or to the held records.
+    fn apply(&self, view: &mut View, key: &[u8], value: Option<&[u8]>, revision: i64) {
         let prefix = self.cfg.prefix();
         let Some(rest) = key.strip_prefix(prefix.as_bytes()) else {
             return;
         };
+        if let Some(path) = rest.strip_prefix(b"held/") {
+            self.held.apply(path, value, revision);
+            return;
+        }
         let parse = |hex: &[u8]| {
             std::str::from_utf8(hex)
                 .ok()
@@ -403,6 +438,7 @@ impl Shared {
                 },
             };
             self.online.store(true, Ordering::SeqCst);
+            *self.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
             if let Err(e) = self.serve(&mut client, lease, revision).await {
                 self.online.store(false, Ordering::SeqCst);
                 if !self.stop.load(Ordering::SeqCst) {
@@ -454,10 +490,11 @@ impl Shared {
                     for ev in resp.events() {
                         if let Some(kv) = ev.kv() {
                             let value = (ev.event_type() == EventType::Put).then(|| kv.value());
-                            self.apply(&mut view, kv.key(), value);
+                            self.apply(&mut view, kv.key(), value, kv.mod_revision());
                             view.revision = view.revision.max(kv.mod_revision());
                         }
                     }
+                    self.held.applied_up_to(view.revision);
                     self.publish(view);
                 }
             }
@@ -486,10 +523,13 @@ impl Membership {
             Ok::<_, MembershipError>((client, lease, revision))
         })?;
         shared.online.store(true, Ordering::SeqCst);
+        *shared.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
+        let handle = runtime.handle().clone();
         runtime.spawn(shared.clone().keep(client, lease, revision));
         Ok(Membership {
             shared,
             runtime: std::sync::Mutex::new(Some(runtime)),
+            handle,
         })
     }
 
@@ -568,6 +608,77 @@ impl Membership {
     /// Stop renewing without telling etcd, as a node that dies does: its liveness ends with its lease.
     pub fn abandon(&self) {
         self.shutdown(false);
+    }
+
+    /// The records of changes nodes hold that home has not got yet, as this node knows them.
+    pub fn held(&self) -> &HeldMap {
+        &self.shared.held
+    }
+
+    /// Run `f` with a client of etcd, within the call timeout. Must not be called on a runtime's thread.
+    fn call<T>(
+        &self,
+        what: &'static str,
+        f: impl AsyncFnOnce(Client) -> Result<T, etcd_client::Error>,
+    ) -> Result<T, MembershipError> {
+        let client = self.shared.client.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(client) = client else {
+            return Err(MembershipError::Timeout {
+                what,
+                timeout: self.shared.cfg.timeout,
+            });
+        };
+        let cfg = &self.shared.cfg;
+        self.handle.block_on(timed(cfg, what, f(client)))
+    }
+
+    /// Write held records (path and value) in one transaction, and apply them here at once; the revision
+    /// they were written at.
+    pub fn publish_held(&self, records: &[(Vec<u8>, Vec<u8>)]) -> Result<i64, MembershipError> {
+        let ops: Vec<TxnOp> = records
+            .iter()
+            .map(|(path, value)| TxnOp::put(self.shared.cfg.held_key(path), value.clone(), None))
+            .collect();
+        let resp = self.call("held records", async move |mut c| c.txn(Txn::new().and_then(ops)).await)?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        for (path, value) in records {
+            self.shared.held.apply(path, Some(value), revision);
+        }
+        Ok(revision)
+    }
+
+    /// Remove the held record of `path` if it is still the one written at `revision`; whether it was.
+    pub fn unpublish_held(&self, path: &[u8], revision: i64) -> Result<bool, MembershipError> {
+        let key = self.shared.cfg.held_key(path);
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, revision)])
+            .and_then(vec![TxnOp::delete(key, None)]);
+        let resp = self.call("a held record's removal", async move |mut c| c.txn(txn).await)?;
+        if resp.succeeded() {
+            let at = resp.header().map_or(revision + 1, |h| h.revision());
+            self.shared.held.apply(path, None, at);
+        }
+        Ok(resp.succeeded())
+    }
+
+    /// Make sure every held record written before this call is applied here (the watch may lag a
+    /// moment): one linearizable read of the records written since the last one applied. Removals are
+    /// left to the watch.
+    pub fn sync_held(&self) -> Result<(), MembershipError> {
+        let since = self.shared.held.applied() + 1;
+        let prefix = self.shared.cfg.held_prefix();
+        let opts = GetOptions::new().with_prefix().with_min_mod_revision(since);
+        let resp = self.call("the held records", async move |mut c| c.get(prefix, Some(opts)).await)?;
+        let prefix = self.shared.cfg.held_prefix();
+        for kv in resp.kvs() {
+            if let Some(path) = kv.key().strip_prefix(prefix.as_slice()) {
+                self.shared.held.apply(path, Some(kv.value()), kv.mod_revision());
+            }
+        }
+        if let Some(h) = resp.header() {
+            self.shared.held.applied_up_to(h.revision());
+        }
+        Ok(())
     }
 }
 
@@ -694,16 +805,17 @@ mod tests {
         let cfg = MembershipConfig::new(vec![], "c");
         let shared = Shared::new(cfg, record(1, "a", "f"));
         let mut view = View::default();
-        shared.apply(&mut view, b"/larder/c/live/0000000000000007", Some(b"7"));
+        shared.apply(&mut view, b"/larder/c/live/0000000000000007", Some(b"7"), 1);
         shared.apply(
             &mut view,
             b"/larder/c/live/0000000000000008",
             Some(br#"{"free":5,"leaving":true}"#),
+            2,
         );
         assert!(view.live.contains(&7) && view.live.contains(&8));
         assert_eq!(view.liveness[&7], Liveness::default());
         assert_eq!(view.liveness[&8], Liveness { free: 5, leaving: true });
-        shared.apply(&mut view, b"/larder/c/live/0000000000000008", None);
+        shared.apply(&mut view, b"/larder/c/live/0000000000000008", None, 3);
         assert!(!view.live.contains(&8) && !view.liveness.contains_key(&8));
     }
 

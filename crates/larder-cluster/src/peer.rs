@@ -57,7 +57,7 @@ pub mod proto {
 
 use proto::peer_client::PeerClient as RawClient;
 use proto::peer_server::{Peer, PeerServer as RawServer};
-use proto::{Chunk, FetchRequest, Taken};
+use proto::{Chunk, FetchRequest, ReadHeldRequest, Taken};
 
 /// How long a daemon's server waits for its view of the membership to admit a certificate it does not
 /// know yet (a node that has just joined) before refusing the connection.
@@ -132,6 +132,41 @@ pub trait UnitSource: Send + Sync + 'static {
     /// The unit `ask` names. With `ask.forward`, a unit not held may be fetched (from home) to answer,
     /// and kept.
     fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError>;
+
+    /// Up to `len` bytes at `offset` of the file at `path` whose changes this node holds, as of its held
+    /// record written at `revision` (`OtherVersion` if it published a newer one since); with `link`, the
+    /// symlink's target.
+    fn read_held(&self, held: &HeldAsk) -> Result<Bytes, SourceError> {
+        let _ = held;
+        Err(SourceError::NotHeld)
+    }
+}
+
+/// A read of bytes a peer holds: see [`UnitSource::read_held`].
+#[derive(Clone, Copy, Debug)]
+pub struct HeldAsk<'a> {
+    pub path: &'a [u8],
+    pub revision: i64,
+    pub offset: u64,
+    pub len: u64,
+    pub link: bool,
+}
+
+impl HeldAsk<'_> {
+    /// What the answer's chunks name: the first 16 bytes of the SHA-256 of the request's fields.
+    pub fn digest(&self) -> UnitDigest {
+        let mut h = Sha256::new();
+        h.update(b"held\0");
+        h.update((self.path.len() as u64).to_le_bytes());
+        h.update(self.path);
+        h.update(self.revision.to_le_bytes());
+        h.update(self.offset.to_le_bytes());
+        h.update(self.len.to_le_bytes());
+        h.update([self.link as u8]);
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&h.finalize()[..16]);
+        out
+    }
 }
 
 /// Figures of the peer tier, both directions.
@@ -220,9 +255,37 @@ impl Peer for Service {
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<ChunkStream>, Status> {
         let req = request.into_inner();
         let (data, unit_digest) = self.unit(req, false).await?;
+        Ok(self.chunked(data, &unit_digest))
+    }
+
+    type ReadHeldStream = ChunkStream;
+
+    async fn read_held(&self, request: Request<ReadHeldRequest>) -> Result<Response<ChunkStream>, Status> {
+        let req = request.into_inner();
+        let ask = HeldAsk {
+            path: &req.path,
+            revision: req.revision,
+            offset: req.offset,
+            len: req.len.min(MAX_UNIT),
+            link: req.link,
+        };
+        let data = tokio::task::block_in_place(|| self.source.read_held(&ask)).map_err(source_status)?;
+        Ok(self.chunked(data, &ask.digest()))
+    }
+
+    async fn take(&self, request: Request<FetchRequest>) -> Result<Response<Taken>, Status> {
+        let (data, _) = self.unit(request.into_inner(), true).await?;
+        self.stats.taken.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::new(Taken { len: data.len() as u64 }))
+    }
+}
+
+impl Service {
+    /// `data` as a stream of chunks naming `digest`, counted as served.
+    fn chunked(&self, data: Bytes, digest: &UnitDigest) -> Response<ChunkStream> {
         self.stats.served.fetch_add(1, Ordering::Relaxed);
         self.stats.served_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-        let d = Bytes::copy_from_slice(&unit_digest);
+        let d = Bytes::copy_from_slice(digest);
         let (total, crc) = (data.len() as u64, crc32c::crc32c(&data));
         let chunks: Vec<Result<Chunk, Status>> = (0..data.len().max(1))
             .step_by(CHUNK)
@@ -236,17 +299,9 @@ impl Peer for Service {
                 })
             })
             .collect();
-        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+        Response::new(Box::pin(futures::stream::iter(chunks)))
     }
 
-    async fn take(&self, request: Request<FetchRequest>) -> Result<Response<Taken>, Status> {
-        let (data, _) = self.unit(request.into_inner(), true).await?;
-        self.stats.taken.fetch_add(1, Ordering::Relaxed);
-        Ok(Response::new(Taken { len: data.len() as u64 }))
-    }
-}
-
-impl Service {
     /// The unit `req` names, from the source (fetched if `forward`; a take asks its requester first), and
     /// its key's digest.
     async fn unit(&self, req: FetchRequest, take: bool) -> Result<(Bytes, UnitDigest), Status> {
@@ -265,13 +320,16 @@ impl Service {
                 asker: req.requester,
             })
         });
-        match unit {
-            Ok(d) => Ok((d, unit_digest)),
-            Err(SourceError::NotHeld) => Err(Status::not_found("not held")),
-            Err(SourceError::OtherVersion) => Err(Status::failed_precondition("another version")),
-            Err(SourceError::BadKey(e)) => Err(Status::invalid_argument(e)),
-            Err(SourceError::Failed(e)) => Err(Status::unavailable(e)),
-        }
+        unit.map(|d| (d, unit_digest)).map_err(source_status)
+    }
+}
+
+fn source_status(e: SourceError) -> Status {
+    match e {
+        SourceError::NotHeld => Status::not_found("not held"),
+        SourceError::OtherVersion => Status::failed_precondition("another version"),
+        SourceError::BadKey(e) => Status::invalid_argument(e),
+        SourceError::Failed(e) => Status::unavailable(e),
     }
 }
 
@@ -739,6 +797,30 @@ impl PeerClient {
         }
     }
 
+    /// Bytes `held` names, from `peer`, which holds them (not counted as a unit fetch; a failure counts
+    /// on the peer's breaker).
+    pub fn read_held(&self, peer: &MemberRecord, held: &HeldAsk) -> Result<Bytes, PeerError> {
+        self.allowed(peer.id)?;
+        let channel = self.channel(peer)?;
+        let request = ReadHeldRequest {
+            path: Bytes::copy_from_slice(held.path),
+            revision: held.revision,
+            offset: held.offset,
+            len: held.len,
+            link: held.link,
+            requester: self.me,
+        };
+        let want = held.digest();
+        let result = self.within_timeout(async move {
+            let mut client = RawClient::new(channel).max_decoding_message_size(CHUNK + (64 << 10));
+            let stream = client.read_held(request).await.map_err(status_error)?.into_inner();
+            collect(stream, &want).await.map(|(data, _)| data)
+        });
+        let failed = !matches!(result, Ok(_) | Err(PeerError::NotHeld | PeerError::OtherVersion));
+        self.record(peer.id, failed);
+        result
+    }
+
     /// The unit `ask` names, from `peer`.
     pub fn fetch(&self, peer: &MemberRecord, ask: &Ask) -> Result<Bytes, PeerError> {
         self.fetch_checked(peer, ask).map(|(data, _)| data)
@@ -785,7 +867,12 @@ impl PeerClient {
 /// One fetch over `channel`, every chunk checked; the unit and its CRC-32C.
 async fn fetch_on(channel: Channel, request: FetchRequest, want: &UnitDigest) -> Result<(Bytes, u32), PeerError> {
     let mut client = RawClient::new(channel).max_decoding_message_size(CHUNK + (64 << 10));
-    let mut stream = client.fetch(request).await.map_err(status_error)?.into_inner();
+    let stream = client.fetch(request).await.map_err(status_error)?.into_inner();
+    collect(stream, want).await
+}
+
+/// The chunks of `stream`, every one checked against `want` and all of them against their checksum.
+async fn collect(mut stream: tonic::Streaming<Chunk>, want: &UnitDigest) -> Result<(Bytes, u32), PeerError> {
     let mut out: Vec<u8> = Vec::new();
     let mut expect: Option<(u64, u32)> = None;
     while let Some(chunk) = stream.message().await.map_err(status_error)? {

@@ -193,3 +193,41 @@ fn over_tls_etcd_admits_a_node_with_the_clusters_certificate_and_no_other() {
     assert_eq!(a.view().live.len(), 1, "a refused node joined: {:?}", a.view().live);
     a.leave();
 }
+
+#[test]
+fn held_records_reach_another_node_by_its_watch_or_at_once_by_a_sync_and_a_stale_removal_fails() {
+    let etcd = Etcd::start();
+    let a = Membership::join(config(&etcd, "h"), record(1, "10.0.0.1:7000")).unwrap();
+    let b = Membership::join(config(&etcd, "h"), record(2, "10.0.0.2:7000")).unwrap();
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let h = heard.clone();
+    b.held().set_hook(Box::new(move |p| h.lock().unwrap().push(p.to_vec())));
+
+    let rev = a
+        .publish_held(&[(b"d/f".to_vec(), b"one".to_vec()), (b"d".to_vec(), b"dir".to_vec())])
+        .unwrap();
+    // A has its own records at once; B, after a sync, without waiting for the watch.
+    assert_eq!(a.held().get(b"d/f").unwrap().revision, rev);
+    b.sync_held().unwrap();
+    assert_eq!(b.held().get(b"d/f").unwrap().value, b"one");
+    assert_eq!(b.held().children(b"d").len(), 1);
+    assert_eq!(b.held().children(b"").len(), 1);
+    assert!(heard.lock().unwrap().contains(&b"d/f".to_vec()));
+
+    // A newer record of the path: a removal that names the older one changes nothing.
+    let rev2 = a.publish_held(&[(b"d/f".to_vec(), b"two".to_vec())]).unwrap();
+    assert!(!a.unpublish_held(b"d/f", rev).unwrap());
+    eventually("b has the newer record", Duration::from_secs(5), || {
+        b.held().get(b"d/f").is_some_and(|h| h.value == b"two")
+    });
+    assert!(a.unpublish_held(b"d/f", rev2).unwrap());
+    eventually("b hears of the removal", Duration::from_secs(5), || {
+        b.held().get(b"d/f").is_none()
+    });
+    // Records outlive their holder: they are not under its lease.
+    a.abandon();
+    std::thread::sleep(Duration::from_secs(3));
+    let c = Membership::join(config(&etcd, "h"), record(3, "10.0.0.3:7000")).unwrap();
+    assert!(!c.view().live.contains(&1), "a's lease ran out");
+    assert_eq!(c.held().get(b"d").unwrap().value, b"dir", "a's record stays");
+}

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_cluster::peer::proto::peer_server::Peer;
-use larder_cluster::peer::proto::{Chunk, FetchRequest, Taken};
+use larder_cluster::peer::proto::{Chunk, FetchRequest, ReadHeldRequest, Taken};
 use larder_cluster::peer::{
-    Admit, Ask, CHUNK, HANDSHAKE_TIMEOUT, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats, SourceError,
-    UnitSource, digest,
+    Admit, Ask, CHUNK, HANDSHAKE_TIMEOUT, HeldAsk, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats,
+    SourceError, UnitSource, digest,
 };
 use larder_cluster::{MemberRecord, NodeTls, tls};
 use prost::bytes::Bytes;
@@ -224,12 +224,10 @@ struct Liar {
 
 type ChunkStream = Pin<Box<dyn futures::Stream<Item = Result<Chunk, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl Peer for Liar {
-    type FetchStream = ChunkStream;
-    async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<ChunkStream>, Status> {
-        let key = request.into_inner().key;
-        let d = Bytes::copy_from_slice(&digest(&key));
+impl Liar {
+    /// The unit's chunks as `digest`, after the lie.
+    fn answer(&self, digest: &[u8; 16]) -> Response<ChunkStream> {
+        let d = Bytes::copy_from_slice(digest);
         let crc = crc32c::crc32c(&self.unit);
         let total = self.unit.len() as u64;
         let chunks: Vec<Chunk> = (0..self.unit.len())
@@ -243,7 +241,28 @@ impl Peer for Liar {
             })
             .collect();
         let lied: Vec<Result<Chunk, Status>> = (self.lie)(chunks).into_iter().map(Ok).collect();
-        Ok(Response::new(Box::pin(futures::stream::iter(lied))))
+        Response::new(Box::pin(futures::stream::iter(lied)))
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for Liar {
+    type FetchStream = ChunkStream;
+    async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<ChunkStream>, Status> {
+        Ok(self.answer(&digest(&request.into_inner().key)))
+    }
+
+    type ReadHeldStream = ChunkStream;
+    async fn read_held(&self, request: Request<ReadHeldRequest>) -> Result<Response<ChunkStream>, Status> {
+        let r = request.into_inner();
+        let ask = HeldAsk {
+            path: &r.path,
+            revision: r.revision,
+            offset: r.offset,
+            len: r.len,
+            link: r.link,
+        };
+        Ok(self.answer(&ask.digest()))
     }
 
     async fn take(&self, _: Request<FetchRequest>) -> Result<Response<Taken>, Status> {
@@ -317,6 +336,13 @@ fn a_peer_that_lies_is_never_believed() {
             got.map(|b| b.len())
         );
         assert_eq!(c.stats.corrupt.load(Ordering::Relaxed), 1, "{what}");
+        // Bytes a peer holds of a file are checked alike.
+        let got = c.read_held(&member(1, &n1, liar.addr()), &held_ask());
+        assert!(
+            matches!(got, Err(PeerError::Corrupt(_))),
+            "{what}, held: {:?}",
+            got.map(|b| b.len())
+        );
     }
     // The honest variant of the same server is believed.
     let honest = serve_liar(
@@ -333,6 +359,24 @@ fn a_peer_that_lies_is_never_believed() {
             .unwrap(),
         unit
     );
+    let c = client(&n9, PeerConfig::default());
+    assert_eq!(c.read_held(&member(1, &n1, honest.addr()), &held_ask()).unwrap(), unit);
+    // An answer to another read (another revision) is not this one's.
+    let other = HeldAsk {
+        revision: 8,
+        ..held_ask()
+    };
+    assert_ne!(other.digest(), held_ask().digest());
+}
+
+fn held_ask() -> HeldAsk<'static> {
+    HeldAsk {
+        path: b"dir/file",
+        revision: 7,
+        offset: 0,
+        len: 2 << 20,
+        link: false,
+    }
 }
 
 #[test]

@@ -70,6 +70,7 @@ impl Fs {
         mut muts: Vec<Mutation>,
     ) -> FsResult<Vec<u64>> {
         let through = self.cfg.write_mode == WriteMode::WriteThrough;
+        let published = self.coherence.get().is_some().then(|| ops.clone());
         let mut held = Vec::new();
         {
             let mut j = self.pipeline.journal();
@@ -97,6 +98,9 @@ impl Fs {
         // Write-through syncs nothing here: it is acknowledged once home has the change (`Fs::land`).
         if !through {
             db.sync()?;
+        }
+        if let Some(ops) = published {
+            self.publish_ops(&ops);
         }
         Ok(held)
     }

@@ -332,6 +332,19 @@ impl UnitSource for FsUnitSource {
         let data = fs.serve_unit(ask)?;
         Ok(Bytes::from_owner(Shared(data)))
     }
+
+    fn read_held(&self, held: &larder_cluster::peer::HeldAsk) -> SourceResult<Bytes> {
+        let fs = self
+            .0
+            .upgrade()
+            .ok_or_else(|| SourceError::Failed("shutting down".into()))?;
+        let own = fs.coherence.get().and_then(|c| {
+            c.record(held.path)
+                .filter(|(r, _)| r.holder == c.me())
+                .map(|(_, revision)| revision)
+        });
+        Ok(Bytes::from(fs.serve_held(held, own)?))
+    }
 }
 
 #[cfg(test)]

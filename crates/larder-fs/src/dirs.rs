@@ -15,6 +15,7 @@ use crate::{DirItem, FsError, FsResult};
 impl Fs {
     /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        self.sync_cluster();
         let entries = Arc::new(self.listing(ino)?);
         Ok(self.new_handle(&read(&self.ns), ino, Some(entries)))
     }

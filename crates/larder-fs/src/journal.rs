@@ -131,7 +131,7 @@ impl Op {
         self.names.iter().any(|(d, _)| *d == dir)
     }
 
-    fn paths(&self) -> impl Iterator<Item = &[u8]> {
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &[u8]> {
         let second = match &self.kind {
             OpKind::Link { to } | OpKind::Rename { to, .. } => Some(to.as_slice()),
             _ => None,

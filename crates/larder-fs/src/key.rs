@@ -109,7 +109,10 @@ impl fmt::Debug for KeyDigest {
 impl UnitKey {
     /// Whether the unit may go to tiers shared with other nodes: content that is at home.
     pub fn shareable(&self) -> bool {
-        matches!(self.content, Content::Home(_))
+        !matches!(
+            self.content,
+            Content::Unpushed { .. } | Content::Home(ContentId::Held { .. })
+        )
     }
 
     /// The key's stable encoding (see the module's documentation).
@@ -156,9 +159,13 @@ impl UnitKey {
                 bytes(put, path);
                 bytes(put, version);
             }
-            Content::Unpushed { node, seq } => {
+            Content::Unpushed {
+                node: NodeId(node),
+                seq,
+            }
+            | Content::Home(ContentId::Held { node, seq }) => {
                 put(&[3]);
-                put(&node.0.to_le_bytes());
+                put(&node.to_le_bytes());
                 put(&seq.to_le_bytes());
             }
         }

@@ -22,6 +22,7 @@
 mod banked;
 mod changes;
 pub mod cluster;
+pub mod coherence;
 mod data;
 mod dirs;
 mod error;

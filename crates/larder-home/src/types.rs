@@ -57,6 +57,9 @@ pub enum ContentId {
     /// A home that names objects by path (an object store: the key and its ETag): the path below home's
     /// root, and the version home gave.
     Named { path: Vec<u8>, version: Vec<u8> },
+    /// Content a cluster node holds and home has not got yet (design note 016): the `seq`th version of it
+    /// that `node` published. Only that node can give it; it is never kept in a shared tier.
+    Held { node: u64, seq: u64 },
 }
 
 impl ContentId {

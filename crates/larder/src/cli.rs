@@ -117,6 +117,13 @@ pub enum OnOff {
     Off,
 }
 
+/// What a read of bytes held by a node that is gone gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HolderLost {
+    Eio,
+    Home,
+}
+
 /// etcd's client endpoints, as `http://HOST:PORT` (`https://` over TLS).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdEndpoints(pub Vec<String>);
@@ -319,6 +326,18 @@ pub struct MountArgs {
     /// Serve cached units to the other nodes (off: a short-lived client that only reads).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub peer_serve: OnOff,
+    /// Give up on a peer's answer after this long: a unit then comes from the next node or home, and
+    /// bytes held by a node that does not answer are an error (EIO).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, requires = "cluster")]
+    pub peer_timeout: Duration,
+    /// What a read of a file whose changes another node holds, and that node is gone, gets: an error
+    /// (eio), or home's version as if those changes were never made (home).
+    #[arg(long, value_enum, default_value_t = HolderLost::Eio, requires = "cluster")]
+    pub holder_lost: HolderLost,
+    /// Close-to-open across the cluster: each open and opendir first reads the changes other nodes
+    /// published (one etcd read). Off: they are seen when etcd's watch brings them, a moment later.
+    #[arg(long, value_enum, default_value_t = OnOff::On, requires = "cluster")]
+    pub close_to_open: OnOff,
     /// Bytes a second of units this node owns that it may send to members with room instead of evicting
     /// them (0: evict as a lone node does).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, requires = "cluster")]

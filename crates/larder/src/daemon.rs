@@ -21,12 +21,13 @@ use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServe
 use larder_cluster::{EtcdTls, MemberRecord, Membership, MembershipConfig, NodeTls};
 use larder_fs::BankedHome;
 use larder_fs::cluster::{FsUnitSource, Migrator};
+use larder_fs::coherence::{ClusterHome, EtcdCoherence};
 use larder_fs::tier::{BankTier, PeerTier, Whereabouts};
 use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
 use larder_home::{Health, HealthLayer, Home, Layered};
 
-use crate::cli::{MountArgs, OnOff};
+use crate::cli::{HolderLost, MountArgs, OnOff};
 use crate::status::StatusSource;
 use crate::{control, metrics, mounts, preflight};
 
@@ -331,8 +332,16 @@ fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
         Arc::new(Membership::join(cfg, record).map_err(|e| anyhow!("cannot join cluster {}: {e}", args.cluster_name))?);
     let stats = Arc::new(PeerStats::default());
     let client = Arc::new(
-        PeerClient::new(id, PeerConfig::default(), tls.client_config(), stats.clone())
-            .map_err(|e| anyhow!("cannot start the peer client: {e}"))?,
+        PeerClient::new(
+            id,
+            PeerConfig {
+                timeout: args.peer_timeout,
+                ..PeerConfig::default()
+            },
+            tls.client_config(),
+            stats.clone(),
+        )
+        .map_err(|e| anyhow!("cannot start the peer client: {e}"))?,
     );
     let view = membership.view();
     tracing::info!(
@@ -439,6 +448,17 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         ));
     }
     let cluster = join_cluster(args, &p.cache_dir)?;
+    // Writes across the cluster: the records of changes other nodes hold stand over home and the bank.
+    let coherence = cluster
+        .as_ref()
+        .map(|c| EtcdCoherence::new(c.membership.clone(), c.client.clone(), args.close_to_open == OnOff::On));
+    if let Some(co) = &coherence {
+        gated = Arc::new(ClusterHome::new(
+            gated,
+            co.clone(),
+            args.holder_lost == HolderLost::Home,
+        ));
+    }
     let whereabouts = Arc::new(Whereabouts::default());
     let mut between: Vec<Arc<dyn larder_fs::tier::Tier>> = Vec::new();
     if let Some(c) = &cluster {
@@ -454,6 +474,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let fs = Arc::new(
         Fs::with_tiers(gated, store, fs_cfg, health.clone(), between).map_err(|e| anyhow!("home {home_url}: {e}"))?,
     );
+    if let Some(co) = &coherence {
+        co.attach(&fs);
+    }
     if let Some(c) = cluster.as_ref().filter(|c| c.serve) {
         // The units this node owns go to members with room rather than away, at a bounded rate.
         let migrator = Migrator::new(

@@ -129,7 +129,20 @@ pub(crate) fn blocks_of(r: &Range<u64>, bs: u64) -> Range<u32> {
 impl Fs {
     /// Open a file. Its attributes are revalidated first once the validity lag has passed (always, with a
     /// lag of 0), so a version changed at home is never served from the cache after the open.
+    ///
+    /// In a cluster, the changes other nodes published before the open are applied first: what another
+    /// node closed is what this open sees.
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<OpenReply> {
+        self.sync_cluster();
+        self.open_as_is(ino, flags)
+    }
+
+    /// A read-only open as this node knows the file now (for a peer reading what this node holds).
+    pub(crate) fn open_here(&self, ino: u64) -> FsResult<u64> {
+        self.open_as_is(ino, libc::O_RDONLY).map(|r| r.fh)
+    }
+
+    fn open_as_is(&self, ino: u64, flags: i32) -> FsResult<OpenReply> {
         if (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && self.read_only() {
             return Err(FsError::ReadOnly);
         }

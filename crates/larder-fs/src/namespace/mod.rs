@@ -279,6 +279,8 @@ pub struct Fs {
     pub(crate) health: Arc<Health>,
     /// Where invalidations for the kernel go (the FUSE adapter's notifier); unset without a kernel.
     pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
+    /// Writes across a cluster: publishing this node's changes, applying the others' (design note 016).
+    pub(crate) coherence: std::sync::OnceLock<Arc<dyn crate::coherence::Coherence>>,
 }
 
 pub(crate) use larder_cache::contention::{lock, read, write};

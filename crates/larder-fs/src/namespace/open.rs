@@ -116,6 +116,7 @@ impl Fs {
             pipeline: Pipeline::new(journal, conflicts),
             health,
             invalidator: std::sync::OnceLock::new(),
+            coherence: std::sync::OnceLock::new(),
         })
     }
 

@@ -1,0 +1,438 @@
+//! Writes across a cluster (design note 016): what one node changed and closed is what the others see at
+//! their next open, before home has it.
+//!
+//! * **Held records.** Before a change returns (a create, rename, removal, attribute change, or the data
+//!   of a file at its close or fsync), the node that made it publishes a [`HeldRecord`] for each path it
+//!   touched: the object's attributes as this node has them now (or none: removed), and where home has it
+//!   if a rename has not reached home yet. The records live in etcd, outside any lease; the holder removes
+//!   them once its journal is empty (home has every change).
+//! * **The overlay.** [`ClusterHome`] wraps a node's home: a path another node holds a record of is
+//!   answered from the record (attributes, a listing merged with the records of its entries), its version
+//!   is `held:<holder>:<revision>`, and its bytes come from the holder over the peer protocol. The node's
+//!   namespace takes these answers as it takes home's: a new version drops what it cached of the old.
+//! * **Invalidation.** Every node follows the records (etcd's watch); a record written or removed drops
+//!   what the node cached of its path and its directory, in memory and in the kernel
+//!   ([`Fs::invalidate_path`]). An open or opendir first reads the records written since the last one
+//!   applied ([`Coherence::sync`]): close-to-open across nodes, for one etcd read per open.
+//! * **A holder gone.** Bytes held by a node that is not live are `EIO`, or, with `--holder-lost home`,
+//!   its records are passed over and home's version is read instead. Never a mix: each version is read
+//!   whole or not at all (a new version is a new key).
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use larder_cluster::peer::HeldAsk;
+use larder_home::{
+    ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
+    Version,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::namespace::{Fs, Namespace, ROOT, read, write};
+
+mod etcd;
+pub use etcd::EtcdCoherence;
+
+/// What a node says of a path it changed and home has not got yet.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeldRecord {
+    /// The node that made the change and holds it.
+    pub holder: u64,
+    /// The object as the holder has it; `None`: removed there.
+    pub attr: Option<HomeAttr>,
+    /// Where home has the object, if a rename of it (or above it) has not reached home yet.
+    pub home_path: Option<Vec<u8>>,
+}
+
+/// What a node's file system needs of the cluster for writes across it. Implemented over etcd and the
+/// peer protocol by the daemon; the file system sees only this.
+pub trait Coherence: Send + Sync {
+    /// This node's id.
+    fn me(&self) -> u64;
+    /// The record of `path` (below home's root) and its revision, whoever holds it.
+    fn record(&self, path: &[u8]) -> Option<(HeldRecord, i64)>;
+    /// The records of the entries directly in `dir`, by name, with their revisions.
+    fn children(&self, dir: &[u8]) -> Vec<(Vec<u8>, HeldRecord, i64)>;
+    /// Whether `node` is a live member.
+    fn live(&self, node: u64) -> bool;
+    /// Bytes `ask` names from `holder`.
+    fn read_held(&self, holder: u64, ask: &HeldAsk) -> HomeResult<Vec<u8>>;
+    /// Apply every record written before now (before an open).
+    fn sync(&self);
+    /// Publish these records of this node's changes, before the change returns.
+    fn publish(&self, records: Vec<(Vec<u8>, HeldRecord)>);
+}
+
+const HELD: &str = "held:";
+
+/// The version of content `holder` published at `revision`.
+pub fn held_version(holder: u64, revision: i64) -> Version {
+    Version(format!("{HELD}{holder:016x}:{revision}"))
+}
+
+/// The holder and revision of a held version.
+pub fn parse_held(v: &Version) -> Option<(u64, i64)> {
+    let (holder, revision) = v.0.strip_prefix(HELD)?.split_once(':')?;
+    Some((u64::from_str_radix(holder, 16).ok()?, revision.parse().ok()?))
+}
+
+fn bytes(p: &Path) -> &[u8] {
+    p.as_os_str().as_bytes()
+}
+
+/// A home seen through the records of changes other nodes hold: see the module doc.
+pub struct ClusterHome {
+    inner: Arc<dyn Home>,
+    c: Arc<dyn Coherence>,
+    /// Pass over the records of holders that are gone (home's version), rather than fail their reads.
+    lost_home: bool,
+}
+
+impl ClusterHome {
+    pub fn new(inner: Arc<dyn Home>, c: Arc<dyn Coherence>, lost_home: bool) -> ClusterHome {
+        ClusterHome { inner, c, lost_home }
+    }
+
+    /// Another node's record of `path` that stands: none if its holder is gone and home's version is
+    /// wanted.
+    fn standing(&self, path: &[u8]) -> Option<(HeldRecord, i64)> {
+        let (r, rev) = self.c.record(path)?;
+        (r.holder != self.c.me() && (!self.lost_home || self.c.live(r.holder))).then_some((r, rev))
+    }
+
+    /// Where home has `path`: through the nearest recorded path at or above it that moved; not found if
+    /// that record says it is removed.
+    fn at_home(&self, path: &Path) -> HomeResult<PathBuf> {
+        let mut at = Some(path);
+        while let Some(a) = at {
+            if let Some((r, _)) = self.standing(bytes(a)) {
+                if r.attr.is_none() {
+                    return Err(HomeError::NotFound);
+                }
+                if let Some(h) = r.home_path {
+                    let rest = path.strip_prefix(a).unwrap_or(Path::new(""));
+                    let base = PathBuf::from(OsStr::from_bytes(&h));
+                    return Ok(if rest.as_os_str().is_empty() {
+                        base
+                    } else {
+                        base.join(rest)
+                    });
+                }
+                return Ok(path.to_path_buf());
+            }
+            if a.as_os_str().is_empty() {
+                break;
+            }
+            at = a.parent();
+        }
+        Ok(path.to_path_buf())
+    }
+
+    fn with_held_version(r: &HeldRecord, rev: i64) -> Option<HomeAttr> {
+        r.attr.clone().map(|mut a| {
+            a.version = held_version(r.holder, rev);
+            a
+        })
+    }
+
+    fn held_read(&self, holder: u64, ask: &HeldAsk) -> HomeResult<Vec<u8>> {
+        if !self.c.live(holder) {
+            return Err(if self.lost_home {
+                HomeError::Stale
+            } else {
+                HomeError::Os(libc::EIO)
+            });
+        }
+        self.c.read_held(holder, ask)
+    }
+}
+
+impl Home for ClusterHome {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn reconnect(&self) -> HomeResult<bool> {
+        self.inner.reconnect()
+    }
+    fn content_id(&self, path: &Path, version: &Version) -> ContentId {
+        match parse_held(version) {
+            Some((node, rev)) => ContentId::Held { node, seq: rev as u64 },
+            None => self
+                .inner
+                .content_id(&self.at_home(path).unwrap_or_else(|_| path.to_path_buf()), version),
+        }
+    }
+
+    fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
+        if let Some((r, rev)) = self.standing(bytes(path)) {
+            return Self::with_held_version(&r, rev).ok_or(HomeError::NotFound);
+        }
+        self.inner.stat(&self.at_home(path)?)
+    }
+
+    fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
+        let recorded = self.standing(bytes(path)).is_some();
+        let mut entries = match self.inner.list(&self.at_home(path)?) {
+            Ok(e) => e,
+            Err(HomeError::NotFound) if recorded => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        for (name, r, rev) in self.c.children(bytes(path)) {
+            if r.holder == self.c.me() || (self.lost_home && !self.c.live(r.holder)) {
+                continue;
+            }
+            entries.retain(|e| e.name.as_bytes() != name.as_slice());
+            if let Some(a) = Self::with_held_version(&r, rev) {
+                entries.push(DirEntry {
+                    name: std::ffi::OsString::from_vec(name),
+                    kind: a.kind,
+                    attr: Some(a),
+                });
+            }
+        }
+        Ok(entries)
+    }
+
+    fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
+        match parse_held(version) {
+            Some((holder, revision)) => self.held_read(
+                holder,
+                &HeldAsk {
+                    path: bytes(path),
+                    revision,
+                    offset,
+                    len: len as u64,
+                    link: false,
+                },
+            ),
+            None => self.inner.read(&self.at_home(path)?, version, offset, len),
+        }
+    }
+
+    fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>> {
+        match self.standing(bytes(path)) {
+            Some((r, revision)) => self.held_read(
+                r.holder,
+                &HeldAsk {
+                    path: bytes(path),
+                    revision,
+                    offset: 0,
+                    len: libc::PATH_MAX as u64,
+                    link: true,
+                },
+            ),
+            None => self.inner.readlink(&self.at_home(path)?),
+        }
+    }
+
+    // Changes go to home as this node's journal has them.
+    fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.inner.create(path, mode, owner)
+    }
+    fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.inner.mkdir(path, mode, owner)
+    }
+    fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
+        self.inner.mknod(path, mode, rdev, owner)
+    }
+    fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
+        self.inner.symlink(target, path, owner)
+    }
+    fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
+        self.inner.link(existing, new)
+    }
+    fn unlink(&self, path: &Path) -> HomeResult<()> {
+        self.inner.unlink(path)
+    }
+    fn rmdir(&self, path: &Path) -> HomeResult<()> {
+        self.inner.rmdir(path)
+    }
+    fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
+        self.inner.rename(from, to, flags)
+    }
+    fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
+        self.inner.setattr(path, changes)
+    }
+    fn write(
+        &self,
+        path: &Path,
+        source: &std::fs::File,
+        ranges: &[std::ops::Range<u64>],
+        size: u64,
+        base: Option<&Version>,
+        mtime: Option<std::time::SystemTime>,
+    ) -> HomeResult<HomeAttr> {
+        self.inner.write(path, source, ranges, size, base, mtime)
+    }
+    fn statfs(&self) -> HomeResult<StatFs> {
+        self.inner.statfs()
+    }
+    fn limits(&self) -> HomeLimits {
+        self.inner.limits()
+    }
+}
+
+/// The inode at `path` (below home's root) in the namespace as it is in memory, asking nothing; and the
+/// deepest directory reached on the way, with the name not found in it.
+fn resolve_known(ns: &Namespace, path: &Path) -> (Option<u64>, Option<(u64, std::ffi::OsString)>) {
+    let mut ino = ROOT;
+    let mut last = None;
+    for part in path.components() {
+        let std::path::Component::Normal(name) = part else {
+            return (None, None);
+        };
+        let Some(&child) = ns.inodes.get(&ino).and_then(|n| n.children.get(name)) else {
+            return (None, Some((ino, name.to_os_string())));
+        };
+        last = Some((ino, name.to_os_string()));
+        ino = child;
+    }
+    (Some(ino), last)
+}
+
+impl Fs {
+    /// Use `c` for writes across the cluster: publish this node's changes, apply the others' before
+    /// opens.
+    pub fn set_coherence(&self, c: Arc<dyn Coherence>) {
+        let _ = self.coherence.set(c);
+    }
+
+    /// Apply the records written before now, if in a cluster.
+    pub(crate) fn sync_cluster(&self) {
+        if let Some(c) = self.coherence.get() {
+            c.sync();
+        }
+    }
+
+    /// Publish what this node has now at the paths of `ops` (and their directories, for changes of
+    /// names), if in a cluster.
+    pub(crate) fn publish_ops(&self, ops: &[crate::journal::Op]) {
+        let Some(c) = self.coherence.get() else {
+            return;
+        };
+        let mut paths: Vec<Vec<u8>> = Vec::new();
+        for op in ops {
+            let names = !matches!(
+                op.kind,
+                crate::journal::OpKind::Data | crate::journal::OpKind::SetAttr { .. }
+            );
+            for p in op.paths() {
+                paths.push(p.to_vec());
+                if names {
+                    let parent = Path::new(OsStr::from_bytes(p)).parent().unwrap_or(Path::new(""));
+                    paths.push(bytes(parent).to_vec());
+                }
+            }
+        }
+        paths.sort();
+        paths.dedup();
+        c.publish(self.held_records(c.me(), paths));
+    }
+
+    /// This node's records of `paths`, as it has them now: see [`held_record`].
+    pub fn held_records(&self, me: u64, paths: Vec<Vec<u8>>) -> Vec<(Vec<u8>, HeldRecord)> {
+        let ns = read(&self.ns);
+        paths
+            .into_iter()
+            .filter_map(|p| {
+                let record = held_record(&ns, me, Path::new(OsStr::from_bytes(&p)))?;
+                Some((p, record))
+            })
+            .collect()
+    }
+
+    /// Forget what this node cached of `path` and of the directory it is in, in memory and in the
+    /// kernel: another node changed it (its held record was written or removed).
+    pub fn invalidate_path(&self, path: &[u8]) {
+        let path = Path::new(OsStr::from_bytes(path));
+        let mut kernel = Vec::new();
+        {
+            let mut ns = write(&self.ns);
+            let (found, parent) = resolve_known(&ns, path);
+            if let Some(ino) = found
+                && let Some(node) = ns.inodes.get_mut(&ino)
+            {
+                node.checked = None;
+                node.listed = None;
+                node.negatives.clear();
+                kernel.push(crate::Invalidation::Inode(ino));
+            }
+            if let Some((dir, name)) = parent
+                && let Some(node) = ns.inodes.get_mut(&dir)
+            {
+                node.checked = None;
+                node.listed = None;
+                node.negatives.remove(&name);
+                kernel.push(crate::Invalidation::Entry(dir, name));
+                kernel.push(crate::Invalidation::Inode(dir));
+            }
+        }
+        for k in kernel {
+            self.invalidate(k);
+        }
+    }
+
+    /// Bytes of a file this node holds changes of, for a peer (see [`HeldAsk`]). `revision` is the held
+    /// record the peer read; `own` is this node's record of the path now, if any: another revision means
+    /// a newer version was published since.
+    pub fn serve_held(&self, ask: &HeldAsk, own: Option<i64>) -> Result<Vec<u8>, larder_cluster::peer::SourceError> {
+        use larder_cluster::peer::SourceError;
+        if own.is_some_and(|r| r != ask.revision) {
+            return Err(SourceError::OtherVersion);
+        }
+        let path = Path::new(OsStr::from_bytes(ask.path));
+        let ino = {
+            let ns = read(&self.ns);
+            match resolve_known(&ns, path) {
+                (Some(ino), _) if !ns.inode(ino).map_or(true, |n| n.removed) => ino,
+                _ => return Err(SourceError::NotHeld),
+            }
+        };
+        let failed = |e: crate::FsError| SourceError::Failed(e.to_string());
+        if ask.link {
+            return self.readlink(ino).map_err(failed);
+        }
+        let fh = self.open_here(ino).map_err(failed)?;
+        let data = self.read(fh, ask.offset, ask.len.min(u32::MAX as u64) as u32);
+        let _ = self.release(fh);
+        data.map_err(failed)
+    }
+}
+
+/// This node's record of `path`: its attributes here (none if it is not here, or removed), and where
+/// home has it if that is elsewhere. Nothing for a name known only from a listing (no attributes yet):
+/// this node has nothing to say of it.
+fn held_record(ns: &Namespace, me: u64, path: &Path) -> Option<HeldRecord> {
+    let (found, _) = resolve_known(ns, path);
+    let node = found.and_then(|ino| ns.inodes.get(&ino).filter(|n| !n.removed).map(|n| (ino, n)));
+    let attr = match node {
+        Some((_, n)) => Some(n.attr.clone()?),
+        None => None,
+    };
+    let home_path = node
+        .and_then(|(ino, _)| ns.home_path(ino).ok().flatten())
+        .filter(|h| h.as_path() != path)
+        .map(|h| bytes(&h).to_vec());
+    Some(HeldRecord {
+        holder: me,
+        attr,
+        home_path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_versions_name_their_holder_and_revision_and_nothing_else_parses() {
+        let v = held_version(0xabc, 42);
+        assert_eq!(v.0, "held:0000000000000abc:42");
+        assert_eq!(parse_held(&v), Some((0xabc, 42)));
+        for other in ["", "held:", "held:zz:1", "held:1", "1:2", "ino:1:2.3"] {
+            assert_eq!(parse_held(&Version(other.into())), None, "{other}");
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Writes across a cluster (design note 016): what one node changed and closed, another node sees at its
+//! next open, before home has it. Each node is a daemon in a network namespace of its own, with a real
+//! etcd on the bridge (`site`); the home is a directory, and each node pushes to it after an hour, so
+//! that home is behind for the whole test unless a node is drained.
+
+mod common;
+mod netns;
+mod site;
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Mount, TestDir, assert_same_bytes, drain_ok, read, require_fuse, walk};
+use site::{Site, certs};
+
+/// Every node writes back, and pushes to home an hour after a change.
+const LATE: [&str; 4] = ["--write-mode", "write-back", "--sync-lag", "1h"];
+
+/// Every entry under `root`: path, kind, permissions, and the size and modification time of files (a
+/// directory's size is its file system's own business).
+fn tree(root: &Path) -> Vec<String> {
+    walk(root)
+        .into_iter()
+        .map(|(p, m)| {
+            let (size, mtime) = if m.is_file() { (m.len(), m.mtime()) } else { (0, 0) };
+            format!("{} {:?} {size} {:o} {mtime}", p.display(), m.file_type(), m.mode())
+        })
+        .collect()
+}
+
+fn wait_live(nodes: &[&Mount], n: usize) {
+    for m in nodes {
+        assert!(
+            common::wait_until(Duration::from_secs(20), || {
+                let st = m.status();
+                st["cluster"]["members"]
+                    .as_array()
+                    .is_some_and(|ms| ms.iter().filter(|x| x["live"] == true).count() >= n)
+            }),
+            "{} never saw {n} live members",
+            m.mnt.display()
+        );
+    }
+}
+
+#[test]
+fn what_one_node_closed_another_opens_before_home_has_it_and_its_cached_pages_go() {
+    require_fuse();
+    let t = TestDir::new("cw-open");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("f"), b"the old content").unwrap();
+    let site = Site::new("cw-open", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+
+    // B has the old version cached, in its store and the kernel's pages, and open.
+    let mut held_open = std::fs::File::open(b.path("f")).unwrap();
+    let mut old = Vec::new();
+    held_open.read_to_end(&mut old).unwrap();
+    assert_eq!(old, b"the old content");
+
+    let new = b"the new content, written on a and closed, longer than the old".repeat(300);
+    std::fs::write(a.path("f"), &new).unwrap();
+    // At once, B's next open reads A's bytes; home still has the old ones.
+    assert_same_bytes(&read(&b.path("f")), &new, "b's open after a's close");
+    assert_eq!(std::fs::metadata(b.path("f")).unwrap().len(), new.len() as u64);
+    let at_home = std::fs::read(home.join("f")).unwrap();
+    assert!(
+        at_home == b"the old content",
+        "home has {} bytes already:\n{}\n{}",
+        at_home.len(),
+        a.status()["journal"],
+        a.status()["write_mode"]
+    );
+    drop(held_open);
+
+    // Once A drains, home has them, and B still reads them (now from home).
+    drain_ok(&a, 60);
+    assert_eq!(std::fs::read(home.join("f")).unwrap(), new);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || b.status()["cluster"].is_object()
+            && read(&b.path("f")) == new),
+        "b after a drained"
+    );
+    b.unmount();
+    a.unmount();
+}
+
+#[test]
+fn names_made_renamed_and_removed_on_one_node_show_on_another_at_once() {
+    require_fuse();
+    let t = TestDir::new("cw-names");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(home.join("d/old")).unwrap();
+    std::fs::write(home.join("d/gone"), b"to be removed").unwrap();
+    std::fs::write(home.join("d/old/kept"), b"kept").unwrap();
+    std::fs::write(home.join("d/moved"), b"to be renamed").unwrap();
+    let site = Site::new("cw-names", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+    // B has listed the tree before.
+    assert_eq!(tree(&b.mnt), tree(&home));
+
+    std::fs::create_dir(a.path("d/new")).unwrap();
+    std::fs::write(a.path("d/new/file"), b"made on a").unwrap();
+    std::fs::rename(a.path("d/moved"), a.path("d/new/renamed")).unwrap();
+    std::fs::remove_file(a.path("d/gone")).unwrap();
+    std::fs::rename(a.path("d/old"), a.path("d/older")).unwrap();
+    std::os::unix::fs::symlink("new/file", a.path("d/link")).unwrap();
+
+    let seen_a = tree(&a.mnt);
+    assert_eq!(tree(&b.mnt), seen_a, "b's tree is a's at once");
+    assert_eq!(read(&b.path("d/new/file")), b"made on a");
+    assert_eq!(read(&b.path("d/new/renamed")), b"to be renamed");
+    assert_eq!(read(&b.path("d/older/kept")), b"kept");
+    assert_eq!(std::fs::read_link(b.path("d/link")).unwrap(), Path::new("new/file"));
+    assert!(home.join("d/gone").exists(), "home has none of it yet");
+
+    drain_ok(&a, 60);
+    assert_eq!(tree(&home), seen_a, "home has a's tree once a drained");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || tree(&b.mnt) == seen_a),
+        "b's tree after a drained"
+    );
+    b.unmount();
+    a.unmount();
+}
+
+#[test]
+fn bytes_held_by_a_dead_node_are_an_error_or_homes_version_never_a_mix_and_come_back_with_it() {
+    require_fuse();
+    let t = TestDir::new("cw-dead");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let old = vec![b'o'; 3 << 20];
+    std::fs::write(home.join("f"), &old).unwrap();
+    let site = Site::new("cw-dead", &["a", "b", "c"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &[LATE.as_slice(), &["--peer-timeout", "2s"]].concat());
+    let c = site.node(
+        &t,
+        &tls,
+        "c",
+        &[LATE.as_slice(), &["--peer-timeout", "2s", "--holder-lost", "home"]].concat(),
+    );
+    wait_live(&[&a, &b, &c], 3);
+
+    let new = vec![b'n'; 3 << 20];
+    std::fs::write(a.path("f"), &new).unwrap();
+    // Both see the new size at once; neither has read a byte of it.
+    assert_eq!(std::fs::metadata(b.path("f")).unwrap().len(), new.len() as u64);
+
+    // A dies with its change unpushed.
+    common::signal(a.pid, libc::SIGKILL);
+    assert!(common::wait_until(Duration::from_secs(10), || !common::alive(a.pid)));
+    a.force_cleanup();
+    a.disarm();
+    // Its lease runs out (10 s): the others count it gone.
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            let st = b.status();
+            st["cluster"]["members"]
+                .as_array()
+                .is_some_and(|ms| ms.iter().filter(|x| x["live"] == true).count() == 2)
+        }),
+        "a was never counted gone"
+    );
+    let err = std::fs::read(b.path("f")).expect_err("b must not read bytes held by a dead node");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert_same_bytes(
+        &read(&c.path("f")),
+        &old,
+        "c, with --holder-lost home, reads home's version whole",
+    );
+
+    // A comes back on its cache, pushes, and B reads A's bytes.
+    let a = site.node(&t, &tls, "a", &LATE);
+    wait_live(&[&a, &b], 3);
+    drain_ok(&a, 60);
+    assert_eq!(std::fs::read(home.join("f")).unwrap(), new);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || std::fs::read(b.path("f"))
+            .is_ok_and(|d| d == new)),
+        "b reads a's bytes once a pushed them"
+    );
+    c.unmount();
+    b.unmount();
+    a.unmount();
+}
