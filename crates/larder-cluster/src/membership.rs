@@ -205,6 +205,10 @@ impl MembershipConfig {
     fn held_key(&self, path: &[u8]) -> Vec<u8> {
         [self.held_prefix().as_slice(), path].concat()
     }
+
+    fn token_key(&self, path: &[u8]) -> Vec<u8> {
+        [format!("{}tokens/", self.prefix()).as_bytes(), path].concat()
+    }
 }
 
 /// Why joining failed.
@@ -647,18 +651,70 @@ impl Membership {
         Ok(revision)
     }
 
-    /// Remove the held record of `path` if it is still the one written at `revision`; whether it was.
-    pub fn unpublish_held(&self, path: &[u8], revision: i64) -> Result<bool, MembershipError> {
+    /// Remove the held record of `path` if it is still the one written at `revision`; the revision of
+    /// the removal if it was.
+    pub fn unpublish_held(&self, path: &[u8], revision: i64) -> Result<Option<i64>, MembershipError> {
         let key = self.shared.cfg.held_key(path);
         let txn = Txn::new()
             .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, revision)])
             .and_then(vec![TxnOp::delete(key, None)]);
         let resp = self.call("a held record's removal", async move |mut c| c.txn(txn).await)?;
-        if resp.succeeded() {
-            let at = resp.header().map_or(revision + 1, |h| h.revision());
-            self.shared.held.apply(path, None, at);
+        if !resp.succeeded() {
+            return Ok(None);
         }
-        Ok(resp.succeeded())
+        let at = resp.header().map_or(revision + 1, |h| h.revision());
+        self.shared.held.apply(path, None, at);
+        Ok(Some(at))
+    }
+
+    /// Take the write token of `path` for this node, under its lease: `None` if it has it now, else the
+    /// member that holds it.
+    pub fn take_token(&self, path: &[u8]) -> Result<Option<MemberId>, MembershipError> {
+        let key = self.shared.cfg.token_key(path);
+        let me = self.shared.me.id;
+        let lease = self.shared.lease.load(Ordering::SeqCst) as i64;
+        for _ in 0..3 {
+            let txn = Txn::new()
+                .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then(vec![TxnOp::put(
+                    key.clone(),
+                    me.to_string(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else(vec![TxnOp::get(key.clone(), None)]);
+            let resp = self.call("a write token", async move |mut c| c.txn(txn).await)?;
+            if resp.succeeded() {
+                return Ok(None);
+            }
+            let holder = resp.op_responses().into_iter().find_map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<MemberId>().ok()),
+                _ => None,
+            });
+            match holder {
+                Some(h) if h == me => return Ok(None),
+                Some(h) => return Ok(Some(h)),
+                // Gone between the compare and the get: try again.
+                None => {}
+            }
+        }
+        Err(MembershipError::Timeout {
+            what: "a write token that keeps changing hands",
+            timeout: self.shared.cfg.timeout,
+        })
+    }
+
+    /// Give up this node's write token of `path`, if it has it.
+    pub fn drop_token(&self, path: &[u8]) -> Result<(), MembershipError> {
+        let key = self.shared.cfg.token_key(path);
+        let me = self.shared.me.id.to_string();
+        let txn = Txn::new()
+            .when(vec![Compare::value(key.clone(), CompareOp::Equal, me)])
+            .and_then(vec![TxnOp::delete(key, None)]);
+        self.call("a write token's release", async move |mut c| c.txn(txn).await)?;
+        Ok(())
     }
 
     /// Make sure every held record written before this call is applied here (the watch may lag a

@@ -57,7 +57,7 @@ pub mod proto {
 
 use proto::peer_client::PeerClient as RawClient;
 use proto::peer_server::{Peer, PeerServer as RawServer};
-use proto::{Chunk, FetchRequest, ReadHeldRequest, Taken};
+use proto::{Chunk, FetchRequest, ReadHeldRequest, ReleaseRequest, Released, Taken};
 
 /// How long a daemon's server waits for its view of the membership to admit a certificate it does not
 /// know yet (a node that has just joined) before refusing the connection.
@@ -138,6 +138,13 @@ pub trait UnitSource: Send + Sync + 'static {
     /// symlink's target.
     fn read_held(&self, held: &HeldAsk) -> Result<Bytes, SourceError> {
         let _ = held;
+        Err(SourceError::NotHeld)
+    }
+
+    /// Give up the write token of `path` to a peer that wants to change it: see `Release` in the protocol.
+    /// The etcd revision at which this node's held records were gone.
+    fn release(&self, path: &[u8]) -> Result<i64, SourceError> {
+        let _ = path;
         Err(SourceError::NotHeld)
     }
 }
@@ -271,6 +278,12 @@ impl Peer for Service {
         };
         let data = tokio::task::block_in_place(|| self.source.read_held(&ask)).map_err(source_status)?;
         Ok(self.chunked(data, &ask.digest()))
+    }
+
+    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<Released>, Status> {
+        let req = request.into_inner();
+        let revision = tokio::task::block_in_place(|| self.source.release(&req.path)).map_err(source_status)?;
+        Ok(Response::new(Released { revision }))
     }
 
     async fn take(&self, request: Request<FetchRequest>) -> Result<Response<Taken>, Status> {
@@ -818,6 +831,35 @@ impl PeerClient {
         });
         let failed = !matches!(result, Ok(_) | Err(PeerError::NotHeld | PeerError::OtherVersion));
         self.record(peer.id, failed);
+        result
+    }
+
+    /// Ask `peer` to give up the write token of `path` (pushing its changes to home first), waiting at
+    /// most `within`.
+    pub fn release(&self, peer: &MemberRecord, path: &[u8], within: Duration) -> Result<i64, PeerError> {
+        self.allowed(peer.id)?;
+        let channel = self.channel(peer)?;
+        let request = ReleaseRequest {
+            path: Bytes::copy_from_slice(path),
+            requester: self.me,
+        };
+        let result = self
+            .runtime
+            .block_on(async move {
+                tokio::time::timeout(within, async move {
+                    RawClient::new(channel)
+                        .release(request)
+                        .await
+                        .map(|r| r.into_inner().revision)
+                        .map_err(status_error)
+                })
+                .await
+            })
+            .unwrap_or(Err(PeerError::Timeout(within)));
+        self.record(
+            peer.id,
+            matches!(result, Err(PeerError::Timeout(_) | PeerError::Failed(_))),
+        );
         result
     }
 

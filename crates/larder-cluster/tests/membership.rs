@@ -216,11 +216,11 @@ fn held_records_reach_another_node_by_its_watch_or_at_once_by_a_sync_and_a_stale
 
     // A newer record of the path: a removal that names the older one changes nothing.
     let rev2 = a.publish_held(&[(b"d/f".to_vec(), b"two".to_vec())]).unwrap();
-    assert!(!a.unpublish_held(b"d/f", rev).unwrap());
+    assert_eq!(a.unpublish_held(b"d/f", rev).unwrap(), None);
     eventually("b has the newer record", Duration::from_secs(5), || {
         b.held().get(b"d/f").is_some_and(|h| h.value == b"two")
     });
-    assert!(a.unpublish_held(b"d/f", rev2).unwrap());
+    assert!(a.unpublish_held(b"d/f", rev2).unwrap().is_some_and(|r| r > rev2));
     eventually("b hears of the removal", Duration::from_secs(5), || {
         b.held().get(b"d/f").is_none()
     });

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_cluster::peer::proto::peer_server::Peer;
-use larder_cluster::peer::proto::{Chunk, FetchRequest, ReadHeldRequest, Taken};
+use larder_cluster::peer::proto::{Chunk, FetchRequest, ReadHeldRequest, ReleaseRequest, Released, Taken};
 use larder_cluster::peer::{
     Admit, Ask, CHUNK, HANDSHAKE_TIMEOUT, HeldAsk, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats,
     SourceError, UnitSource, digest,
@@ -263,6 +263,10 @@ impl Peer for Liar {
             link: r.link,
         };
         Ok(self.answer(&ask.digest()))
+    }
+
+    async fn release(&self, _: Request<ReleaseRequest>) -> Result<Response<Released>, Status> {
+        Err(Status::unimplemented("a liar releases nothing"))
     }
 
     async fn take(&self, _: Request<FetchRequest>) -> Result<Response<Taken>, Status> {

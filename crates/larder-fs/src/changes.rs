@@ -229,11 +229,13 @@ impl Fs {
 
     /// Remove a file.
     pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.take_token_at(parent, name)?;
         self.remove(parent, name, false)
     }
 
     /// Remove an empty directory.
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.take_token_at(parent, name)?;
         self.remove(parent, name, true)
     }
 
@@ -414,6 +416,8 @@ impl Fs {
         self.writable()?;
         check_name(name)?;
         check_name(new_name)?;
+        self.take_token_at(parent, name)?;
+        self.take_token_at(new_parent, new_name)?;
         // As for a removal: checked without the lock, confirmed under it.
         let ends = ((parent, name), (new_parent, new_name));
         let found = self.rename_ends(ends.0, ends.1, flags)?;
@@ -490,6 +494,7 @@ impl Fs {
 
     /// Hard-link `ino` as `name` in `parent`.
     pub fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        self.take_token_of(ino)?;
         let mutating = self.free_name(parent, name)?;
         let mut ns = write(&self.ns);
         if ns.inode(parent)?.kind != FileKind::Dir {
@@ -521,6 +526,7 @@ impl Fs {
     /// Change attributes (a size change is queued as data).
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
         self.writable()?;
+        self.take_token_of(ino)?;
         let (kind, flush_lock, write_lock) = {
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;

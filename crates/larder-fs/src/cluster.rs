@@ -345,6 +345,15 @@ impl UnitSource for FsUnitSource {
         });
         Ok(Bytes::from(fs.serve_held(held, own)?))
     }
+
+    fn release(&self, path: &[u8]) -> SourceResult<i64> {
+        let fs = self
+            .0
+            .upgrade()
+            .ok_or_else(|| SourceError::Failed("shutting down".into()))?;
+        let c = fs.coherence.get().ok_or(SourceError::NotHeld)?.clone();
+        c.give_up(&fs, path).map_err(SourceError::Failed)
+    }
 }
 
 #[cfg(test)]

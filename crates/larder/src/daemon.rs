@@ -449,9 +449,14 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     }
     let cluster = join_cluster(args, &p.cache_dir)?;
     // Writes across the cluster: the records of changes other nodes hold stand over home and the bank.
-    let coherence = cluster
-        .as_ref()
-        .map(|c| EtcdCoherence::new(c.membership.clone(), c.client.clone(), args.close_to_open == OnOff::On));
+    let coherence = cluster.as_ref().map(|c| {
+        EtcdCoherence::new(
+            c.membership.clone(),
+            c.client.clone(),
+            args.close_to_open == OnOff::On,
+            args.holder_lost == HolderLost::Home,
+        )
+    });
     if let Some(co) = &coherence {
         gated = Arc::new(ClusterHome::new(
             gated,

@@ -195,3 +195,56 @@ fn bytes_held_by_a_dead_node_are_an_error_or_homes_version_never_a_mix_and_come_
     b.unmount();
     a.unmount();
 }
+
+#[test]
+fn two_nodes_appending_to_and_rewriting_one_file_in_turns_end_as_the_sequential_model() {
+    require_fuse();
+    let t = TestDir::new("cw-turns");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("log"), b"start\n").unwrap();
+    let site = Site::new("cw-turns", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+    let nodes = [&a, &b];
+    let mut model = b"start\n".to_vec();
+    for turn in 0..12 {
+        let (me, other) = (nodes[turn % 2], nodes[(turn + 1) % 2]);
+        if turn % 4 == 3 {
+            model = format!("rewritten at turn {turn}\n").into_bytes();
+            std::fs::write(me.path("log"), &model).unwrap();
+        } else {
+            let line = format!("turn {turn} on {}\n", if turn % 2 == 0 { "a" } else { "b" });
+            let mut f = std::fs::OpenOptions::new().append(true).open(me.path("log")).unwrap();
+            std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
+            drop(f);
+            model.extend_from_slice(line.as_bytes());
+        }
+        assert_same_bytes(
+            &read(&other.path("log")),
+            &model,
+            &format!("the other node after turn {turn}"),
+        );
+        assert_same_bytes(&read(&me.path("log")), &model, &format!("the writer after turn {turn}"));
+    }
+    drain_ok(&a, 60);
+    drain_ok(&b, 60);
+    assert_same_bytes(
+        &std::fs::read(home.join("log")).unwrap(),
+        &model,
+        "home after both drained",
+    );
+    assert!(
+        common::larder(&["conflicts", common::s(&a.mnt), "--json"])
+            .stdout
+            .contains("[]")
+            && common::larder(&["conflicts", common::s(&b.mnt), "--json"])
+                .stdout
+                .contains("[]"),
+        "no conflicts"
+    );
+    b.unmount();
+    a.unmount();
+}

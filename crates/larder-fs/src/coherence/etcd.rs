@@ -2,9 +2,9 @@
 //! protocol (bytes a holder has), and the keeper that retries what could not be published and removes
 //! this node's records once home has all its changes.
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use larder_cluster::Membership;
 use larder_cluster::peer::{HeldAsk, PeerClient, PeerError};
@@ -15,6 +15,18 @@ use crate::namespace::Fs;
 
 /// How often the keeper looks at this node's records.
 const KEEP_EVERY: Duration = Duration::from_millis(200);
+/// Longest a node giving up a write token may take to push its changes to home.
+const GIVE_UP_WITHIN: Duration = Duration::from_secs(30);
+/// Times a node asks for a token held elsewhere before it gives up.
+const TOKEN_TRIES: usize = 5;
+
+/// A write token as this node has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Token {
+    Held,
+    /// Being given up to a peer: this node's writers wait until that is done.
+    GivingUp,
+}
 
 pub struct EtcdCoherence {
     membership: Arc<Membership>,
@@ -23,6 +35,11 @@ pub struct EtcdCoherence {
     unpublished: Mutex<BTreeSet<Vec<u8>>>,
     /// Read the records before each open (close-to-open), rather than rely on the watch alone.
     sync: bool,
+    /// Changes of paths another node holds, that node gone: made on home's version (else refused).
+    lost_home: bool,
+    /// The write tokens this node has, or is giving up; `tokens_changed` wakes writers waiting.
+    tokens: Mutex<HashMap<Vec<u8>, Token>>,
+    tokens_changed: Condvar,
 }
 
 fn decode(value: &[u8]) -> Option<HeldRecord> {
@@ -30,12 +47,20 @@ fn decode(value: &[u8]) -> Option<HeldRecord> {
 }
 
 impl EtcdCoherence {
-    pub fn new(membership: Arc<Membership>, client: Arc<PeerClient>, sync: bool) -> Arc<EtcdCoherence> {
+    pub fn new(
+        membership: Arc<Membership>,
+        client: Arc<PeerClient>,
+        sync: bool,
+        lost_home: bool,
+    ) -> Arc<EtcdCoherence> {
         Arc::new(EtcdCoherence {
             membership,
             client,
             unpublished: Mutex::new(BTreeSet::new()),
             sync,
+            lost_home,
+            tokens: Mutex::new(HashMap::new()),
+            tokens_changed: Condvar::new(),
         })
     }
 
@@ -54,6 +79,22 @@ impl EtcdCoherence {
         let _ = std::thread::Builder::new()
             .name("larder-held".into())
             .spawn(move || keep(me, fs));
+    }
+
+    /// Ask `holder` to give up the token of `path`; once it did, its record of the path is gone here.
+    fn ask_to_give_up(&self, holder: u64, path: &[u8]) -> HomeResult<()> {
+        let view = self.membership.view();
+        let member = view.members.get(&holder).ok_or(HomeError::Os(libc::EIO))?;
+        match self.client.release(member, path, GIVE_UP_WITHIN) {
+            Ok(gone) => {
+                self.membership.held().apply(path, None, gone);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(holder = format!("{holder:016x}"), error = %e, "a node would not give up a file's write token");
+                Err(HomeError::Os(libc::EIO))
+            }
+        }
     }
 
     /// This node's records and their revisions.
@@ -134,12 +175,77 @@ impl Coherence for EtcdCoherence {
         match self.client.read_held(member, ask) {
             Ok(data) => Ok(data.to_vec()),
             // The holder published another version, or pushed and forgot this one: ask again.
-            Err(PeerError::OtherVersion | PeerError::NotHeld) => Err(HomeError::Stale),
+            Err(e @ (PeerError::OtherVersion | PeerError::NotHeld)) => {
+                tracing::debug!(holder = format!("{holder:016x}"), revision = ask.revision, error = %e, "held bytes are of another version now");
+                Err(HomeError::Stale)
+            }
             Err(e) => {
                 tracing::warn!(holder = format!("{holder:016x}"), error = %e, "the node holding a file's changes did not give them");
                 Err(HomeError::Os(libc::EIO))
             }
         }
+    }
+
+    fn take(&self, path: &[u8]) -> HomeResult<()> {
+        let me = self.me();
+        for _ in 0..TOKEN_TRIES {
+            {
+                let deadline = Instant::now() + GIVE_UP_WITHIN;
+                let mut tokens = self.tokens.lock().unwrap();
+                loop {
+                    match tokens.get(path) {
+                        Some(Token::Held) => return Ok(()),
+                        Some(Token::GivingUp) if Instant::now() < deadline => {
+                            tokens = self.tokens_changed.wait_timeout(tokens, GIVE_UP_WITHIN).unwrap().0;
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            match self.membership.take_token(path) {
+                Ok(None) => {
+                    // A holder of changes of the path that has no token (gone, or its lease was renewed).
+                    if let Some((r, _)) = self.record(path).filter(|(r, _)| r.holder != me) {
+                        if self.live(r.holder) {
+                            self.ask_to_give_up(r.holder, path)?;
+                        } else if !self.lost_home {
+                            return Err(HomeError::Os(libc::EIO));
+                        }
+                    }
+                    self.tokens.lock().unwrap().insert(path.to_vec(), Token::Held);
+                    return Ok(());
+                }
+                Ok(Some(holder)) => self.ask_to_give_up(holder, path)?,
+                Err(e) => {
+                    // etcd away: this node goes on alone; conflicts are settled at home by the policy.
+                    tracing::warn!(error = %e, "cannot take a write token; changing the file alone");
+                    return Ok(());
+                }
+            }
+        }
+        Err(HomeError::Os(libc::EIO))
+    }
+
+    /// Give the write token of `path` up to a peer (see [`Fs::give_up`]): this node's writers of the path
+    /// wait meanwhile. The revision at which this node's held records were gone.
+    fn give_up(&self, fs: &Fs, path: &[u8]) -> Result<i64, String> {
+        self.tokens.lock().unwrap().insert(path.to_vec(), Token::GivingUp);
+        let result = (|| {
+            fs.give_up(path, GIVE_UP_WITHIN)?;
+            let mut gone = 0;
+            for (p, revision) in self.own() {
+                let at = self
+                    .membership
+                    .unpublish_held(&p, revision)
+                    .map_err(|e| e.to_string())?;
+                gone = gone.max(at.unwrap_or(0));
+            }
+            self.membership.drop_token(path).map_err(|e| e.to_string())?;
+            Ok(gone)
+        })();
+        self.tokens.lock().unwrap().remove(path);
+        self.tokens_changed.notify_all();
+        result
     }
 
     fn sync(&self) {
@@ -152,6 +258,12 @@ impl Coherence for EtcdCoherence {
     }
 
     fn publish(&self, records: Vec<(Vec<u8>, HeldRecord)>) {
+        // A record the same as the one this node last published (a second close of unchanged data) is
+        // not written again: a new revision would be a new version to the others, who would drop theirs.
+        let records: Vec<(Vec<u8>, HeldRecord)> = records
+            .into_iter()
+            .filter(|(p, r)| self.record(p).is_none_or(|(known, _)| &known != r))
+            .collect();
         if records.is_empty() {
             return;
         }
@@ -159,7 +271,9 @@ impl Coherence for EtcdCoherence {
             .iter()
             .map(|(p, r)| (p.clone(), serde_json::to_vec(r).expect("a record serialises")))
             .collect();
-        if let Err(e) = self.membership.publish_held(&encoded) {
+        let published = self.membership.publish_held(&encoded);
+        tracing::debug!(paths = ?records.iter().map(|(p, _)| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>(), revision = ?published.as_ref().ok(), "published held records");
+        if let Err(e) = published {
             tracing::warn!(error = %e, "could not publish changes to the cluster; retrying");
             self.unpublished
                 .lock()

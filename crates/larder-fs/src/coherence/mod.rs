@@ -63,6 +63,12 @@ pub trait Coherence: Send + Sync {
     fn sync(&self);
     /// Publish these records of this node's changes, before the change returns.
     fn publish(&self, records: Vec<(Vec<u8>, HeldRecord)>);
+    /// Take the write token of `path` before this node changes what is there: the node holding it gives
+    /// it up once home has its changes. An error means the change must not be made.
+    fn take(&self, path: &[u8]) -> HomeResult<()>;
+    /// Give the write token of `path` up to a peer that asked: `fs`'s changes go to home first. The
+    /// revision at which this node's held records were gone.
+    fn give_up(&self, fs: &Fs, path: &[u8]) -> Result<i64, String>;
 }
 
 const HELD: &str = "held:";
@@ -306,6 +312,56 @@ impl Fs {
         }
     }
 
+    /// Take the write tokens of the existing objects at `paths` (below home's root), if in a cluster:
+    /// before a change of them is made.
+    pub(crate) fn take_tokens(&self, paths: &[&Path]) -> crate::FsResult<()> {
+        let Some(c) = self.coherence.get() else {
+            return Ok(());
+        };
+        for p in paths {
+            c.take(bytes(p)).map_err(crate::FsError::Home)?;
+        }
+        Ok(())
+    }
+
+    /// [`Fs::take_tokens`] of the object `ino`, by its path here.
+    pub(crate) fn take_token_of(&self, ino: u64) -> crate::FsResult<()> {
+        if self.coherence.get().is_none() {
+            return Ok(());
+        }
+        let path = read(&self.ns).path_of(ino)?;
+        self.take_tokens(&[&path])
+    }
+
+    /// [`Fs::take_tokens`] of `name` in `parent`, if it exists here.
+    pub(crate) fn take_token_at(&self, parent: u64, name: &OsStr) -> crate::FsResult<()> {
+        if self.coherence.get().is_none() {
+            return Ok(());
+        }
+        let path = read(&self.ns).child_path(parent, name)?;
+        self.take_tokens(&[&path])
+    }
+
+    /// Give the write token of `path` up to a peer: the changes this node holds go to home first (every
+    /// one, in order: the journal is drained), then its held records go, then the token. The etcd
+    /// revision at which the records were gone, as [`Coherence::publish`]'s implementation says.
+    pub fn give_up(&self, path: &[u8], drain_within: std::time::Duration) -> Result<(), String> {
+        let ino = {
+            let ns = read(&self.ns);
+            resolve_known(&ns, Path::new(OsStr::from_bytes(path))).0
+        };
+        if let Some(ino) = ino {
+            let dirty = read(&self.ns).inodes.get(&ino).is_some_and(|n| !n.dirty.is_empty());
+            if dirty {
+                self.commit_data(ino).map_err(|e| e.to_string())?;
+            }
+        }
+        match self.drain(drain_within) {
+            crate::Drained::Empty => Ok(()),
+            other => Err(format!("this node's changes did not reach home ({other:?})")),
+        }
+    }
+
     /// Publish what this node has now at the paths of `ops` (and their directories, for changes of
     /// names), if in a cluster.
     pub(crate) fn publish_ops(&self, ops: &[crate::journal::Op]) {
@@ -347,6 +403,7 @@ impl Fs {
     /// kernel: another node changed it (its held record was written or removed).
     pub fn invalidate_path(&self, path: &[u8]) {
         let path = Path::new(OsStr::from_bytes(path));
+        tracing::debug!(path = %path.display(), "another node's change: dropping what is cached");
         let mut kernel = Vec::new();
         {
             let mut ns = write(&self.ns);
@@ -380,6 +437,7 @@ impl Fs {
     pub fn serve_held(&self, ask: &HeldAsk, own: Option<i64>) -> Result<Vec<u8>, larder_cluster::peer::SourceError> {
         use larder_cluster::peer::SourceError;
         if own.is_some_and(|r| r != ask.revision) {
+            tracing::debug!(asked = ask.revision, own = ?own, "a peer asked for held bytes of another version");
             return Err(SourceError::OtherVersion);
         }
         let path = Path::new(OsStr::from_bytes(ask.path));

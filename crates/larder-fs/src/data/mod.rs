@@ -133,6 +133,9 @@ impl Fs {
     /// In a cluster, the changes other nodes published before the open are applied first: what another
     /// node closed is what this open sees.
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<OpenReply> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            self.take_token_of(ino)?;
+        }
         self.sync_cluster();
         self.open_as_is(ino, flags)
     }
@@ -440,6 +443,11 @@ impl Fs {
         }
         if data.is_empty() {
             return Ok(0);
+        }
+        // In a cluster, the write token may have gone to another node since the open: take it back.
+        if self.coherence.get().is_some() {
+            let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+            self.take_token_of(ino)?;
         }
         let bs = self.core.store.block_size();
         let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
