@@ -15,6 +15,8 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
   cluster      design 013, IMCa §5.5   larder nodes in network namespaces of their own: a large file and
                4 KiB files read from peers, N = 1, 2, 4 nodes reading one data set together, a cold read
                by one node of four (larder only; needs root and etcd)
+  bank_stat    IMCa §5.2    K = 2, 4, 8 larder mounts of one home each stat every file, with a shared memcached
+               bank and without (larder only; needs memcached)
 Systems: the home directory itself ("direct", the local-disk limit), larder, and the peers
 `rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, and s3fs-fuse with
 `use_cache` over an S3 server (s3s-fs) serving the same home as a bucket. Over "the link", larder's home
@@ -43,7 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 from harness import MiB, log, note  # noqa: E402
 
-SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster"]
+SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster",
+             "bank_stat"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 RCLONE_FLAGS = H.RCLONE_FLAGS
