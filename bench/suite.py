@@ -15,6 +15,10 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
   cluster      design 013, IMCa §5.5   larder nodes in network namespaces of their own: a large file and
                4 KiB files read from peers, N = 1, 2, 4 nodes reading one data set together, a cold read
                by one node of four (larder only; needs root and etcd)
+  bank_stat    IMCa §5.2    K = 2, 4, 8 larder mounts of one home each stat every file, with a shared memcached
+               bank and without (larder only; needs memcached)
+  bank_read    IMCa §5.5    C = 1, 2, 4 fresh mounts read a data set a warmer mount left in the bank, against
+               fresh mounts reading home; memcached against Redis (larder only; needs memcached, redis-server)
 Systems: the home directory itself ("direct", the local-disk limit), larder, and the peers
 `rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, and s3fs-fuse with
 `use_cache` over an S3 server (s3s-fs) serving the same home as a bucket. Over "the link", larder's home
@@ -24,7 +28,7 @@ bandwidth.
 Output: bench/results/<date>-<host>.json (every figure and run, the commands, the machine), a Markdown
 report beside it, and PNG plots in bench/results/<date>-<host>/. Absolute figures are this machine's; the
 report's ratios compare figures of the same run. Every mount and process the suite starts is stopped on
-exit, Ctrl-C and SIGTERM included. The default size finishes in under 20 minutes on 2 cores; --full is the
+exit, Ctrl-C and SIGTERM included. The default size finishes in under 25 minutes on 2 cores; --full is the
 seeds' sizes (262,144 files for the stat storm, 1 MiB records for 8 clients, more passes).
 """
 import argparse
@@ -43,7 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 from harness import MiB, log, note  # noqa: E402
 
-SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster"]
+SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster",
+             "bank_stat", "bank_read"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 RCLONE_FLAGS = H.RCLONE_FLAGS
