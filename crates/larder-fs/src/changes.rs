@@ -127,6 +127,7 @@ impl Fs {
     fn free_name(&self, parent: u64, name: &OsStr) -> FsResult<std::sync::MutexGuard<'_, ()>> {
         self.writable()?;
         check_name(name)?;
+        self.take_token_of_held_dir(parent)?;
         if self.exists(parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
@@ -418,6 +419,7 @@ impl Fs {
         check_name(new_name)?;
         self.take_token_at(parent, name)?;
         self.take_token_at(new_parent, new_name)?;
+        self.take_token_of_held_dir(new_parent)?;
         // As for a removal: checked without the lock, confirmed under it.
         let ends = ((parent, name), (new_parent, new_name));
         let found = self.rename_ends(ends.0, ends.1, flags)?;

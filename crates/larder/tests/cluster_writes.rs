@@ -248,3 +248,35 @@ fn two_nodes_appending_to_and_rewriting_one_file_in_turns_end_as_the_sequential_
     b.unmount();
     a.unmount();
 }
+
+#[test]
+fn a_name_made_in_a_directory_another_node_made_reaches_home_after_that_directory() {
+    require_fuse();
+    let t = TestDir::new("cw-dir");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let site = Site::new("cw-dir", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+    std::fs::create_dir_all(a.path("made/on/a")).unwrap();
+    std::fs::write(a.path("made/on/a/first"), b"a's").unwrap();
+    // B makes a name in A's new directory: A's changes go home first.
+    std::fs::write(b.path("made/on/a/second"), b"b's").unwrap();
+    assert_eq!(
+        std::fs::read(home.join("made/on/a/first")).unwrap(),
+        b"a's",
+        "a pushed when b made a name there"
+    );
+    drain_ok(&b, 60);
+    drain_ok(&a, 60);
+    assert_eq!(std::fs::read(home.join("made/on/a/second")).unwrap(), b"b's");
+    assert_eq!(tree(&a.mnt), tree(&home));
+    assert!(
+        common::wait_until(Duration::from_secs(10), || tree(&b.mnt) == tree(&home)),
+        "b's tree is home's"
+    );
+    b.unmount();
+    a.unmount();
+}

@@ -333,6 +333,19 @@ impl Fs {
         self.take_tokens(&[&path])
     }
 
+    /// [`Fs::take_tokens`] of directory `dir` if another node holds changes of it (it made it, or names
+    /// in it, and home has not got them): a name made in it here reaches home only after those did.
+    pub(crate) fn take_token_of_held_dir(&self, dir: u64) -> crate::FsResult<()> {
+        let Some(c) = self.coherence.get() else {
+            return Ok(());
+        };
+        let path = read(&self.ns).path_of(dir)?;
+        if c.record(bytes(&path)).is_some_and(|(r, _)| r.holder != c.me()) {
+            self.take_tokens(&[&path])?;
+        }
+        Ok(())
+    }
+
     /// [`Fs::take_tokens`] of `name` in `parent`, if it exists here.
     pub(crate) fn take_token_at(&self, parent: u64, name: &OsStr) -> crate::FsResult<()> {
         if self.coherence.get().is_none() {
