@@ -455,6 +455,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
             c.client.clone(),
             args.close_to_open == OnOff::On,
             args.holder_lost == HolderLost::Home,
+            c.serve,
         )
     });
     if let Some(co) = &coherence {

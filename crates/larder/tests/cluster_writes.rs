@@ -280,3 +280,26 @@ fn a_name_made_in_a_directory_another_node_made_reaches_home_after_that_director
     b.unmount();
     a.unmount();
 }
+
+#[test]
+fn a_node_that_serves_nothing_shares_its_changes_through_home_only() {
+    require_fuse();
+    let t = TestDir::new("cw-client");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("f"), b"old").unwrap();
+    let site = Site::new("cw-client", &["a", "c"]);
+    let tls = certs(&t.root().join("tls"), &["a", "c"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let mut args = site.cluster_options("c", &tls, false);
+    args.extend(site::NODE_OPTIONS.iter().chain(LATE.iter()).map(|s| s.to_string()));
+    let c = site.mount(&t, "c", common::s(&home), &args, &[]);
+    wait_live(&[&a, &c], 2);
+    std::fs::write(c.path("f"), b"new from c").unwrap();
+    // Nothing published that a could not read: a reads home's version, not an error.
+    assert_eq!(read(&a.path("f")), b"old");
+    drain_ok(&c, 60);
+    assert_eq!(std::fs::read(home.join("f")).unwrap(), b"new from c");
+    c.unmount();
+    a.unmount();
+}

@@ -37,6 +37,9 @@ pub struct EtcdCoherence {
     sync: bool,
     /// Changes of paths another node holds, that node gone: made on home's version (else refused).
     lost_home: bool,
+    /// This node serves peers. One that does not (`--peer-serve off`) can give no one its bytes: it
+    /// publishes no records and keeps no tokens, and its changes reach the others through home.
+    serves: bool,
     /// The write tokens this node has, or is giving up; `tokens_changed` wakes writers waiting.
     tokens: Mutex<HashMap<Vec<u8>, Token>>,
     tokens_changed: Condvar,
@@ -52,6 +55,7 @@ impl EtcdCoherence {
         client: Arc<PeerClient>,
         sync: bool,
         lost_home: bool,
+        serves: bool,
     ) -> Arc<EtcdCoherence> {
         Arc::new(EtcdCoherence {
             membership,
@@ -59,6 +63,7 @@ impl EtcdCoherence {
             unpublished: Mutex::new(BTreeSet::new()),
             sync,
             lost_home,
+            serves,
             tokens: Mutex::new(HashMap::new()),
             tokens_changed: Condvar::new(),
         })
@@ -212,6 +217,11 @@ impl Coherence for EtcdCoherence {
                             return Err(HomeError::Os(libc::EIO));
                         }
                     }
+                    if !self.serves
+                        && let Err(e) = self.membership.drop_token(path)
+                    {
+                        tracing::debug!(error = %e, "could not let a write token go");
+                    }
                     self.tokens.lock().unwrap().insert(path.to_vec(), Token::Held);
                     return Ok(());
                 }
@@ -258,6 +268,9 @@ impl Coherence for EtcdCoherence {
     }
 
     fn publish(&self, records: Vec<(Vec<u8>, HeldRecord)>) {
+        if !self.serves {
+            return;
+        }
         // A record the same as the one this node last published (a second close of unchanged data) is
         // not written again: a new revision would be a new version to the others, who would drop theirs.
         let records: Vec<(Vec<u8>, HeldRecord)> = records
