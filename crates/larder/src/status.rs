@@ -126,6 +126,12 @@ pub struct ClusterStatus {
     pub owned_units: u64,
     #[serde(default)]
     pub owned_bytes: u64,
+    /// Paths whose changes, not at home yet, this node holds for the others (its held records), and
+    /// paths other nodes hold.
+    #[serde(default)]
+    pub held_here: u64,
+    #[serde(default)]
+    pub held_elsewhere: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -154,7 +160,17 @@ impl ClusterStatus {
             .iter()
             .filter(|u| view.placement().owner(&u.digest) == Some(me))
             .collect();
+        let (mut held_here, mut held_elsewhere) = (0, 0);
+        for (_, h) in m.held().all() {
+            match serde_json::from_slice::<larder_fs::coherence::HeldRecord>(&h.value) {
+                Ok(r) if r.holder == me => held_here += 1,
+                Ok(_) => held_elsewhere += 1,
+                Err(_) => {}
+            }
+        }
         ClusterStatus {
+            held_here,
+            held_elsewhere,
             owned_units: owned.len() as u64,
             owned_bytes: owned.iter().map(|u| u.len).sum(),
             name: name.to_string(),
@@ -666,10 +682,13 @@ pub fn run(args: StatusArgs) -> Result<()> {
             }
         );
         println!(
-            "{:<14} owns {} units ({}) of what it holds",
+            "{:<14} owns {} units ({}) of what it holds; holds changes of {} paths for the others, \
+             reads {} held elsewhere",
             "",
             c.owned_units,
-            human_bytes(c.owned_bytes)
+            human_bytes(c.owned_bytes),
+            c.held_here,
+            c.held_elsewhere
         );
     }
     if v.tiers.walk.len() > 2 {

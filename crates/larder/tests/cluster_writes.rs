@@ -78,9 +78,22 @@ fn what_one_node_closed_another_opens_before_home_has_it_and_its_cached_pages_go
         a.status()["write_mode"]
     );
     drop(held_open);
+    assert_eq!(
+        common::num(&a.status(), "/cluster/held_here"),
+        1,
+        "a holds f for the others"
+    );
+    assert_eq!(common::num(&b.status(), "/cluster/held_elsewhere"), 1);
 
     // Once A drains, home has them, and B still reads them (now from home).
     drain_ok(&a, 60);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || common::num(
+            &a.status(),
+            "/cluster/held_here"
+        ) == 0),
+        "a forgets its record once home has the change"
+    );
     assert_eq!(std::fs::read(home.join("f")).unwrap(), new);
     assert!(
         common::wait_until(Duration::from_secs(10), || b.status()["cluster"].is_object()
