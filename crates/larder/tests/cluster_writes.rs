@@ -4,6 +4,7 @@
 //! that home is behind for the whole test unless a node is drained.
 
 mod common;
+mod moto;
 mod netns;
 mod site;
 
@@ -314,5 +315,39 @@ fn a_node_that_serves_nothing_shares_its_changes_through_home_only() {
     drain_ok(&c, 60);
     assert_eq!(std::fs::read(home.join("f")).unwrap(), b"new from c");
     c.unmount();
+    a.unmount();
+}
+
+#[test]
+fn over_an_s3_home_a_file_written_on_one_node_is_read_on_another_before_the_bucket_has_it() {
+    require_fuse();
+    let site = Site::new("cw-s3", &["a", "b"]);
+    let st = moto::S3Test::new_on("cw-s3", "home", &site.net.host_ip().to_string());
+    st.put(&st.key("dir/f"), b"the bucket's version");
+    let tls = certs(&st.t.root().join("tls"), &["a", "b"]);
+    let env = st.srv.env();
+    let node = |n: &str| {
+        let mut args = site.cluster_options(n, &tls, true);
+        args.extend(st.mount_args(&site::NODE_OPTIONS).iter().map(|a| a.to_string()));
+        args.extend(LATE.iter().map(|a| a.to_string()));
+        site.mount(&st.t, n, &st.url(), &args, &env)
+    };
+    let (a, b) = (node("a"), node("b"));
+    wait_live(&[&a, &b], 2);
+    assert_eq!(read(&b.path("dir/f")), b"the bucket's version");
+    let new = vec![b'z'; 3 << 20];
+    std::fs::write(a.path("dir/f"), &new).unwrap();
+    std::fs::write(a.path("dir/g"), b"made on a").unwrap();
+    assert_same_bytes(&read(&b.path("dir/f")), &new, "b reads a's bytes");
+    assert_eq!(read(&b.path("dir/g")), b"made on a");
+    assert_eq!(
+        st.get(&st.key("dir/f")),
+        b"the bucket's version",
+        "the bucket has none of it yet"
+    );
+    drain_ok(&a, 60);
+    assert_same_bytes(&st.get(&st.key("dir/f")), &new, "the bucket after a drained");
+    assert_eq!(st.get(&st.key("dir/g")), b"made on a");
+    b.unmount();
     a.unmount();
 }
