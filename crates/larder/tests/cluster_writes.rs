@@ -351,3 +351,36 @@ fn over_an_s3_home_a_file_written_on_one_node_is_read_on_another_before_the_buck
     b.unmount();
     a.unmount();
 }
+
+#[test]
+fn with_etcd_away_a_node_writes_alone_and_publishes_once_etcd_is_back() {
+    require_fuse();
+    let t = TestDir::new("cw-etcd");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("f"), b"old").unwrap();
+    let mut site = Site::new("cw-etcd", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+    assert_eq!(read(&b.path("f")), b"old");
+    site.etcd.kill();
+    let offline = |m: &Mount| m.status()["cluster"]["etcd_online"] == false;
+    assert!(common::wait_until(Duration::from_secs(30), || offline(&a) && offline(&b)));
+    // A writes alone; B reads what it knows.
+    std::fs::write(a.path("f"), b"written while etcd was away").unwrap();
+    std::fs::write(a.path("g"), b"made while etcd was away").unwrap();
+    assert_eq!(read(&b.path("f")), b"old");
+    site.etcd.run();
+    // Once etcd is back, A publishes what it changed meanwhile, and B reads it.
+    assert!(
+        common::wait_until(Duration::from_secs(30), || std::fs::read(b.path("g"))
+            .is_ok_and(|d| d == b"made while etcd was away")
+            && std::fs::read(b.path("f")).is_ok_and(|d| d == b"written while etcd was away")),
+        "b never saw a's changes made while etcd was away: {}",
+        b.status()["cluster"]
+    );
+    b.unmount();
+    a.unmount();
+}

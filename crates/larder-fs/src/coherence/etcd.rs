@@ -192,6 +192,10 @@ impl Coherence for EtcdCoherence {
     }
 
     fn take(&self, path: &[u8]) -> HomeResult<()> {
+        if !self.membership.online() {
+            // etcd away: this node goes on alone; conflicts are settled at home by the policy.
+            return Ok(());
+        }
         let me = self.me();
         for _ in 0..TOKEN_TRIES {
             {
@@ -259,7 +263,8 @@ impl Coherence for EtcdCoherence {
     }
 
     fn sync(&self) {
-        if !self.sync {
+        // etcd away: no open waits for it; the watch brings what was missed once it is back.
+        if !self.sync || !self.membership.online() {
             return;
         }
         if let Err(e) = self.membership.sync_held() {
@@ -278,6 +283,14 @@ impl Coherence for EtcdCoherence {
             .filter(|(p, r)| self.record(p).is_none_or(|(known, _)| &known != r))
             .collect();
         if records.is_empty() {
+            return;
+        }
+        if !self.membership.online() {
+            // Published by the keeper once etcd is back; no change waits for etcd meanwhile.
+            self.unpublished
+                .lock()
+                .unwrap()
+                .extend(records.into_iter().map(|(p, _)| p));
             return;
         }
         let encoded: Vec<(Vec<u8>, Vec<u8>)> = records
