@@ -206,6 +206,11 @@ impl MembershipConfig {
         [self.held_prefix().as_slice(), path].concat()
     }
 
+    /// Written in every transaction that writes held records: its revision is the last such write's.
+    fn held_mark(&self) -> String {
+        format!("{}held-mark", self.prefix())
+    }
+
     fn token_key(&self, path: &[u8]) -> Vec<u8> {
         [format!("{}tokens/", self.prefix()).as_bytes(), path].concat()
     }
@@ -639,10 +644,11 @@ impl Membership {
     /// Write held records (path and value) in one transaction, and apply them here at once; the revision
     /// they were written at.
     pub fn publish_held(&self, records: &[(Vec<u8>, Vec<u8>)]) -> Result<i64, MembershipError> {
-        let ops: Vec<TxnOp> = records
+        let mut ops: Vec<TxnOp> = records
             .iter()
             .map(|(path, value)| TxnOp::put(self.shared.cfg.held_key(path), value.clone(), None))
             .collect();
+        ops.push(TxnOp::put(self.shared.cfg.held_mark(), Vec::new(), None));
         let resp = self.call("held records", async move |mut c| c.txn(Txn::new().and_then(ops)).await)?;
         let revision = resp.header().map_or(0, |h| h.revision());
         for (path, value) in records {
@@ -718,9 +724,16 @@ impl Membership {
     }
 
     /// Make sure every held record written before this call is applied here (the watch may lag a
-    /// moment): one linearizable read of the records written since the last one applied. Removals are
-    /// left to the watch.
+    /// moment): one linearizable read of the mark every write of records rewrites, and if the watch has
+    /// not brought that write yet, a read of the records written since the last one applied. Removals
+    /// are left to the watch.
     pub fn sync_held(&self) -> Result<(), MembershipError> {
+        let mark = self.shared.cfg.held_mark();
+        let resp = self.call("the held records' mark", async move |mut c| c.get(mark, None).await)?;
+        let written = resp.kvs().first().map_or(0, |kv| kv.mod_revision());
+        if written <= self.shared.held.applied() {
+            return Ok(());
+        }
         let since = self.shared.held.applied() + 1;
         let prefix = self.shared.cfg.held_prefix();
         let opts = GetOptions::new().with_prefix().with_min_mod_revision(since);
