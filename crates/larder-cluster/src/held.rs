@@ -27,6 +27,10 @@ pub type HeldHook = Box<dyn Fn(&[u8]) + Send + Sync>;
 #[derive(Default)]
 pub struct HeldMap {
     records: RwLock<BTreeMap<Vec<u8>, Held>>,
+    /// Removals applied before the watch brought everything up to them (a removal learnt from the node
+    /// that made it): a write older than one of these, arriving late, is not the record any more. Kept
+    /// until [`HeldMap::applied`] passes them.
+    removed: std::sync::Mutex<BTreeMap<Vec<u8>, i64>>,
     hook: OnceLock<HeldHook>,
     /// The highest revision applied (every record written at or before it is in the map).
     applied: AtomicI64,
@@ -72,13 +76,21 @@ impl HeldMap {
     }
 
     /// Apply one record written (`Some`) or removed (`None`) at `revision`. A write older than the one
-    /// the map has is ignored (a sync and the watch may bring the same event twice).
+    /// the map has, or than a removal applied ahead of the watch, is ignored (a sync and the watch may
+    /// bring the same event twice, and the watch may bring a write after its removal was learnt).
     pub fn apply(&self, path: &[u8], value: Option<&[u8]>, revision: i64) {
         let changed = {
             let mut map = self.records.write().unwrap_or_else(|p| p.into_inner());
+            let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
+            if value.is_none() && revision > self.applied() {
+                let r = removed.entry(path.to_vec()).or_insert(revision);
+                *r = (*r).max(revision);
+            }
             match value {
                 Some(v) => {
-                    if map.get(path).is_some_and(|h| h.revision >= revision) {
+                    if map.get(path).is_some_and(|h| h.revision >= revision)
+                        || removed.get(path).is_some_and(|&r| r >= revision)
+                    {
                         false
                     } else {
                         map.insert(
@@ -101,7 +113,11 @@ impl HeldMap {
 
     /// Note that everything up to `revision` is applied.
     pub fn applied_up_to(&self, revision: i64) {
-        self.applied.fetch_max(revision, Ordering::SeqCst);
+        let applied = self.applied.fetch_max(revision, Ordering::SeqCst).max(revision);
+        let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
+        if !removed.is_empty() {
+            removed.retain(|_, r| *r > applied);
+        }
     }
 
     /// Replace every record with `fresh` (a full load at `revision`), calling the hook for each path
@@ -148,6 +164,28 @@ mod tests {
         m.apply(b"a/b", None, 6);
         assert!(m.get(b"a/b").is_none());
         assert_eq!(heard.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_write_older_than_a_removal_learnt_ahead_of_the_watch_does_not_come_back() {
+        let m = HeldMap::default();
+        m.apply(b"f", Some(b"r3"), 3);
+        m.applied_up_to(3);
+        // The holder says its records are gone at 9; the watch has brought only up to 3.
+        m.apply(b"f", None, 9);
+        // Then the watch brings the holder's writes at 5 and 7, and the removal at 9.
+        m.apply(b"f", Some(b"r5"), 5);
+        m.apply(b"f", Some(b"r7"), 7);
+        assert!(m.get(b"f").is_none(), "an older write came back");
+        m.apply(b"f", None, 9);
+        m.applied_up_to(9);
+        // A write after the removal is the record again.
+        m.apply(b"f", Some(b"r11"), 11);
+        assert_eq!(m.get(b"f").unwrap().value, b"r11");
+        assert!(
+            m.removed.lock().unwrap().is_empty(),
+            "the removal is forgotten once the watch passed it"
+        );
     }
 
     #[test]

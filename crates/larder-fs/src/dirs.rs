@@ -111,7 +111,7 @@ impl Fs {
             // Unchanged at home since the last full listing.
             let mut ns = write(&self.ns);
             self.update_attr(&mut ns, ino, dir_attr.clone(), asked);
-            ns.inode_mut(ino)?.listed = Some((Instant::now(), dir_attr.version));
+            ns.inode_mut(ino)?.listed = self.fresh_from(asked, Instant::now()).map(|t| (t, dir_attr.version));
             self.load_pinned(&mut ns, ino)?;
             return self.snapshot(&ns, ino);
         }
@@ -150,8 +150,9 @@ impl Fs {
         self.load_names(&mut ns, ino, pinned)?;
         let version = dir_attr.version.clone();
         self.update_attr(&mut ns, ino, dir_attr, asked);
+        let listed = self.fresh_from(asked, Instant::now()).map(|t| (t, version));
         let node = ns.inode_mut(ino)?;
-        node.listed = Some((Instant::now(), version));
+        node.listed = listed;
         node.negatives.clear();
         self.snapshot(&ns, ino)
     }

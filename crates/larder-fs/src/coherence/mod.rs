@@ -420,6 +420,8 @@ impl Fs {
         let mut kernel = Vec::new();
         {
             let mut ns = write(&self.ns);
+            // Under the namespace's lock: an answer taken in after this, asked for before, is not fresh.
+            *self.invalidated.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
             let (found, parent) = resolve_known(&ns, path);
             if let Some(ino) = found
                 && let Some(node) = ns.inodes.get_mut(&ino)
@@ -495,7 +497,14 @@ fn held_record(ns: &Namespace, me: u64, path: &Path) -> Option<HeldRecord> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, HashSet};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use larder_home::{FileKind, PosixHome};
+
     use super::*;
+    use crate::namespace::hit_tests::core;
 
     #[test]
     fn held_versions_name_their_holder_and_revision_and_nothing_else_parses() {
@@ -505,5 +514,151 @@ mod tests {
         for other in ["", "held:", "held:zz:1", "held:1", "1:2", "ino:1:2.3"] {
             assert_eq!(parse_held(&Version(other.into())), None, "{other}");
         }
+    }
+
+    /// Records kept in memory, for the overlay alone.
+    #[derive(Default)]
+    struct Records {
+        records: Mutex<BTreeMap<Vec<u8>, (HeldRecord, i64)>>,
+        live: HashSet<u64>,
+    }
+
+    impl Records {
+        fn put(&self, path: &str, holder: u64, attr: Option<HomeAttr>, home_path: Option<&str>, rev: i64) {
+            let r = HeldRecord {
+                holder,
+                attr,
+                home_path: home_path.map(|h| h.as_bytes().to_vec()),
+            };
+            self.records.lock().unwrap().insert(path.as_bytes().to_vec(), (r, rev));
+        }
+    }
+
+    impl Coherence for Records {
+        fn me(&self) -> u64 {
+            1
+        }
+        fn record(&self, path: &[u8]) -> Option<(HeldRecord, i64)> {
+            self.records.lock().unwrap().get(path).cloned()
+        }
+        fn children(&self, dir: &[u8]) -> Vec<(Vec<u8>, HeldRecord, i64)> {
+            let prefix = if dir.is_empty() {
+                Vec::new()
+            } else {
+                [dir, b"/"].concat()
+            };
+            self.records
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains(&b'/') && !k.is_empty())
+                .map(|(k, (r, rev))| (k[prefix.len()..].to_vec(), r.clone(), *rev))
+                .collect()
+        }
+        fn live(&self, node: u64) -> bool {
+            self.live.contains(&node)
+        }
+        fn read_held(&self, holder: u64, ask: &HeldAsk) -> HomeResult<Vec<u8>> {
+            Ok(format!("{holder}:{}:{}", String::from_utf8_lossy(ask.path), ask.revision).into_bytes())
+        }
+        fn sync(&self) {}
+        fn publish(&self, _: Vec<(Vec<u8>, HeldRecord)>) {}
+        fn take(&self, _: &[u8]) -> HomeResult<()> {
+            Ok(())
+        }
+        fn give_up(&self, _: &Fs, _: &[u8]) -> Result<i64, String> {
+            Ok(0)
+        }
+    }
+
+    fn names(entries: &[DirEntry]) -> Vec<String> {
+        let mut n: Vec<String> = entries.iter().map(|e| e.name.to_string_lossy().into_owned()).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn the_overlay_answers_from_other_nodes_records_and_from_home_for_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path();
+        std::fs::create_dir_all(home.join("d/old")).unwrap();
+        std::fs::write(home.join("d/old/kept"), b"kept").unwrap();
+        std::fs::write(home.join("d/gone"), b"x").unwrap();
+        std::fs::write(home.join("d/mine"), b"x").unwrap();
+        let inner: Arc<dyn Home> = Arc::new(PosixHome::new(home, Some(Duration::from_secs(10))).unwrap());
+        let file = inner.stat(Path::new("d/gone")).unwrap();
+        let dir = inner.stat(Path::new("d/old")).unwrap();
+        let mut live = HashSet::new();
+        live.insert(2);
+        let c = Arc::new(Records {
+            live,
+            ..Records::default()
+        });
+        c.put("d/gone", 2, None, None, 5);
+        c.put("d/new", 2, Some(file.clone()), None, 6);
+        c.put("d/older", 2, Some(dir.clone()), Some("d/old"), 7);
+        c.put("d/mine", 1, None, None, 8);
+        c.put("d/dead", 3, Some(file.clone()), None, 9);
+        let h = ClusterHome::new(inner.clone(), c.clone(), false);
+
+        assert!(matches!(h.stat(Path::new("d/gone")), Err(HomeError::NotFound)));
+        assert_eq!(h.stat(Path::new("d/new")).unwrap().version, held_version(2, 6));
+        // A directory renamed on the holder: below it, home under its old name.
+        assert_eq!(h.stat(Path::new("d/older/kept")).unwrap().size, 4);
+        assert_eq!(names(&h.list(Path::new("d/older")).unwrap()), ["kept"]);
+        // This node's own record is its namespace's business, not the overlay's.
+        assert!(h.stat(Path::new("d/mine")).is_ok());
+        assert_eq!(
+            names(&h.list(Path::new("d")).unwrap()),
+            ["dead", "mine", "new", "old", "older"]
+        );
+        // Bytes of a held version come from its holder; a holder gone is EIO.
+        let v = held_version(2, 6);
+        assert_eq!(h.read(Path::new("d/new"), &v, 0, 10).unwrap(), b"2:d/new:6");
+        assert!(matches!(
+            h.content_id(Path::new("d/new"), &v),
+            ContentId::Held { node: 2, seq: 6 }
+        ));
+        let dead = held_version(3, 9);
+        assert!(matches!(
+            h.read(Path::new("d/dead"), &dead, 0, 10),
+            Err(HomeError::Os(libc::EIO))
+        ));
+
+        // With --holder-lost home, a gone holder's records are passed over: home's version, whole.
+        let lost = ClusterHome::new(inner, c, true);
+        assert!(matches!(lost.stat(Path::new("d/dead")), Err(HomeError::NotFound)));
+        assert!(!names(&lost.list(Path::new("d")).unwrap()).contains(&"dead".to_string()));
+        assert!(matches!(
+            lost.read(Path::new("d/dead"), &dead, 0, 10),
+            Err(HomeError::Stale)
+        ));
+        assert_eq!(lost.stat(Path::new("d/new")).unwrap().kind, FileKind::File);
+    }
+
+    #[test]
+    fn an_answer_asked_for_before_another_nodes_change_dropped_the_cache_is_not_counted_fresh() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
+        let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
+        let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
+        let attr = read(&fs.ns).inode(ino).unwrap().attr.clone().unwrap();
+        // Home is asked; meanwhile another node's change drops what is cached; then the answer comes.
+        let asked = Instant::now();
+        fs.invalidate_path(b"dir/f");
+        {
+            let mut ns = write(&fs.ns);
+            fs.update_attr(&mut ns, ino, attr.clone(), asked);
+            assert_eq!(
+                ns.inode(ino).unwrap().checked,
+                None,
+                "an answer older than the change is not fresh"
+            );
+        }
+        // An answer asked for after it is.
+        let later = Instant::now();
+        let mut ns = write(&fs.ns);
+        fs.update_attr(&mut ns, ino, attr, later);
+        assert!(ns.inode(ino).unwrap().checked.is_some());
     }
 }

@@ -44,8 +44,9 @@ impl Fs {
             }
             self.invalidate(crate::Invalidation::Inode(ino));
         }
+        let fresh = self.fresh_from(asked, now);
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
-        node.checked = Some(now);
+        node.checked = fresh;
         if node.attr.as_ref().is_some_and(|a| a.version != attr.version) {
             node.symlink = None;
         }

@@ -281,6 +281,9 @@ pub struct Fs {
     pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
     /// Writes across a cluster: publishing this node's changes, applying the others' (design note 016).
     pub(crate) coherence: std::sync::OnceLock<Arc<dyn crate::coherence::Coherence>>,
+    /// When another node's change last dropped what this node cached: an answer asked for before then
+    /// may predate that change, and is not counted fresh.
+    pub(crate) invalidated: std::sync::Mutex<Option<Instant>>,
 }
 
 pub(crate) use larder_cache::contention::{lock, read, write};
@@ -534,6 +537,17 @@ impl Fs {
     /// The validity lag, which is also the kernel's attribute and entry timeout.
     pub fn validity_lag(&self) -> std::time::Duration {
         self.cfg.validity_lag
+    }
+
+    /// The time to count an answer asked for at `asked` and taken in at `now` as checked: `None` (not
+    /// fresh) if another node's change dropped cached answers since it was asked.
+    pub(crate) fn fresh_from(&self, asked: Instant, now: Instant) -> Option<Instant> {
+        let last = *self.invalidated.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t >= asked) {
+            None
+        } else {
+            Some(now)
+        }
     }
 
     pub(crate) fn fresh(&self, at: Option<Instant>) -> bool {
