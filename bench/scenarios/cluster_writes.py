@@ -10,26 +10,32 @@ emulated link. A single Python process in the root namespace uses the mounts, on
 times each call with perf_counter. Each cluster is a fresh pair of mounts with empty caches: A (n0) and
 B (n1). Files are 4 KiB.
 
-1. Close on A → new content on B, with `--close-to-open on` (the default) and `off`: each round writes a
-   new 4 KiB content (open, write, close) through A's mount, then opens and reads the file through B's
-   mount, again until B returns the new content (at most 5 s). The figure is the time from A's close
+1. Close on A → new content on B, with `--close-to-open on` (the default) and `off`, first thing on a
+   fresh pair (the only held records are this measurement's own): each round writes a new 4 KiB content
+   (open, write, close) through A's mount, then opens and reads the file through B's mount, again every
+   0.2 ms until B returns the new content (at most 5 s). The figure is the time from A's close
    returning to B's read returning the new content. Two cases: "rewrite", a set of 20 files rewritten
    round-robin (existing at home; one warm-up pass over them, not counted, takes A's tokens and opens
    B's connection to A), and "new", a new file each round. What B's first read got is counted: the new
-   content, the old one (stale), no such file (a new name B did not see yet), or anything else (bytes of
-   neither version: a bug).
+   content, the old one (stale), an empty file (A's truncation at its open, a version A published before
+   its data), no such file (a new name B did not see yet), or anything else (a bug).
 2. Extra latency of a close and of an open: on A, 1,000 new files written (create, write 4 KiB, close),
    rewritten (open with O_TRUNC, write, close) and read back (open, read, close); 1,000 files at home
    read once untimed, read again (cached), then rewritten (A's first change of each: in a cluster the
    open takes its write token). Each call is timed apart. The same on a node alone with the same options
-   (no cluster), in the same run, and on a cluster with close-to-open off.
+   (no cluster), in the same run, and on a cluster with close-to-open off. Every change stays held
+   meanwhile, so the records in etcd grow by thousands; node B opens 200 files it has cached before and
+   after A's passes (the probe), with the count of records.
 3. Token handoff: A and B append a line to one file in turns (50 turns each). Each turn's first append
    takes the token from the other node, which first pushes its changes to home; a second append by the
    same node, holding the token, is the same-run baseline. The file is checked through both mounts and,
    once drained, at home.
 """
+import base64
 import contextlib
 import errno
+import http.client
+import json
 import os
 import time
 
@@ -42,6 +48,8 @@ TITLE = "Cluster writes: close on one node to open on another, close and open co
 SIZE = 4096
 ROOT = "cluster-writes"
 HOME_SET = f"{ROOT}/home"  # files at home, read once, then timed read again (cached)
+PROBE_SET = f"{ROOT}/probe"  # files at home B reads again as the held records grow
+PROBE_FILES = 200
 REWRITE_SET = 20
 POLL_LIMIT = 5.0  # seconds B may take to show the new content before a round counts as never visible
 POLL_SLEEP = 0.0002
@@ -116,15 +124,18 @@ def read_file(path):
 
 
 def make_data(ctx, files):
-    """At home: the files read for the cached-read figures, the rewrite sets, the appended file."""
-    d = ctx.subhome(HOME_SET)
-    names = [f"h{i:05d}" for i in range(files)]
-    for n in names:
-        p = os.path.join(d, n)
-        if not os.path.exists(p):
-            with open(p, "wb") as f:
-                f.write(os.urandom(SIZE))
-    return names
+    """At home: the files read for the cached-read figures, and the probe's."""
+    out = []
+    for rel, prefix, count in ((HOME_SET, "h", files), (PROBE_SET, "p", PROBE_FILES)):
+        d = ctx.subhome(rel)
+        names = [f"{prefix}{i:05d}" for i in range(count)]
+        for n in names:
+            p = os.path.join(d, n)
+            if not os.path.exists(p):
+                with open(p, "wb") as f:
+                    f.write(os.urandom(SIZE))
+        out.append(names)
+    return out
 
 
 def fresh_dir(ctx, rel, rewrite_files=0):
@@ -161,7 +172,14 @@ def visible(a, b, rel, case, rounds, seconds, old):
             tries += 1
             try:
                 got, parts = read_file(pb)
-                state = "new" if got == data else ("old" if got == prev.get(name) else "other")
+                if got == data:
+                    state = "new"
+                elif got == prev.get(name):
+                    state = "old"
+                elif not got:
+                    state = "empty"  # A's truncation at its open (O_TRUNC), published before its data
+                else:
+                    state = "other"
                 if state == "other" and first is None:
                     note(f"cluster_writes: {case}: B read {len(got)} bytes of neither version of {name} "
                          f"(head {got[:40]!r})")
@@ -329,16 +347,44 @@ def pair(ctx, shared, tag, c2o="on"):
         yield ns
 
 
+def held_count(shared, cluster):
+    """How many held records cluster `cluster` has in etcd (its JSON gateway; None if it does not answer)."""
+    host, port = shared["etcd"].split("://", 1)[1].rsplit(":", 1)
+    prefix = f"/larder/{cluster}/held/".encode()
+    body = {"key": base64.b64encode(prefix).decode(),
+            "range_end": base64.b64encode(prefix[:-1] + bytes([prefix[-1] + 1])).decode(), "count_only": True}
+    try:
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        c.request("POST", "/v3/kv/range", json.dumps(body))
+        return int(json.loads(c.getresponse().read()).get("count", 0))
+    except (OSError, ValueError) as e:
+        note(f"cluster_writes: cannot count the held records: {e}")
+        return None
+
+
+def probe(node, names, shared, cluster):
+    """Open, read, close of files `node` has cached (each read once before), with the cluster's count of
+    held records: what an open's read of the records costs as they grow."""
+    paths = [os.path.join(node.path(PROBE_SET), x) for x in names]
+    lat = [sum(read_file(p)[1]) for p in paths]
+    opens = [read_file(p)[1][0] for p in paths]
+    return {"held_records": held_count(shared, cluster), "open": stats(opens), "total": stats(lat)}
+
+
 def run(ctx):
     a = ctx.args
     C.require("cluster_writes")
-    home_names = make_data(ctx, a.cw_files)
+    home_names, probe_names = make_data(ctx, a.cw_files)
     res = {"size": SIZE, "rounds": a.cw_rounds, "files": a.cw_files, "turns": a.cw_turns,
            "rewrite_set": REWRITE_SET, "access": ACCESS + ["--validity-lag", "1h"],
            "network": f"bridge {C.BRIDGE} {C.BRIDGE_IP}/{C.PREFIX}, blackhole {C.BLACKHOLE}, a namespace per node",
-           "visible": {}, "ops": {}, "nodes": {}}
+           "visible": {}, "ops": {}, "probe": {}, "held_records": {}, "nodes": {}}
+    olds = {}
     for d in ("ops-alone", "ops-on", "ops-off", "handoff"):
         fresh_dir(ctx, f"{ROOT}/{d}")
+    for c2o in ("on", "off"):
+        for case in ("rewrite", "new"):
+            olds[c2o, case] = fresh_dir(ctx, f"{ROOT}/visible-{c2o}-{case}", REWRITE_SET if case == "rewrite" else 0)
     with open(os.path.join(ctx.home, ROOT, "handoff", "log"), "wb"):
         pass
     with C.network(ctx, 3) as shared:
@@ -347,18 +393,28 @@ def run(ctx):
             res["ops"]["alone"] = op_latencies(n, f"{ROOT}/ops-alone", a.cw_files, home_names, a.cw_seconds)
             res["nodes"]["alone"] = node_figures(n)
         for c2o in ("on", "off"):
-            with pair(ctx, shared, f"cw-{c2o}", c2o) as (na, nb):
+            tag = f"cw-{c2o}"
+            with pair(ctx, shared, tag, c2o) as (na, nb):
+                cluster = f"bench-{tag}"
+                res["visible"][c2o] = {}
+                for case in ("rewrite", "new"):
+                    rel = f"{ROOT}/visible-{c2o}-{case}"
+                    held = held_count(shared, cluster)
+                    log(f"cluster_writes: close-to-open {c2o}, {case}: {a.cw_rounds} rounds of a close on A, "
+                        f"then B reads ({held} held records)")
+                    res["visible"][c2o][case] = visible(na, nb, rel, case, a.cw_rounds, a.cw_seconds,
+                                                        olds[c2o, case])
+                    res["visible"][c2o][case]["held_records_before"] = held
+                for p in probe_names:  # into B's cache, untimed
+                    read_file(os.path.join(nb.path(PROBE_SET), p))
+                res["probe"][c2o] = [probe(nb, probe_names, shared, cluster)]
+                res["held_records"][f"cluster_{c2o}"] = {"before_ops": held_count(shared, cluster)}
                 log(f"cluster_writes: close-to-open {c2o}: {a.cw_files} files written, rewritten, read; "
                     "cached files, on A")
                 res["ops"][f"cluster_{c2o}"] = op_latencies(na, f"{ROOT}/ops-{c2o}", a.cw_files, home_names,
                                                             a.cw_seconds)
-                res["visible"][c2o] = {}
-                for case in ("rewrite", "new"):
-                    rel = f"{ROOT}/visible-{c2o}-{case}"
-                    old = fresh_dir(ctx, rel, REWRITE_SET if case == "rewrite" else 0)
-                    log(f"cluster_writes: close-to-open {c2o}, {case}: {a.cw_rounds} rounds of a close on A, "
-                        "then B reads")
-                    res["visible"][c2o][case] = visible(na, nb, rel, case, a.cw_rounds, a.cw_seconds, old)
+                res["held_records"][f"cluster_{c2o}"]["after_ops"] = held_count(shared, cluster)
+                res["probe"][c2o].append(probe(nb, probe_names, shared, cluster))
                 res["nodes"][f"cluster_{c2o}"] = {x.name: node_figures(x) for x in (na, nb)}
         rel = f"{ROOT}/handoff"
         with pair(ctx, shared, "cw-handoff") as (na, nb):
@@ -445,7 +501,8 @@ def report(r, ctx):
     lines += ["**Close on A → new content on B**: the time from A's close returning to B's open+read "
               "returning the new content (B reads again every 0.2 ms until it does, at most "
               f"{POLL_LIMIT:g} s). \"first read\" is what B's first open+read got: new content, old content, "
-              "no such file (missing), or an error.", "",
+              "empty (A's truncation at its open, published before its data), no such file (missing), "
+              "or an error.", "",
               md(["close-to-open", "files", "rounds", "median ms", "p90 ms", "p99 ms", "max ms", "first read",
                   "never visible", "reads per round", "B's open, median ms", "B's read, median ms",
                   "A's open+write+close, median ms"], rows), ""]
@@ -471,6 +528,19 @@ def report(r, ctx):
               "call timed apart (ms).", "",
               md(["operation", "alone median", "cluster median", "÷ alone", "alone p99", "cluster p99", "÷ alone",
                   "close-to-open off: median", "p99"], rows), ""]
+    hr = r.get("held_records") or {}
+    rows = []
+    for c2o in ("on", "off"):
+        for x, when in zip(H.get(r, "probe", c2o) or [], ("before A's files", "after A's files")):
+            rows.append([c2o, when, x.get("held_records"), H.get(x, "open", "p50_ms"), H.get(x, "open", "p99_ms"),
+                         H.get(x, "total", "p50_ms")])
+    lines += [f"In the cluster, A's passes ran with {H.fmt(H.get(hr, 'cluster_on', 'before_ops'))} held records "
+              f"in etcd at their start and {H.fmt(H.get(hr, 'cluster_on', 'after_ops'))} at their end (every "
+              "change stays held: nothing reaches home within the sync lag). An open with close-to-open reads "
+              "the records written since the last it applied, a range read over all of them. Node B, opening "
+              f"{PROBE_FILES} files it has cached, before and after A's passes:", "",
+              md(["close-to-open", "when", "held records", "B's open, median ms", "p99 ms",
+                  "open+read+close, median ms"], rows), ""]
     h = r.get("handoff") or {}
     rows = [["append taking the token (open+write+close)", H.get(h, "take", "n"), H.get(h, "take", "p50_ms"),
              H.get(h, "take", "p90_ms"), H.get(h, "take", "p99_ms"), H.get(h, "take", "max_ms")],
