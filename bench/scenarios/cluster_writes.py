@@ -152,17 +152,19 @@ def fresh_dir(ctx, rel, rewrite_files=0):
 
 # 1. Close on A, new content on B.
 
-def visible(a, b, rel, case, rounds, seconds, old):
-    """Rounds of: write a new content through A, then read through B until it shows it."""
+def visible(a, b, rel, case, rounds, seconds, old, inspect):
+    """Rounds of: write a new content through A, then read through B until it shows it. Each round whose
+    first read on B was not the new content is listed; for one that never showed it, what `inspect(path)`
+    finds (etcd's record of the path) and what each node sees then."""
     names = sorted(old) if case == "rewrite" else None
     prev = dict(old)
     lat, writes, first_states, b_open, b_read = [], [], {}, [], []
-    never, warm = [], []
-    tries_total = 0
+    never, warm, odd = [], [], []
+    tries_total, read_again = 0, 0
     deadline = time.monotonic() + seconds
 
     def one(i, name):
-        nonlocal tries_total
+        nonlocal tries_total, read_again
         data = content(case, i)
         pa, pb = os.path.join(a.path(rel), name), os.path.join(b.path(rel), name)
         w = write_file(pa, data)
@@ -196,6 +198,23 @@ def visible(a, b, rel, case, rounds, seconds, old):
                 break
             time.sleep(POLL_SLEEP)
         tries_total += tries
+        read_again += tries > 1
+        if first != "new":
+            x = {"round": i, "name": name, "first_read": first, "reads": tries,
+                 "visible_ms": round((t - t_close) * 1e3, 3) if state == "new" else None}
+            if state != "new":
+                x["last_read"] = state
+                x["etcd"] = inspect(f"{rel}/{name}")
+                for node, path in (("A", pa), ("B", pb)):
+                    try:
+                        got, _ = read_file(path)
+                        x[f"{node}_reads"] = {"bytes": len(got), "new_content": got == data,
+                                              "stat_size": os.stat(path).st_size}
+                    except OSError as e:
+                        x[f"{node}_reads"] = str(e)
+                note(f"cluster_writes: {case}, round {i}: B never read the new content of {name} within "
+                     f"{POLL_LIMIT:g} s ({tries} reads, first {first}, last {state}); then: {x}")
+            odd.append(x)
         prev[name] = data
         return sum(w), parts, first, (t - t_close) if state == "new" else None
 
@@ -218,13 +237,11 @@ def visible(a, b, rel, case, rounds, seconds, old):
             note(f"cluster_writes: close to visible ({case}) stopped after {i + 1} rounds ({seconds:g} s)")
             break
     r = dict(stats(lat), rounds=len(writes), first_read=first_states, never_visible=len(never),
-             reads_per_round=round(tries_total / max(1, len(writes) + len(warm)), 3),
-             write_ms=stats(writes), b_open_ms=stats(b_open), b_read_ms=stats(b_read), latencies_us=[round(x * 1e6) for x in lat])
+             rounds_read_again=read_again, reads=tries_total, not_new_first=odd,
+             write_ms=stats(writes), b_open_ms=stats(b_open), b_read_ms=stats(b_read),
+             latencies_us=[round(x * 1e6) for x in lat])
     if warm:
         r["warmup_ms"] = [None if x is None else round(x * 1e3, 3) for x in warm]
-    if never:
-        note(f"cluster_writes: {case}: {len(never)} rounds never showed the new content on B within "
-             f"{POLL_LIMIT:g} s ({', '.join(never[:5])})")
     return r
 
 
@@ -347,19 +364,38 @@ def pair(ctx, shared, tag, c2o="on"):
         yield ns
 
 
-def held_count(shared, cluster):
-    """How many held records cluster `cluster` has in etcd (its JSON gateway; None if it does not answer)."""
+def etcd_range(shared, key, prefix=False, count_only=False):
+    """etcd's answer to a range read of `key` (bytes), or of every key below it (through its JSON gateway);
+    None if it does not answer."""
     host, port = shared["etcd"].split("://", 1)[1].rsplit(":", 1)
-    prefix = f"/larder/{cluster}/held/".encode()
-    body = {"key": base64.b64encode(prefix).decode(),
-            "range_end": base64.b64encode(prefix[:-1] + bytes([prefix[-1] + 1])).decode(), "count_only": True}
+    body = {"key": base64.b64encode(key).decode(), "count_only": count_only}
+    if prefix:
+        body["range_end"] = base64.b64encode(key[:-1] + bytes([key[-1] + 1])).decode()
     try:
         c = http.client.HTTPConnection(host, int(port), timeout=10)
         c.request("POST", "/v3/kv/range", json.dumps(body))
-        return int(json.loads(c.getresponse().read()).get("count", 0))
+        return json.loads(c.getresponse().read())
     except (OSError, ValueError) as e:
-        note(f"cluster_writes: cannot count the held records: {e}")
+        note(f"cluster_writes: etcd's gateway did not answer: {e}")
         return None
+
+
+def held_count(shared, cluster):
+    """How many held records cluster `cluster` has in etcd."""
+    r = etcd_range(shared, f"/larder/{cluster}/held/".encode(), prefix=True, count_only=True)
+    return None if r is None else int(r.get("count", 0))
+
+
+def held_record(shared, cluster, path):
+    """etcd's record of `path` (below home's root) in cluster `cluster`, its revisions, and etcd's."""
+    r = etcd_range(shared, f"/larder/{cluster}/held/{path}".encode())
+    if r is None:
+        return None
+    out = {"etcd_revision": H.get(r, "header", "revision")}
+    for kv in r.get("kvs", []):
+        out.update(record=json.loads(base64.b64decode(kv["value"])), mod_revision=kv.get("mod_revision"),
+                   create_revision=kv.get("create_revision"), record_version=kv.get("version"))
+    return out
 
 
 def probe(node, names, shared, cluster):
@@ -403,7 +439,8 @@ def run(ctx):
                     log(f"cluster_writes: close-to-open {c2o}, {case}: {a.cw_rounds} rounds of a close on A, "
                         f"then B reads ({held} held records)")
                     res["visible"][c2o][case] = visible(na, nb, rel, case, a.cw_rounds, a.cw_seconds,
-                                                        olds[c2o, case])
+                                                        olds[c2o, case],
+                                                        lambda path: held_record(shared, cluster, path))
                     res["visible"][c2o][case]["held_records_before"] = held
                 for p in probe_names:  # into B's cache, untimed
                     read_file(os.path.join(nb.path(PROBE_SET), p))
@@ -495,7 +532,7 @@ def report(r, ctx):
             x = H.get(r, "visible", c2o, case) or {}
             rows.append([c2o, f"{case} ({r['rewrite_set']} files)" if case == "rewrite" else case,
                          x.get("rounds"), x.get("p50_ms"), x.get("p90_ms"), x.get("p99_ms"), x.get("max_ms"),
-                         fmt_first(x.get("first_read")), x.get("never_visible"), x.get("reads_per_round"),
+                         fmt_first(x.get("first_read")), x.get("never_visible"), x.get("rounds_read_again"),
                          H.get(x, "b_open_ms", "p50_ms"), H.get(x, "b_read_ms", "p50_ms"),
                          H.get(x, "write_ms", "p50_ms")])
     lines += ["**Close on A → new content on B**: the time from A's close returning to B's open+read "
@@ -504,8 +541,26 @@ def report(r, ctx):
               "empty (A's truncation at its open, published before its data), no such file (missing), "
               "or an error.", "",
               md(["close-to-open", "files", "rounds", "median ms", "p90 ms", "p99 ms", "max ms", "first read",
-                  "never visible", "reads per round", "B's open, median ms", "B's read, median ms",
+                  "never visible", "rounds B read again", "B's open, median ms", "B's read, median ms",
                   "A's open+write+close, median ms"], rows), ""]
+    for c2o in ("on", "off"):
+        for case in ("rewrite", "new"):
+            for x in H.get(r, "visible", c2o, case, "not_new_first") or []:
+                if x.get("visible_ms") is not None:
+                    lines.append(f"- close-to-open {c2o}, {case}, round {x['round']} ({x['name']}): B's first read "
+                                 f"got {x['first_read']}; the new content after {x['reads']} reads, "
+                                 f"{H.fmt(x['visible_ms'])} ms.")
+                else:
+                    rec = H.get(x, "etcd", "record", "attr") or {}
+                    lines.append(f"- close-to-open {c2o}, {case}, round {x['round']} ({x['name']}): B's first read "
+                                 f"got {x['first_read']}, and B never read the new content in {POLL_LIMIT:g} s "
+                                 f"({x['reads']} reads). Then etcd's record of the file said size "
+                                 f"{rec.get('size')} (mod revision {H.get(x, 'etcd', 'mod_revision')}, etcd at "
+                                 f"{H.get(x, 'etcd', 'etcd_revision')}); B read {H.get(x, 'B_reads', 'bytes')} "
+                                 f"bytes (stat size {H.get(x, 'B_reads', 'stat_size')}); A read the new content: "
+                                 f"{H.get(x, 'A_reads', 'new_content')}.")
+    if lines[-1] != "":
+        lines.append("")
     rows = [[t["what"], t["value"], t["target"], "—" if t["met"] is None else ("yes" if t["met"] else "**no**")]
             for t in r.get("targets", [])]
     lines += [md(["target", "value", "target", "met"], rows), ""]
