@@ -327,25 +327,29 @@ def handoff(a, b, rel, turns, seconds):
     if errors:
         r["errors"] = errors[:20]
         note(f"cluster_writes: {len(errors)} appends failed: {errors[0]}")
-    checks = {}
+    checks, lost = {}, {}
+
+    def check(where, got):
+        checks[where] = got == want
+        if got != want:
+            have = got.splitlines(keepends=True)
+            lost[where] = {"bytes": len(got), "expected": len(want),
+                           "missing": [x.decode().strip() for x in expect if x not in have],
+                           "unexpected": [x.decode(errors="replace").strip() for x in have if x not in expect],
+                           "rest_in_order": [x for x in expect if x in have] == have}
+            note(f"cluster_writes: the appended file {where} differs: {lost[where]}")
     for node in (a, b):
         try:
-            got, _ = read_file(os.path.join(node.path(rel), name))
-            checks[node.name] = got == want
-            if got != want:
-                note(f"cluster_writes: the appended file read on {node.name} differs: {len(got)} bytes, "
-                     f"{len(want)} expected")
+            check(f"read on {node.name}", read_file(os.path.join(node.path(rel), name))[0])
         except OSError as e:
-            checks[node.name] = f"error: {e}"
+            checks[f"read on {node.name}"] = f"error: {e}"
     for node in (b, a):  # B holds the last changes
         H.run([H.LARDER, "drain", node.mnt, "--timeout", "120s"], timeout=180, check=False)
     with open(os.path.join(a.ctx.home, rel, name), "rb") as f:
-        got = f.read()
-    checks["home, drained"] = got == want
-    if got != want:
-        note(f"cluster_writes: the appended file at home after draining differs: {len(got)} bytes, "
-             f"{len(want)} expected")
+        check("at home, drained", f.read())
     r["content_ok"] = checks
+    if lost:
+        r["content_lost"] = lost
     return r
 
 
@@ -611,4 +615,10 @@ def report(r, ctx):
               f"{H.fmt(h.get('first_append_ms'))} ms) is left out.", "",
               md(["append", "count", "median ms", "p90 ms", "p99 ms", "max ms"], rows), "",
               f"The file as expected: {ok}."]
+    if h.get("content_lost"):
+        lines.append("")
+    for where, x in (h.get("content_lost") or {}).items():
+        lines.append(f"- {where}: {x['bytes']} bytes of {x['expected']}; missing appends: "
+                     f"{', '.join(x['missing']) or 'none'}; unexpected lines: {len(x['unexpected'])}; the rest in "
+                     f"order: {'yes' if x['rest_in_order'] else 'no'}.")
     return "\n".join(lines)
