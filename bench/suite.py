@@ -15,6 +15,9 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
   cluster      design 013, IMCa §5.5   larder nodes in network namespaces of their own: a large file and
                4 KiB files read from peers, N = 1, 2, 4 nodes reading one data set together, a cold read
                by one node of four (larder only; needs root and etcd)
+  cluster_writes  design 016   two writable nodes in namespaces: a close on one to the new content read
+               on the other (close-to-open on and off), close and open latency in a cluster against a node
+               alone, a file's write token handed between two appenders (larder only; needs root and etcd)
   bank_stat    IMCa §5.2    K = 2, 4, 8 larder mounts of one home each stat every file, with a shared memcached
                bank and without (larder only; needs memcached)
   bank_read    IMCa §5.5    C = 1, 2, 4 fresh mounts read a data set a warmer mount left in the bank, against
@@ -48,7 +51,7 @@ import harness as H  # noqa: E402
 from harness import MiB, log, note  # noqa: E402
 
 SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster",
-             "bank_stat", "bank_read"]
+             "cluster_writes", "bank_stat", "bank_read"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 RCLONE_FLAGS = H.RCLONE_FLAGS

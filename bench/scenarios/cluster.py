@@ -185,21 +185,22 @@ def make_certs(ctx, names):
 
 class Node:
     """A larder mount whose daemon runs in the namespace of node `index`, with a cache of its own; in
-    cluster `cluster` when that is set, serving its units to the others unless not `serve`."""
+    cluster `cluster` when that is set, serving its units to the others unless not `serve`. `access` is
+    how it reaches home and whether it writes: by default read-only, behind the suite's link."""
 
-    def __init__(self, ctx, index, tag, cluster=None, serve=True, flags=()):
+    def __init__(self, ctx, index, tag, cluster=None, serve=True, flags=(), access=None):
         self.ctx, self.index, self.ns = ctx, index, NAMESPACES[index]
         self.name = f"n{index}"
         self.addr = Net.addr(index)
         self.mnt = ctx.scratch(f"mnt-cluster-{tag}-{self.name}")
         self.cache = ctx.scratch(f"cache-cluster-{tag}-{self.name}")
         self.cluster, self.serve, self.flags = cluster, serve, list(flags)
+        self.access = ["--read-only", "--emulate-wan", ctx.wan.larder_spec()] if access is None else list(access)
         self.pid = None
 
     def mount(self, shared):
         a = self.ctx.args
-        flags = ["--cache-size", str(a.cache_size), "--validity-lag", "1h", "--read-only",
-                 "--emulate-wan", self.ctx.wan.larder_spec()] + self.flags
+        flags = ["--cache-size", str(a.cache_size), "--validity-lag", "1h"] + self.access + self.flags
         if self.cluster:
             flags += ["--cluster", shared["etcd"], "--cluster-name", self.cluster, "--node-name", self.name,
                       "--cluster-tls", shared["tls"]]
@@ -228,13 +229,14 @@ class Node:
 
 
 @contextlib.contextmanager
-def nodes(ctx, shared, tag, indices, cluster=True, client=None, flags=()):
+def nodes(ctx, shared, tag, indices, cluster=True, client=None, flags=(), access=None):
     """Fresh mounts of the nodes `indices` (and `client`, a node that serves nothing), in cluster
-    `tag` if `cluster`; each sees every member live before this yields."""
+    `tag` if `cluster`, each reaching home as `access` says (see Node); each sees every member live
+    before this yields."""
     cname = f"bench-{tag}" if cluster else None
-    ns = [Node(ctx, i, tag, cname, flags=flags) for i in indices]
+    ns = [Node(ctx, i, tag, cname, flags=flags, access=access) for i in indices]
     if client is not None:
-        ns.append(Node(ctx, client, tag, cname, serve=False))
+        ns.append(Node(ctx, client, tag, cname, serve=False, access=access))
     try:
         for n in ns:
             cmd = n.mount(shared)
@@ -421,35 +423,48 @@ def raw_tcp(ctx, src, dst, size):
     return {"bytes": r["bytes"], "seconds": round(r["seconds"], 3), "MiB_s": round(r["MiB_s"], 1)}
 
 
-def run(ctx):
-    a = ctx.args
+def require(scenario):
+    """What every scenario of nodes in namespaces needs: root, and nsenter."""
     if os.geteuid() != 0:
-        raise RuntimeError("the cluster scenario needs root (network namespaces)")
+        raise RuntimeError(f"the {scenario} scenario needs root (network namespaces)")
     if not shutil.which("nsenter"):
         raise RuntimeError("nsenter is missing (util-linux)")
+
+
+@contextlib.contextmanager
+def network(ctx, count):
+    """The private network with `count` namespaces, an etcd on its bridge, and certificates for nodes n0
+    to n<count-1>: yields what `nodes()` takes as `shared`. On exit every mount is unmounted, etcd
+    stopped, and the namespaces, the bridge and the route removed."""
+    net = Net(count)
+    etcd = None
+    try:
+        net.up()
+        etcd, endpoint = start_etcd(ctx)
+        net.check(BRIDGE_IP, int(endpoint.rsplit(":", 1)[1]))
+        yield {"etcd": endpoint, "tls": make_certs(ctx, [f"n{i}" for i in range(count)])}
+    finally:
+        H.unmount_all()
+        if etcd is not None:
+            H.stop_proc(etcd)
+        net.down()
+
+
+def run(ctx):
+    a = ctx.args
+    require("cluster")
     size, set_size = a.cluster_file_size, a.cluster_set_size
     small_names, set_files, set_size = make_data(ctx, size, a.cluster_small_files, set_size)
     res = {"size": size, "small_files": len(small_names), "small_size": SMALL_SIZE, "set_size": set_size,
            "set_files": SET_FILES, "link": ctx.wan.describe(),
            "link_MiB_s": ctx.wan.bandwidth / MiB if ctx.wan.bandwidth else None, "link_latency": ctx.wan.latency,
            "network": f"bridge {BRIDGE} {BRIDGE_IP}/{PREFIX}, blackhole {BLACKHOLE}, a namespace per node"}
-    net = Net(len(NAMESPACES))
-    etcd = None
-    try:
-        net.up()
-        etcd, endpoint = start_etcd(ctx)
-        net.check(BRIDGE_IP, int(endpoint.rsplit(":", 1)[1]))
-        shared = {"etcd": endpoint, "tls": make_certs(ctx, [f"n{i}" for i in range(len(NAMESPACES))])}
+    with network(ctx, len(NAMESPACES)) as shared:
         res["baseline"] = baselines(ctx, shared, size, small_names)
         res["peer"] = peer_hits(ctx, shared, size, small_names)
         res["scale"] = scale(ctx, shared, set_files, set_size)
         res["one_of_four"] = one_of_four(ctx, shared, size)
         res["commands"] = shared.get("commands", {})
-    finally:
-        H.unmount_all()
-        if etcd is not None:
-            H.stop_proc(etcd)
-        net.down()
     res["targets"] = targets(res)
     return res
 
