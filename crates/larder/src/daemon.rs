@@ -247,23 +247,51 @@ fn spawn_free_teller(membership: Arc<Membership>, fs: std::sync::Weak<Fs>) {
 
 /// Send the core's invalidations to the kernel from a thread of their own: a notification may wait for a
 /// lock the kernel holds while it waits for the very request that caused it.
+///
+/// A barrier (for an open in a cluster, which must not reply before the kernel dropped what another node's
+/// change made stale) waits until the invalidations sent before it reached the kernel, at most
+/// [`BARRIER_WAIT`].
 fn forward_invalidations(fs: &Arc<Fs>, notifier: fuser::Notifier) {
-    let (tx, rx) = std::sync::mpsc::channel::<larder_fs::Invalidation>();
+    enum Sent {
+        Drop(larder_fs::Invalidation),
+        Barrier(std::sync::mpsc::SyncSender<()>),
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<Sent>();
     let spawned = std::thread::Builder::new().name("larder-inval".into()).spawn(move || {
-        for what in rx {
+        for sent in rx {
             // The kernel may not have the entry or inode cached (ENOENT): nothing to drop, then.
-            let _ = match &what {
-                larder_fs::Invalidation::Inode(ino) => notifier.inval_inode(fuser::INodeNo(*ino), 0, 0),
-                larder_fs::Invalidation::Entry(parent, name) => notifier.inval_entry(fuser::INodeNo(*parent), name),
+            let _ = match &sent {
+                Sent::Drop(larder_fs::Invalidation::Inode(ino)) => notifier.inval_inode(fuser::INodeNo(*ino), 0, 0),
+                Sent::Drop(larder_fs::Invalidation::Entry(parent, name)) => {
+                    notifier.inval_entry(fuser::INodeNo(*parent), name)
+                }
+                Sent::Barrier(done) => {
+                    let _ = done.try_send(());
+                    Ok(())
+                }
             };
         }
     });
     if spawned.is_ok() {
+        let barrier = std::sync::Mutex::new(tx.clone());
         fs.set_invalidator(Box::new(move |what| {
-            let _ = tx.send(what);
+            let _ = tx.send(Sent::Drop(what));
+        }));
+        fs.set_kernel_barrier(Box::new(move || {
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            let sent = barrier
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .send(Sent::Barrier(done));
+            if sent.is_ok() {
+                let _ = wait.recv_timeout(BARRIER_WAIT);
+            }
         }));
     }
 }
+
+/// Longest an open waits for the kernel to take in earlier invalidations.
+const BARRIER_WAIT: Duration = Duration::from_millis(100);
 
 /// This host's name as one word (for conflict copies' names): `_` for anything but letters, digits and
 /// `-`, and `localhost` when it cannot be had.

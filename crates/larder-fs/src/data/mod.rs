@@ -137,7 +137,16 @@ impl Fs {
             self.take_token_of(ino)?;
         }
         self.sync_cluster();
-        self.open_as_is(ino, flags)
+        let reply = self.open_as_is(ino, flags)?;
+        if self.coherence.get().is_some() {
+            // The kernel's cached size and pages of a version another node replaced go before the first
+            // read of this open.
+            self.kernel_barrier();
+        }
+        if flags & libc::O_APPEND != 0 {
+            self.handles.with(reply.fh, |h| h.append = true);
+        }
+        Ok(reply)
     }
 
     /// A read-only open as this node knows the file now (for a peer reading what this node holds).
@@ -252,6 +261,9 @@ impl Fs {
         match self.create_file(parent, name, mode, uid, gid) {
             Ok(entry) => {
                 let reply = self.open_handle(&read(&self.ns), entry.attr.ino)?;
+                if flags & libc::O_APPEND != 0 {
+                    self.handles.with(reply.fh, |h| h.append = true);
+                }
                 Ok((entry, reply))
             }
             Err(FsError::Home(HomeError::Exists)) if flags & libc::O_EXCL == 0 => {
@@ -456,6 +468,16 @@ impl Fs {
         // undo each other, and a push must see each write whole.
         self.make_room(data.len() as u64)?;
         let _w = lock(&write_lock);
+        // An append goes at the end as this node knows it: the kernel's cached size, which gave `offset`,
+        // may predate a change made at home or on another node. The kernel then learns the size anew.
+        let append = self.handles.with(fh, |h| h.append).unwrap_or(false);
+        let offset = match read(&self.ns).inode(ino)?.attr.as_ref().map(|a| a.size) {
+            Some(size) if append && size != offset => {
+                self.invalidate(crate::Invalidation::Inode(ino));
+                size
+            }
+            _ => offset,
+        };
         let end = offset + data.len() as u64;
         // One critical section takes the file's state and records the range as dirty: from then on the
         // object cannot change under this write (a new version is never taken while writes are pending),
@@ -680,6 +702,27 @@ mod push;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_append_goes_at_the_end_this_node_knows_whatever_offset_the_kernel_gave() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = crate::namespace::hit_tests::core(&tmp.path().join("home"), &tmp.path().join("cache"));
+        let dir = fs
+            .lookup(crate::namespace::ROOT, std::ffi::OsStr::new("dir"))
+            .unwrap()
+            .attr
+            .ino;
+        let ino = fs.lookup(dir, std::ffi::OsStr::new("f")).unwrap().attr.ino;
+        let fh = fs.open(ino, libc::O_WRONLY | libc::O_APPEND).unwrap().fh;
+        // The kernel's cached size says 0: the append still lands after the file's 10 KiB.
+        assert_eq!(fs.write(fh, 0, b"tail").unwrap(), 4);
+        fs.release(fh).unwrap();
+        let fh = fs.open(ino, libc::O_RDONLY).unwrap().fh;
+        let data = fs.read(fh, 0, 20 << 10).unwrap();
+        assert_eq!(data.len(), (10 << 10) + 4);
+        assert!(data[..10 << 10].iter().all(|&b| b == 7));
+        assert_eq!(&data[10 << 10..], b"tail");
+    }
 
     #[test]
     fn ranges_merge() {

@@ -28,6 +28,9 @@ pub(crate) struct Handle {
     pub ra_end: u64,
     /// The kernel reads this handle's object from its cache file directly: the store holds it.
     pub held: bool,
+    /// Opened with `O_APPEND`: every write goes at the end of the file as this node knows it, whatever
+    /// offset the kernel's cached size gave it.
+    pub append: bool,
 }
 
 impl Handle {
@@ -40,6 +43,7 @@ impl Handle {
             window: 0,
             ra_end: 0,
             held: false,
+            append: false,
         }
     }
 }

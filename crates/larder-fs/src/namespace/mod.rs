@@ -279,6 +279,7 @@ pub struct Fs {
     pub(crate) health: Arc<Health>,
     /// Where invalidations for the kernel go (the FUSE adapter's notifier); unset without a kernel.
     pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
+    pub(crate) kernel_barrier: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Writes across a cluster: publishing this node's changes, applying the others' (design note 016).
     pub(crate) coherence: std::sync::OnceLock<Arc<dyn crate::coherence::Coherence>>,
     /// When another node's change last dropped what this node cached: an answer asked for before then
@@ -685,6 +686,18 @@ impl Fs {
         if let Some(f) = self.invalidator.get() {
             f(what);
         }
+    }
+
+    /// Wait until the invalidations sent so far reached the kernel, if the daemon can tell (bounded).
+    pub(crate) fn kernel_barrier(&self) {
+        if let Some(f) = self.kernel_barrier.get() {
+            f();
+        }
+    }
+
+    /// How to wait until the invalidations sent so far reached the kernel: see [`Fs::kernel_barrier`].
+    pub fn set_kernel_barrier(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.kernel_barrier.set(f);
     }
 
     /// Send the kernel's invalidations to `f` (it must not block: it is called with locks held).

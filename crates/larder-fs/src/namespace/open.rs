@@ -117,6 +117,7 @@ impl Fs {
             health,
             invalidator: std::sync::OnceLock::new(),
             coherence: std::sync::OnceLock::new(),
+            kernel_barrier: std::sync::OnceLock::new(),
             invalidated: std::sync::Mutex::new(None),
         })
     }
