@@ -596,7 +596,7 @@ def report(r, ctx):
     lines += [f"In the cluster, A's passes ran with {H.fmt(H.get(hr, 'cluster_on', 'before_ops'))} held records "
               f"in etcd at their start and {H.fmt(H.get(hr, 'cluster_on', 'after_ops'))} at their end (every "
               "change stays held: nothing reaches home within the sync lag). An open with close-to-open reads "
-              "the records written since the last it applied, a range read over all of them. Node B, opening "
+              "whether it has the records written before it: one read of one key. Node B, opening "
               f"{PROBE_FILES} files it has cached, before and after A's passes:", "",
               md(["close-to-open", "when", "held records", "B's open, median ms", "p99 ms",
                   "open+read+close, median ms"], rows), ""]
