@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use memcache::{Client, ConnectionManager, Url};
@@ -17,7 +18,11 @@ const ITEM_OVERHEAD: usize = 512;
 const TTL_MAX: u64 = 30 * 24 * 3600;
 
 pub(crate) struct Memcache {
-    client: Client,
+    /// The pool of connections; made anew after a failure, so that no connection broken by it (a
+    /// restarted server) is handed out again.
+    client: RwLock<Arc<Client>>,
+    url: Url,
+    config: BankConfig,
     item_limit: usize,
 }
 
@@ -35,20 +40,37 @@ impl Memcache {
         let secs = config.timeout.as_secs_f64();
         let url = Url::parse(&format!("memcache://{server}?timeout={secs}&tcp_nodelay=true"))
             .map_err(|e| format!("{server:?} is not a memcached address: {e}"))?;
-        let pool = r2d2::Pool::builder()
-            .max_size(config.connections.max(1))
-            .min_idle(Some(0))
-            // The pool's check of a connection at each checkout is a `version` call: a round trip more
-            // per request. A broken connection fails its request instead, which is a miss.
-            .test_on_check_out(false)
-            .connection_timeout(config.timeout)
-            .build_unchecked(ConnectionManager::new(url));
-        let client = Client::with_pool(pool).map_err(|e| e.to_string())?;
         Ok(Memcache {
-            client,
+            client: RwLock::new(pool(&url, config)?),
+            url,
+            config: config.clone(),
             item_limit: DEFAULT_ITEM_MAX - ITEM_OVERHEAD,
         })
     }
+
+    /// Run `f` on the pool; after a failure, the next call gets a new pool.
+    fn with<T>(&self, f: impl FnOnce(&Client) -> Result<T, memcache::MemcacheError>) -> Result<T, String> {
+        let client = self.client.read().unwrap_or_else(|p| p.into_inner()).clone();
+        f(&client).map_err(|e| {
+            if let Ok(fresh) = pool(&self.url, &self.config) {
+                *self.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+            }
+            e.to_string()
+        })
+    }
+}
+
+/// A pool of connections to the server at `url`, none made yet.
+fn pool(url: &Url, config: &BankConfig) -> Result<Arc<Client>, String> {
+    let pool = r2d2::Pool::builder()
+        .max_size(config.connections.max(1))
+        .min_idle(Some(0))
+        .connection_timeout(config.timeout)
+        // The pool's check of a connection at each checkout is a `version` call: a round trip more per
+        // request. A broken connection fails its request instead (a miss), and the pool is made anew.
+        .test_on_check_out(false)
+        .build_unchecked(ConnectionManager::new(url.clone()));
+    Client::with_pool(pool).map(Arc::new).map_err(|e| e.to_string())
 }
 
 /// The server's `item_size_max`, from `stats settings` (which the client crate does not ask): one line of
@@ -83,12 +105,12 @@ fn item_size_max(server: &str, timeout: Duration) -> Result<usize, String> {
 
 impl Backend for Memcache {
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
-        self.client.get::<Vec<u8>>(key).map_err(|e| e.to_string())
+        self.with(|c| c.get::<Vec<u8>>(key))
     }
 
     fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, String> {
         let names: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let mut found = self.client.gets::<Vec<u8>>(&names).map_err(|e| e.to_string())?;
+        let mut found = self.with(|c| c.gets::<Vec<u8>>(&names))?;
         Ok(keys.iter().map(|k| found.remove(k)).collect())
     }
 
@@ -99,11 +121,11 @@ impl Backend for Memcache {
         } else {
             ttl.as_secs().clamp(1, TTL_MAX) as u32
         };
-        self.client.set(key, value, expiry).map_err(|e| e.to_string())
+        self.with(|c| c.set(key, value, expiry))
     }
 
     fn delete(&self, key: &str) -> Result<(), String> {
-        self.client.delete(key).map(drop).map_err(|e| e.to_string())
+        self.with(|c| c.delete(key).map(drop))
     }
 
     fn item_limit(&self) -> usize {
