@@ -495,6 +495,28 @@ def write_random(path, size):
             left -= len(chunk)
 
 
+def random_files(d, names, size):
+    """The files `names` in directory `d`, each of `size` random bytes, made where missing."""
+    for n in names:
+        p = os.path.join(d, n)
+        if not os.path.exists(p):
+            write_random(p, size)
+
+
+def empty_files(home, rels, label):
+    """The empty files `rels` (paths below `home`), made where missing with their directories; logged as
+    `label`'s."""
+    made = 0
+    for rel in rels:
+        path = os.path.join(home, rel)
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+            made += 1
+    if made:
+        log(f"{label}: created {made} empty files under {home}")
+
+
 def md_table(header, rows):
     """A Markdown table; numbers formatted by harness.fmt."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]

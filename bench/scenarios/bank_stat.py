@@ -42,16 +42,7 @@ def make_tree(ctx, n, dirs):
     """N empty files spread over `dirs` directories of the home (missing ones created); their paths."""
     per = -(-n // dirs)
     rels = [f"{SUB}/d{i // per:03d}/f{i:06d}" for i in range(n)]
-    made = 0
-    for i, rel in enumerate(rels):
-        path = os.path.join(ctx.home, rel)
-        if i % per == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        if not os.path.exists(path):
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-            made += 1
-    if made:
-        log(f"bank_stat: created {made} files under {ctx.subhome(SUB)}")
+    H.empty_files(ctx.home, rels, "bank_stat")
     return rels
 
 

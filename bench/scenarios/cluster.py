@@ -390,11 +390,7 @@ def make_data(ctx, size, small, set_size):
         H.write_random(big, size)
     sd = ctx.subhome(SMALL_DIR)
     names = [f"f{i:05d}" for i in range(small)]
-    for n in names:
-        p = os.path.join(sd, n)
-        if not os.path.exists(p):
-            with open(p, "wb") as f:
-                f.write(os.urandom(SMALL_SIZE))
+    H.random_files(sd, names, SMALL_SIZE)
     setd = ctx.subhome(SET_DIR)
     part = set_size // SET_FILES
     files = []

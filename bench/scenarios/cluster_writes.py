@@ -127,13 +127,8 @@ def make_data(ctx, files):
     """At home: the files read for the cached-read figures, and the probe's."""
     out = []
     for rel, prefix, count in ((HOME_SET, "h", files), (PROBE_SET, "p", PROBE_FILES)):
-        d = ctx.subhome(rel)
         names = [f"{prefix}{i:05d}" for i in range(count)]
-        for n in names:
-            p = os.path.join(d, n)
-            if not os.path.exists(p):
-                with open(p, "wb") as f:
-                    f.write(os.urandom(SIZE))
+        H.random_files(ctx.subhome(rel), names, SIZE)
         out.append(names)
     return out
 

@@ -42,16 +42,7 @@ def add_args(ap):
 def make_tree(ctx, n):
     """N empty files in directories of PER_DIR under the home (missing ones created); their paths."""
     rels = [f"{SUB}/d{i // PER_DIR:04d}/f{i:06d}" for i in range(n)]
-    made = 0
-    for i, rel in enumerate(rels):
-        path = os.path.join(ctx.home, rel)
-        if i % PER_DIR == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        if not os.path.exists(path):
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-            made += 1
-    if made:
-        log(f"stat_storm: created {made} files under {ctx.subhome(SUB)}")
+    H.empty_files(ctx.home, rels, "stat_storm")
     return rels
 
 
