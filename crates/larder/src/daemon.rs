@@ -273,17 +273,13 @@ fn forward_invalidations(fs: &Arc<Fs>, notifier: fuser::Notifier) {
         }
     });
     if spawned.is_ok() {
-        let barrier = std::sync::Mutex::new(tx.clone());
+        let barrier = tx.clone();
         fs.set_invalidator(Box::new(move |what| {
             let _ = tx.send(Sent::Drop(what));
         }));
         fs.set_kernel_barrier(Box::new(move || {
             let (done, wait) = std::sync::mpsc::sync_channel(1);
-            let sent = barrier
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(Sent::Barrier(done));
-            if sent.is_ok() {
+            if barrier.send(Sent::Barrier(done)).is_ok() {
                 let _ = wait.recv_timeout(BARRIER_WAIT);
             }
         }));

@@ -456,13 +456,10 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        // In a cluster, the write token may have gone to another node since the open: take it back.
-        if self.coherence.get().is_some() {
-            let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
-            self.take_token_of(ino)?;
-        }
-        let bs = self.core.store.block_size();
         let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+        // In a cluster, the write token may have gone to another node since the open: take it back.
+        self.take_token_of(ino)?;
+        let bs = self.core.store.block_size();
         let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
         // One write of a file at a time: two writers completing the same partial block from home must not
         // undo each other, and a push must see each write whole.
