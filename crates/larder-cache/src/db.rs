@@ -3,14 +3,24 @@
 //!
 //! Writes are submitted as [`Mutation`]s and applied in order by one committer thread, which batches
 //! everything that arrived while the previous commit was being made durable (group commit). [`Db::sync`]
-//! waits until everything submitted before it is durable.
+//! waits until everything submitted before it is durable against power loss; [`Db::settle`] until it is
+//! as durable as the index's [`Durability`] promises a change to be when its call returns.
+//!
+//! With [`Durability::Process`], [`Db::submit`] first writes the mutations to the index's log (`wal`),
+//! which survives the daemon being killed; the committer applies them without fsyncing and makes the
+//! index durable (and empties the log) at most [`Db::GROUP_COMMIT`] later, or at the next `sync`.
 
 use std::path::Path;
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+pub use crate::wal::Durability;
+use crate::wal::Wal;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::store::{CacheError, CacheResult};
 
@@ -66,12 +76,27 @@ enum Msg {
     Sync(SyncSender<Result<(), String>>),
 }
 
+/// What submitters and the committer share: the way to the committer and the log, under one lock so
+/// that the log's order is the order the committer applies.
+struct Inlet {
+    sender: Sender<Msg>,
+    wal: Option<Wal>,
+}
+
+struct Shared {
+    /// `None` once closed.
+    inlet: Mutex<Option<Inlet>>,
+    /// A write to the log failed: until the next durable commit, [`Db::settle`] waits for one.
+    wal_failed: AtomicBool,
+}
+
 /// The index database and its committer.
 pub struct Db {
     /// `None` once closed.
     db: Mutex<Option<Arc<Database>>>,
-    sender: Mutex<Option<Sender<Msg>>>,
+    shared: Arc<Shared>,
     committer: Mutex<Option<JoinHandle<()>>>,
+    durability: Durability,
 }
 
 fn idx_err(e: impl std::fmt::Display) -> CacheError {
@@ -79,8 +104,18 @@ fn idx_err(e: impl std::fmt::Display) -> CacheError {
 }
 
 impl Db {
-    /// Open (or create, owner-only) the index at `path` and start its committer.
+    /// Longest a change logged with [`Durability::Process`] waits to be made durable against power loss.
+    pub const GROUP_COMMIT: Duration = Duration::from_millis(500);
+
+    /// Open (or create, owner-only) the index at `path`, every change durable against power loss when
+    /// [`Db::settle`] returns ([`Durability::Power`]).
     pub fn open(path: &Path) -> CacheResult<Arc<Db>> {
+        Db::open_with(path, Durability::Power)
+    }
+
+    /// Open (or create, owner-only) the index at `path` with `durability`, replay what its log holds, and
+    /// start its committer.
+    pub fn open_with(path: &Path, durability: Durability) -> CacheResult<Arc<Db>> {
         let file = crate::private::options()
             .read(true)
             .write(true)
@@ -119,39 +154,92 @@ impl Db {
             }
             tx.commit().map_err(idx_err)?;
         }
+        // Whatever mode it last ran in, what the log holds goes into the index first.
+        let (logged, files, generation) = crate::wal::recover(path).map_err(CacheError::Io)?;
+        if !logged.is_empty() {
+            let n = logged.len();
+            apply(&db, &logged, Durability::Power).map_err(idx_err)?;
+            tracing::info!(
+                changes = n,
+                "applied the changes the index's log held since its last commit"
+            );
+        }
+        let wal = match durability {
+            Durability::Process => Some(Wal::start(files, generation).map_err(CacheError::Io)?),
+            Durability::Power => {
+                for f in &files {
+                    f.set_len(0).map_err(CacheError::Io)?;
+                }
+                None
+            }
+        };
         let db = Arc::new(db);
         let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            inlet: Mutex::new(Some(Inlet { sender: tx, wal })),
+            wal_failed: AtomicBool::new(false),
+        });
         let worker_db = db.clone();
+        let worker_shared = shared.clone();
         let committer = std::thread::Builder::new()
             .name("larder-index".into())
-            .spawn(move || committer(worker_db, rx))
+            .spawn(move || committer(worker_db, worker_shared, rx, durability))
             .map_err(CacheError::Io)?;
         Ok(Arc::new(Db {
             db: Mutex::new(Some(db)),
-            sender: Mutex::new(Some(tx)),
+            shared,
             committer: Mutex::new(Some(committer)),
+            durability,
         }))
     }
 
-    /// Queue changes; they become durable in order, soon.
+    /// How durable a change is once [`Db::settle`] returns.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Queue changes; they reach the index in order. With [`Durability::Process`] they are in the log (the
+    /// operating system has them) when this returns.
     pub fn submit(&self, mutations: Vec<Mutation>) {
         if mutations.is_empty() {
             return;
         }
-        if let Some(s) = self.sender.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            let _ = s.send(Msg::Apply(mutations));
+        let mut guard = self.shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(inlet) = guard.as_mut() {
+            if let Some(wal) = inlet.wal.as_mut()
+                && let Err(e) = wal.append(&mutations)
+                && !self.shared.wal_failed.swap(true, Ordering::SeqCst)
+            {
+                tracing::warn!(error = %e, "writing the index's log failed; changes wait for the index's commit until it works again");
+            }
+            let _ = inlet.sender.send(Msg::Apply(mutations));
         }
     }
 
-    /// Wait until everything submitted so far is durable.
+    /// Wait until everything submitted so far is as durable as the index promises a change to be: in the
+    /// log ([`Durability::Process`], nothing to wait for unless a log write failed), or committed and
+    /// fsynced ([`Durability::Power`]).
+    pub fn settle(&self) -> CacheResult<()> {
+        if self.durability == Durability::Process && !self.shared.wal_failed.load(Ordering::SeqCst) {
+            if self.shared.inlet.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+                return Err(CacheError::Index("index is closed".into()));
+            }
+            return Ok(());
+        }
+        self.sync()
+    }
+
+    /// Wait until everything submitted so far is durable against power loss.
     pub fn sync(&self) -> CacheResult<()> {
         let (tx, rx) = mpsc::sync_channel(1);
         {
-            let guard = self.sender.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(s) = guard.as_ref() else {
+            let guard = self.shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(inlet) = guard.as_ref() else {
                 return Err(CacheError::Index("index is closed".into()));
             };
-            s.send(Msg::Sync(tx))
+            inlet
+                .sender
+                .send(Msg::Sync(tx))
                 .map_err(|_| CacheError::Index("index committer stopped".into()))?;
         }
         rx.recv()
@@ -161,13 +249,26 @@ impl Db {
 
     /// Make everything durable and stop the committer.
     pub fn close(&self) -> CacheResult<()> {
-        if self.sender.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        if self.shared.inlet.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
             return Ok(());
         }
         let result = self.sync();
-        self.sender.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Dropping the sender ends the committer once it has applied what is queued.
+        let wal = self
+            .shared
+            .inlet
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .and_then(|i| i.wal);
         if let Some(handle) = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = handle.join();
+        }
+        // Everything is in the index, durably: the log has nothing left to give.
+        if result.is_ok()
+            && let Some(mut wal) = wal
+        {
+            let _ = wal.clear();
         }
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
         result
@@ -270,9 +371,13 @@ impl Drop for Db {
     }
 }
 
-fn apply(db: &Database, batch: &[Mutation]) -> Result<(), redb::Error> {
+fn apply(db: &Database, batch: &[Mutation], durability: Durability) -> Result<(), redb::Error> {
     let mut tx = db.begin_write()?;
-    tx.set_durability(Durability::Immediate)
+    let level = match durability {
+        Durability::Power => redb::Durability::Immediate,
+        Durability::Process => redb::Durability::None,
+    };
+    tx.set_durability(level)
         .map_err(|e| redb::Error::from(redb::StorageError::Corrupted(e.to_string())))?;
     {
         let mut meta = tx.open_table(META)?;
@@ -337,11 +442,26 @@ fn apply(db: &Database, batch: &[Mutation]) -> Result<(), redb::Error> {
     Ok(())
 }
 
-fn committer(db: Arc<Database>, rx: Receiver<Msg>) {
+fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durability: Durability) {
     let mut batch = Vec::new();
     let mut waiters = Vec::new();
-    while let Ok(first) = rx.recv() {
-        let mut next = Some(first);
+    // Applied without an fsync since the last durable commit (the log holds them), and since when.
+    let mut undurable: Option<Instant> = None;
+    loop {
+        let first = match undurable {
+            None => match rx.recv() {
+                Ok(m) => Some(m),
+                Err(_) => break,
+            },
+            Some(since) => {
+                match rx.recv_timeout((since + Db::GROUP_COMMIT).saturating_duration_since(Instant::now())) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+        };
+        let mut next = first;
         while let Some(msg) = next.take() {
             match msg {
                 Msg::Apply(m) => batch.extend(m),
@@ -351,10 +471,61 @@ fn committer(db: Arc<Database>, rx: Receiver<Msg>) {
                 next = rx.try_recv().ok();
             }
         }
-        let result = if batch.is_empty() {
-            Ok(())
+        let due = undurable.is_some_and(|since| since.elapsed() >= Db::GROUP_COMMIT);
+        let result = if durability == Durability::Power {
+            if batch.is_empty() {
+                Ok(())
+            } else {
+                apply(&db, &batch, Durability::Power).map_err(|e| e.to_string())
+            }
+        } else if waiters.is_empty() && !due {
+            // Logged already: applied now, made durable by a later group commit.
+            let r = if batch.is_empty() {
+                Ok(())
+            } else {
+                apply(&db, &batch, Durability::Process).map_err(|e| e.to_string())
+            };
+            if !batch.is_empty() {
+                undurable.get_or_insert_with(Instant::now);
+            }
+            r
         } else {
-            apply(&db, &batch).map_err(|e| e.to_string())
+            // A group commit: what the log holds so far goes in durably; the log goes on in its other file
+            // and the one it leaves is emptied once the commit is durable.
+            let left = {
+                let mut guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
+                while let Ok(msg) = rx.try_recv() {
+                    match msg {
+                        Msg::Apply(m) => batch.extend(m),
+                        Msg::Sync(w) => waiters.push(w),
+                    }
+                }
+                guard
+                    .as_mut()
+                    .and_then(|i| i.wal.as_mut())
+                    .map(|w| w.rotate().map_err(|e| e.to_string()))
+            };
+            let r = apply(&db, &batch, Durability::Power).map_err(|e| e.to_string());
+            if r.is_ok() {
+                undurable = None;
+                shared.wal_failed.store(false, Ordering::SeqCst);
+                match left {
+                    Some(Ok(which)) => {
+                        let guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(wal) = guard.as_ref().and_then(|i| i.wal.as_ref())
+                            && let Err(e) = wal.forget(which)
+                        {
+                            tracing::warn!(error = %e, "emptying the index's log failed");
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "starting the index's log anew failed");
+                        shared.wal_failed.store(true, Ordering::SeqCst);
+                    }
+                    None => {}
+                }
+            }
+            r
         };
         if let Err(e) = &result {
             tracing::error!(error = %e, mutations = batch.len(), "cache index commit failed");
@@ -363,5 +534,93 @@ fn committer(db: Arc<Database>, rx: Receiver<Msg>) {
         for w in waiters.drain(..) {
             let _ = w.send(result.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHILD: &str = "LARDER_DB_KILLED_CHILD";
+
+    /// Run in a child process: log changes at `durability`, then die by SIGKILL before any group commit.
+    fn child(dir: &Path, durability: Durability) -> ! {
+        let db = Db::open_with(&dir.join("index.redb"), durability).unwrap();
+        for ino in 0..1000u64 {
+            db.submit(vec![Mutation::PutInode(ino, ino.to_le_bytes().to_vec())]);
+            db.settle().unwrap();
+        }
+        // SAFETY: kill(2) of this very process; nothing runs after it.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!("SIGKILL returned")
+    }
+
+    fn killed_child_keeps_everything_settled(test: &str, durability: Durability) {
+        if let Ok(dir) = std::env::var(CHILD) {
+            child(Path::new(&dir), durability);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            .env(CHILD, dir.path())
+            .status()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "the child did not die by SIGKILL: {status:?}"
+        );
+        let db = Db::open(&dir.path().join("index.redb")).unwrap();
+        for ino in 0..1000u64 {
+            assert_eq!(
+                db.inode(ino).unwrap(),
+                Some(ino.to_le_bytes().to_vec()),
+                "inode {ino} was settled before the kill and is gone"
+            );
+        }
+        // Replayed once, the log is empty: a second open finds the same.
+        db.close().unwrap();
+        assert!(
+            crate::wal::recover(&dir.path().join("index.redb"))
+                .unwrap()
+                .0
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn changes_settled_at_process_durability_survive_a_kill_before_the_group_commit() {
+        killed_child_keeps_everything_settled(
+            "db::tests::changes_settled_at_process_durability_survive_a_kill_before_the_group_commit",
+            Durability::Process,
+        );
+    }
+
+    #[test]
+    fn changes_settled_at_power_durability_survive_a_kill() {
+        killed_child_keeps_everything_settled(
+            "db::tests::changes_settled_at_power_durability_survive_a_kill",
+            Durability::Power,
+        );
+    }
+
+    #[test]
+    fn a_sync_at_process_durability_commits_and_empties_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.redb");
+        let db = Db::open_with(&path, Durability::Process).unwrap();
+        db.submit(vec![Mutation::PutInode(1, b"a".to_vec())]);
+        let logged = |i: usize| std::fs::metadata(&crate::wal::paths(&path)[i]).unwrap().len();
+        assert!(logged(0) > 16, "the change is not in the log");
+        db.sync().unwrap();
+        // The log went on in its other file; the first was emptied once the commit was durable.
+        assert_eq!(logged(0), 0);
+        assert_eq!(db.inode(1).unwrap(), Some(b"a".to_vec()));
+        // Left alone, the group commit does the same within GROUP_COMMIT.
+        db.submit(vec![Mutation::PutInode(2, b"b".to_vec())]);
+        assert!(logged(1) > 16);
+        std::thread::sleep(Db::GROUP_COMMIT * 3);
+        assert_eq!(logged(1), 0, "no group commit came");
     }
 }

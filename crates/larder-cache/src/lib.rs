@@ -18,8 +18,9 @@ mod policy;
 pub mod private;
 mod s3fifo;
 mod store;
+mod wal;
 
-pub use db::{Db, Mutation};
+pub use db::{Db, Durability, Mutation};
 pub use flight::SingleFlight;
 pub use lru::Lru;
 pub use policy::{Eviction, Policy};

@@ -96,8 +96,9 @@ impl Fs {
         db.submit(muts);
         self.pipeline.notify();
         // Write-through syncs nothing here: it is acknowledged once home has the change (`Fs::land`).
+        // Otherwise the change is as durable as the index promises (logged, or fsynced) before it returns.
         if !through {
-            db.sync()?;
+            db.settle()?;
         }
         if let Some(ops) = published {
             self.publish_ops(&ops);
@@ -618,9 +619,11 @@ impl Fs {
         Ok(entry)
     }
 
-    /// Queue the written data of `ino` for home (fsync and close): durable in the cache first (write-back,
-    /// local), pushed before it returns (write-through).
-    pub(crate) fn commit_data(&self, ino: u64) -> FsResult<()> {
+    /// Queue the written data of `ino` for home (fsync and close): in the cache first (write-back, local),
+    /// pushed before it returns (write-through). In the cache, the data is written to the operating system
+    /// and indexed as the index's durability promises; with `durable` (fsync), or with power durability,
+    /// the cache file is fsynced too.
+    pub(crate) fn commit_data(&self, ino: u64, durable: bool) -> FsResult<()> {
         let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
         let _w = lock(&write_lock);
         let (object, blocks, size) = {
@@ -637,11 +640,13 @@ impl Fs {
             // Acknowledged from the cache: indexed and durable there first. (Write-through acknowledges
             // from home; its push indexes the blocks as clean.)
             self.core.store.commit(object, blocks, size)?;
-            self.core
-                .store
-                .file(object)?
-                .sync_data()
-                .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+            if durable || self.core.store.db().durability() == larder_cache::Durability::Power {
+                self.core
+                    .store
+                    .file(object)?
+                    .sync_data()
+                    .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+            }
         }
         let ns = write(&self.ns);
         let path = path_bytes(&ns.path_of(ino)?);
@@ -671,7 +676,7 @@ impl Fs {
             .map(|(i, _)| *i)
             .collect();
         for ino in dirty {
-            self.commit_data(ino)?;
+            self.commit_data(ino, false)?;
         }
         let _hurry = self.pipeline.hurry();
         let deadline = Instant::now() + ROOM_WAIT;

@@ -190,6 +190,25 @@ impl From<WriteModeArg> for larder_fs::WriteMode {
     }
 }
 
+/// `--durability`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// A change survives the daemon being killed when its call returns (it is written to the operating
+    /// system); fsync, and a group commit every half second, make it durable against power loss.
+    Process,
+    /// Every change is fsynced in the cache before its call returns.
+    Power,
+}
+
+impl From<DurabilityArg> for larder_cache::Durability {
+    fn from(d: DurabilityArg) -> Self {
+        match d {
+            DurabilityArg::Process => larder_cache::Durability::Process,
+            DurabilityArg::Power => larder_cache::Durability::Power,
+        }
+    }
+}
+
 /// `--conflict-policy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ConflictPolicyArg {
@@ -363,6 +382,9 @@ pub struct MountArgs {
     /// How long a change waits in the cache before it is pushed to home (write-back).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub sync_lag: Duration,
+    /// How durable a change made in the cache is when its call returns (write-back, local)
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Process)]
+    pub durability: DurabilityArg,
     /// Threads pushing independent changes to home in parallel (write-back).
     #[arg(long, default_value_t = 8)]
     pub flush_threads: usize,
@@ -498,6 +520,9 @@ mod tests {
         }
         for e in EvictionArg::value_variants() {
             assert_eq!(name(e), larder_cache::Eviction::from(*e).as_str());
+        }
+        for d in DurabilityArg::value_variants() {
+            assert_eq!(name(d), larder_cache::Durability::from(*d).name());
         }
     }
 

@@ -410,7 +410,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let p = preflight::check(args)?;
     let _lock = lock_cache_dir(&p.cache_dir)?;
     make_cache_dir_private(&p.cache_dir)?;
-    let db = Db::open(&p.cache_dir.join("index.redb"))
+    let db = Db::open_with(&p.cache_dir.join("index.redb"), args.durability.into())
         .map_err(|e| anyhow!("cache index in {}: {e}", p.cache_dir.display()))?;
     let store_cfg = StoreConfig {
         dir: p.cache_dir.join("objects"),
@@ -564,7 +564,22 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
             .as_ref()
             .map(|c| (args.cluster_name.clone(), c.membership.clone())),
         peer_client: cluster.as_ref().map(|c| c.client.clone()),
+        meta_samples: Default::default(),
     });
+    {
+        // The rates `larder status` shows come from a sample a second.
+        let source = Arc::downgrade(&source);
+        std::thread::Builder::new()
+            .name("larder-rates".into())
+            .spawn(move || {
+                while let Some(s) = source.upgrade() {
+                    s.sample();
+                    drop(s);
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+            .context("starting the status sampler")?;
+    }
     let socket = mounts::socket_path(&p.mountpoint);
     control::serve(&socket, source.clone())?;
     if let Some(addr) = args.metrics_addr {

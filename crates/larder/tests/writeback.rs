@@ -1016,9 +1016,9 @@ impl Workload {
     }
 }
 
-/// Run `mix` on a write-back mount, SIGKILL the daemon between calls at random points (20-25 times) and
-/// mount again; then drain and compare home with the model of every call that returned.
-fn kill_9_workload(name: &'static str, seed: u64, mix: Mix) {
+/// Run `mix` on a write-back mount with `durability`, SIGKILL the daemon between calls at random points
+/// (20-25 times) and mount again; then drain and compare home with the model of every call that returned.
+fn kill_9_workload(name: &'static str, seed: u64, mix: Mix, durability: &'static str) {
     let t = TestDir::new(name);
     let dog = Watchdog::new(Duration::from_secs(240), name);
     let mut rng = Rng::new(seed);
@@ -1054,6 +1054,8 @@ fn kill_9_workload(name: &'static str, seed: u64, mix: Mix) {
             "4",
             "--validity-lag",
             "15s",
+            "--durability",
+            durability,
         ]
     };
     let mut m = wb_mount(&t, &args(0));
@@ -1149,7 +1151,19 @@ fn kill_9_at_random_points_loses_nothing_acknowledged() {
         truncates: true,
         list_before_rmdir: false,
     };
-    kill_9_workload("wb-kill9", 303, mix);
+    kill_9_workload("wb-kill9", 303, mix, "process");
+}
+
+/// The same workload with every change fsynced before it returns.
+#[test]
+fn kill_9_at_random_points_at_power_durability_loses_nothing_acknowledged() {
+    let mix = Mix {
+        renames: true,
+        symlinks: true,
+        truncates: true,
+        list_before_rmdir: false,
+    };
+    kill_9_workload("wb-kill9-power", 323, mix, "power");
 }
 
 /// The same without the calls that hit the bugs above: no renames, no symlinks, no truncation inside a
@@ -1163,7 +1177,7 @@ fn kill_9_at_random_points_without_renames_loses_nothing_acknowledged() {
         truncates: false,
         list_before_rmdir: true,
     };
-    kill_9_workload("wb-kill9-norename", 313, mix);
+    kill_9_workload("wb-kill9-norename", 313, mix, "process");
 }
 
 // 4 ------------------------------------------------------------------------------------------------------

@@ -366,7 +366,7 @@ impl Fs {
         if let Some(ino) = ino {
             let dirty = read(&self.ns).inodes.get(&ino).is_some_and(|n| !n.dirty.is_empty());
             if dirty {
-                self.commit_data(ino).map_err(|e| e.to_string())?;
+                self.commit_data(ino, false).map_err(|e| e.to_string())?;
             }
         }
         match self.drain(drain_within) {

@@ -633,12 +633,23 @@ impl Fs {
     /// or durable in the cache and queued (write-back).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
-        self.commit_data(ino)
+        self.commit_data(ino, false)
     }
 
-    /// Make the file behind `fh` durable at home.
+    /// Make the file behind `fh` durable against power loss: its data and every change made so far
+    /// (write-back: in the cache; write-through: at home).
     pub fn fsync(&self, fh: u64) -> FsResult<()> {
-        self.flush(fh)
+        let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+        self.commit_data(ino, true)?;
+        self.sync_changes()
+    }
+
+    /// Make every change made so far durable against power loss (`fsync` of a directory, `syncfs`).
+    pub fn sync_changes(&self) -> FsResult<()> {
+        if self.read_only() {
+            return Ok(());
+        }
+        self.core.store.db().sync().map_err(FsError::from)
     }
 
     /// Close a handle: push what is pending, and drop an unlinked file's data once nothing uses it.
@@ -650,7 +661,7 @@ impl Fs {
             self.core.store.unhold(h.object);
         }
         let result = if h.entries.is_none() {
-            self.commit_data(h.ino)
+            self.commit_data(h.ino, false)
         } else {
             Ok(())
         };
