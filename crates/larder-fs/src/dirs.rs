@@ -52,7 +52,7 @@ impl Fs {
                 return self.snapshot(&ns, ino);
             }
         }
-        let (path, listed) = {
+        let (path, version) = {
             let mut ns = write(&self.ns);
             let node = ns.inode(ino)?;
             if node.kind != FileKind::Dir {
@@ -61,9 +61,12 @@ impl Fs {
             if self.fresh(node.listed.as_ref().map(|l| l.0)) {
                 return self.snapshot(&ns, ino);
             }
-            let listed = node.listed.as_ref().map(|l| l.1.clone());
+            let version = node
+                .attr
+                .as_ref()
+                .map_or_else(|| larder_home::Version(String::new()), |a| a.version.clone());
             match ns.home_path(ino)? {
-                Some(p) => (p, listed),
+                Some(p) => (p, version),
                 None => {
                     // Not at home yet: the cache holds all of it.
                     self.load_pinned(&mut ns, ino)?;
@@ -73,8 +76,17 @@ impl Fs {
         };
         let _watch = Watch::new(self, ino);
         let asked = Instant::now();
-        let dir_attr = match self.core.home.stat(&path) {
-            Ok(a) => a,
+        // One call: listed even when the directory's version is unchanged, since the listing carries its
+        // entries' attributes and revalidates them all (a file written in place leaves its directory's
+        // version alone). The directory's own attributes come from its parent's listing, or a stat.
+        // Names with changes queued before home lists and after: an op that lands meanwhile is in the
+        // first set if home's answer predates it, so either way its entry is the cache's.
+        let mut pinned = self.pipeline.journal().pinned_in(ino);
+        self.meta_counters
+            .listings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let listed = match self.core.home.list(&path) {
+            Ok(l) => l,
             Err(HomeError::NotFound) => {
                 let mut ns = write(&self.ns);
                 let node = ns.inode(ino)?;
@@ -107,22 +119,6 @@ impl Fs {
             Err(e) if unreachable(&e) => return self.offline_listing(ino, e),
             Err(e) => return Err(e.into()),
         };
-        if listed.as_ref() == Some(&dir_attr.version) {
-            // Unchanged at home since the last full listing.
-            let mut ns = write(&self.ns);
-            self.update_attr(&mut ns, ino, dir_attr.clone(), asked);
-            ns.inode_mut(ino)?.listed = self.fresh_from(asked, Instant::now()).map(|t| (t, dir_attr.version));
-            self.load_pinned(&mut ns, ino)?;
-            return self.snapshot(&ns, ino);
-        }
-        // Names with changes queued before home lists and after: an op that lands meanwhile is in the
-        // first set if home's answer predates it, so either way its entry is the cache's.
-        let mut pinned = self.pipeline.journal().pinned_in(ino);
-        let listed = match self.core.home.list(&path) {
-            Ok(l) => l,
-            Err(e) if unreachable(&e) => return self.offline_listing(ino, e),
-            Err(e) => return Err(e.into()),
-        };
         let mut ns = write(&self.ns);
         {
             let j = self.pipeline.journal();
@@ -148,8 +144,6 @@ impl Fs {
         }
         // (A superset of what load_pinned would take from the journal now.)
         self.load_names(&mut ns, ino, pinned)?;
-        let version = dir_attr.version.clone();
-        self.update_attr(&mut ns, ino, dir_attr, asked);
         let listed = self.fresh_from(asked, Instant::now()).map(|t| (t, version));
         let node = ns.inode_mut(ino)?;
         node.listed = listed;

@@ -92,6 +92,17 @@ impl Drop for Hurry<'_> {
     }
 }
 
+/// Why the namespace asked home: one name looked up, a directory listed, a known object's attributes
+/// revalidated one by one, and names listed to answer a lookup (of the listings).
+#[derive(Default)]
+pub(crate) struct MetaCounters {
+    pub lookups: AtomicU64,
+    pub listings: AtomicU64,
+    pub revalidations: AtomicU64,
+    pub listings_for_lookups: AtomicU64,
+    pub listings_for_revalidation: AtomicU64,
+}
+
 /// Reads served, for the efficiency figures.
 #[derive(Default)]
 pub(crate) struct ReadCounters {

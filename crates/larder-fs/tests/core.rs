@@ -124,7 +124,80 @@ fn read_file(fs: &Fs, ino: u64) -> Vec<u8> {
 }
 
 #[test]
-fn listing_makes_placeholders_without_a_stat_per_child() {
+fn a_miss_in_a_directory_nobody_listed_lists_it_once_and_creates_there_ask_home_nothing_first() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    for i in 0..30 {
+        std::fs::write(s.home(&format!("d/old{i}")), b"x").unwrap();
+    }
+    let (fs, c) = s.fs_configured(
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            // Nothing pushed while the test counts home calls.
+            sync_lag: Duration::from_secs(3600),
+            ..FsConfig::default()
+        },
+    );
+    let d = resolve(&fs, "d").unwrap();
+    let before = (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat));
+    // The kernel looks each name up before it creates it: the first miss lists the directory, and the
+    // rest of the misses, the creates and the lookups of the old names are answered from that listing.
+    for i in 0..100 {
+        let name = format!("new{i}");
+        assert!(matches!(fs.lookup(d, OsStr::new(&name)), Err(FsError::NotFound)));
+        let (_, r) = fs.create(d, OsStr::new(&name), 0o644, libc::O_WRONLY, 0, 0).unwrap();
+        fs.release(r.fh).unwrap();
+    }
+    for i in 0..30 {
+        assert_eq!(fs.lookup(d, OsStr::new(&format!("old{i}"))).unwrap().attr.size, 1);
+    }
+    assert_eq!(
+        (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat)),
+        (before.0 + 1, before.1),
+        "one listing of the directory, no stat"
+    );
+}
+
+#[test]
+fn past_the_lag_one_listing_revalidates_a_directory_and_finds_what_changed() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    for i in 0..20 {
+        std::fs::write(s.home(&format!("d/f{i}")), b"v1").unwrap();
+    }
+    let lag = Duration::from_millis(400);
+    let (fs, c) = s.fs(lag);
+    let d = resolve(&fs, "d").unwrap();
+    let inos: Vec<u64> = (0..20)
+        .map(|i| fs.lookup(d, OsStr::new(&format!("f{i}"))).unwrap().attr.ino)
+        .collect();
+    for &ino in &inos {
+        assert_eq!(read_file(&fs, ino), b"v1");
+    }
+    std::thread::sleep(lag + Duration::from_millis(100));
+    std::fs::write(s.home("d/f3"), b"v2, longer").unwrap();
+    let before = (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat));
+    // Past the lag every file is stale: the first revalidation lists the directory, which revalidates
+    // the rest; opening each then asks home nothing more.
+    for &ino in &inos {
+        let _ = fs.getattr(ino).unwrap();
+        let r = fs.open(ino, libc::O_RDONLY).unwrap();
+        fs.release(r.fh).unwrap();
+    }
+    assert_eq!(
+        (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat)),
+        (before.0 + 1, before.1),
+        "one listing and no stat revalidated the directory"
+    );
+    assert_eq!(fs.getattr(inos[3]).unwrap().attr.size, 10);
+    assert_eq!(read_file(&fs, inos[3]), b"v2, longer");
+    assert_eq!(read_file(&fs, inos[4]), b"v1");
+}
+
+#[test]
+fn one_listing_gives_every_child_its_attributes_and_answers_every_lookup() {
     let s = Setup::new();
     std::fs::create_dir(s.home("d")).unwrap();
     for i in 0..50 {
@@ -133,26 +206,25 @@ fn listing_makes_placeholders_without_a_stat_per_child() {
     let (fs, c) = s.fs(Duration::from_secs(3600));
     let d = resolve(&fs, "d").unwrap();
     let stats_before = c.ops_of(OpKind::Stat);
+    let lists_before = c.ops_of(OpKind::List);
     let fh = fs.opendir(d).unwrap();
     let items = fs.readdir(fh, 0).unwrap();
     assert_eq!(items.len(), 52, ". and .. and 50 children");
     assert!(items.iter().skip(2).all(|(_, e)| e.kind == FileKind::File));
-    assert_eq!(c.ops_of(OpKind::List), 1);
+    assert_eq!(c.ops_of(OpKind::List) - lists_before, 1);
     assert_eq!(
         c.ops_of(OpKind::Stat) - stats_before,
-        1,
-        "one stat of the directory, none per child"
+        0,
+        "the directory's attributes came with its parent's listing; the children's with its own"
     );
-    // A lookup of a listed child fills its attributes with one stat; a missing name needs none.
-    let e = fs.lookup(d, OsStr::new("f7")).unwrap();
-    assert_eq!(e.attr.size, 1);
-    let stats = c.ops_of(OpKind::Stat);
+    // Every child's lookup, and a missing name's, is answered from the listing.
+    let ops = c.ops();
+    for i in 0..50 {
+        let e = fs.lookup(d, OsStr::new(&format!("f{i}"))).unwrap();
+        assert_eq!(e.attr.size, 1);
+    }
     assert!(matches!(fs.lookup(d, OsStr::new("nope")), Err(FsError::NotFound)));
-    assert_eq!(
-        c.ops_of(OpKind::Stat),
-        stats,
-        "negative answered from the fresh listing"
-    );
+    assert_eq!(c.ops(), ops, "lookups after the listing asked home");
     // Listing again within the lag asks home nothing.
     let ops = c.ops();
     fs.releasedir(fh);
@@ -671,12 +743,14 @@ fn write_back_offline_names_not_known_look_absent_and_can_be_made() {
     let faults = Arc::new(FaultLayer::default());
     let fs = s.write_back(faults.clone());
     // Home cannot be reached and the root was never listed: the cache cannot say what is in it.
-    faults.inject(Fault {
-        op: OpKind::Stat,
-        error: HomeError::Unavailable("test".into()),
-        count: 1000,
-        landed: false,
-    });
+    for op in [OpKind::Stat, OpKind::List] {
+        faults.inject(Fault {
+            op,
+            error: HomeError::Unavailable("test".into()),
+            count: 1000,
+            landed: false,
+        });
+    }
     assert!(matches!(fs.lookup(1, OsStr::new("there")), Err(FsError::NotFound)));
     let (_, r) = fs.create(1, OsStr::new("new"), 0o640, libc::O_WRONLY, 0, 0).unwrap();
     fs.write(r.fh, 0, b"made offline").unwrap();
@@ -981,9 +1055,13 @@ struct ListGate {
 
 impl larder_home::Layer for ListGate {
     fn answer(&self, op: OpKind) -> larder_home::HomeResult<()> {
-        if op == OpKind::List
-            && let Some(tx) = self.holding.lock().unwrap().take()
-        {
+        // Taken out first: the lock is not held while the listing waits (other listings pass).
+        let armed = if op == OpKind::List {
+            self.holding.lock().unwrap().take()
+        } else {
+            None
+        };
+        if let Some(tx) = armed {
             let rx = self.release.lock().unwrap().take().expect("armed with a release");
             let _ = tx.send(());
             let _ = rx.recv_timeout(Duration::from_secs(60));

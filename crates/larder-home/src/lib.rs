@@ -62,8 +62,9 @@ pub trait Home: Send + Sync + 'static {
     /// Attributes of one object, not following a final symlink.
     fn stat(&self, path: &Path) -> HomeResult<HomeAttr>;
 
-    /// The entries of a directory, without `.` and `..`. Attributes are filled where the backend gets them
-    /// for free from the listing (object stores); a POSIX home leaves them `None` (placeholders).
+    /// The entries of a directory, without `.` and `..`, each with its attributes where the backend can
+    /// give them in the same call (an object store's listing carries them; a POSIX home reads them at its
+    /// side): one listing then answers every lookup and stat in the directory.
     fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>>;
 
     /// Up to `len` bytes at `offset` of the object at `version`. Short only at end of file. Fails with

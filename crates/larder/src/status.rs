@@ -31,6 +31,34 @@ pub struct StatusSource {
     pub peer_client: Option<Arc<larder_cluster::peer::PeerClient>>,
     /// The bank of shared cache servers, with `--bank`.
     pub bank: Option<Arc<larder_bank::Bank>>,
+    /// Samples of the metadata counters, one a second (see [`StatusSource::sample`]).
+    pub meta_samples: std::sync::Mutex<std::collections::VecDeque<(Instant, [u64; 4])>>,
+}
+
+/// How far back `larder status` looks for its rates of home calls.
+const RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why the namespace asked home: totals over the mount's life, and rates over the last seconds. Tells a
+/// user why a lookup, an open or a create was slow (a home call each, or one listing per directory).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetaStatus {
+    /// Stats of one name at home (a lookup the cache could not answer).
+    pub lookups: u64,
+    /// Listings of a directory at home (each revalidates all its entries).
+    pub listings: u64,
+    /// Of them, listings made to answer a lookup, and to revalidate a file past the validity lag.
+    pub listings_for_lookups: u64,
+    pub listings_for_revalidation: u64,
+    /// Stats of a known object past the validity lag, one by one.
+    pub revalidations: u64,
+    /// Objects made at home (files, directories, links, special files).
+    pub creates: u64,
+    /// The same per second, over the last `rate_window_seconds`.
+    pub rate_window_seconds: f64,
+    pub lookups_per_second: f64,
+    pub listings_per_second: f64,
+    pub revalidations_per_second: f64,
+    pub creates_per_second: f64,
 }
 
 /// HCCache's cache-efficiency metrics over the mount's life: ECDAL = 1 / (Σ read latency × Σ bytes put
@@ -86,9 +114,15 @@ pub struct Status {
     pub tiers: Tiers,
     pub files_cached: u64,
     pub write_mode: String,
+    /// How durable a change is when its call returns: `process` (survives the daemon's death) or `power`.
+    #[serde(default)]
+    pub durability: String,
     pub journal: JournalStatus,
     pub efficiency: Efficiency,
     pub fs: FsStatus,
+    /// Home calls made for the namespace, and why.
+    #[serde(default)]
+    pub metadata: MetaStatus,
     /// The peer transport, in a cluster: units asked of peers and served to them, and peers refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<PeerStatus>,
@@ -336,6 +370,63 @@ pub struct FsStatus {
 }
 
 impl StatusSource {
+    /// The metadata counters now: lookups, listings, revalidations, creates.
+    fn meta_counts(&self) -> [u64; 4] {
+        let fs = self.fs.stats();
+        let c = &self.counters;
+        let creates = [
+            OpKind::Create,
+            OpKind::Mkdir,
+            OpKind::Mknod,
+            OpKind::Symlink,
+            OpKind::Link,
+        ]
+        .iter()
+        .map(|k| c.ops_of(*k))
+        .sum();
+        [fs.home_lookups, fs.home_listings, fs.home_revalidations, creates]
+    }
+
+    /// Take a sample of the metadata counters, for the rates `larder status` shows (the daemon calls this
+    /// once a second).
+    pub fn sample(&self) {
+        let now = Instant::now();
+        let counts = self.meta_counts();
+        let mut q = self.meta_samples.lock().unwrap_or_else(|p| p.into_inner());
+        q.push_back((now, counts));
+        while q.len() > 2 && q.front().is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW) {
+            q.pop_front();
+        }
+    }
+
+    fn metadata(&self, fs: &larder_fs::FsStats) -> MetaStatus {
+        let now = self.meta_counts();
+        let (window, rates) = {
+            let q = self.meta_samples.lock().unwrap_or_else(|p| p.into_inner());
+            match q.front() {
+                Some((t, then)) if t.elapsed().as_secs_f64() > 0.5 => {
+                    let secs = t.elapsed().as_secs_f64();
+                    let r = |i: usize| now[i].saturating_sub(then[i]) as f64 / secs;
+                    (secs, [r(0), r(1), r(2), r(3)])
+                }
+                _ => (0.0, [0.0; 4]),
+            }
+        };
+        MetaStatus {
+            lookups: now[0],
+            listings: now[1],
+            listings_for_lookups: fs.listings_for_lookups,
+            listings_for_revalidation: fs.listings_for_revalidation,
+            revalidations: now[2],
+            creates: now[3],
+            rate_window_seconds: window,
+            lookups_per_second: rates[0],
+            listings_per_second: rates[1],
+            revalidations_per_second: rates[2],
+            creates_per_second: rates[3],
+        }
+    }
+
     /// The status document now.
     pub fn snapshot(&self) -> Status {
         let c = &self.counters;
@@ -415,6 +506,7 @@ impl StatusSource {
             },
             files_cached: store.objects,
             write_mode: self.fs.write_mode().as_str().to_string(),
+            durability: self.fs.durability().name().to_string(),
             journal: JournalStatus {
                 pending_ops: j.pending_ops,
                 dirty_bytes: j.dirty_bytes,
@@ -430,6 +522,7 @@ impl StatusSource {
                 dirty_files: fs.dirty_files,
                 readahead_blocks: fs.readahead_blocks,
             },
+            metadata: self.metadata(&fs),
             peers: self.peer_status(),
             cluster: self
                 .cluster
@@ -576,6 +669,25 @@ pub fn run(args: StatusArgs) -> Result<()> {
         ),
         ("home ops", format!("{} ({} failed)", v.home.ops, v.home.errors)),
         (
+            "home metadata",
+            format!(
+                "per second over {:.0}s: {:.1} lookups, {:.1} listings, {:.1} revalidations, {:.1} creates \
+                 (in all: {} lookups, {} listings of which {} for a lookup and {} to revalidate, {} \
+                 revalidations, {} creates)",
+                v.metadata.rate_window_seconds,
+                v.metadata.lookups_per_second,
+                v.metadata.listings_per_second,
+                v.metadata.revalidations_per_second,
+                v.metadata.creates_per_second,
+                v.metadata.lookups,
+                v.metadata.listings,
+                v.metadata.listings_for_lookups,
+                v.metadata.listings_for_revalidation,
+                v.metadata.revalidations,
+                v.metadata.creates
+            ),
+        ),
+        (
             "home bytes",
             format!(
                 "{} read, {} written",
@@ -611,8 +723,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
         (
             "journal",
             format!(
-                "{} ({} changes waiting, {} dirty, oldest {:.1}s, {} conflicts, {} refused)",
+                "{}, {} durability ({} changes waiting, {} dirty, oldest {:.1}s, {} conflicts, {} refused)",
                 v.write_mode,
+                v.durability,
                 v.journal.pending_ops,
                 human_bytes(v.journal.dirty_bytes),
                 v.journal.oldest_age_seconds,

@@ -64,9 +64,19 @@ impl Fs {
         // A directory can move at home while home is asked (a queued rename lands): then ask again, once
         // the rename has settled here.
         let deadline = Instant::now() + MOVE_WAIT;
+        let mut may_list = true;
         loop {
-            match self.find_once(parent, name)? {
+            match self.find_once(parent, name, may_list)? {
                 Found::Ino(ino) => return Ok(ino),
+                Found::List => {
+                    may_list = false;
+                    match self.listing(parent) {
+                        Ok(_) => self.meta_counters.listings_for_lookups.fetch_add(1, Relaxed),
+                        // Home away: the name alone is asked, and answered as it can be.
+                        Err(FsError::Home(e)) if unreachable(&e) => 0,
+                        Err(e) => return Err(e),
+                    };
+                }
                 Found::Moved => {}
                 Found::Moving if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
                 // Home's answer cannot be trusted while a rename above the name is unsettled: the cache's
@@ -112,8 +122,9 @@ impl Fs {
         (c.attr.is_some() && (self.fresh(c.checked) || !c.dirty.is_empty())).then_some(child)
     }
 
-    /// One try of [`Fs::find`].
-    pub(super) fn find_once(&self, parent: u64, name: &OsStr) -> FsResult<Found> {
+    /// One try of [`Fs::find`]. With `may_list`, a name home must be asked about in a directory not
+    /// listed within the validity lag is [`Found::List`]: the caller lists the directory and asks again.
+    pub(super) fn find_once(&self, parent: u64, name: &OsStr, may_list: bool) -> FsResult<Found> {
         let (path, known) = {
             let mut ns = write(&self.ns);
             let p = ns.inode(parent)?;
@@ -140,6 +151,9 @@ impl Fs {
             } else if listed_fresh || negative_fresh {
                 return Err(FsError::NotFound);
             }
+            if may_list && !listed_fresh && !self.cfg.validity_lag.is_zero() && self.health.online() {
+                return Ok(Found::List);
+            }
             let known = ns.inode(parent)?.children.get(name).copied();
             match ns.home_child_path(parent, name)? {
                 Some(path) => (path, known),
@@ -147,6 +161,7 @@ impl Fs {
             }
         };
         let asked = Instant::now();
+        self.meta_counters.lookups.fetch_add(1, Relaxed);
         match self.core.home.stat(&path) {
             Ok(attr) => {
                 let mut ns = write(&self.ns);
@@ -236,9 +251,14 @@ impl Fs {
         self.revalidate(ino, &path)
     }
 
-    /// Ask home for the attributes of `ino` at `path` and record them.
+    /// Ask home for the attributes of `ino` at `path` and record them: by listing its directory, when that
+    /// is not listed within the validity lag (one call revalidates every entry of it), else by a stat.
     pub(crate) fn revalidate(&self, ino: u64, path: &std::path::Path) -> FsResult<Entry> {
+        if let Some(entry) = self.revalidate_by_listing(ino)? {
+            return Ok(entry);
+        }
         let asked = Instant::now();
+        self.meta_counters.revalidations.fetch_add(1, Relaxed);
         match self.core.home.stat(path) {
             Ok(attr) => {
                 let mut ns = write(&self.ns);
@@ -277,6 +297,36 @@ impl Fs {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Revalidate `ino` by listing its directory, if that is not listed within the validity lag: its
+    /// entry then if the listing made it fresh, else `None` (and the caller stats it).
+    fn revalidate_by_listing(&self, ino: u64) -> FsResult<Option<Entry>> {
+        if ino == ROOT || self.cfg.validity_lag.is_zero() || !self.health.online() {
+            return Ok(None);
+        }
+        let parent = {
+            let ns = read(&self.ns);
+            let node = ns.inode(ino)?;
+            let Some(p) = ns.inodes.get(&node.parent) else {
+                return Ok(None);
+            };
+            if node.removed || self.fresh(p.listed.as_ref().map(|l| l.0)) {
+                return Ok(None);
+            }
+            node.parent
+        };
+        if self.listing(parent).is_err() {
+            return Ok(None);
+        }
+        self.meta_counters.listings_for_revalidation.fetch_add(1, Relaxed);
+        let ns = read(&self.ns);
+        let node = ns.inode(ino)?;
+        let bound = ns.inodes.get(&parent).and_then(|p| p.children.get(&node.name)) == Some(&ino);
+        if node.attr.is_some() && !node.removed && self.fresh(node.checked) && bound {
+            return self.entry(&ns, ino).map(Some);
+        }
+        Ok(None)
     }
 
     /// Read the target of a symlink.

@@ -17,7 +17,7 @@ use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, 
 use crate::journal::{Journal, Op, OpKind};
 
 use crate::key::HomeId;
-use crate::pipeline::{Pipeline, ReadCounters};
+use crate::pipeline::{MetaCounters, Pipeline, ReadCounters};
 use crate::readahead::Readahead;
 use crate::record::{AttrRecord, InodeRecord};
 use crate::tier::{HomeTier, StoreTier, Tier, TierStats, Tiers};
@@ -45,6 +45,9 @@ pub(crate) enum Found {
     Moving,
     /// A rename above it was tried and failed: home's answer cannot be trusted, nor cached.
     Unsure,
+    /// The parent is not listed within the validity lag: list it (one home call answers every name in
+    /// it), then look again.
+    List,
 }
 const NAME_MAX: usize = 255;
 
@@ -275,6 +278,7 @@ pub struct Fs {
     pub(crate) mutate: Mutex<()>,
     pub(crate) readahead: Readahead,
     pub(crate) read_counters: ReadCounters,
+    pub(crate) meta_counters: MetaCounters,
     pub(crate) pipeline: Pipeline,
     pub(crate) health: Arc<Health>,
     /// Where invalidations for the kernel go (the FUSE adapter's notifier); unset without a kernel.
@@ -456,6 +460,11 @@ impl Fs {
     /// How changes reach home.
     pub fn write_mode(&self) -> crate::WriteMode {
         self.cfg.write_mode
+    }
+
+    /// How durable a change made in the cache is when its call returns.
+    pub fn durability(&self) -> larder_cache::Durability {
+        self.core.store.db().durability()
     }
 
     /// Wake the flushers (home came back).
@@ -727,6 +736,20 @@ impl Fs {
                 .load(std::sync::atomic::Ordering::Relaxed),
             bytes_from_home: self.read_counters.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
             home_waits: self.read_counters.home_waits.load(std::sync::atomic::Ordering::Relaxed),
+            home_lookups: self.meta_counters.lookups.load(std::sync::atomic::Ordering::Relaxed),
+            home_listings: self.meta_counters.listings.load(std::sync::atomic::Ordering::Relaxed),
+            home_revalidations: self
+                .meta_counters
+                .revalidations
+                .load(std::sync::atomic::Ordering::Relaxed),
+            listings_for_lookups: self
+                .meta_counters
+                .listings_for_lookups
+                .load(std::sync::atomic::Ordering::Relaxed),
+            listings_for_revalidation: self
+                .meta_counters
+                .listings_for_revalidation
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }

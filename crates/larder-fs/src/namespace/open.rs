@@ -113,6 +113,7 @@ impl Fs {
             mutate: Mutex::new(()),
             readahead,
             read_counters: ReadCounters::default(),
+            meta_counters: Default::default(),
             pipeline: Pipeline::new(journal, conflicts),
             health,
             invalidator: std::sync::OnceLock::new(),

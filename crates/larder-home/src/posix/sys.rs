@@ -170,19 +170,6 @@ pub(super) fn timespec(t: Option<TimeSet>) -> libc::timespec {
     }
 }
 
-fn kind_of_dtype(d_type: u8) -> Option<FileKind> {
-    Some(match d_type {
-        libc::DT_DIR => FileKind::Dir,
-        libc::DT_LNK => FileKind::Symlink,
-        libc::DT_FIFO => FileKind::Fifo,
-        libc::DT_SOCK => FileKind::Socket,
-        libc::DT_CHR => FileKind::CharDevice,
-        libc::DT_BLK => FileKind::BlockDevice,
-        libc::DT_REG => FileKind::File,
-        _ => return None,
-    })
-}
-
 pub(super) fn list_at(dir: RawFd, path: &CStr) -> HomeResult<Vec<DirEntry>> {
     let file = open_at(dir, path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
     let fd = file.into_raw_fd();
@@ -206,24 +193,24 @@ pub(super) fn list_at(dir: RawFd, path: &CStr) -> HomeResult<Vec<DirEntry>> {
             break if errno == 0 { Ok(()) } else { Err(from_errno(errno)) };
         }
         // SAFETY: `ent` points to a valid dirent until the next readdir on this stream.
-        let (name, d_type) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()).to_owned(), (*ent).d_type) };
+        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()).to_owned() };
         let bytes = name.as_bytes();
         if bytes == b"." || bytes == b".." {
             continue;
         }
-        let kind = match kind_of_dtype(d_type) {
-            Some(k) => k,
-            // SAFETY: `stream` is valid; dirfd gives its descriptor without transferring ownership.
-            None => match stat_at(unsafe { libc::dirfd(stream) }, &name) {
-                Ok(a) => a.kind,
-                // Gone between readdir and the type lookup: skip it.
-                Err(_) => continue,
-            },
+        // Each entry's attributes are read here, at the home's side, in the same call: one listing
+        // answers every stat and lookup of the directory.
+        // SAFETY: `stream` is valid; dirfd gives its descriptor without transferring ownership.
+        let attr = match stat_at(unsafe { libc::dirfd(stream) }, &name) {
+            Ok(a) => a,
+            // Gone between readdir and the stat: skip it.
+            Err(HomeError::NotFound) => continue,
+            Err(e) => break Err(e),
         };
         out.push(DirEntry {
             name: OsString::from_vec(bytes.to_vec()),
-            kind,
-            attr: None,
+            kind: attr.kind,
+            attr: Some(attr),
         });
     };
     // SAFETY: `stream` is valid and closed exactly once.
