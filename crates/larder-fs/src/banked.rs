@@ -106,12 +106,13 @@ impl BankedHome {
         }
     }
 
-    /// Forget `path` as [`BankedHome::forget`] does, and its parent's attributes: a name made or removed
-    /// there changed the directory's times and perhaps its link count.
+    /// Forget `path` as [`BankedHome::forget`] does, and its parent's attributes, wherever they are kept
+    /// (its own key, and its parent's listing): a name made or removed there changed the directory's
+    /// times and perhaps its link count.
     fn forget_name(&self, path: &Path) {
         self.forget(path);
         if let Some(parent) = path.parent() {
-            self.bank.delete(&self.key("a", parent));
+            self.forget(parent);
         }
     }
 

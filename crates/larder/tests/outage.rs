@@ -214,29 +214,32 @@ fn mount_over_home_is_followed() {
 fn offline_new_names_in_an_unlisted_directory_are_queued() {
     let t = TestDir::new("outage-newnames");
     std::fs::write(t.home.join("a.txt"), b"alpha").unwrap();
-    std::fs::write(t.home.join("unknown.txt"), b"never looked up").unwrap();
-    std::fs::write(t.home.join("uncached.txt"), b"looked up, never read").unwrap();
+    std::fs::create_dir(t.home.join("seen")).unwrap();
+    std::fs::write(t.home.join("seen/uncached.txt"), b"looked up, never read").unwrap();
+    std::fs::create_dir(t.home.join("never")).unwrap();
+    std::fs::write(t.home.join("never/unknown.txt"), b"never looked up").unwrap();
     let fault = t.root().join("home-is-down");
     let m = t.mount_with_fault(&fault, &["--validity-lag", "60s"]);
-    // Known before the outage: a.txt (read) and uncached.txt (looked up); the root is never listed.
+    // Known before the outage: a.txt (read), seen/uncached.txt (looked up), and every name of the root
+    // and of `seen` (a lookup lists its directory); nothing in `never` was looked up: it is not listed.
     assert_eq!(read(&m.path("a.txt")), b"alpha");
-    assert!(m.path("uncached.txt").exists());
+    assert!(m.path("seen/uncached.txt").exists());
 
     std::fs::write(&fault, b"").unwrap();
     // An unknown name looks absent while home is away: that is what lets it be created.
-    let p = m.path("unknown.txt");
+    let p = m.path("never/unknown.txt");
     assert_eq!(
         errno_of("stat of an unknown name offline", move || std::fs::metadata(&p)),
         libc::ENOENT
     );
     wait_offline(&m, 5, "after the fault file appeared");
     // What needs home and is not cached fails with EIO: data never read, a listing never taken.
-    let p = m.path("uncached.txt");
+    let p = m.path("seen/uncached.txt");
     assert_eq!(
         errno_of("reading uncached data offline", move || std::fs::read(&p)),
         libc::EIO
     );
-    let p = m.path("");
+    let p = m.path("never");
     assert_eq!(
         errno_of("listing a directory never listed, offline", move || std::fs::read_dir(
             &p
@@ -248,6 +251,7 @@ fn offline_new_names_in_an_unlisted_directory_are_queued() {
     std::fs::write(m.path("new.txt"), b"x").unwrap();
     std::fs::create_dir(m.path("d")).unwrap();
     std::fs::write(m.path("d/inside.txt"), b"inside").unwrap();
+    std::fs::write(m.path("never/new.txt"), b"made in a directory never listed").unwrap();
     std::fs::rename(m.path("a.txt"), m.path("b.txt")).unwrap();
     std::os::unix::fs::symlink("new.txt", m.path("link")).unwrap();
     assert_eq!(read(&m.path("new.txt")), b"x");
@@ -260,7 +264,7 @@ fn offline_new_names_in_an_unlisted_directory_are_queued() {
         libc::ENOENT
     );
     // An object the cache does not know cannot be changed: it looks absent.
-    let p = m.path("unknown.txt");
+    let p = m.path("never/unknown.txt");
     assert_eq!(
         errno_of("removing an unknown name offline", move || std::fs::remove_file(&p)),
         libc::ENOENT
@@ -270,12 +274,10 @@ fn offline_new_names_in_an_unlisted_directory_are_queued() {
     std::fs::remove_file(&fault).unwrap();
     wait_online(&m, 10, "after the fault file went");
     // The ENOENT given offline was not kept by the kernel nor by larder.
-    assert_eq!(read(&m.path("unknown.txt")), b"never looked up");
+    assert_eq!(read(&m.path("never/unknown.txt")), b"never looked up");
     drain_ok(&m, 20);
-    assert_eq!(
-        names(&t.home),
-        ["b.txt", "d", "link", "new.txt", "uncached.txt", "unknown.txt"]
-    );
+    assert_eq!(names(&t.home), ["b.txt", "d", "link", "never", "new.txt", "seen"]);
+    assert_eq!(names(&t.home.join("never")), ["new.txt", "unknown.txt"]);
     assert_eq!(std::fs::read_link(t.home.join("link")).unwrap(), Path::new("new.txt"));
     assert_eq!(read(&t.home.join("new.txt")), b"x");
     assert_eq!(read(&t.home.join("d/inside.txt")), b"inside");
@@ -291,38 +293,42 @@ fn offline_new_names_in_an_unlisted_directory_are_queued() {
 #[test]
 fn offline_names_that_exist_at_home_are_conflicts() {
     let t = TestDir::new("outage-clash");
-    std::fs::write(t.home.join("taken.txt"), b"home's version").unwrap();
-    std::fs::write(t.home.join("target.txt"), b"home's target").unwrap();
-    std::fs::write(t.home.join("src.txt"), b"source").unwrap();
-    std::fs::create_dir(t.home.join("shared")).unwrap();
-    std::fs::write(t.home.join("shared/x"), b"x").unwrap();
+    // `w` is never listed before the outage (nothing in it is looked up), so the cache does not know
+    // its names; the rename's source, read before, lives elsewhere.
+    std::fs::create_dir(t.home.join("w")).unwrap();
+    std::fs::write(t.home.join("w/taken.txt"), b"home's version").unwrap();
+    std::fs::write(t.home.join("w/target.txt"), b"home's target").unwrap();
+    std::fs::create_dir(t.home.join("s")).unwrap();
+    std::fs::write(t.home.join("s/src.txt"), b"source").unwrap();
+    std::fs::create_dir(t.home.join("w/shared")).unwrap();
+    std::fs::write(t.home.join("w/shared/x"), b"x").unwrap();
     let fault = t.root().join("home-is-down");
     let m = t.mount_with_fault(&fault, &["--conflict-policy", "keep-both"]);
-    assert_eq!(read(&m.path("src.txt")), b"source");
+    assert_eq!(read(&m.path("s/src.txt")), b"source");
 
     std::fs::write(&fault, b"").unwrap();
-    std::fs::write(m.path("taken.txt"), b"the cache's version").unwrap();
+    std::fs::write(m.path("w/taken.txt"), b"the cache's version").unwrap();
     wait_offline(&m, 5, "after the fault file appeared");
-    std::fs::rename(m.path("src.txt"), m.path("target.txt")).unwrap();
-    std::fs::create_dir(m.path("shared")).unwrap();
-    std::fs::write(m.path("shared/y"), b"y").unwrap();
+    std::fs::rename(m.path("s/src.txt"), m.path("w/target.txt")).unwrap();
+    std::fs::create_dir(m.path("w/shared")).unwrap();
+    std::fs::write(m.path("w/shared/y"), b"y").unwrap();
 
     std::fs::remove_file(&fault).unwrap();
     wait_online(&m, 10, "after the fault file went");
     drain_ok(&m, 30);
 
-    let home = names(&t.home);
+    let home = names(&t.home.join("w"));
     let aside = |base: &str| {
         let found: Vec<&String> = home.iter().filter(|n| is_conflict_name(n, base)).collect();
         assert_eq!(found.len(), 1, "want one conflict copy of {base} at home: {home:?}");
-        t.home.join(found[0])
+        t.home.join("w").join(found[0])
     };
-    assert_eq!(read(&t.home.join("taken.txt")), b"home's version");
+    assert_eq!(read(&t.home.join("w/taken.txt")), b"home's version");
     assert_eq!(read(&aside("taken.txt")), b"the cache's version");
-    assert_eq!(read(&t.home.join("target.txt")), b"source");
+    assert_eq!(read(&t.home.join("w/target.txt")), b"source");
     assert_eq!(read(&aside("target.txt")), b"home's target");
-    assert!(!t.home.join("src.txt").exists());
-    assert_eq!(names(&t.home.join("shared")), ["x", "y"]);
+    assert!(!t.home.join("s/src.txt").exists());
+    assert_eq!(names(&t.home.join("w/shared")), ["x", "y"]);
     assert_eq!(home.len(), 5, "home holds: {home:?}");
     let conflicts = larder(&["conflicts", s(&m.mnt), "--json"]);
     assert!(conflicts.success(), "{conflicts}");

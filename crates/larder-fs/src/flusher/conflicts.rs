@@ -171,6 +171,19 @@ impl Fs {
                             complete,
                             "home changed the file; the cache's version was written beside it".into(),
                         );
+                        // A name the directory did not have: its listing is home's to give again.
+                        let parent = {
+                            let mut ns = write(&self.ns);
+                            let parent = ns.inodes.get(&ino).map(|n| n.parent);
+                            if let Some(d) = parent.and_then(|p| ns.inodes.get_mut(&p)) {
+                                d.listed = None;
+                                d.checked = None;
+                            }
+                            parent
+                        };
+                        if let Some(p) = parent {
+                            self.invalidate(crate::Invalidation::Inode(p));
+                        }
                         self.discard_local(ino);
                         Outcome::Done
                     }

@@ -45,8 +45,10 @@ impl Home for S3Home {
                     continue;
                 }
                 let meta = e.metadata();
+                // A common prefix has the attributes a stat of it would make up: its lookup is answered
+                // from this listing too.
                 let attr = if dir {
-                    None
+                    Some(self.dir_attr())
                 } else {
                     meta.etag().is_some().then(|| self.file_attr(meta))
                 };
