@@ -530,6 +530,8 @@ impl Fs {
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
         self.writable()?;
         self.take_token_of(ino)?;
+        // What the kernel wrote to the cache file comes first: a truncation or a size is taken after it.
+        self.adopt_all_direct_writes(ino);
         let (kind, flush_lock, write_lock) = {
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;

@@ -137,6 +137,48 @@ enum IoMode {
     Passthrough,
 }
 
+/// The reply to an open or a create: both answer with a handle and its I/O mode.
+enum AnyReply {
+    Open(ReplyOpen),
+    Create {
+        reply: ReplyCreate,
+        ttl: std::time::Duration,
+        attr: FileAttr,
+    },
+}
+
+impl AnyReply {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId> {
+        match self {
+            AnyReply::Open(r) => r.open_backing(file),
+            AnyReply::Create { reply, .. } => reply.open_backing(file),
+        }
+    }
+
+    fn passthrough(self, fh: u64, id: &BackingId) {
+        match self {
+            AnyReply::Open(r) => r.opened_passthrough(FileHandle(fh), FopenFlags::empty(), id),
+            AnyReply::Create { reply, ttl, attr } => {
+                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(fh), FopenFlags::empty(), id)
+            }
+        }
+    }
+
+    fn plain(self, fh: u64, flags: FopenFlags) {
+        match self {
+            AnyReply::Open(r) => r.opened(FileHandle(fh), flags),
+            AnyReply::Create { reply, ttl, attr } => reply.created(&ttl, &attr, Generation(0), FileHandle(fh), flags),
+        }
+    }
+
+    fn error(self, e: Errno) {
+        match self {
+            AnyReply::Open(r) => r.error(e),
+            AnyReply::Create { reply, .. } => reply.error(e),
+        }
+    }
+}
+
 #[derive(Default)]
 struct InodeIo {
     cached: u32,
@@ -169,12 +211,13 @@ impl LarderFuse {
         }
     }
 
-    /// Answer an open the core accepted, choosing the kernel's I/O mode for it.
-    fn opened(&self, ino: u64, r: &OpenReply, reply: ReplyOpen) {
+    /// Answer an open (or a create) the core accepted, choosing the kernel's I/O mode for it. The kernel
+    /// requires every open of an inode with passthrough opens to be a passthrough open on the same backing
+    /// file, and refuses passthrough while the inode has page-cache opens.
+    fn opened(&self, ino: u64, r: &OpenReply, reply: AnyReply) {
         let mut guard = self.io.lock().unwrap_or_else(|p| p.into_inner());
         let io = &mut *guard;
         let state = io.inodes.entry(ino).or_default();
-        let mut mode = IoMode::Cached;
         let object = self.fs.handle_object(r.fh);
         let reusable = matches!(&state.backing, Some((o, _)) if Some(*o) == object);
         if state.passthrough > 0 && !reusable {
@@ -189,53 +232,41 @@ impl LarderFuse {
             reply.error(Errno::from_i32(libc::EBUSY));
             return;
         }
-        if (r.passthrough || reusable) && state.cached == 0 && self.passthrough.load(Ordering::Relaxed) {
-            {
-                if let Some(file) = self.fs.passthrough(r.fh) {
-                    if !reusable {
-                        match reply.open_backing(file.as_ref()) {
-                            Ok(id) => state.backing = Some((object.unwrap_or(0), id)),
-                            Err(e) => {
-                                tracing::debug!(error = %e, "the kernel refused a backing file; reading through the daemon");
-                                state.backing = None;
-                            }
-                        }
+        if (r.passthrough || reusable)
+            && state.cached == 0
+            && self.passthrough.load(Ordering::Relaxed)
+            && let Some(file) = self.fs.passthrough(r.fh)
+        {
+            if !reusable {
+                match reply.open_backing(file.as_ref()) {
+                    Ok(id) => state.backing = Some((object.unwrap_or(0), id)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the kernel refused a backing file; reading through the daemon");
+                        state.backing = None;
                     }
-                    if let Some((_, id)) = &state.backing {
-                        state.passthrough += 1;
-                        io.handles.insert(r.fh, (ino, IoMode::Passthrough));
-                        reply.opened_passthrough(FileHandle(r.fh), FopenFlags::empty(), id);
-                        return;
-                    }
-                    self.fs.unhold(r.fh);
                 }
             }
+            if let Some((_, id)) = &state.backing {
+                state.passthrough += 1;
+                io.handles.insert(r.fh, (ino, IoMode::Passthrough));
+                reply.passthrough(r.fh, id);
+                return;
+            }
+            self.fs.unhold(r.fh);
         }
-        match mode {
-            IoMode::Cached => state.cached += 1,
-            _ => mode = IoMode::Direct,
-        }
-        io.handles.insert(r.fh, (ino, mode));
-        let flags = match mode {
-            IoMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
-            _ => open_flags(r),
-        };
-        reply.opened(FileHandle(r.fh), flags);
-    }
-
-    /// The I/O mode a created (or, without `O_EXCL`, opened) file gets: never passthrough.
-    fn created_mode(&self, ino: u64, fh: u64) -> IoMode {
-        let mut guard = self.io.lock().unwrap_or_else(|p| p.into_inner());
-        let io = &mut *guard;
-        let state = io.inodes.entry(ino).or_default();
         let mode = if state.passthrough > 0 {
+            // (Not reached: a passthrough inode's opens are all passthrough, above.)
             IoMode::Direct
         } else {
             state.cached += 1;
             IoMode::Cached
         };
-        io.handles.insert(fh, (ino, mode));
-        mode
+        io.handles.insert(r.fh, (ino, mode));
+        let flags = match mode {
+            IoMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
+            _ => open_flags(r),
+        };
+        reply.plain(r.fh, flags);
     }
 
     /// A handle is gone: its inode's I/O modes follow.
@@ -419,7 +450,7 @@ impl Filesystem for LarderFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = span!("open", ino.0);
         match self.fs.open(ino.0, flags.0) {
-            Ok(r) => self.opened(ino.0, &r, reply),
+            Ok(r) => self.opened(ino.0, &r, AnyReply::Open(reply)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -587,13 +618,15 @@ impl Filesystem for LarderFuse {
     ) {
         let _s = span!("create", parent.0);
         match self.fs.create(parent.0, name, mode, flags, req.uid(), req.gid()) {
-            Ok((e, r)) => {
-                let flags = match self.created_mode(e.attr.ino, r.fh) {
-                    IoMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
-                    _ => open_flags(&r),
-                };
-                reply.created(&e.ttl, &file_attr(&e.attr), Generation(0), FileHandle(r.fh), flags)
-            }
+            Ok((e, r)) => self.opened(
+                e.attr.ino,
+                &r,
+                AnyReply::Create {
+                    reply,
+                    ttl: e.ttl,
+                    attr: file_attr(&e.attr),
+                },
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -304,9 +304,9 @@ pub struct MountArgs {
     /// Eviction policy over cache units (lru is a baseline for benchmarks).
     #[arg(long, value_enum, default_value_t = EvictionArg::S3Fifo)]
     pub eviction: EvictionArg,
-    /// Serve every read through the daemon, even of files whole in the cache (by default, on read-only
-    /// mounts, the kernel reads those from the cache file directly, with FUSE passthrough, where the
-    /// kernel offers it).
+    /// Serve every read and write through the daemon, even of files whole in the cache (by default the
+    /// kernel reads and writes those in their cache files directly, with FUSE passthrough, where the
+    /// kernel offers it; what it wrote is taken in at close and fsync).
     #[arg(long)]
     pub no_passthrough: bool,
     /// Emulate a slow link to home, e.g. latency=20ms,bandwidth=50MiB/s.

@@ -447,9 +447,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         conflicts_dir: p.cache_dir.join("conflicts"),
         host: host_name(),
         set_owner: is_root(),
-        // Every open of an inode read through passthrough must be a passthrough open too, writers
-        // included, whose writes would then bypass the journal: read-only mounts only.
-        passthrough: !args.no_passthrough && write_mode == WriteMode::ReadOnly,
+        // Files whole in the cache are read and written by the kernel in their cache files; what writers
+        // wrote is adopted at close and fsync (docs/design/009).
+        passthrough: !args.no_passthrough,
         home_id: None,
     };
     let home_url = p.home.describe();

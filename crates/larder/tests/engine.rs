@@ -257,6 +257,112 @@ fn a_file_whole_in_the_cache_is_read_by_the_kernel_directly() {
     m.unmount();
 }
 
+/// On the default (write-back) mount a file whole in the cache is read and written by the kernel in its
+/// cache file: the daemon serves none of its reads or writes, sees the writes at close (and mmap'ed
+/// pages written after the close at release), and hands them to home.
+#[test]
+fn writers_of_a_file_whole_in_the_cache_write_its_cache_file_and_home_gets_what_they_wrote() {
+    if !kernel_has_passthrough() {
+        eprintln!("skipped: this kernel has no FUSE passthrough");
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let t = TestDir::new("passthrough-write");
+    let mut rng = Rng::new(47);
+    let mut want = write_random(&t.home.join("f.bin"), 3 << 20, &mut rng);
+    let m = t.mount(&[
+        "--write-mode",
+        "write-back",
+        "--sync-lag",
+        "0s",
+        "--validity-lag",
+        "60s",
+    ]);
+    assert_same_bytes(&read(&m.path("f.bin")), &want, "cold read");
+    let reads = num(&m.status(), "/efficiency/reads");
+    let put = |want: &mut Vec<u8>, off: usize, chunk: &[u8]| {
+        if want.len() < off + chunk.len() {
+            want.resize(off + chunk.len(), 0);
+        }
+        want[off..off + chunk.len()].copy_from_slice(chunk);
+    };
+    {
+        // Rewritten in place in three places, the last past the end; its size shows before the close.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.path("f.bin"))
+            .unwrap();
+        for (off, len) in [(5000usize, 100usize), ((1 << 20) + 7, 70_000), ((3 << 20) - 10, 30)] {
+            let chunk = rng.bytes(len);
+            f.write_all_at(&chunk, off as u64).unwrap();
+            put(&mut want, off, &chunk);
+        }
+        assert_eq!(
+            std::fs::metadata(m.path("f.bin")).unwrap().len(),
+            want.len() as u64,
+            "the size another process sees before the close"
+        );
+        let mut back = vec![0u8; want.len()];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert_same_bytes(&back, &want, "read back through the writer");
+    }
+    {
+        // Written through a shared mapping, before the close and after it.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.path("f.bin"))
+            .unwrap();
+        let len = 8192usize;
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file, unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                2 << 20,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        // SAFETY: the mapping is `len` bytes long and writable.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
+        let before = rng.bytes(100);
+        bytes[100..200].copy_from_slice(&before);
+        put(&mut want, (2 << 20) + 100, &before);
+        drop(f);
+        let after = rng.bytes(100);
+        bytes[300..400].copy_from_slice(&after);
+        put(&mut want, (2 << 20) + 300, &after);
+        // SAFETY: unmapping the mapping made above, not used after.
+        assert_eq!(unsafe { libc::munmap(map, len) }, 0);
+    }
+    assert_eq!(
+        num(&m.status(), "/efficiency/reads"),
+        reads,
+        "the daemon served reads of a file whole in the cache"
+    );
+    // A new file is written by the kernel too.
+    let new = rng.bytes(300_000);
+    std::fs::write(m.path("new.bin"), &new).unwrap();
+    assert_same_bytes(&read_uncached(&m.path("new.bin")), &new, "a new file read back");
+    assert_same_bytes(&read_uncached(&m.path("f.bin")), &want, "read back after the close");
+    drain_ok(&m, 30);
+    assert_same_bytes(
+        &std::fs::read(t.home.join("f.bin")).unwrap(),
+        &want,
+        "home after the drain",
+    );
+    assert_same_bytes(
+        &std::fs::read(t.home.join("new.bin")).unwrap(),
+        &new,
+        "the new file at home",
+    );
+    m.unmount();
+}
+
 #[test]
 fn without_passthrough_every_read_reaches_the_daemon() {
     let t = TestDir::new("no-passthrough");

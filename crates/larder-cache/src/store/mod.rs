@@ -813,6 +813,7 @@ mod fill;
 mod index;
 mod local;
 mod open;
+mod passthrough;
 mod punch;
 #[cfg(test)]
 mod tests;

@@ -172,18 +172,28 @@ impl Fs {
         // An open of a file whose attributes are fresh is a hit: the namespace is shared.
         let ns = read(&self.ns);
         let mut reply = self.open_handle(&ns, ino)?;
-        if self.cfg.passthrough && flags & libc::O_ACCMODE == libc::O_RDONLY {
-            let node = ns.inode(ino)?;
-            reply.passthrough = node.kind == FileKind::File
-                && node.dirty.is_empty()
-                && !node.removed
-                && node
-                    .attr
-                    .as_ref()
-                    .is_some_and(|a| self.core.store.complete(node.object, a.size))
-                && !self.queued(ino);
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if writable {
+            self.handles.with(reply.fh, |h| h.writable = true);
         }
+        reply.passthrough = self.passthrough_open(&ns, ino)?;
         Ok(reply)
+    }
+
+    /// Whether an open of `ino` may be served by the kernel from the cache file (FUSE passthrough), for
+    /// reading and writing: a file whole in a cache file of its own (clean or dirty), not on a writable
+    /// mount in a cluster (where every write takes the file's token through the daemon).
+    pub(crate) fn passthrough_open(&self, ns: &Namespace, ino: u64) -> FsResult<bool> {
+        if !self.cfg.passthrough || (self.coherence.get().is_some() && !self.read_only()) {
+            return Ok(false);
+        }
+        let node = ns.inode(ino)?;
+        Ok(node.kind == FileKind::File
+            && !node.removed
+            && node
+                .attr
+                .as_ref()
+                .is_some_and(|a| self.core.store.whole_in_file(node.object, a.size)))
     }
 
     /// Where to ask home about `ino` before its cached attributes are trusted again: `None` while they are
@@ -210,11 +220,19 @@ impl Fs {
 
     /// End the hold [`Fs::passthrough`] took for `fh` when the kernel did not take the file after all.
     pub fn unhold(&self, fh: u64) {
-        if let Some(Some(object)) = self
-            .handles
-            .with(fh, |h| std::mem::take(&mut h.held).then_some(h.object))
-        {
-            self.core.store.unhold(object);
+        if let Some((held, writer, ino)) = self.handles.with(fh, |h| {
+            (
+                std::mem::take(&mut h.held).then_some(h.object),
+                h.pt_writer.take().is_some(),
+                h.ino,
+            )
+        }) {
+            if let Some(object) = held {
+                self.core.store.unhold(object);
+            }
+            if writer {
+                self.end_direct_writer(ino);
+            }
         }
     }
 
@@ -223,22 +241,28 @@ impl Fs {
     /// no eviction, and no hole punched under the reader. `None` if the file is no longer whole and clean.
     pub fn passthrough(&self, fh: u64) -> Option<Arc<std::fs::File>> {
         let ns = read(&self.ns);
-        let (ino, object) = self.handles.with(fh, |h| (h.ino, h.object))?;
+        let (ino, object, writable) = self.handles.with(fh, |h| (h.ino, h.object, h.writable))?;
         let node = ns.inode(ino).ok()?;
         let size = node.attr.as_ref()?.size;
-        if node.object != object || !node.dirty.is_empty() {
+        if node.object != object {
             return None;
         }
         self.core.store.hold(object);
+        // The cache file must hold the whole file: one shorter (a file extended by truncation) would end
+        // the kernel's reads early.
         let file = self
             .core
             .store
             .file(object)
             .ok()
-            .filter(|f| self.core.store.complete(object, size) && f.metadata().is_ok_and(|m| m.len() == size));
+            .filter(|f| self.core.store.whole_in_file(object, size) && f.metadata().is_ok_and(|m| m.len() >= size));
         match file {
             Some(file) => {
                 self.handles.with(fh, |h| h.held = true);
+                drop(ns);
+                if writable {
+                    self.begin_direct_writer(fh, &file);
+                }
                 Some(file)
             }
             None => {
@@ -260,10 +284,16 @@ impl Fs {
     ) -> FsResult<(Entry, OpenReply)> {
         match self.create_file(parent, name, mode, uid, gid) {
             Ok(entry) => {
-                let reply = self.open_handle(&read(&self.ns), entry.attr.ino)?;
-                if flags & libc::O_APPEND != 0 {
-                    self.handles.with(reply.fh, |h| h.append = true);
-                }
+                let ns = read(&self.ns);
+                let mut reply = self.open_handle(&ns, entry.attr.ino)?;
+                let append = flags & libc::O_APPEND != 0;
+                let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+                self.handles.with(reply.fh, |h| {
+                    h.append = append;
+                    h.writable = writable;
+                });
+                // A new file is whole in the cache (it is empty): the kernel writes it directly.
+                reply.passthrough = self.passthrough_open(&ns, entry.attr.ino)?;
                 Ok((entry, reply))
             }
             Err(FsError::Home(HomeError::Exists)) if flags & libc::O_EXCL == 0 => {
@@ -633,6 +663,7 @@ impl Fs {
     /// or durable in the cache and queued (write-back).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+        self.adopt_direct_writes(fh)?;
         self.commit_data(ino, false)
     }
 
@@ -640,6 +671,7 @@ impl Fs {
     /// (write-back: in the cache; write-through: at home).
     pub fn fsync(&self, fh: u64) -> FsResult<()> {
         let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+        self.adopt_direct_writes(fh)?;
         self.commit_data(ino, true)?;
         self.sync_changes()
     }
@@ -654,9 +686,17 @@ impl Fs {
 
     /// Close a handle: push what is pending, and drop an unlinked file's data once nothing uses it.
     pub fn release(&self, fh: u64) -> FsResult<()> {
+        // What the kernel wrote through this handle (mmap'ed pages written after the last close, too).
+        let adopted = self.adopt_direct_writes(fh);
         let Some(h) = self.handles.remove(fh) else {
             return Err(FsError::BadHandle);
         };
+        if h.pt_writer.is_some() {
+            self.end_direct_writer(h.ino);
+        }
+        if let Err(e) = &adopted {
+            tracing::error!(error = %e, ino = h.ino, "adopting what the kernel wrote to a cache file failed");
+        }
         if h.held {
             self.core.store.unhold(h.object);
         }
@@ -705,7 +745,10 @@ impl Fs {
     }
 }
 
+mod passthrough;
 mod push;
+
+pub(crate) use passthrough::Stamp;
 
 #[cfg(test)]
 mod tests {

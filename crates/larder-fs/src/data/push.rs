@@ -14,8 +14,10 @@ impl Fs {
     /// With `force`, home's version is overwritten whatever it is; otherwise a version other than the one
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
+        // What writers the kernel serves from the cache file wrote so far goes too.
+        self.adopt_all_direct_writes(ino);
         let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
-        let (ranges, size, object, path, base, file, mtime, record) = {
+        let (ranges, size, object, path, base, file, mtime, record, direct) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = write(&self.ns);
@@ -75,7 +77,11 @@ impl Fs {
                     // of it, with the flusher's record of the attempt (one sync for both): after a crash,
                     // home holding it is recognised as ours.
                     let record = larder_cache::Mutation::PutInode(ino, node.record().encode());
-                    (ranges, size, object, path, base, file, mtime, record)
+                    // With writers the kernel serves, the cache file can change under the push: its stamp
+                    // now tells afterwards whether it did.
+                    let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)
+                        .then(|| super::passthrough::stamp(&file));
+                    (ranges, size, object, path, base, file, mtime, record, direct)
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -108,6 +114,23 @@ impl Fs {
         ns.inode_mut(ino)?.pushing -= 1;
         match result {
             Ok(attr) => {
+                // Written by the kernel meanwhile (or too recently to tell): home may hold a mix of the
+                // bytes before and after, so all of it stays dirty and goes again, after the next
+                // adoption. Home's new version is ours all the same.
+                if let Some(before) = direct
+                    && (before.is_none() || super::passthrough::stamp(&file) != before)
+                {
+                    let node = ns.inode_mut(ino)?;
+                    for r in &ranges {
+                        add_range(&mut node.dirty, r.clone());
+                    }
+                    node.conflict = false;
+                    node.attempt = None;
+                    node.unconfirmed = None;
+                    node.home_size = Some(size);
+                    self.adopt_attr(&mut ns, ino, attr);
+                    return Ok(());
+                }
                 // Blocks written again since the ranges were taken stay dirty.
                 let bs = self.core.store.block_size();
                 let node = ns.inode(ino)?;

@@ -24,8 +24,10 @@ impl Fs {
             {
                 return;
             }
+            // (Writers the kernel serves from the cache file keep its object too: their writes land there.)
             if node.kind == FileKind::File
                 && node.dirty.is_empty()
+                && node.pt_writers.load(Relaxed) == 0
                 && node.attr.as_ref().is_some_and(|a| a.version != attr.version)
             {
                 new_object = Some(node.object);

@@ -31,6 +31,11 @@ pub(crate) struct Handle {
     /// Opened with `O_APPEND`: every write goes at the end of the file as this node knows it, whatever
     /// offset the kernel's cached size gave it.
     pub append: bool,
+    /// Opened for writing.
+    pub writable: bool,
+    /// A writer the kernel serves from the cache file (passthrough): `Some`, with what the cache file
+    /// looked like when its writes were last adopted (`None` in it: look at every block next time).
+    pub pt_writer: Option<Option<crate::data::Stamp>>,
 }
 
 impl Handle {
@@ -44,6 +49,8 @@ impl Handle {
             ra_end: 0,
             held: false,
             append: false,
+            writable: false,
+            pt_writer: None,
         }
     }
 }
@@ -64,6 +71,15 @@ impl Default for Handles {
 }
 
 impl Handles {
+    /// The handles open on `ino`.
+    pub(crate) fn of_inode(&self, ino: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            out.extend(lock(shard).iter().filter(|(_, h)| h.ino == ino).map(|(fh, _)| *fh));
+        }
+        out
+    }
+
     fn shard(&self, fh: u64) -> &Mutex<HashMap<u64, Handle>> {
         // Handle numbers are handed out in sequence: consecutive ones land in different shards.
         &self.shards[fh as usize % SHARDS]

@@ -77,6 +77,9 @@ pub(crate) struct Inode {
     /// alone, when no hit can count meanwhile.
     pub lookups: AtomicU64,
     pub opens: AtomicU32,
+    /// Handles open for writing that the kernel serves from the cache file (passthrough): while there are
+    /// any, the cache file may hold writes not adopted yet (see `data/passthrough.rs`).
+    pub pt_writers: AtomicU32,
     /// Byte ranges written locally and not yet pushed to home.
     pub dirty: Vec<Range<u64>>,
     /// Gone from home; kept while the kernel or a handle refers to it.
@@ -129,6 +132,7 @@ impl Inode {
             negatives: HashMap::new(),
             lookups: AtomicU64::new(0),
             opens: AtomicU32::new(0),
+            pt_writers: AtomicU32::new(0),
             dirty: Vec::new(),
             removed: false,
             kernel_object: AtomicU64::new(0),
@@ -647,10 +651,16 @@ impl Fs {
     pub(crate) fn attr_of(&self, ns: &Namespace, ino: u64) -> FsResult<Attr> {
         let node = ns.inode(ino)?;
         let a = node.attr.as_ref().ok_or(FsError::NotFound)?;
+        // Writers the kernel serves from the cache file: their writes not adopted yet show in its size and
+        // times.
+        let (size, mtime, ctime) = match self.written_directly(node) {
+            Some((len, m)) => (a.size.max(len), a.mtime.max(m), a.ctime.max(m)),
+            None => (a.size, a.mtime, a.ctime),
+        };
         Ok(Attr {
             ino,
             kind: node.kind,
-            size: a.size,
+            size,
             // Local changes not yet at home: what the cache copy takes (a sparse file's holes take nothing),
             // or home's figure if larger (parts of the file not cached here).
             blocks: if node.dirty.is_empty() && node.home_size.is_none() {
@@ -668,8 +678,8 @@ impl Fs {
             gid: a.gid,
             rdev: a.rdev,
             atime: a.atime,
-            mtime: a.mtime,
-            ctime: a.ctime,
+            mtime,
+            ctime,
         })
     }
 

@@ -1,0 +1,72 @@
+//! Objects the kernel writes directly (FUSE passthrough): their cache file changes without a call here,
+//! and what changed is found by comparing each block with its recorded checksum, then adopted as written.
+
+use super::*;
+
+impl Store {
+    /// Whether every byte of the first `size` bytes of `object` is present in a file of its own (not the
+    /// content store), clean or dirty: the kernel can read and write that file directly.
+    pub fn whole_in_file(&self, object: u64, size: u64) -> bool {
+        let st = self.state(object);
+        if st.meta(object).content.is_some() {
+            return false;
+        }
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for (_, e) in st.blocks_of(object) {
+            n += 1;
+            bytes += e.len as u64;
+        }
+        n == size.div_ceil(self.cfg.block_size) && bytes == size
+    }
+
+    /// The blocks of the first `size` bytes of `object`'s cache file whose bytes are not the ones its index
+    /// records: changed by a writer the store did not see (the kernel, through passthrough), written past
+    /// the blocks it knows, or written here and not yet indexed. Reads the whole file, outside the lock.
+    pub fn changed_blocks(&self, object: u64, size: u64) -> CacheResult<Vec<u32>> {
+        let bs = self.cfg.block_size;
+        let (file, known) = {
+            let st = self.state(object);
+            let known: HashMap<u32, (u32, u32, bool)> = st
+                .blocks_of(object)
+                .map(|(k, e)| (k.1, (e.len, e.crc, e.dirty)))
+                .collect();
+            (self.file_locked(&st, object)?, known)
+        };
+        let mut changed = Vec::new();
+        let mut buf = vec![0u8; bs as usize];
+        for index in 0..size.div_ceil(bs) {
+            let start = index * bs;
+            let len = (size - start).min(bs) as usize;
+            let n = read_upto(&file, &mut buf[..len], start).map_err(io_err)?;
+            // Past the cache file's end the content is a hole: zeros.
+            buf[n..len].fill(0);
+            let crc = crc32c::crc32c(&buf[..len]);
+            match known.get(&(index as u32)) {
+                Some(&(l, c, dirty)) if l as usize == len && c == crc && !(dirty && c == 0) => {}
+                _ => changed.push(index as u32),
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Take blocks `indexes` of `object` as written (present and dirty) with `size` the object's size: the
+    /// kernel wrote them to the cache file. Indexed with their checksums by the next [`Store::commit`].
+    pub fn adopt_written(&self, object: u64, indexes: &[u32], size: u64) {
+        if indexes.is_empty() {
+            return;
+        }
+        let bs = self.cfg.block_size;
+        {
+            let mut st = self.state(object);
+            Self::bump_epoch(&mut st, object);
+            for &index in indexes {
+                let len = size.saturating_sub(index as u64 * bs).min(bs) as u32;
+                if len == 0 {
+                    continue;
+                }
+                self.insert_locked(&mut st, (object, index), len, 0, true);
+            }
+        }
+        self.evict_if_needed();
+    }
+}

@@ -1,0 +1,152 @@
+//! Writers the kernel serves from the cache file (FUSE passthrough): their writes land in the cache file
+//! without a request to the daemon, and are adopted as written at `flush`, `fsync` and `release` (and
+//! before a push of the file).
+//!
+//! What changed is found by comparing each block of the cache file with the checksum its index records
+//! (docs/design/009): no request per write to track ranges, one read of the file (from the page cache,
+//! where the writer just put it) per adoption. An adoption is skipped when the cache file's size and
+//! times are what they were at the last one, unless those times were too recent to tell a later write by
+//! (a write within the same tick of the clock the file system stamps times with leaves them unchanged).
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, SystemTime};
+
+use crate::data::{add_range, subtract};
+use crate::namespace::{Fs, Inode, lock, read, write};
+use crate::{FsError, FsResult};
+
+/// A cache file's size and times: unchanged, they say no write landed since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// Times closer to now than this cannot tell a later write: the file system may stamp it with the same.
+const CLOCK_TICK: Duration = Duration::from_millis(50);
+
+/// The stamp of `file` now, if its times are old enough to show any write made after it.
+pub(crate) fn stamp(file: &File) -> Option<Stamp> {
+    let m = file.metadata().ok()?;
+    let s = Stamp {
+        size: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    };
+    let at =
+        |(secs, nanos): (i64, i64)| SystemTime::UNIX_EPOCH + Duration::new(secs.max(0) as u64, nanos.max(0) as u32);
+    let latest = at(s.mtime).max(at(s.ctime));
+    let recent = SystemTime::now()
+        .duration_since(latest)
+        .is_ok_and(|age| age < CLOCK_TICK)
+        || latest > SystemTime::now();
+    (!recent).then_some(s)
+}
+
+impl Fs {
+    /// For a file with writers the kernel serves from the cache file: the cache file's length and
+    /// modification time, which show their writes before they are adopted.
+    pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, SystemTime)> {
+        if node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let m = self.core.store.file(node.object).ok()?.metadata().ok()?;
+        Some((m.len(), m.modified().ok()?))
+    }
+
+    /// Handle `fh`, open for writing, is served from the cache file by the kernel from now on.
+    pub(crate) fn begin_direct_writer(&self, fh: u64, file: &File) {
+        let Some(ino) = self.handles.with(fh, |h| {
+            h.pt_writer = Some(stamp(file));
+            h.ino
+        }) else {
+            return;
+        };
+        if let Ok(node) = read(&self.ns).inode(ino) {
+            node.pt_writers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Handle `fh` is no longer served from the cache file (closed, or the kernel refused the file).
+    pub(crate) fn end_direct_writer(&self, ino: u64) {
+        if let Ok(node) = read(&self.ns).inode(ino) {
+            let _ = node.pt_writers.fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |n| Some(n.saturating_sub(1)),
+            );
+        }
+    }
+
+    /// Adopt what the kernel wrote to the cache file through handle `fh` (if it is such a writer): the
+    /// blocks whose bytes differ from their indexed checksum become dirty, the file takes the cache file's
+    /// size if that is larger, and its times move. Returns whether anything was adopted.
+    pub(crate) fn adopt_direct_writes(&self, fh: u64) -> FsResult<bool> {
+        let Some((ino, last)) = self.handles.with(fh, |h| h.pt_writer.map(|s| (h.ino, s))).flatten() else {
+            return Ok(false);
+        };
+        let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
+        let _w = lock(&write_lock);
+        let (object, removed, known_size) = {
+            let ns = read(&self.ns);
+            let node = ns.inode(ino)?;
+            (node.object, node.removed, node.attr.as_ref().map_or(0, |a| a.size))
+        };
+        let file = self.core.store.file(object)?;
+        // Taken before the blocks are read: a write landing after it moves it.
+        let now = stamp(&file);
+        if last.is_some() && last == now {
+            return Ok(false);
+        }
+        let len = file
+            .metadata()
+            .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?
+            .len();
+        let changed = self.core.store.changed_blocks(object, len)?;
+        self.handles.with(fh, |h| h.pt_writer = Some(now));
+        let size = len.max(known_size);
+        if removed || (changed.is_empty() && size == known_size) {
+            return Ok(false);
+        }
+        self.core.store.adopt_written(object, &changed, size);
+        let bs = self.core.store.block_size();
+        let mut ns = write(&self.ns);
+        let node = ns.inode_mut(ino)?;
+        let ranges: Vec<std::ops::Range<u64>> = changed
+            .iter()
+            .map(|&i| i as u64 * bs..((i as u64 + 1) * bs).min(size))
+            .collect();
+        for r in &ranges {
+            add_range(&mut node.dirty, r.clone());
+        }
+        if let Some(u) = node.unconfirmed.as_mut() {
+            // Bytes written again no longer show what an earlier push sent.
+            u.ranges = subtract(&u.ranges, &ranges);
+        }
+        if let Some(a) = node.attr.as_mut() {
+            a.size = size;
+            let t = SystemTime::now();
+            a.mtime = t;
+            a.ctime = t;
+        }
+        Ok(true)
+    }
+
+    /// Before a push of `ino`: adopt what every writer the kernel serves wrote so far.
+    pub(crate) fn adopt_all_direct_writes(&self, ino: u64) {
+        if read(&self.ns)
+            .inodes
+            .get(&ino)
+            .is_none_or(|n| n.pt_writers.load(std::sync::atomic::Ordering::Relaxed) == 0)
+        {
+            return;
+        }
+        for fh in self.handles.of_inode(ino) {
+            if let Err(e) = self.adopt_direct_writes(fh) {
+                tracing::warn!(ino, error = %e, "adopting what the kernel wrote to a cache file failed");
+            }
+        }
+    }
+}
