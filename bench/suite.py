@@ -22,6 +22,8 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
                bank and without (larder only; needs memcached)
   bank_read    IMCa §5.5    C = 1, 2, 4 fresh mounts read a data set a warmer mount left in the bank, against
                fresh mounts reading home; memcached against Redis (larder only; needs memcached, redis-server)
+  local_speed  design 009   the default (write-back) mount against the local disk: warm sequential reads
+               (the first after a cold fill, and the next), 4 KiB random reads, a rewrite in place + fsync
 Systems: the home directory itself ("direct", the local-disk limit), larder, and the peers
 `rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, and s3fs-fuse with
 `use_cache` over an S3 server (s3s-fs) serving the same home as a bucket. Over "the link", larder's home
@@ -51,7 +53,7 @@ import harness as H  # noqa: E402
 from harness import MiB, log, note  # noqa: E402
 
 SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster",
-             "cluster_writes", "bank_stat", "bank_read"]
+             "cluster_writes", "bank_stat", "bank_read", "local_speed"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 RCLONE_FLAGS = H.RCLONE_FLAGS
