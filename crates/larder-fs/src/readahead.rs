@@ -1,22 +1,72 @@
 //! Ingest: blocks ahead of a reader are fetched by `--ingest-streams` background workers, through the same
 //! single-flight fetch as demand reads, so a reader that catches up waits for the fetch under way.
 //!
-//! A job is a range of blocks of one file. A worker takes the first block of the job at the head of the
+//! A job is a range of blocks of one file. A worker takes the first blocks of the job at the head of the
 //! queue and leaves the rest there, so every stream works on the same file, in order, and a large file
 //! comes in over as many concurrent home requests as there are streams (Panache's parallel ingest).
+//!
+//! **Coalescing.** A worker takes a run of adjacent blocks, its share of what the job has left (up to
+//! `MAX_RUN` bytes), and the missing ones among them that are adjacent come from home in one request when
+//! home is the next tier after the store (with peers or a bank between, each block walks the tiers on its
+//! own: they keep units, not runs). Readers missing a block of a run under way wait for the run
+//! ([`Runs`]) instead of asking home again.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use larder_home::Version;
 
+use crate::key::Part;
 use crate::namespace::{Core, lock};
 
 /// Most jobs waiting; a submission past it is dropped (readahead is a hint).
 const QUEUE: usize = 1024;
+
+/// Largest run of adjacent blocks fetched from home in one request.
+pub(crate) const MAX_RUN: u64 = 16 << 20;
+
+/// Longest a reader waits for a run covering its block before asking for the block itself.
+const RUN_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs of blocks being fetched from home in one request, so that a reader missing one of their blocks
+/// waits for it rather than fetching it again.
+#[derive(Default)]
+pub(crate) struct Runs {
+    under_way: Mutex<Vec<(u64, Range<u32>)>>,
+    done: Condvar,
+}
+
+impl Runs {
+    pub(crate) fn begin_run(&self, object: u64, blocks: Range<u32>) {
+        lock(&self.under_way).push((object, blocks));
+    }
+
+    pub(crate) fn end_run(&self, object: u64, blocks: &Range<u32>) {
+        let mut runs = lock(&self.under_way);
+        if let Some(i) = runs.iter().position(|(o, b)| *o == object && b == blocks) {
+            runs.swap_remove(i);
+        }
+        drop(runs);
+        self.done.notify_all();
+    }
+
+    /// Wait (bounded) until no run covering block `index` of `object` is under way.
+    pub(crate) fn wait(&self, object: u64, index: u32) {
+        let deadline = Instant::now() + RUN_WAIT;
+        let mut runs = lock(&self.under_way);
+        while runs.iter().any(|(o, b)| *o == object && b.contains(&index)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            runs = self.done.wait_timeout(runs, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
 
 #[derive(Clone)]
 pub(crate) struct Job {
@@ -56,21 +106,15 @@ impl Readahead {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
         });
-        for i in 0..streams.max(1) {
+        let streams = streams.max(1);
+        let max_run = (MAX_RUN / core.store.block_size()).max(1) as u32;
+        for i in 0..streams {
             let (shared, core) = (shared.clone(), core.clone());
             let _ = std::thread::Builder::new()
                 .name(format!("larder-ingest-{i}"))
                 .spawn(move || {
-                    while let Some((job, index)) = next(&shared) {
-                        if core.store.contains((job.object, index))
-                            || core
-                                .tiers
-                                .in_flight(&core.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
-                        {
-                            continue;
-                        }
-                        if let Err(e) = core.fetch(job.object, index, &job.path, &job.version, job.home_end, job.epoch)
-                        {
+                    while let Some((job, run)) = next(&shared, streams as u32, max_run) {
+                        if let Err(e) = ingest(&core, &job, run) {
                             tracing::debug!(error = %e, path = %job.path.display(), "readahead fetch failed");
                             // The rest of this file's range would most likely fail the same way.
                             drop_object(&shared, job.object);
@@ -131,13 +175,15 @@ impl Drop for Readahead {
     }
 }
 
-/// The next block to bring in: the first of the job at the head of the queue.
-fn next(shared: &Shared) -> Option<(Job, u32)> {
+/// The next blocks to bring in: the first of the job at the head of the queue, this stream's share of
+/// what the job has left (at least one block, at most `max_run`).
+fn next(shared: &Shared, streams: u32, max_run: u32) -> Option<(Job, Range<u32>)> {
     let mut q = lock(&shared.queue);
     loop {
         if let Some(job) = q.jobs.front_mut() {
-            let index = job.blocks.start;
-            job.blocks.start += 1;
+            let take = (job.blocks.len() as u32).div_ceil(streams).clamp(1, max_run);
+            let run = job.blocks.start..job.blocks.start + take;
+            job.blocks.start = run.end;
             let job = if job.blocks.is_empty() {
                 let job = q.jobs.pop_front()?;
                 if q.queued_to.get(&job.object) == Some(&job.blocks.end) {
@@ -147,13 +193,48 @@ fn next(shared: &Shared) -> Option<(Job, u32)> {
             } else {
                 job.clone()
             };
-            return Some((job, index));
+            return Some((job, run));
         }
         if q.closed {
             return None;
         }
         q = shared.ready.wait(q).unwrap_or_else(|p| p.into_inner());
     }
+}
+
+/// Bring in the blocks `run` of `job`: those present or being fetched are skipped; adjacent missing ones
+/// come in one home request where home is the next tier (and the file is not a small one, whole in one
+/// unit), else one by one through the tiers.
+fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::HomeError> {
+    let missing = |index: u32| {
+        !core.store.contains((job.object, index))
+            && !core
+                .tiers
+                .in_flight(&core.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
+    };
+    let per_block = !core.tiers.home_next()
+        || matches!(
+            core.unit_of(run.start, &job.path, &job.version, job.home_end).0.part,
+            Part::Whole { .. }
+        );
+    let mut index = run.start;
+    while index < run.end {
+        if !missing(index) {
+            index += 1;
+            continue;
+        }
+        let mut end = index + 1;
+        while !per_block && end < run.end && missing(end) {
+            end += 1;
+        }
+        if end - index == 1 {
+            core.fetch(job.object, index, &job.path, &job.version, job.home_end, job.epoch)?;
+        } else {
+            core.fetch_run(job, index..end)?;
+        }
+        index = end;
+    }
+    Ok(())
 }
 
 /// Forget the queued blocks of `object`.

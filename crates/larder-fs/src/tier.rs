@@ -264,6 +264,22 @@ impl Tiers {
         self.flights.in_flight(digest)
     }
 
+    /// Whether home is the next tier after the local store (no peers, no bank between): then a run of
+    /// adjacent blocks may be fetched from home in one request.
+    pub fn home_next(&self) -> bool {
+        self.tiers.len() == 2
+    }
+
+    /// Count `units` units of `bytes` that home gave in one coalesced request, `elapsed` long.
+    pub fn note_home_run(&self, units: u64, bytes: u64, elapsed: Duration) {
+        if let Some((_, c)) = self.tiers.last() {
+            c.asks.fetch_add(1, Ordering::Relaxed);
+            c.hits.fetch_add(units, Ordering::Relaxed);
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
+            c.nanos.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
     pub fn stats(&self) -> Vec<TierStats> {
         self.tiers
             .iter()

@@ -255,6 +255,31 @@ fn cold_then_warm_reads_are_exact_and_warm_reads_stay_local() {
 }
 
 #[test]
+fn a_sequential_reader_gets_adjacent_blocks_in_few_home_requests() {
+    let s = Setup::new();
+    let blocks = 48;
+    let data = pattern(blocks * BS as usize, 9);
+    std::fs::write(s.home("big"), &data).unwrap();
+    let (fs, c) = s.fs(Duration::from_secs(3600));
+    let ino = resolve(&fs, "big").unwrap();
+    let r = fs.open(ino, libc::O_RDONLY).unwrap();
+    let mut out = Vec::new();
+    while out.len() < data.len() {
+        let chunk = fs.read(r.fh, out.len() as u64, BS as u32).unwrap();
+        assert!(!chunk.is_empty());
+        out.extend(chunk);
+    }
+    fs.release(r.fh).unwrap();
+    assert!(out == data, "the bytes read are not home's");
+    let reads = c.ops_of(OpKind::Read);
+    // The readahead window grows to 16 blocks; each stream (2 here) takes its share of a window's blocks
+    // in one request. One request per block would be 48.
+    assert!(reads <= blocks as u64 / 2, "{reads} home reads for {blocks} blocks");
+    assert_eq!(read_file(&fs, ino), data);
+    assert_eq!(c.ops_of(OpKind::Read), reads, "warm reads make no home reads");
+}
+
+#[test]
 fn changes_at_home_wait_for_the_validity_lag_then_show() {
     let s = Setup::new();
     std::fs::write(s.home("f"), b"old content").unwrap();

@@ -235,7 +235,7 @@ impl LarderFuse {
         if (r.passthrough || reusable)
             && state.cached == 0
             && self.passthrough.load(Ordering::Relaxed)
-            && let Some(file) = self.fs.passthrough(r.fh)
+            && let Some(file) = self.fs.passthrough(r.fh, reusable)
         {
             if !reusable {
                 match reply.open_backing(file.as_ref()) {

@@ -430,6 +430,11 @@ impl Store {
         std::fs::metadata(self.path_of(object)).map_or(0, |m| m.blocks())
     }
 
+    /// The directory the cache files are in.
+    pub fn dir(&self) -> &Path {
+        &self.cfg.dir
+    }
+
     fn path_of(&self, object: u64) -> PathBuf {
         self.cfg
             .dir

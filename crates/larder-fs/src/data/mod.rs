@@ -66,6 +66,8 @@ impl Core {
         home_end: u64,
         epoch: u64,
     ) -> FetchResult {
+        // A coalesced fetch bringing this block in is waited for: the store has it then.
+        self.runs.wait(object, index);
         let (key, range) = self.unit_of(index, path, version, home_end);
         let local = Local {
             object,
@@ -81,6 +83,37 @@ impl Core {
             return Ok(Arc::new(unit[from..to].to_vec()));
         }
         Ok(unit)
+    }
+}
+
+impl Core {
+    /// Blocks `run` of `job`'s object from home in one request, each kept in the store (a block changed
+    /// here meanwhile is not: the epoch moved). Readers missing one of them wait for it meanwhile.
+    pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<(), HomeError> {
+        let bs = self.store.block_size();
+        let start = run.start as u64 * bs;
+        let end = (run.end as u64 * bs).min(job.home_end);
+        if end <= start {
+            return Ok(());
+        }
+        self.runs.begin_run(job.object, run.clone());
+        let started = std::time::Instant::now();
+        let result = self.home.read(&job.path, &job.version, start, (end - start) as usize);
+        let outcome = result.map(|data| {
+            for (i, chunk) in data.chunks(bs as usize).enumerate() {
+                let index = run.start + i as u32;
+                if let Err(e) = self.store.fill((job.object, index), chunk, job.epoch) {
+                    tracing::debug!(error = %e, "keeping a block of a coalesced fetch failed");
+                }
+            }
+            self.tiers.note_home_run(
+                data.len().div_ceil(bs as usize) as u64,
+                data.len() as u64,
+                started.elapsed(),
+            );
+        });
+        self.runs.end_run(job.object, &run);
+        outcome
     }
 }
 
@@ -236,10 +269,12 @@ impl Fs {
         }
     }
 
-    /// The cache file the kernel may read handle `fh`'s data from directly (FUSE passthrough), for a handle
-    /// whose open said `passthrough`. From then until the handle is released, the store holds its object:
-    /// no eviction, and no hole punched under the reader. `None` if the file is no longer whole and clean.
-    pub fn passthrough(&self, fh: u64) -> Option<Arc<std::fs::File>> {
+    /// The cache file the kernel may read and write handle `fh`'s data in directly (FUSE passthrough), for
+    /// a handle whose open said `passthrough`, or any open of an inode the kernel already serves from that
+    /// file (`backed`: the kernel requires every open of it to be served so, and what its writers wrote
+    /// is not taken in yet). From then until the handle is released, the store holds its object: no
+    /// eviction, and no hole punched under the reader. `None` if the file is no longer whole.
+    pub fn passthrough(&self, fh: u64, backed: bool) -> Option<Arc<std::fs::File>> {
         let ns = read(&self.ns);
         let (ino, object, writable) = self.handles.with(fh, |h| (h.ino, h.object, h.writable))?;
         let node = ns.inode(ino).ok()?;
@@ -250,12 +285,9 @@ impl Fs {
         self.core.store.hold(object);
         // The cache file must hold the whole file: one shorter (a file extended by truncation) would end
         // the kernel's reads early.
-        let file = self
-            .core
-            .store
-            .file(object)
-            .ok()
-            .filter(|f| self.core.store.whole_in_file(object, size) && f.metadata().is_ok_and(|m| m.len() >= size));
+        let file = self.core.store.file(object).ok().filter(|f| {
+            backed || (self.core.store.whole_in_file(object, size) && f.metadata().is_ok_and(|m| m.len() >= size))
+        });
         match file {
             Some(file) => {
                 self.handles.with(fh, |h| h.held = true);

@@ -24,11 +24,50 @@ pub(crate) struct Stamp {
     ctime: (i64, i64),
 }
 
+fn nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// Times closer to now than this cannot tell a later write: the file system may stamp it with the same.
 const CLOCK_TICK: Duration = Duration::from_millis(50);
 
-/// The stamp of `file` now, if its times are old enough to show any write made after it.
-pub(crate) fn stamp(file: &File) -> Option<Stamp> {
+/// Whether the file system at `dir` stamps each change with a time of its own once the previous one was
+/// looked at (Linux 6.13's multigrain timestamps on ext4, xfs, btrfs, tmpfs): then a stamp shows every
+/// later write however soon it comes. Probed once: two writes, each right after a stat, must move the
+/// modification time every time.
+pub(crate) fn fine_grained_times(dir: &std::path::Path) -> bool {
+    static FINE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FINE.get_or_init(|| {
+        let path = dir.join(".larder-time-probe");
+        let probe = || -> std::io::Result<bool> {
+            use std::os::unix::fs::FileExt;
+            let f = larder_cache::private::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)?;
+            let mut last = f.metadata()?.modified()?;
+            for i in 0..8u8 {
+                f.write_all_at(&[i], 0)?;
+                let now = f.metadata()?.modified()?;
+                if now <= last {
+                    return Ok(false);
+                }
+                last = now;
+            }
+            Ok(true)
+        };
+        let fine = probe().unwrap_or(false);
+        let _ = std::fs::remove_file(&path);
+        tracing::debug!(fine, "probed the cache file system's timestamps");
+        fine
+    })
+}
+
+/// The stamp of `file` now, if its times show any write made after it.
+pub(crate) fn stamp(file: &File, fine: bool) -> Option<Stamp> {
     let m = file.metadata().ok()?;
     let s = Stamp {
         size: m.len(),
@@ -38,34 +77,51 @@ pub(crate) fn stamp(file: &File) -> Option<Stamp> {
     let at =
         |(secs, nanos): (i64, i64)| SystemTime::UNIX_EPOCH + Duration::new(secs.max(0) as u64, nanos.max(0) as u32);
     let latest = at(s.mtime).max(at(s.ctime));
-    let recent = SystemTime::now()
-        .duration_since(latest)
-        .is_ok_and(|age| age < CLOCK_TICK)
+    let recent = !fine
+        && SystemTime::now()
+            .duration_since(latest)
+            .is_ok_and(|age| age < CLOCK_TICK)
         || latest > SystemTime::now();
     (!recent).then_some(s)
 }
 
 impl Fs {
-    /// For a file with writers the kernel serves from the cache file: the cache file's length and
-    /// modification time, which show their writes before they are adopted.
+    /// Whether the cache's file system stamps every write (see [`fine_grained_times`]).
+    pub(crate) fn fine_times(&self) -> bool {
+        fine_grained_times(self.core.store.dir())
+    }
+
+    /// For a file with writers the kernel serves from the cache file that wrote since their writes were
+    /// last taken in: the cache file's length and modification time, which show those writes.
     pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, SystemTime)> {
         if node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return None;
         }
         let m = self.core.store.file(node.object).ok()?.metadata().ok()?;
-        Some((m.len(), m.modified().ok()?))
+        let modified = m.modified().ok()?;
+        (nanos(modified) > node.pt_seen.load(std::sync::atomic::Ordering::Relaxed)).then_some((m.len(), modified))
+    }
+
+    /// Note the cache file's modification time as taken in (see [`Inode::pt_seen`]).
+    fn seen(&self, ino: u64, file: &File) {
+        if let (Ok(node), Ok(t)) = (read(&self.ns).inode(ino), file.metadata().and_then(|m| m.modified())) {
+            node.pt_seen.store(nanos(t), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Handle `fh`, open for writing, is served from the cache file by the kernel from now on.
     pub(crate) fn begin_direct_writer(&self, fh: u64, file: &File) {
         let Some(ino) = self.handles.with(fh, |h| {
-            h.pt_writer = Some(stamp(file));
+            h.pt_writer = Some(stamp(file, self.fine_times()));
             h.ino
         }) else {
             return;
         };
-        if let Ok(node) = read(&self.ns).inode(ino) {
-            node.pt_writers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let first = read(&self.ns)
+            .inode(ino)
+            .is_ok_and(|node| node.pt_writers.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0);
+        if first {
+            self.seen(ino, file);
         }
     }
 
@@ -96,10 +152,11 @@ impl Fs {
         };
         let file = self.core.store.file(object)?;
         // Taken before the blocks are read: a write landing after it moves it.
-        let now = stamp(&file);
+        let now = stamp(&file, self.fine_times());
         if last.is_some() && last == now {
             return Ok(false);
         }
+        self.seen(ino, &file);
         let len = file
             .metadata()
             .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?

@@ -80,7 +80,7 @@ impl Fs {
                     // With writers the kernel serves, the cache file can change under the push: its stamp
                     // now tells afterwards whether it did.
                     let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)
-                        .then(|| super::passthrough::stamp(&file));
+                        .then(|| super::passthrough::stamp(&file, self.fine_times()));
                     (ranges, size, object, path, base, file, mtime, record, direct)
                 }
                 Err(e) => {
@@ -118,7 +118,7 @@ impl Fs {
                 // bytes before and after, so all of it stays dirty and goes again, after the next
                 // adoption. Home's new version is ours all the same.
                 if let Some(before) = direct
-                    && (before.is_none() || super::passthrough::stamp(&file) != before)
+                    && (before.is_none() || super::passthrough::stamp(&file, self.fine_times()) != before)
                 {
                     let node = ns.inode_mut(ino)?;
                     for r in &ranges {

@@ -80,6 +80,9 @@ pub(crate) struct Inode {
     /// Handles open for writing that the kernel serves from the cache file (passthrough): while there are
     /// any, the cache file may hold writes not adopted yet (see `data/passthrough.rs`).
     pub pt_writers: AtomicU32,
+    /// The cache file's modification time (ns since the epoch) when such writers' writes were last taken
+    /// in: a later one shows writes not taken in yet.
+    pub pt_seen: AtomicU64,
     /// Byte ranges written locally and not yet pushed to home.
     pub dirty: Vec<Range<u64>>,
     /// Gone from home; kept while the kernel or a handle refers to it.
@@ -133,6 +136,7 @@ impl Inode {
             lookups: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             pt_writers: AtomicU32::new(0),
+            pt_seen: AtomicU64::new(0),
             dirty: Vec::new(),
             removed: false,
             kernel_object: AtomicU64::new(0),
@@ -264,6 +268,8 @@ pub(crate) struct Core {
     pub home_id: HomeId,
     /// Files at most this large are fetched whole.
     pub small_file_threshold: u64,
+    /// Runs of adjacent blocks being fetched from home in one request.
+    pub runs: crate::readahead::Runs,
 }
 
 /// The caching file system, without FUSE: three components and what joins them (design note 012).
