@@ -24,6 +24,8 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
                fresh mounts reading home; memcached against Redis (larder only; needs memcached, redis-server)
   local_speed  design 009   the default (write-back) mount against the local disk: warm sequential reads
                (the first after a cold fill, and the next), 4 KiB random reads, a rewrite in place + fsync
+  programs     design 003   tar x, git clone, cp -a and rm -rf at 10 ms against the local disk; home calls
+               per directory of find | xargs cat past the validity lag
 Systems: the home directory itself ("direct", the local-disk limit), larder, and the peers
 `rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, and s3fs-fuse with
 `use_cache` over an S3 server (s3s-fs) serving the same home as a bucket. Over "the link", larder's home
@@ -53,7 +55,7 @@ import harness as H  # noqa: E402
 from harness import MiB, log, note  # noqa: E402
 
 SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster",
-             "cluster_writes", "bank_stat", "bank_read", "local_speed"]
+             "cluster_writes", "bank_stat", "bank_read", "local_speed", "programs"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 RCLONE_FLAGS = H.RCLONE_FLAGS
@@ -189,6 +191,9 @@ class Context:
                 peers.append(S3fs())
             except ImportError as e:
                 self.skipped["s3fs"] = f"bench/s3fs_peer.py: {e}"
+            if args.peers:
+                wanted = {p.strip() for p in args.peers.split(",")}
+                peers = [p for p in peers if p.name in wanted]
             for p in peers:
                 why = p.available(self)
                 if why:
@@ -328,6 +333,7 @@ def main():
     ap.add_argument("--full", action="store_true", help="the seeds' sizes (longer)")
     ap.add_argument("--only", help="comma-separated scenarios to run")
     ap.add_argument("--skip-peers", action="store_true", help="larder and direct only")
+    ap.add_argument("--peers", help="only these peers, comma-separated (rclone, s3fs) [all]")
     ap.add_argument("--latency", default="30ms", help="the link's round trip [30ms]")
     ap.add_argument("--bandwidth", type=H.parse_size, default=200 * MiB, help="the link's bandwidth [200MiB]")
     ap.add_argument("--stat-latency", default="1ms",
@@ -362,7 +368,8 @@ def main():
         "full": a.full, "link": {"latency": a.latency, "bandwidth_MiB_s": a.bandwidth / MiB},
         "stat_latency": a.stat_latency, "cache_size": a.cache_size, "rclone_flags": RCLONE_FLAGS},
         "scenarios": {}}
-    res["setup"] = H.bench_setup(res["config"], suite=True, peers=not a.skip_peers)
+    wants_s3fs = not a.skip_peers and (not a.peers or "s3fs" in a.peers.split(","))
+    res["setup"] = H.bench_setup(res["config"], suite=True, peers=wants_s3fs)
     work = tempfile.mkdtemp(prefix="larder-bench-suite-", dir="/var/tmp")
     res["work_dir"] = work
     t_start = time.monotonic()

@@ -7,6 +7,12 @@ On the mount users get by default (write-back, passthrough on), after a cold fil
 - rewriting a cached file (256 MiB) in place in 1 MiB writes, then `fsync`.
 The limit is the same on the local disk (`direct`: the home directory, on the disk the cache uses), in
 the same run. larder's status says how many reads the daemon served (0: the kernel read the cache file).
+
+"First warm read" is a read of a file just written to the disk: larder's cache file right after the cold
+fill wrote it, and for `direct` a copy of the file written just before. A disk still busy with the
+writeback of a file just written reads it slower (measured here: 1.2-2.6 GB/s against 3.5-4.0 GB/s a few
+seconds later, for the cache file read with `dd` and for a file written with `head`), so both sides pay
+it. The second warm read comes 5 s later on both sides.
 """
 import os
 import random
@@ -70,10 +76,20 @@ def run(ctx):
                 r["cold"] = H.seq_read(path, 600)
                 H.seq_read(rpath, 600)
             reads = daemon_reads(m)
-            for i in (1, 2):
-                ctx.drop_caches()
-                log(f"local_speed: {s.name}, warm sequential read {i}")
-                r[f"warm{i}"] = H.seq_read(path, 600)
+            first = path
+            if s.name == "direct":
+                # A file just written, as larder's cache file is just after its cold fill.
+                first = m.path("local/big-fresh")
+                H.write_random(first, size)
+            ctx.drop_caches()
+            log(f"local_speed: {s.name}, first warm sequential read")
+            r["warm1"] = H.seq_read(first, 600)
+            if first != path:
+                os.unlink(first)
+            time.sleep(5)
+            ctx.drop_caches()
+            log(f"local_speed: {s.name}, second warm sequential read")
+            r["warm2"] = H.seq_read(path, 600)
             ctx.drop_caches()
             log(f"local_speed: {s.name}, 4 KiB random reads")
             r["random"] = H.rand_read(path, offsets, RAND_SECONDS)
@@ -90,9 +106,9 @@ def report(r, ctx):
     sy = r["systems"]
     g = lambda s, *k: H.get(sy, s, *k)
     rows = [
-        ["sequential read, first warm after the cold fill, MiB/s", g("direct", "warm1", "MiB_s"),
+        ["sequential read, first warm (just written: after the cold fill; direct: a fresh copy), MiB/s", g("direct", "warm1", "MiB_s"),
          g("larder", "warm1", "MiB_s"), H.ratio(g("larder", "warm1", "MiB_s"), g("direct", "warm1", "MiB_s")), "0.95"],
-        ["sequential read, second warm, MiB/s", g("direct", "warm2", "MiB_s"), g("larder", "warm2", "MiB_s"),
+        ["sequential read, 5 s later, MiB/s", g("direct", "warm2", "MiB_s"), g("larder", "warm2", "MiB_s"),
          H.ratio(g("larder", "warm2", "MiB_s"), g("direct", "warm2", "MiB_s")), "0.95"],
         ["4 KiB random reads, ops/s", g("direct", "random", "ops_s"), g("larder", "random", "ops_s"),
          H.ratio(g("larder", "random", "ops_s"), g("direct", "random", "ops_s")), "0.9"],

@@ -344,9 +344,19 @@ fn writers_of_a_file_whole_in_the_cache_write_its_cache_file_and_home_gets_what_
         reads,
         "the daemon served reads of a file whole in the cache"
     );
-    // A new file is written by the kernel too.
-    let new = rng.bytes(300_000);
+    // A new file is written through the daemon, then appended to by the kernel at its next open.
+    let mut new = rng.bytes(300_000);
     std::fs::write(m.path("new.bin"), &new).unwrap();
+    let tail = rng.bytes(5000);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.path("new.bin"))
+            .unwrap();
+        f.write_all(&tail).unwrap();
+    }
+    new.extend_from_slice(&tail);
     assert_same_bytes(&read_uncached(&m.path("new.bin")), &new, "a new file read back");
     assert_same_bytes(&read_uncached(&m.path("f.bin")), &want, "read back after the close");
     drain_ok(&m, 30);

@@ -16,8 +16,23 @@ impl Store {
     /// Record dirty blocks of `object` in the persistent index (with their checksums) so that they are
     /// found again after a restart; they stay dirty. Durable once the index is synced and the object file
     /// is.
+    /// Dirty blocks already indexed (their entry carries a checksum: adopted from the kernel's writes, or
+    /// committed before and not written since, since a write resets it) are not read again.
     pub fn commit(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
-        self.index_blocks(object, indexes, size, true)
+        let bs = self.cfg.block_size;
+        let pending: Vec<u32> = {
+            let st = self.state(object);
+            indexes
+                .into_iter()
+                .filter(|&i| {
+                    let len = size.saturating_sub(i as u64 * bs).min(bs) as u32;
+                    !st.blocks
+                        .get(&(object, i))
+                        .is_some_and(|e| e.dirty && e.crc != 0 && e.len == len)
+                })
+                .collect()
+        };
+        self.index_blocks(object, pending, size, true)
     }
 
     /// Re-read blocks `indexes` of `object` (the first `size` bytes of it) from its cache file and record

@@ -22,7 +22,7 @@ impl Store {
     /// The blocks of the first `size` bytes of `object`'s cache file whose bytes are not the ones its index
     /// records: changed by a writer the store did not see (the kernel, through passthrough), written past
     /// the blocks it knows, or written here and not yet indexed. Reads the whole file, outside the lock.
-    pub fn changed_blocks(&self, object: u64, size: u64) -> CacheResult<Vec<u32>> {
+    pub fn changed_blocks(&self, object: u64, size: u64) -> CacheResult<Vec<(u32, u32)>> {
         let bs = self.cfg.block_size;
         let (file, known) = {
             let st = self.state(object);
@@ -43,29 +43,40 @@ impl Store {
             let crc = crc32c::crc32c(&buf[..len]);
             match known.get(&(index as u32)) {
                 Some(&(l, c, dirty)) if l as usize == len && c == crc && !(dirty && c == 0) => {}
-                _ => changed.push(index as u32),
+                _ => changed.push((index as u32, crc)),
             }
         }
         Ok(changed)
     }
 
-    /// Take blocks `indexes` of `object` as written (present and dirty) with `size` the object's size: the
-    /// kernel wrote them to the cache file. Indexed with their checksums by the next [`Store::commit`].
-    pub fn adopt_written(&self, object: u64, indexes: &[u32], size: u64) {
-        if indexes.is_empty() {
+    /// Take blocks of `object` as written (present and dirty), each with the checksum [`Store::changed_blocks`]
+    /// found, `size` being the object's size: the kernel wrote them to the cache file. Indexed now; a
+    /// write the kernel makes after the checksum was taken is found by the next comparison.
+    pub fn adopt_written(&self, object: u64, blocks: &[(u32, u32)], size: u64) {
+        if blocks.is_empty() {
             return;
         }
         let bs = self.cfg.block_size;
         {
             let mut st = self.state(object);
             Self::bump_epoch(&mut st, object);
-            for &index in indexes {
+            let mut mutations = Vec::with_capacity(blocks.len());
+            for &(index, crc) in blocks {
                 let len = size.saturating_sub(index as u64 * bs).min(bs) as u32;
                 if len == 0 {
                     continue;
                 }
-                self.insert_locked(&mut st, (object, index), len, 0, true);
+                self.insert_locked(&mut st, (object, index), len, crc, true);
+                mutations.push(Mutation::PutBlock {
+                    object,
+                    index,
+                    len,
+                    crc,
+                });
             }
+            // Submitted under the lock, so that they reach the index before any later change of these
+            // blocks does.
+            self.db.submit(mutations);
         }
         self.evict_if_needed();
     }

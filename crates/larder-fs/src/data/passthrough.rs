@@ -167,13 +167,13 @@ impl Fs {
         if removed || (changed.is_empty() && size == known_size) {
             return Ok(false);
         }
-        self.core.store.adopt_written(object, &changed, size);
+        self.core.store.adopt_written(object, &changed, len);
         let bs = self.core.store.block_size();
         let mut ns = write(&self.ns);
         let node = ns.inode_mut(ino)?;
         let ranges: Vec<std::ops::Range<u64>> = changed
             .iter()
-            .map(|&i| i as u64 * bs..((i as u64 + 1) * bs).min(size))
+            .map(|&(i, _)| i as u64 * bs..((i as u64 + 1) * bs).min(size))
             .collect();
         for r in &ranges {
             add_range(&mut node.dirty, r.clone());
