@@ -130,7 +130,9 @@ class Larder(System):
     def mount(self, ctx, tag, link=None, writable=False, flags=()):
         mnt, cache = ctx.scratch(f"mnt-{self.name}-{tag}"), ctx.scratch(f"cache-{self.name}-{tag}")
         size = str(self.cache_size or ctx.args.cache_size)
-        args = ["--cache-size", size, "--validity-lag", "1h"] + self.flags + list(flags)
+        extra = self.flags + list(flags)
+        lag = [] if "--validity-lag" in extra else ["--validity-lag", "1h"]
+        args = ["--cache-size", size] + lag + extra
         if not writable:
             args.append("--read-only")
         elif "--write-mode" not in args:

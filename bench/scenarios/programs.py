@@ -57,7 +57,9 @@ def make_sources(work):
 
 def timed(cmd, cwd=None):
     t0 = time.monotonic()
-    H.run(cmd, timeout=1800, cwd=cwd)
+    r = H.run(cmd, timeout=1800, cwd=cwd, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-500:]}")
     return round(time.monotonic() - t0, 3)
 
 

@@ -11,9 +11,9 @@
 //! index durable (and empties the log) at most [`Db::GROUP_COMMIT`] later, or at the next `sync`.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,12 @@ struct Inlet {
 struct Shared {
     /// `None` once closed.
     inlet: Mutex<Option<Inlet>>,
+    /// Submissions sent to the committer, and those it has applied (committed or not): a read of the index
+    /// waits until it has applied everything submitted before the read, so that it sees the changes whose
+    /// calls returned.
+    submitted: AtomicU64,
+    applied: Mutex<u64>,
+    caught_up: Condvar,
     /// A write to the log failed: until the next durable commit, [`Db::settle`] waits for one.
     wal_failed: AtomicBool,
 }
@@ -178,6 +184,9 @@ impl Db {
         let shared = Arc::new(Shared {
             inlet: Mutex::new(Some(Inlet { sender: tx, wal })),
             wal_failed: AtomicBool::new(false),
+            submitted: AtomicU64::new(0),
+            applied: Mutex::new(0),
+            caught_up: Condvar::new(),
         });
         let worker_db = db.clone();
         let worker_shared = shared.clone();
@@ -212,7 +221,30 @@ impl Db {
             {
                 tracing::warn!(error = %e, "writing the index's log failed; changes wait for the index's commit until it works again");
             }
-            let _ = inlet.sender.send(Msg::Apply(mutations));
+            if inlet.sender.send(Msg::Apply(mutations)).is_ok() {
+                self.shared.submitted.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Wait (bounded) until the committer has applied everything submitted so far: reads of the index
+    /// see every change whose call returned, even one only logged yet.
+    fn caught_up(&self) {
+        let target = self.shared.submitted.load(Ordering::SeqCst);
+        let mut applied = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while *applied < target {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                tracing::warn!("the index's committer is behind; reading the index as it is");
+                return;
+            }
+            applied = self
+                .shared
+                .caught_up
+                .wait_timeout(applied, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -284,6 +316,7 @@ impl Db {
 
     /// A counter or setting stored under `key`.
     pub fn meta(&self, key: &str) -> CacheResult<Option<u64>> {
+        self.caught_up();
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(META).map_err(idx_err)?;
         Ok(table.get(key).map_err(idx_err)?.map(|v| v.value()))
@@ -291,6 +324,7 @@ impl Db {
 
     /// The stored record of inode `ino`.
     pub fn inode(&self, ino: u64) -> CacheResult<Option<Vec<u8>>> {
+        self.caught_up();
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(INODES).map_err(idx_err)?;
         Ok(table.get(ino).map_err(idx_err)?.map(|v| v.value().to_vec()))
@@ -298,6 +332,7 @@ impl Db {
 
     /// The inode stored for `name` in directory `parent`.
     pub fn dentry(&self, parent: u64, name: &[u8]) -> CacheResult<Option<u64>> {
+        self.caught_up();
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         Ok(table.get((parent, name)).map_err(idx_err)?.map(|v| v.value()))
@@ -305,6 +340,7 @@ impl Db {
 
     /// Every stored entry of directory `parent`: (name, inode).
     pub fn dentries_of(&self, parent: u64) -> CacheResult<Vec<(Vec<u8>, u64)>> {
+        self.caught_up();
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         let mut out = Vec::new();
@@ -331,6 +367,7 @@ impl Db {
     }
 
     fn for_each_record(&self, def: TableDefinition<u64, &[u8]>, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
+        self.caught_up();
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(def).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
@@ -342,6 +379,7 @@ impl Db {
 
     /// Visit every object's stored state: (object, flags, content length, content crc).
     pub fn for_each_object(&self, mut f: impl FnMut(u64, u32, u64, u32)) -> CacheResult<()> {
+        self.caught_up();
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(OBJECTS).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
@@ -354,6 +392,7 @@ impl Db {
 
     /// Visit every block: (object, index, length, crc).
     pub fn for_each_block(&self, mut f: impl FnMut(u64, u32, u32, u32)) -> CacheResult<()> {
+        self.caught_up();
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(BLOCKS).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
@@ -462,9 +501,13 @@ fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durabili
             }
         };
         let mut next = first;
+        let mut taken = 0u64;
         while let Some(msg) = next.take() {
             match msg {
-                Msg::Apply(m) => batch.extend(m),
+                Msg::Apply(m) => {
+                    batch.extend(m);
+                    taken += 1;
+                }
                 Msg::Sync(w) => waiters.push(w),
             }
             if batch.len() < MAX_BATCH {
@@ -496,7 +539,10 @@ fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durabili
                 let mut guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
                 while let Ok(msg) = rx.try_recv() {
                     match msg {
-                        Msg::Apply(m) => batch.extend(m),
+                        Msg::Apply(m) => {
+                            batch.extend(m);
+                            taken += 1;
+                        }
                         Msg::Sync(w) => waiters.push(w),
                     }
                 }
@@ -531,6 +577,10 @@ fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durabili
             tracing::error!(error = %e, mutations = batch.len(), "cache index commit failed");
         }
         batch.clear();
+        if taken > 0 {
+            *shared.applied.lock().unwrap_or_else(|p| p.into_inner()) += taken;
+            shared.caught_up.notify_all();
+        }
         for w in waiters.drain(..) {
             let _ = w.send(result.clone());
         }
@@ -603,6 +653,19 @@ mod tests {
             "db::tests::changes_settled_at_power_durability_survive_a_kill",
             Durability::Power,
         );
+    }
+
+    #[test]
+    fn a_read_sees_every_change_submitted_before_it_even_before_the_committer_applied_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open_with(&dir.path().join("index.redb"), Durability::Process).unwrap();
+        for i in 0..2000u64 {
+            let name = format!("n{i}").into_bytes();
+            db.submit(vec![Mutation::PutDentry(1, name.clone(), i)]);
+            assert_eq!(db.dentry(1, &name).unwrap(), Some(i), "entry {i} just made");
+            db.submit(vec![Mutation::DelDentry(1, name.clone())]);
+            assert_eq!(db.dentry(1, &name).unwrap(), None, "entry {i} just removed");
+        }
     }
 
     #[test]

@@ -487,3 +487,68 @@ fn sparse_files_stay_sparse_in_the_cache_and_at_home() {
     );
     m.unmount();
 }
+
+/// `git clone` into the default mount, home 10 ms away: git takes and drops lock files (`config.lock`,
+/// `HEAD.lock`) by create-exclusive and rename, many times over. A name renamed away must never look
+/// taken afterwards (it once did: a lookup read the index before it had taken in the rename). Then
+/// `git fsck` and a second `status` on the mount, and the clone at home after the drain.
+#[test]
+fn git_clone_into_the_mount_then_fsck() {
+    let t = TestDir::new("git");
+    let repo = t.root().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    for i in 0..300 {
+        let d = repo.join(format!("pkg{:02}", i % 20));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join(format!("m{i:04}.c")),
+            format!("int f{i}(void) {{ return {i}; }}\n").repeat(1 + i % 7),
+        )
+        .unwrap();
+    }
+    let git = |dir: &Path, args: &[&str]| {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .output()
+            .expect("git runs");
+        assert!(
+            out.status.success(),
+            "git {args:?} in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "tree"]);
+    std::fs::create_dir_all(t.home.join("work")).unwrap();
+    let m = t.mount(&[
+        "--write-mode",
+        "write-back",
+        "--validity-lag",
+        "2s",
+        "--emulate-wan",
+        "latency=10ms",
+    ]);
+    for round in 0..3 {
+        let dst = m.path(&format!("work/clone{round}"));
+        git(&m.path("work"), &["clone", "-q", s(&repo), s(&dst)]);
+        git(&dst, &["fsck", "--strict", "--no-progress"]);
+        assert_eq!(git(&dst, &["status", "--porcelain"]), "", "a fresh clone is clean");
+    }
+    drain_ok(&m, 120);
+    let at_home = t.home.join("work/clone0");
+    git(&at_home, &["fsck", "--strict", "--no-progress"]);
+    assert_eq!(
+        git(&at_home, &["status", "--porcelain"]),
+        "",
+        "the clone at home is clean"
+    );
+    m.unmount();
+}

@@ -185,6 +185,19 @@ impl Store {
             }
         } else {
             file.write_all_at(data, start).map_err(io_err)?;
+            // Written back now, in the background, rather than all at once later: a large file filled
+            // over a link would otherwise leave its writeback for whoever reads it first, from the
+            // kernel's side (passthrough) right after the fill.
+            // SAFETY: sync_file_range on an open descriptor with plain integer arguments; it only starts
+            // writeback.
+            unsafe {
+                libc::sync_file_range(
+                    file.as_raw_fd(),
+                    start as libc::off64_t,
+                    data.len() as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
         }
         Ok(())
     }
