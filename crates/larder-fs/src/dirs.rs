@@ -173,6 +173,9 @@ impl Fs {
 
     /// Bind every persisted child of `ino`: the cache's whole view of it, for when home cannot say.
     fn load_cached(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
+        if ns.inode(ino)?.complete {
+            return Ok(());
+        }
         let names = self.core.store.db().dentries_of(ino)?.into_iter().map(|(n, _)| n);
         self.load_names(ns, ino, names)
     }

@@ -21,8 +21,12 @@ impl Fs {
     /// The child `name` of `parent` from the persisted namespace (after a restart, before anything looked
     /// it up), bound in memory.
     pub(crate) fn load_child(&self, ns: &mut Namespace, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
-        if let Some(&ino) = ns.inode(parent)?.children.get(name) {
+        let p = ns.inode(parent)?;
+        if let Some(&ino) = p.children.get(name) {
             return Ok(Some(ino));
+        }
+        if p.complete {
+            return Ok(None);
         }
         let Some(ino) = self.core.store.db().dentry(parent, name.as_bytes())? else {
             return Ok(None);

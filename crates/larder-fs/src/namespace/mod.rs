@@ -83,6 +83,10 @@ pub(crate) struct Inode {
     /// The cache file's modification time (ns since the epoch) when such writers' writes were last taken
     /// in: a later one shows writes not taken in yet.
     pub pt_seen: AtomicU64,
+    /// Every child of this directory is bound in memory: it was made in this daemon's life (its children
+    /// were all made through it), or all its persisted entries were loaded. A name not bound is then not
+    /// in the index either, and looking it up there is skipped.
+    pub complete: bool,
     /// Byte ranges written locally and not yet pushed to home.
     pub dirty: Vec<Range<u64>>,
     /// Gone from home; kept while the kernel or a handle refers to it.
@@ -137,6 +141,7 @@ impl Inode {
             opens: AtomicU32::new(0),
             pt_writers: AtomicU32::new(0),
             pt_seen: AtomicU64::new(0),
+            complete: false,
             dirty: Vec::new(),
             removed: false,
             kernel_object: AtomicU64::new(0),
@@ -177,6 +182,7 @@ impl Inode {
         let mut node = Inode::new(parent, name.to_os_string(), kind, object);
         node.home_loc = None;
         node.home_size = (kind == FileKind::File).then_some(0);
+        node.complete = kind == FileKind::Dir;
         node
     }
 
