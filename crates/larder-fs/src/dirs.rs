@@ -125,10 +125,13 @@ impl Fs {
             pinned.extend(j.pinned_in(ino));
             pinned.extend(j.changed_while_watched(ino));
         }
+        // The entries the index has of the directory, read once for all the names of the listing.
+        let persisted: std::collections::HashMap<Vec<u8>, u64> =
+            self.core.store.db().dentries_of(ino)?.into_iter().collect();
         let mut seen = HashSet::new();
         for e in listed {
             if !pinned.contains(e.name.as_bytes()) {
-                self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr, asked)?;
+                self.bind_child_known(&mut ns, ino, &e.name, e.kind, e.attr, asked, Some(&persisted))?;
             }
             seen.insert(e.name);
         }

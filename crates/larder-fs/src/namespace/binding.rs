@@ -109,6 +109,22 @@ impl Fs {
         attr: Option<HomeAttr>,
         asked: Instant,
     ) -> FsResult<u64> {
+        self.bind_child_known(ns, parent, name, kind, attr, asked, None)
+    }
+
+    /// [`Fs::bind_child`], with `persisted` the entries of `parent` in the index when the caller read them
+    /// all at once (a listing): the index is then not read again for each name.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bind_child_known(
+        &self,
+        ns: &mut Namespace,
+        parent: u64,
+        name: &OsStr,
+        kind: FileKind,
+        attr: Option<HomeAttr>,
+        asked: Instant,
+        persisted: Option<&HashMap<Vec<u8>, u64>>,
+    ) -> FsResult<u64> {
         if let Some(&ino) = ns.inode(parent)?.children.get(name) {
             let node = ns.inode(ino)?;
             // A placeholder from a listing that turns out to be another name of a known object.
@@ -144,7 +160,11 @@ impl Fs {
             return Ok(ino);
         }
         let mut ino = None;
-        if let Some(old) = db.dentry(parent, name.as_bytes())? {
+        let stored = match persisted {
+            Some(p) => p.get(name.as_bytes()).copied(),
+            None => db.dentry(parent, name.as_bytes())?,
+        };
+        if let Some(old) = stored {
             if let Some(node) = ns.inodes.get(&old) {
                 // In memory, its names are the truth: an index entry naming it where it has no name is one
                 // whose removal the index has not taken in yet (entries are written behind).

@@ -31,11 +31,17 @@ impl Fs {
         let Some(ino) = self.core.store.db().dentry(parent, name.as_bytes())? else {
             return Ok(None);
         };
-        if !ns.inodes.contains_key(&ino) && self.load_inode(ns, ino).is_err() {
+        let in_memory = ns.inodes.contains_key(&ino);
+        if !in_memory && self.load_inode(ns, ino).is_err() {
             return Ok(None);
         }
         let node = ns.inode_mut(ino)?;
         if node.removed {
+            return Ok(None);
+        }
+        // In memory, its names are the truth: an index entry naming it where it has no name is one whose
+        // removal (a rename away) the index has not taken in yet.
+        if in_memory && !node.has_name(parent, name) {
             return Ok(None);
         }
         if !node.has_name(parent, name) {
