@@ -93,13 +93,18 @@ impl Fs {
 
     /// For a file with writers the kernel serves from the cache file that wrote since their writes were
     /// last taken in: the cache file's length and modification time, which show those writes.
-    pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, SystemTime)> {
+    pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, Option<SystemTime>)> {
         if node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return None;
         }
         let m = self.core.store.file(node.object).ok()?.metadata().ok()?;
-        let modified = m.modified().ok()?;
-        (nanos(modified) > node.pt_seen.load(std::sync::atomic::Ordering::Relaxed)).then_some((m.len(), modified))
+        // The size always (only writes grow the cache file; truncations cut it and the file together);
+        // the time only if it moved since it was last taken in (a time set since must show).
+        let modified = m
+            .modified()
+            .ok()
+            .filter(|t| nanos(*t) > node.pt_seen.load(std::sync::atomic::Ordering::Relaxed));
+        Some((m.len(), modified))
     }
 
     /// Note the cache file's modification time as taken in (see [`Inode::pt_seen`]).

@@ -666,7 +666,8 @@ impl Fs {
         // Writers the kernel serves from the cache file: their writes not adopted yet show in its size and
         // times.
         let (size, mtime, ctime) = match self.written_directly(node) {
-            Some((len, m)) => (a.size.max(len), a.mtime.max(m), a.ctime.max(m)),
+            Some((len, Some(m))) => (a.size.max(len), a.mtime.max(m), a.ctime.max(m)),
+            Some((len, None)) => (a.size.max(len), a.mtime, a.ctime),
             None => (a.size, a.mtime, a.ctime),
         };
         Ok(Attr {
