@@ -40,10 +40,26 @@ pub const FORMAT: u64 = 4;
 
 const MAX_BATCH: usize = 16_384;
 
+/// A key of the `meta` table. (An alias, so that serde does not take it for a string borrowed from what it
+/// reads: [`meta_key`] gives back the static name.)
+pub type MetaKey = &'static str;
+
+/// The keys of the `meta` table: a logged [`Mutation::PutMeta`] names one of them.
+const META_KEYS: &[&str] = &["format", "next_ino", "next_object", "running"];
+
+fn meta_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<MetaKey, D::Error> {
+    let key = <String as serde::Deserialize>::deserialize(d)?;
+    META_KEYS
+        .iter()
+        .find(|k| **k == key)
+        .copied()
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown index setting {key:?}")))
+}
+
 /// One change to the index.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Mutation {
-    PutMeta(&'static str, u64),
+    PutMeta(#[serde(deserialize_with = "meta_key")] MetaKey, u64),
     PutInode(u64, Vec<u8>),
     DelInode(u64),
     PutDentry(u64, Vec<u8>, u64),
@@ -232,9 +248,9 @@ impl Db {
     fn caught_up(&self) {
         let target = self.shared.submitted.load(Ordering::SeqCst);
         let mut applied = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner());
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while *applied < target {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 tracing::warn!("the index's committer is behind; reading the index as it is");
                 return;
@@ -481,6 +497,20 @@ fn apply(db: &Database, batch: &[Mutation], durability: Durability) -> Result<()
     Ok(())
 }
 
+/// Take `msg` into the batch or the waiters; the number of submissions it was (0 or 1).
+fn take(msg: Msg, batch: &mut Vec<Mutation>, waiters: &mut Vec<SyncSender<Result<(), String>>>) -> u64 {
+    match msg {
+        Msg::Apply(m) => {
+            batch.extend(m);
+            1
+        }
+        Msg::Sync(w) => {
+            waiters.push(w);
+            0
+        }
+    }
+}
+
 fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durability: Durability) {
     let mut batch = Vec::new();
     let mut waiters = Vec::new();
@@ -503,76 +533,63 @@ fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durabili
         let mut next = first;
         let mut taken = 0u64;
         while let Some(msg) = next.take() {
-            match msg {
-                Msg::Apply(m) => {
-                    batch.extend(m);
-                    taken += 1;
-                }
-                Msg::Sync(w) => waiters.push(w),
-            }
+            taken += take(msg, &mut batch, &mut waiters);
             if batch.len() < MAX_BATCH {
                 next = rx.try_recv().ok();
             }
         }
-        let due = undurable.is_some_and(|since| since.elapsed() >= Db::GROUP_COMMIT);
-        let result = if durability == Durability::Power {
-            if batch.is_empty() {
-                Ok(())
-            } else {
-                apply(&db, &batch, Durability::Power).map_err(|e| e.to_string())
-            }
-        } else if waiters.is_empty() && !due {
-            // Logged already: applied now, made durable by a later group commit.
-            let r = if batch.is_empty() {
-                Ok(())
-            } else {
-                apply(&db, &batch, Durability::Process).map_err(|e| e.to_string())
-            };
-            if !batch.is_empty() {
-                undurable.get_or_insert_with(Instant::now);
-            }
-            r
-        } else {
-            // A group commit: what the log holds so far goes in durably; the log goes on in its other file
-            // and the one it leaves is emptied once the commit is durable.
-            let left = {
+        // Durable now: every commit at power durability; at process durability a group commit, when a
+        // sync waits or the oldest change applied without an fsync is due.
+        let durable = durability == Durability::Power
+            || !waiters.is_empty()
+            || undurable.is_some_and(|since| since.elapsed() >= Db::GROUP_COMMIT);
+        // A group commit takes in what the log holds so far, then the log goes on in its other file; the
+        // one it leaves is emptied once the commit is durable.
+        let left = (durable && durability == Durability::Process)
+            .then(|| {
                 let mut guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
                 while let Ok(msg) = rx.try_recv() {
-                    match msg {
-                        Msg::Apply(m) => {
-                            batch.extend(m);
-                            taken += 1;
-                        }
-                        Msg::Sync(w) => waiters.push(w),
-                    }
+                    taken += take(msg, &mut batch, &mut waiters);
                 }
                 guard
                     .as_mut()
                     .and_then(|i| i.wal.as_mut())
                     .map(|w| w.rotate().map_err(|e| e.to_string()))
+            })
+            .flatten();
+        let result = if batch.is_empty() && !(durable && undurable.is_some()) {
+            Ok(())
+        } else {
+            let level = if durable {
+                Durability::Power
+            } else {
+                Durability::Process
             };
-            let r = apply(&db, &batch, Durability::Power).map_err(|e| e.to_string());
-            if r.is_ok() {
-                undurable = None;
-                shared.wal_failed.store(false, Ordering::SeqCst);
-                match left {
-                    Some(Ok(which)) => {
-                        let guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
-                        if let Some(wal) = guard.as_ref().and_then(|i| i.wal.as_ref())
-                            && let Err(e) = wal.forget(which)
-                        {
-                            tracing::warn!(error = %e, "emptying the index's log failed");
-                        }
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "starting the index's log anew failed");
-                        shared.wal_failed.store(true, Ordering::SeqCst);
-                    }
-                    None => {}
-                }
-            }
-            r
+            apply(&db, &batch, level).map_err(|e| e.to_string())
         };
+        if !durable && !batch.is_empty() {
+            // Logged already: made durable by a later group commit.
+            undurable.get_or_insert_with(Instant::now);
+        }
+        if durable && result.is_ok() {
+            undurable = None;
+            shared.wal_failed.store(false, Ordering::SeqCst);
+            match left {
+                Some(Ok(which)) => {
+                    let guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(wal) = guard.as_ref().and_then(|i| i.wal.as_ref())
+                        && let Err(e) = wal.forget(which)
+                    {
+                        tracing::warn!(error = %e, "emptying the index's log failed");
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "starting the index's log anew failed");
+                    shared.wal_failed.store(true, Ordering::SeqCst);
+                }
+                None => {}
+            }
+        }
         if let Err(e) = &result {
             tracing::error!(error = %e, mutations = batch.len(), "cache index commit failed");
         }

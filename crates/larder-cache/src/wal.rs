@@ -94,9 +94,9 @@ pub(crate) fn recover(index: &Path) -> io::Result<(Vec<Mutation>, [File; 2], u64
                 torn += 1;
                 break;
             }
-            match decode(payload) {
-                Some(m) => muts.extend(m),
-                None => {
+            match postcard::from_bytes::<Vec<Mutation>>(payload) {
+                Ok(m) => muts.extend(m),
+                Err(_) => {
                     torn += 1;
                     break;
                 }
@@ -156,8 +156,7 @@ impl Wal {
 
     /// Append one record holding `mutations`.
     pub(crate) fn append(&mut self, mutations: &[Mutation]) -> io::Result<()> {
-        let mut rec = vec![0u8; 8];
-        encode(mutations, &mut rec);
+        let mut rec = postcard::to_extend(mutations, vec![0u8; 8]).map_err(io::Error::other)?;
         let len = (rec.len() - 8) as u32;
         let crc = crc32c::crc32c(&rec[8..]);
         rec[..4].copy_from_slice(&len.to_le_bytes());
@@ -183,162 +182,13 @@ impl Wal {
         self.files[which].set_len(0)
     }
 
-    /// Both files' handles, to empty them from outside (at close).
+    /// Empty both files and start the active one anew: the index holds everything durably (at close).
     pub(crate) fn clear(&mut self) -> io::Result<()> {
         let other = 1 - self.active;
         self.files[other].set_len(0)?;
         self.files[self.active].set_len(0)?;
         self.header()
     }
-}
-
-const META_KEYS: &[&str] = &["format", "next_ino", "next_object", "running"];
-
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-    out.extend_from_slice(b);
-}
-
-fn encode(muts: &[Mutation], out: &mut Vec<u8>) {
-    for m in muts {
-        match m {
-            Mutation::PutMeta(k, v) => {
-                out.push(0);
-                put_bytes(out, k.as_bytes());
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            Mutation::PutInode(ino, rec) => {
-                out.push(1);
-                out.extend_from_slice(&ino.to_le_bytes());
-                put_bytes(out, rec);
-            }
-            Mutation::DelInode(ino) => {
-                out.push(2);
-                out.extend_from_slice(&ino.to_le_bytes());
-            }
-            Mutation::PutDentry(parent, name, ino) => {
-                out.push(3);
-                out.extend_from_slice(&parent.to_le_bytes());
-                put_bytes(out, name);
-                out.extend_from_slice(&ino.to_le_bytes());
-            }
-            Mutation::DelDentry(parent, name) => {
-                out.push(4);
-                out.extend_from_slice(&parent.to_le_bytes());
-                put_bytes(out, name);
-            }
-            Mutation::PutBlock {
-                object,
-                index,
-                len,
-                crc,
-            } => {
-                out.push(5);
-                out.extend_from_slice(&object.to_le_bytes());
-                out.extend_from_slice(&index.to_le_bytes());
-                out.extend_from_slice(&len.to_le_bytes());
-                out.extend_from_slice(&crc.to_le_bytes());
-            }
-            Mutation::DelBlock { object, index } => {
-                out.push(6);
-                out.extend_from_slice(&object.to_le_bytes());
-                out.extend_from_slice(&index.to_le_bytes());
-            }
-            Mutation::DelObject(object) => {
-                out.push(7);
-                out.extend_from_slice(&object.to_le_bytes());
-            }
-            Mutation::PutObject {
-                object,
-                flags,
-                len,
-                crc,
-            } => {
-                out.push(8);
-                out.extend_from_slice(&object.to_le_bytes());
-                out.extend_from_slice(&flags.to_le_bytes());
-                out.extend_from_slice(&len.to_le_bytes());
-                out.extend_from_slice(&crc.to_le_bytes());
-            }
-            Mutation::DelObjectMeta(object) => {
-                out.push(9);
-                out.extend_from_slice(&object.to_le_bytes());
-            }
-            Mutation::PutOp(seq, rec) => {
-                out.push(10);
-                out.extend_from_slice(&seq.to_le_bytes());
-                put_bytes(out, rec);
-            }
-            Mutation::DelOp(seq) => {
-                out.push(11);
-                out.extend_from_slice(&seq.to_le_bytes());
-            }
-        }
-    }
-}
-
-struct Reader<'a> {
-    data: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
-        let s = self.data.get(self.at..self.at.checked_add(n)?)?;
-        self.at += n;
-        Some(s)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn bytes(&mut self) -> Option<Vec<u8>> {
-        let n = self.u32()? as usize;
-        Some(self.take(n)?.to_vec())
-    }
-}
-
-fn decode(payload: &[u8]) -> Option<Vec<Mutation>> {
-    let mut r = Reader { data: payload, at: 0 };
-    let mut out = Vec::new();
-    while r.at < payload.len() {
-        let tag = r.take(1)?[0];
-        out.push(match tag {
-            0 => {
-                let key = r.bytes()?;
-                let key = META_KEYS.iter().find(|k| k.as_bytes() == key.as_slice())?;
-                Mutation::PutMeta(key, r.u64()?)
-            }
-            1 => Mutation::PutInode(r.u64()?, r.bytes()?),
-            2 => Mutation::DelInode(r.u64()?),
-            3 => Mutation::PutDentry(r.u64()?, r.bytes()?, r.u64()?),
-            4 => Mutation::DelDentry(r.u64()?, r.bytes()?),
-            5 => Mutation::PutBlock {
-                object: r.u64()?,
-                index: r.u32()?,
-                len: r.u32()?,
-                crc: r.u32()?,
-            },
-            6 => Mutation::DelBlock {
-                object: r.u64()?,
-                index: r.u32()?,
-            },
-            7 => Mutation::DelObject(r.u64()?),
-            8 => Mutation::PutObject {
-                object: r.u64()?,
-                flags: r.u32()?,
-                len: r.u64()?,
-                crc: r.u32()?,
-            },
-            9 => Mutation::DelObjectMeta(r.u64()?),
-            10 => Mutation::PutOp(r.u64()?, r.bytes()?),
-            11 => Mutation::DelOp(r.u64()?),
-            _ => return None,
-        });
-    }
-    Some(out)
 }
 
 #[cfg(test)]
@@ -374,9 +224,8 @@ mod tests {
 
     #[test]
     fn every_mutation_comes_back_as_it_was_logged() {
-        let mut out = Vec::new();
-        encode(&sample(), &mut out);
-        let back = decode(&out).unwrap();
+        let out = postcard::to_allocvec(&sample()).unwrap();
+        let back: Vec<Mutation> = postcard::from_bytes(&out).unwrap();
         assert_eq!(format!("{back:?}"), format!("{:?}", sample()));
     }
 
