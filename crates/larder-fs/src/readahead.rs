@@ -27,7 +27,7 @@ use crate::namespace::{Core, lock};
 const QUEUE: usize = 1024;
 
 /// Largest run of adjacent blocks fetched from home in one request.
-pub(crate) const MAX_RUN: u64 = 16 << 20;
+const MAX_RUN: u64 = 16 << 20;
 
 /// Longest a reader waits for a run covering its block before asking for the block itself.
 const RUN_WAIT: Duration = Duration::from_secs(60);

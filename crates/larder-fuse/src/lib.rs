@@ -255,7 +255,8 @@ impl LarderFuse {
             self.fs.unhold(r.fh);
         }
         let mode = if state.passthrough > 0 {
-            // (Not reached: a passthrough inode's opens are all passthrough, above.)
+            // Only when the cache file of an inode the kernel serves from it cannot be had (the open above
+            // found nothing to give): the kernel may refuse this open.
             IoMode::Direct
         } else {
             state.cached += 1;

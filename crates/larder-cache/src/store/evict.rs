@@ -82,7 +82,7 @@ impl Store {
     /// Hold `object` for a reader the kernel serves from its file directly: until [`Store::unhold`], its
     /// blocks are not evicted and its file keeps its bytes (a removal unlinks it without punching it). A
     /// punch of a block dropped before the hold may still be under way (`Punches`), but that block is
-    /// absent until the punch is made and the block filled again: the object is not [`Store::complete`]
+    /// absent until the punch is made and the block filled again: the object is not [`Store::whole_in_file`]
     /// meanwhile, and the kernel is given the file only once it is (after the hold).
     pub fn hold(&self, object: u64) {
         let mut st = self.state(object);
@@ -101,26 +101,25 @@ impl Store {
         }
     }
 
-    /// Whether every block of `object` up to `size` is present and clean, in a file of its own (not in the
-    /// content store): what the kernel may read directly.
-    pub fn complete(&self, object: u64, size: u64) -> bool {
+    /// Whether every byte of the first `size` bytes of `object` is present in a file of its own (not the
+    /// content store), clean or dirty: the kernel can read and write that file directly.
+    pub fn whole_in_file(&self, object: u64, size: u64) -> bool {
         let st = self.state(object);
-        if st.meta(object).content.is_some() {
-            return false;
-        }
-        Self::all_present(&st, object, size, self.cfg.block_size)
+        st.meta(object).content.is_none() && Self::all_present(&st, object, size, self.cfg.block_size, true)
     }
 
     /// Whether every block of the first `size` bytes of `object` is present and clean, wherever its bytes
     /// are kept (its own file, or a content it shares): [`Store::read`] serves them all.
     pub fn present(&self, object: u64, size: u64) -> bool {
-        Self::all_present(&self.state(object), object, size, self.cfg.block_size)
+        Self::all_present(&self.state(object), object, size, self.cfg.block_size, false)
     }
 
-    pub(super) fn all_present(st: &ShardState, object: u64, size: u64, block_size: u64) -> bool {
+    /// Whether the blocks of `object` hold exactly its first `size` bytes, each present (and clean, unless
+    /// `dirty_too`).
+    pub(super) fn all_present(st: &ShardState, object: u64, size: u64, block_size: u64, dirty_too: bool) -> bool {
         let (mut n, mut bytes) = (0u64, 0u64);
         for (_, e) in st.blocks_of(object) {
-            if e.dirty {
+            if e.dirty && !dirty_too {
                 return false;
             }
             n += 1;

@@ -4,21 +4,6 @@
 use super::*;
 
 impl Store {
-    /// Whether every byte of the first `size` bytes of `object` is present in a file of its own (not the
-    /// content store), clean or dirty: the kernel can read and write that file directly.
-    pub fn whole_in_file(&self, object: u64, size: u64) -> bool {
-        let st = self.state(object);
-        if st.meta(object).content.is_some() {
-            return false;
-        }
-        let (mut n, mut bytes) = (0u64, 0u64);
-        for (_, e) in st.blocks_of(object) {
-            n += 1;
-            bytes += e.len as u64;
-        }
-        n == size.div_ceil(self.cfg.block_size) && bytes == size
-    }
-
     /// The blocks of the first `size` bytes of `object`'s cache file whose bytes are not the ones its index
     /// records: changed by a writer the store did not see (the kernel, through passthrough), written past
     /// the blocks it knows, or written here and not yet indexed. Reads the whole file, outside the lock.

@@ -84,9 +84,7 @@ impl Core {
         }
         Ok(unit)
     }
-}
 
-impl Core {
     /// Blocks `run` of `job`'s object from home in one request, each kept in the store (a block changed
     /// here meanwhile is not: the epoch moved). Readers missing one of them wait for it meanwhile.
     pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<(), HomeError> {
@@ -316,19 +314,17 @@ impl Fs {
     ) -> FsResult<(Entry, OpenReply)> {
         match self.create_file(parent, name, mode, uid, gid) {
             Ok(entry) => {
-                let ns = read(&self.ns);
-                let reply = self.open_handle(&ns, entry.attr.ino)?;
+                // A new file is written through the daemon (no passthrough): serving it from a cache file
+                // of its own from the start would make every create create a file in the cache directory
+                // too (an inode allocation there), which made creates of empty files 4 to 7 times slower.
+                // Its next open, once it is whole in the cache, is served by the kernel.
+                let reply = self.open_handle(&read(&self.ns), entry.attr.ino)?;
                 let append = flags & libc::O_APPEND != 0;
                 let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
                 self.handles.with(reply.fh, |h| {
                     h.append = append;
                     h.writable = writable;
                 });
-                // A new file is written through the daemon: serving it from a cache file of its own from
-                // the start would make every create create a file in the cache directory too (an inode
-                // allocation there), which made creates of empty files 4 to 7 times slower. Its next open,
-                // once it is whole in the cache, is served by the kernel.
-                drop(ns);
                 Ok((entry, reply))
             }
             Err(FsError::Home(HomeError::Exists)) if flags & libc::O_EXCL == 0 => {
@@ -697,18 +693,22 @@ impl Fs {
     /// Make pending writes of the file behind `fh` safe (close and fsync): pushed to home (write-through)
     /// or durable in the cache and queued (write-back).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
-        let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
-        self.adopt_direct_writes(fh)?;
-        self.commit_data(ino, false)
+        self.commit_handle(fh, false)
     }
 
     /// Make the file behind `fh` durable against power loss: its data and every change made so far
     /// (write-back: in the cache; write-through: at home).
     pub fn fsync(&self, fh: u64) -> FsResult<()> {
+        self.commit_handle(fh, true)?;
+        self.sync_changes()
+    }
+
+    /// What was written through `fh` (by the daemon, or by the kernel in the cache file) committed as
+    /// [`Fs::commit_data`] does.
+    fn commit_handle(&self, fh: u64, durable: bool) -> FsResult<()> {
         let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
         self.adopt_direct_writes(fh)?;
-        self.commit_data(ino, true)?;
-        self.sync_changes()
+        self.commit_data(ino, durable)
     }
 
     /// Make every change made so far durable against power loss (`fsync` of a directory, `syncfs`).

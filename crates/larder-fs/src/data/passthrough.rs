@@ -8,8 +8,9 @@
 //! times are what they were at the last one, unless those times were too recent to tell a later write by
 //! (a write within the same tick of the clock the file system stamps times with leaves them unchanged).
 
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 
 use crate::data::{add_range, subtract};
@@ -68,7 +69,11 @@ pub(crate) fn fine_grained_times(dir: &std::path::Path) -> bool {
 
 /// The stamp of `file` now, if its times show any write made after it.
 pub(crate) fn stamp(file: &File, fine: bool) -> Option<Stamp> {
-    let m = file.metadata().ok()?;
+    stamp_of(&file.metadata().ok()?, fine)
+}
+
+/// The stamp of a file whose metadata is `m`, if its times show any write made after them.
+fn stamp_of(m: &Metadata, fine: bool) -> Option<Stamp> {
     let s = Stamp {
         size: m.len(),
         mtime: (m.mtime(), m.mtime_nsec()),
@@ -94,50 +99,47 @@ impl Fs {
     /// For a file with writers the kernel serves from the cache file that wrote since their writes were
     /// last taken in: the cache file's length and modification time, which show those writes.
     pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, Option<SystemTime>)> {
-        if node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        if node.pt_writers.load(Relaxed) == 0 {
             return None;
         }
         let m = self.core.store.file(node.object).ok()?.metadata().ok()?;
         // The size always (only writes grow the cache file; truncations cut it and the file together);
         // the time only if it moved since it was last taken in (a time set since must show).
-        let modified = m
-            .modified()
-            .ok()
-            .filter(|t| nanos(*t) > node.pt_seen.load(std::sync::atomic::Ordering::Relaxed));
+        let modified = m.modified().ok().filter(|t| nanos(*t) > node.pt_seen.load(Relaxed));
         Some((m.len(), modified))
     }
 
-    /// Note the cache file's modification time as taken in (see [`Inode::pt_seen`]).
-    fn seen(&self, ino: u64, file: &File) {
-        if let (Ok(node), Ok(t)) = (read(&self.ns).inode(ino), file.metadata().and_then(|m| m.modified())) {
-            node.pt_seen.store(nanos(t), std::sync::atomic::Ordering::Relaxed);
+    /// Note the cache file's modification time, from its metadata `m`, as taken in (see
+    /// [`Inode::pt_seen`]).
+    fn seen(&self, ino: u64, m: &Metadata) {
+        if let (Ok(node), Ok(t)) = (read(&self.ns).inode(ino), m.modified()) {
+            node.pt_seen.store(nanos(t), Relaxed);
         }
     }
 
     /// Handle `fh`, open for writing, is served from the cache file by the kernel from now on.
     pub(crate) fn begin_direct_writer(&self, fh: u64, file: &File) {
+        let Ok(m) = file.metadata() else { return };
         let Some(ino) = self.handles.with(fh, |h| {
-            h.pt_writer = Some(stamp(file, self.fine_times()));
+            h.pt_writer = Some(stamp_of(&m, self.fine_times()));
             h.ino
         }) else {
             return;
         };
         let first = read(&self.ns)
             .inode(ino)
-            .is_ok_and(|node| node.pt_writers.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0);
+            .is_ok_and(|node| node.pt_writers.fetch_add(1, Relaxed) == 0);
         if first {
-            self.seen(ino, file);
+            self.seen(ino, &m);
         }
     }
 
     /// Handle `fh` is no longer served from the cache file (closed, or the kernel refused the file).
     pub(crate) fn end_direct_writer(&self, ino: u64) {
         if let Ok(node) = read(&self.ns).inode(ino) {
-            let _ = node.pt_writers.fetch_update(
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-                |n| Some(n.saturating_sub(1)),
-            );
+            let _ = node
+                .pt_writers
+                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
         }
     }
 
@@ -157,15 +159,15 @@ impl Fs {
         };
         let file = self.core.store.file(object)?;
         // Taken before the blocks are read: a write landing after it moves it.
-        let now = stamp(&file, self.fine_times());
+        let m = file
+            .metadata()
+            .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+        let now = stamp_of(&m, self.fine_times());
         if last.is_some() && last == now {
             return Ok(false);
         }
-        self.seen(ino, &file);
-        let len = file
-            .metadata()
-            .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?
-            .len();
+        self.seen(ino, &m);
+        let len = m.len();
         let changed = self.core.store.changed_blocks(object, len)?;
         self.handles.with(fh, |h| h.pt_writer = Some(now));
         let size = len.max(known_size);
@@ -201,7 +203,7 @@ impl Fs {
         if read(&self.ns)
             .inodes
             .get(&ino)
-            .is_none_or(|n| n.pt_writers.load(std::sync::atomic::Ordering::Relaxed) == 0)
+            .is_none_or(|n| n.pt_writers.load(Relaxed) == 0)
         {
             return;
         }
