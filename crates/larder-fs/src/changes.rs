@@ -351,7 +351,7 @@ impl Fs {
             node.symlink = Some(target.to_vec());
         }
         if file_kind == FileKind::Dir {
-            node.listed = Some((Instant::now(), Version(String::new())));
+            node.listed = Some(Instant::now());
         }
         ns.inodes.insert(ino, node);
         let p = ns.inode_mut(parent)?;

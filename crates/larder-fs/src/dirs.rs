@@ -48,25 +48,21 @@ impl Fs {
             // A fresh listing is a hit, taken with the namespace shared.
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;
-            if node.kind == FileKind::Dir && self.fresh(node.listed.as_ref().map(|l| l.0)) {
+            if node.kind == FileKind::Dir && self.fresh(node.listed) {
                 return self.snapshot(&ns, ino);
             }
         }
-        let (path, version) = {
+        let path = {
             let mut ns = write(&self.ns);
             let node = ns.inode(ino)?;
             if node.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
             }
-            if self.fresh(node.listed.as_ref().map(|l| l.0)) {
+            if self.fresh(node.listed) {
                 return self.snapshot(&ns, ino);
             }
-            let version = node
-                .attr
-                .as_ref()
-                .map_or_else(|| larder_home::Version(String::new()), |a| a.version.clone());
             match ns.home_path(ino)? {
-                Some(p) => (p, version),
+                Some(p) => p,
                 None => {
                     // Not at home yet: the cache holds all of it.
                     self.load_pinned(&mut ns, ino)?;
@@ -131,7 +127,7 @@ impl Fs {
         let mut seen = HashSet::new();
         for e in listed {
             if !pinned.contains(e.name.as_bytes()) {
-                self.bind_child_known(&mut ns, ino, &e.name, e.kind, e.attr, asked, Some(&persisted))?;
+                self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr, asked, Some(&persisted))?;
             }
             seen.insert(e.name);
         }
@@ -147,7 +143,7 @@ impl Fs {
         }
         // (A superset of what load_pinned would take from the journal now.)
         self.load_names(&mut ns, ino, pinned)?;
-        let listed = self.fresh_from(asked, Instant::now()).map(|t| (t, version));
+        let listed = self.fresh_from(asked, Instant::now());
         let node = ns.inode_mut(ino)?;
         node.listed = listed;
         node.negatives.clear();

@@ -197,12 +197,8 @@ pub struct FsStats {
     pub bytes_from_cache: u64,
     pub bytes_from_home: u64,
     pub home_waits: u64,
-    /// Home calls the namespace made: stats of one name (a lookup), listings of a directory, stats of a
-    /// known object past the validity lag (a revalidation); and of the listings, those made to answer a
-    /// lookup and to revalidate a file by its directory.
-    pub home_lookups: u64,
-    pub home_listings: u64,
-    pub home_revalidations: u64,
+    /// Of the listings the namespace made at home ([`crate::Fs::home_meta_calls`]), those made to answer
+    /// a lookup and to revalidate a file by its directory.
     pub listings_for_lookups: u64,
     pub listings_for_revalidation: u64,
 }

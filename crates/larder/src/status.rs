@@ -372,7 +372,7 @@ pub struct FsStatus {
 impl StatusSource {
     /// The metadata counters now: lookups, listings, revalidations, creates.
     fn meta_counts(&self) -> [u64; 4] {
-        let fs = self.fs.stats();
+        let [lookups, listings, revalidations] = self.fs.home_meta_calls();
         let c = &self.counters;
         let creates = [
             OpKind::Create,
@@ -384,7 +384,7 @@ impl StatusSource {
         .iter()
         .map(|k| c.ops_of(*k))
         .sum();
-        [fs.home_lookups, fs.home_listings, fs.home_revalidations, creates]
+        [lookups, listings, revalidations, creates]
     }
 
     /// Take a sample of the metadata counters, for the rates `larder status` shows (the daemon calls this

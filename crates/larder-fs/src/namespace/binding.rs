@@ -100,22 +100,10 @@ impl Fs {
     }
 
     /// The inode for `name` in `parent`, creating it (or reloading its persisted record) if needed.
-    pub(crate) fn bind_child(
-        &self,
-        ns: &mut Namespace,
-        parent: u64,
-        name: &OsStr,
-        kind: FileKind,
-        attr: Option<HomeAttr>,
-        asked: Instant,
-    ) -> FsResult<u64> {
-        self.bind_child_known(ns, parent, name, kind, attr, asked, None)
-    }
-
-    /// [`Fs::bind_child`], with `persisted` the entries of `parent` in the index when the caller read them
-    /// all at once (a listing): the index is then not read again for each name.
+    /// `persisted`: the entries of `parent` in the index, when the caller read them all at once (a
+    /// listing), so that the index is not read again for each name.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn bind_child_known(
+    pub(crate) fn bind_child(
         &self,
         ns: &mut Namespace,
         parent: u64,

@@ -146,7 +146,7 @@ impl Fs {
             }
             let local = self.local_name(&ns, parent, name)?;
             let p = ns.inode(parent)?;
-            let listed_fresh = self.fresh(p.listed.as_ref().map(|l| l.0));
+            let listed_fresh = self.fresh(p.listed);
             let negative_fresh = self.fresh(p.negatives.get(name).copied());
             if let Some(&child) = p.children.get(name) {
                 let c = ns.inode(child)?;
@@ -179,7 +179,7 @@ impl Fs {
                     // Changed here while home was asked: the cache's answer stands.
                     return cached_child(&ns, parent, name);
                 }
-                self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked)
+                self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked, None)
                     .map(Found::Ino)
             }
             Err(HomeError::NotFound) => {
@@ -321,7 +321,7 @@ impl Fs {
             let Some(p) = ns.inodes.get(&node.parent) else {
                 return Ok(None);
             };
-            if node.removed || self.fresh(p.listed.as_ref().map(|l| l.0)) {
+            if node.removed || self.fresh(p.listed) {
                 return Ok(None);
             }
             node.parent

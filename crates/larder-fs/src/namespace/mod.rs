@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use larder_cache::{Mutation, Store};
-use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, Version, unreachable};
+use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, unreachable};
 
 use crate::journal::{Journal, Op, OpKind};
 
@@ -68,8 +68,8 @@ pub(crate) struct Inode {
     pub checked: Option<Instant>,
     /// Known children by name (directories).
     pub children: HashMap<OsString, u64>,
-    /// When the children were last listed completely, and home's directory version then.
-    pub listed: Option<(Instant, Version)>,
+    /// When the children were last listed completely (or, for a directory made here, when it was made).
+    pub listed: Option<Instant>,
     /// Names home said do not exist, and when.
     pub negatives: HashMap<OsString, Instant>,
     /// The kernel's references (lookups not yet forgotten) and the handles open on it: counted by hits
@@ -742,6 +742,17 @@ impl Fs {
         Ok(self.core.home.statfs()?)
     }
 
+    /// Home calls the namespace made: stats of one name, listings, revalidations by stat (three counters
+    /// read, nothing walked: sampled every second for status rates).
+    pub fn home_meta_calls(&self) -> [u64; 3] {
+        let c = &self.meta_counters;
+        [
+            c.lookups.load(std::sync::atomic::Ordering::Relaxed),
+            c.listings.load(std::sync::atomic::Ordering::Relaxed),
+            c.revalidations.load(std::sync::atomic::Ordering::Relaxed),
+        ]
+    }
+
     /// Figures for status output.
     pub fn stats(&self) -> FsStats {
         let ns = read(&self.ns);
@@ -759,12 +770,6 @@ impl Fs {
                 .load(std::sync::atomic::Ordering::Relaxed),
             bytes_from_home: self.read_counters.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
             home_waits: self.read_counters.home_waits.load(std::sync::atomic::Ordering::Relaxed),
-            home_lookups: self.meta_counters.lookups.load(std::sync::atomic::Ordering::Relaxed),
-            home_listings: self.meta_counters.listings.load(std::sync::atomic::Ordering::Relaxed),
-            home_revalidations: self
-                .meta_counters
-                .revalidations
-                .load(std::sync::atomic::Ordering::Relaxed),
             listings_for_lookups: self
                 .meta_counters
                 .listings_for_lookups
