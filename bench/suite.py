@@ -26,6 +26,8 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
                (the first after a cold fill, and the next), 4 KiB random reads, a rewrite in place + fsync
   programs     design 003   tar x, git clone, cp -a and rm -rf at 10 ms against the local disk; home calls
                per directory of find | xargs cat past the validity lag
+  scale        design 003   10k-1M small files cached: the daemon's RSS, the index's size, a remount, and
+               home calls of ls -lR with the kernel's caches dropped (larder and direct only)
 Systems: the home directory itself ("direct", the local-disk limit), larder, and the peers
 `rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, and s3fs-fuse with
 `use_cache` over an S3 server (s3s-fs) serving the same home as a bucket. Over "the link", larder's home
@@ -55,7 +57,7 @@ import harness as H  # noqa: E402
 from harness import MiB, log, note  # noqa: E402
 
 SCENARIOS = ["stat_storm", "latency", "throughput", "shared", "hybrid", "metadata", "reread", "cluster",
-             "cluster_writes", "bank_stat", "bank_read", "local_speed", "programs"]
+             "cluster_writes", "bank_stat", "bank_read", "local_speed", "programs", "scale"]
 BENCH = os.path.dirname(os.path.abspath(__file__))
 
 RCLONE_FLAGS = H.RCLONE_FLAGS

@@ -205,14 +205,6 @@ fn identical_small_files_are_stored_once_and_stay_exact() {
     assert_eq!(std::fs::read(t.home.join("same04.bin")).unwrap(), common);
 }
 
-/// Whether this kernel has FUSE passthrough (6.9 or later).
-fn kernel_has_passthrough() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (6, 9)
-}
-
 #[test]
 fn a_file_whole_in_the_cache_is_read_by_the_kernel_directly() {
     if !kernel_has_passthrough() {

@@ -1182,6 +1182,66 @@ fn kill_9_at_random_points_without_renames_loses_nothing_acknowledged() {
 
 // 4 ------------------------------------------------------------------------------------------------------
 
+/// A writer the kernel serves from the cache file (passthrough) writes there without a call to the daemon:
+/// a SIGKILL of the daemon before the writer's close must not lose what the kernel acknowledged, nor leave
+/// the cache showing bytes home never gets. The next start takes those writes in and pushes them.
+#[test]
+fn writes_the_kernel_made_to_a_cache_file_survive_a_kill_before_the_close() {
+    if !kernel_has_passthrough() {
+        eprintln!("skipped: this kernel has no FUSE passthrough");
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let t = TestDir::new("wb-kill-pt");
+    let mut rng = Rng::new(91);
+    let mut want = write_random(&t.home.join("f.bin"), 2 << 20, &mut rng);
+    let m = wb_mount(&t, &["--sync-lag", "60s", "--validity-lag", "60s"]);
+    assert_same_bytes(&read(&m.path("f.bin")), &want, "cold read");
+    // The kernel releases the reader's handle after its close returns; passthrough waits for that.
+    assert!(wait_until(Duration::from_secs(10), || num(
+        &m.status(),
+        "/fs/open_handles"
+    ) == 0));
+    let reads = num(&m.status(), "/efficiency/reads");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("f.bin"))
+        .unwrap();
+    let write = |want: &mut Vec<u8>, off: usize, chunk: &[u8]| {
+        f.write_all_at(chunk, off as u64).unwrap();
+        if want.len() < off + chunk.len() {
+            want.resize(off + chunk.len(), 0);
+        }
+        want[off..off + chunk.len()].copy_from_slice(chunk);
+    };
+    write(&mut want, 100, &rng.bytes(1000));
+    let mut back = vec![0u8; 1100];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert_same_bytes(&back, &want[..1100], "read back through the writer");
+    // (Starting a process flushes the writer: its copy of the descriptor closes at exec.)
+    assert_eq!(
+        num(&m.status(), "/efficiency/reads"),
+        reads,
+        "the daemon served a read of a file whole in the cache: no passthrough"
+    );
+    // Written after that flush: the daemon never sees these before it dies.
+    for (off, len) in [(4096usize, 5000usize), ((1 << 20) + 3, 70_000), ((2 << 20) - 10, 100)] {
+        write(&mut want, off, &rng.bytes(len));
+    }
+    // Killed with the writer still open: its close never reaches the daemon.
+    let m = kill_and_remount(&t, m, &["--sync-lag", "0s", "--validity-lag", "60s"]);
+    drop(f);
+    assert_same_bytes(&read(&m.path("f.bin")), &want, "the mount after the restart");
+    drain_ok(&m, 30);
+    assert_same_bytes(
+        &std::fs::read(t.home.join("f.bin")).unwrap(),
+        &want,
+        "home after the drain",
+    );
+    m.unmount();
+}
+
 #[test]
 fn home_offline_workload_continues_and_drains() {
     let t = TestDir::new("wb-offline");

@@ -143,6 +143,7 @@ type ContentKey = (u64, u32);
 const WHOLE: u32 = 1;
 const PINNED: u32 = 2;
 const SHARED: u32 = 4;
+const WRITTEN_UNSEEN: u32 = 8;
 
 /// Per-object state beside the blocks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -153,20 +154,26 @@ struct ObjectMeta {
     pinned: bool,
     /// Stored in the content store (no file of its own).
     content: Option<ContentKey>,
+    /// Writers the store does not see (the kernel, through passthrough) may have written its cache file
+    /// since the index last took its blocks in: set while they are open, so that after a crash what they
+    /// wrote is looked for ([`Store::unseen_writes`]).
+    written_unseen: bool,
 }
 
 impl ObjectMeta {
     /// Nothing beside the blocks: no need to keep it.
     fn plain(&self) -> bool {
-        !self.whole && !self.pinned && self.content.is_none()
+        !self.whole && !self.pinned && self.content.is_none() && !self.written_unseen
     }
 
     fn mutation(&self, object: u64) -> Mutation {
         if self.plain() {
             return Mutation::DelObjectMeta(object);
         }
-        let flags =
-            (self.whole as u32 * WHOLE) | (self.pinned as u32 * PINNED) | (self.content.is_some() as u32 * SHARED);
+        let flags = (self.whole as u32 * WHOLE)
+            | (self.pinned as u32 * PINNED)
+            | (self.content.is_some() as u32 * SHARED)
+            | (self.written_unseen as u32 * WRITTEN_UNSEEN);
         let (len, crc) = self.content.unwrap_or((0, 0));
         Mutation::PutObject {
             object,
@@ -214,6 +221,8 @@ struct ShardState {
     /// Objects the kernel reads directly (FUSE passthrough), with the number of handles doing so: their
     /// blocks are not evicted, and no block dropped while they are held has its hole punched.
     holds: HashMap<u64, u32>,
+    /// Objects with writers the store does not see, with how many (see [`ObjectMeta::written_unseen`]).
+    unseen_writers: HashMap<u64, u32>,
     /// Source of generations and stamps; they are only ever compared for one block, so per shard.
     tick: u64,
     /// Blocks reserved while their bytes change outside the lock: a fill's block until the fill ends, a
@@ -239,6 +248,7 @@ impl ShardState {
             epochs: HashMap::new(),
             objects: HashMap::new(),
             holds: HashMap::new(),
+            unseen_writers: HashMap::new(),
             tick: 0,
             filling: BTreeSet::new(),
             changing: HashMap::new(),

@@ -25,6 +25,7 @@ impl Store {
                 whole: flags & WHOLE != 0,
                 pinned: flags & PINNED != 0,
                 content,
+                written_unseen: flags & WRITTEN_UNSEEN != 0,
             };
             shards[shard_of(object)].objects.insert(object, meta);
         })?;

@@ -65,4 +65,68 @@ impl Store {
         }
         self.evict_if_needed();
     }
+
+    /// A writer the store does not see (the kernel, through passthrough) begins writing `object`'s cache
+    /// file. From the first such writer until the last one ends ([`Store::unseen_writer_ended`]), the
+    /// object is marked in the index, so that after a crash in between, what they wrote is looked for
+    /// ([`Store::unseen_writes`]). Returns whether this writer marked it (the caller settles the mark
+    /// before the writer may write).
+    pub fn unseen_writer_began(&self, object: u64) -> bool {
+        let mut st = self.state(object);
+        let n = st.unseen_writers.entry(object).or_insert(0);
+        *n += 1;
+        *n == 1 && Self::mark_unseen(&mut st, &self.db, object, true)
+    }
+
+    /// One writer [`Store::unseen_writer_began`] counted has ended, and what it wrote is taken in (adopted
+    /// and recorded): the last one clears the object's mark.
+    pub fn unseen_writer_ended(&self, object: u64) {
+        let mut st = self.state(object);
+        let Some(n) = st.unseen_writers.get_mut(&object) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            st.unseen_writers.remove(&object);
+            Self::mark_unseen(&mut st, &self.db, object, false);
+        }
+    }
+
+    /// Objects marked as written by writers the store did not see, none of which is open now: found so
+    /// when the store opens, they are what a crash cut short. Their blocks are to be compared with the
+    /// index ([`Store::changed_blocks`]), then the mark cleared ([`Store::unseen_writes_settled`]).
+    pub fn unseen_writes(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let st = lock(&shard.state);
+            out.extend(
+                st.objects
+                    .iter()
+                    .filter(|(o, m)| m.written_unseen && !st.unseen_writers.contains_key(o))
+                    .map(|(o, _)| *o),
+            );
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// What a crash left of `object`'s unseen writers is taken in: clear its mark (unless a writer is open).
+    pub fn unseen_writes_settled(&self, object: u64) {
+        let mut st = self.state(object);
+        if !st.unseen_writers.contains_key(&object) {
+            Self::mark_unseen(&mut st, &self.db, object, false);
+        }
+    }
+
+    /// Set or clear `object`'s mark; whether it changed.
+    fn mark_unseen(st: &mut ShardState, db: &Db, object: u64, on: bool) -> bool {
+        let mut meta = st.meta(object);
+        if meta.written_unseen == on {
+            return false;
+        }
+        meta.written_unseen = on;
+        db.submit(vec![meta.mutation(object)]);
+        st.set_meta(object, meta);
+        true
+    }
 }

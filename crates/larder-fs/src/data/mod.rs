@@ -263,6 +263,10 @@ impl Fs {
             }
             if writer {
                 self.end_direct_writer(ino);
+                if let Some(object) = self.handles.with(fh, |h| h.object) {
+                    // The kernel never served it: nothing was written unseen.
+                    self.core.store.unseen_writer_ended(object);
+                }
             }
         }
     }
@@ -290,8 +294,10 @@ impl Fs {
             Some(file) => {
                 self.handles.with(fh, |h| h.held = true);
                 drop(ns);
-                if writable {
-                    self.begin_direct_writer(fh, &file);
+                if writable && !self.begin_direct_writer(fh, object, &file) {
+                    self.handles.with(fh, |h| h.held = false);
+                    self.core.store.unhold(object);
+                    return None;
                 }
                 Some(file)
             }
@@ -742,6 +748,10 @@ impl Fs {
         };
         if let Err(e) = &result {
             tracing::error!(error = %e, ino = h.ino, "pushing a closed file to home failed; its changes stay cached");
+        }
+        if h.pt_writer.is_some() && adopted.is_ok() && result.is_ok() {
+            // What it wrote is taken in and recorded; on a failure the mark stays, for the next start.
+            self.core.store.unseen_writer_ended(h.object);
         }
         // The count of opens drops with the namespace shared; only the last close of a removed file, which
         // drops its data, takes it alone.

@@ -117,14 +117,25 @@ impl Fs {
         }
     }
 
-    /// Handle `fh`, open for writing, is served from the cache file by the kernel from now on.
-    pub(crate) fn begin_direct_writer(&self, fh: u64, file: &File) {
-        let Ok(m) = file.metadata() else { return };
+    /// Handle `fh`, open for writing, is to be served from the cache file of `object` by the kernel from
+    /// now on. The store marks the object first, durably at the index's level (see
+    /// [`larder_cache::Store::unseen_writer_began`]), so that a crash before the writer's writes are taken
+    /// in leaves a trace; false if that mark cannot be made (the handle is then served by the daemon).
+    pub(crate) fn begin_direct_writer(&self, fh: u64, object: u64, file: &File) -> bool {
+        let Ok(m) = file.metadata() else { return false };
+        if self.core.store.unseen_writer_began(object)
+            && let Err(e) = self.core.store.db().settle()
+        {
+            tracing::warn!(error = %e, "cannot record a writer the kernel serves; the daemon serves it");
+            self.core.store.unseen_writer_ended(object);
+            return false;
+        }
         let Some(ino) = self.handles.with(fh, |h| {
             h.pt_writer = Some(stamp_of(&m, self.fine_times()));
             h.ino
         }) else {
-            return;
+            self.core.store.unseen_writer_ended(object);
+            return false;
         };
         let first = read(&self.ns)
             .inode(ino)
@@ -132,6 +143,7 @@ impl Fs {
         if first {
             self.seen(ino, &m);
         }
+        true
     }
 
     /// Handle `fh` is no longer served from the cache file (closed, or the kernel refused the file).
@@ -174,10 +186,19 @@ impl Fs {
         if removed || (changed.is_empty() && size == known_size) {
             return Ok(false);
         }
-        self.core.store.adopt_written(object, &changed, len);
+        self.take_in(ino, object, &changed, len, SystemTime::now())?;
+        Ok(true)
+    }
+
+    /// Take in blocks of `object`, the cache file of `ino`, written by a writer the store did not see:
+    /// `changed` (index, checksum) as [`larder_cache::Store::changed_blocks`] found them, `len` the cache
+    /// file's length, `mtime` the file's new modification time.
+    fn take_in(&self, ino: u64, object: u64, changed: &[(u32, u32)], len: u64, mtime: SystemTime) -> FsResult<()> {
+        self.core.store.adopt_written(object, changed, len);
         let bs = self.core.store.block_size();
         let mut ns = write(&self.ns);
         let node = ns.inode_mut(ino)?;
+        let size = len.max(node.attr.as_ref().map_or(0, |a| a.size));
         let ranges: Vec<std::ops::Range<u64>> = changed
             .iter()
             .map(|&(i, _)| i as u64 * bs..((i as u64 + 1) * bs).min(size))
@@ -191,10 +212,54 @@ impl Fs {
         }
         if let Some(a) = node.attr.as_mut() {
             a.size = size;
-            let t = SystemTime::now();
-            a.mtime = t;
-            a.ctime = t;
+            a.mtime = mtime;
+            a.ctime = mtime;
         }
+        Ok(())
+    }
+
+    /// At start: take in what writers the kernel served wrote to cache files before a crash cut them
+    /// short (the daemon was killed with such writers open): every object the store found marked
+    /// ([`larder_cache::Store::unseen_writes`]) has its blocks compared with the index, and those that
+    /// differ become dirty and queued for home, as their writers' close would have made them: a write the
+    /// kernel acknowledged is kept, as a local file system keeps it when a process dies. `owners` maps
+    /// each live object to its inode. Returns how many files had writes taken in.
+    pub(crate) fn take_in_unseen_writes(&self, owners: &std::collections::HashMap<u64, u64>) -> usize {
+        let mut taken = 0;
+        for object in self.core.store.unseen_writes() {
+            let Some(&ino) = owners.get(&object) else {
+                self.core.store.unseen_writes_settled(object);
+                continue;
+            };
+            match self.take_in_after_crash(ino, object) {
+                Ok(changed) => {
+                    taken += changed as usize;
+                    self.core.store.unseen_writes_settled(object);
+                }
+                Err(e) => tracing::error!(
+                    ino,
+                    error = %e,
+                    "cannot take in what the kernel wrote to a cache file before the crash; looked for again at the next start"
+                ),
+            }
+        }
+        taken
+    }
+
+    fn take_in_after_crash(&self, ino: u64, object: u64) -> FsResult<bool> {
+        {
+            let mut ns = write(&self.ns);
+            self.load_inode(&mut ns, ino)?;
+        }
+        let io = |e| FsError::Cache(larder_cache::CacheError::Io(e));
+        let m = self.core.store.file(object)?.metadata().map_err(io)?;
+        let known_size = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
+        let changed = self.core.store.changed_blocks(object, m.len())?;
+        if changed.is_empty() && m.len() <= known_size {
+            return Ok(false);
+        }
+        self.take_in(ino, object, &changed, m.len(), m.modified().map_err(io)?)?;
+        self.commit_data(ino, false)?;
         Ok(true)
     }
 

@@ -32,7 +32,8 @@ impl Fs {
         // Set while a daemon has the cache open, cleared by `shutdown`: found set, the last one did not
         // stop cleanly (killed, or the machine went down).
         let unclean = db.meta(RUNNING)? == Some(1);
-        let (live, dropped_records) = collect_live(&db)?;
+        let (owners, dropped_records) = collect_live(&db)?;
+        let live: HashSet<u64> = owners.keys().copied().collect();
         let (orphan_objects, orphan_files) = store.retain_objects(&live);
         let mut ops = Vec::new();
         db.for_each_op(|seq, bytes| match Op::decode(bytes) {
@@ -106,7 +107,7 @@ impl Fs {
         });
         let readahead = Readahead::new(core.clone(), cfg.ingest_streams);
         let conflicts = crate::flusher::load_conflicts(&cfg.conflicts_dir);
-        Ok(Fs {
+        let fs = Fs {
             cfg,
             core,
             ns: RwLock::new(ns),
@@ -121,7 +122,15 @@ impl Fs {
             coherence: std::sync::OnceLock::new(),
             kernel_barrier: std::sync::OnceLock::new(),
             invalidated: std::sync::Mutex::new(None),
-        })
+        };
+        let taken = fs.take_in_unseen_writes(&owners);
+        if taken > 0 {
+            tracing::warn!(
+                files = taken,
+                "took in what writers the kernel served wrote to {taken} cached files before the stop; queued for home"
+            );
+        }
+        Ok(fs)
     }
 
     /// Make everything durable before the process exits.
@@ -138,9 +147,9 @@ impl Fs {
     }
 }
 
-/// The cache objects referred to by persisted inodes reachable from the root; records not reachable (a
-/// crash between removing a directory and its children) are dropped.
-fn collect_live(db: &larder_cache::Db) -> FsResult<(HashSet<u64>, usize)> {
+/// The cache objects referred to by persisted inodes reachable from the root, each with its inode;
+/// records not reachable (a crash between removing a directory and its children) are dropped.
+fn collect_live(db: &larder_cache::Db) -> FsResult<(HashMap<u64, u64>, usize)> {
     let mut parents = HashMap::new();
     let mut objects = HashMap::new();
     let mut names = HashMap::new();
@@ -190,7 +199,7 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<(HashSet<u64>, usize)> {
     let live = objects
         .iter()
         .filter(|(ino, _)| reachable.get(ino) == Some(&true))
-        .map(|(_, o)| *o)
+        .map(|(ino, o)| (*o, *ino))
         .collect();
     Ok((live, dropped))
 }

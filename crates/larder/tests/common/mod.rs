@@ -677,3 +677,11 @@ impl TestDir {
         self.mount(&args)
     }
 }
+
+/// Whether this kernel has FUSE passthrough (6.9 or later).
+pub fn kernel_has_passthrough() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (6, 9)
+}
