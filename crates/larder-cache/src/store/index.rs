@@ -16,8 +16,8 @@ impl Store {
     /// Record dirty blocks of `object` in the persistent index (with their checksums) so that they are
     /// found again after a restart; they stay dirty. Durable once the index is synced and the object file
     /// is.
-    /// Dirty blocks already indexed (their entry carries a checksum: adopted from the kernel's writes, or
-    /// committed before and not written since, since a write resets it) are not read again.
+    /// Dirty blocks whose checksum an adoption of the kernel's writes took, not recorded since, are not
+    /// read again.
     pub fn commit(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
         let pending: Vec<u32> = {
@@ -28,7 +28,7 @@ impl Store {
                     let len = size.saturating_sub(i as u64 * bs).min(bs) as u32;
                     !st.blocks
                         .get(&(object, i))
-                        .is_some_and(|e| e.dirty && e.crc != 0 && e.len == len)
+                        .is_some_and(|e| e.dirty && e.adopted && e.len == len)
                 })
                 .collect()
         };

@@ -195,6 +195,11 @@ struct BlockEntry {
     stamp: u64,
     verified: bool,
     dirty: bool,
+    /// A dirty block whose checksum was taken by an adoption of what a writer the store does not see
+    /// wrote ([`Store::adopt_written`]): those bytes were in the file when it was read, so a commit need not
+    /// read them again. Cleared by every other record of the block, a write's included (a commit racing a
+    /// write through the store may record the bytes from before the write's `pwrite` lands).
+    adopted: bool,
 }
 
 /// Shards of the store's state. A power of two: [`shard_of`] takes the top bits of a hash.
@@ -719,6 +724,7 @@ impl Store {
                 stamp: tick,
                 verified: true,
                 dirty,
+                adopted: false,
             },
         ) {
             self.account(&meta, old.len, old.dirty, false);

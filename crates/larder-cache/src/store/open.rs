@@ -42,6 +42,7 @@ impl Store {
                     stamp: tick,
                     verified: false,
                     dirty: false,
+                    adopted: false,
                 },
             );
             let meta = st.meta(object);

@@ -52,6 +52,9 @@ impl Store {
                     continue;
                 }
                 self.insert_locked(&mut st, (object, index), len, crc, true);
+                if let Some(e) = st.blocks.get_mut(&(object, index)) {
+                    e.adopted = true;
+                }
                 mutations.push(Mutation::PutBlock {
                     object,
                     index,
