@@ -4,7 +4,9 @@
 path outside the mount into it), `cp -a` of the extracted tree within the mount and `rm -rf` of the copy:
 each timed on larder and on the local disk (`direct`) in the same run; the target is 10 × the local disk
 at most. Then, with the tree pushed home and the validity lag (2 s) passed, `find | xargs cat` over it:
-home calls per directory (target: at most one), from larder's status.
+home calls per directory (target: at most one), from larder's status: the directories walked are the
+tree's and, for the walk's `cd`, the ones above it; the status command's own call for home's capacity
+(statfs) is not counted.
 """
 import os
 import random
@@ -94,10 +96,14 @@ def run(ctx):
                 before = m.status()
                 r["find_cat_after_lag"] = timed(["sh", "-c", walk])
                 after = m.status()
-                calls = H.get(after, "home", "ops") - H.get(before, "home", "ops")
+                # `larder status` itself asks home for its capacity (statfs): not the walk's.
+                ops = lambda st: H.get(st, "home", "ops") - (H.get(st, "home", "ops_by_kind", "statfs") or 0)
+                calls = ops(after) - ops(before)
                 r["home_calls_after_lag"] = calls
-                r["directories"] = DIRS + 1
-                r["home_calls_per_directory"] = round(calls / (DIRS + 1), 2)
+                # The walk revalidates each directory of the tree and, for its `cd`, the ones above it: the
+                # mount's root, programs/ and t/.
+                r["directories"] = DIRS + 3
+                r["home_calls_per_directory"] = round(calls / (DIRS + 3), 2)
                 r["listings_after_lag"] = H.get(after, "metadata", "listings") - H.get(before, "metadata", "listings")
                 r["bytes_from_home_after_lag"] = (H.get(after, "home", "bytes_read")
                                                   - H.get(before, "home", "bytes_read"))
@@ -115,7 +121,7 @@ def report(r, ctx):
              "(lower is better).", "", H.md_table(["program", "direct, s", "larder, s", "larder ÷ direct", "target"], rows)]
     lar = sy.get("larder", {})
     if "home_calls_after_lag" in lar:
-        lines += ["", f"`find | xargs cat` over the extracted tree ({lar['directories']} directories), cached, pushed, "
+        lines += ["", f"`find | xargs cat` over the extracted tree ({lar['directories']} directories with the ones above it), cached, pushed, "
                   f"after the validity lag: {lar['find_cat_after_lag']} s, {lar['home_calls_after_lag']} home calls "
                   f"({lar['home_calls_per_directory']} per directory, target ≤ 1; {lar['listings_after_lag']} listings), "
                   f"{lar['bytes_from_home_after_lag']} bytes read from home."]
