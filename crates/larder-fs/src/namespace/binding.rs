@@ -162,8 +162,8 @@ impl Fs {
             } else if let Some(rec) = db.inode(old)?.and_then(|b| InodeRecord::decode(&b))
                 && rec.kind == kind
             {
-                let node = Inode::from_record(rec);
-                self.reclaim_dirty(&node);
+                let mut node = Inode::from_record(rec);
+                self.reclaim_dirty(&mut node);
                 if node.has_name(parent, name) {
                     ns.inodes.insert(old, node);
                     self.load_home_ancestors(ns, old);

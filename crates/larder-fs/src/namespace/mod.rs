@@ -489,7 +489,7 @@ impl Fs {
     }
 
     /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them.
-    pub(crate) fn reclaim_dirty(&self, node: &Inode) {
+    pub(crate) fn reclaim_dirty(&self, node: &mut Inode) {
         let bs = self.core.store.block_size();
         for r in &node.dirty {
             if r.is_empty() {
@@ -498,6 +498,42 @@ impl Fs {
             for index in r.start / bs..=(r.end - 1) / bs {
                 self.core.store.claim((node.object, index as u32));
             }
+        }
+        self.unconfirmed_as_pushed(node);
+    }
+
+    /// A push cut short by a stop left `node.unconfirmed`: the ranges it sent that the record does not
+    /// show written since, whose bytes in the cache file tell whether home has them. A write that reached
+    /// the cache file and whose close never came (the daemon was killed first) changed bytes the record
+    /// does not know of: blocks whose bytes are not those the index recorded at the last commit are no
+    /// longer what the push sent, and are not compared.
+    fn unconfirmed_as_pushed(&self, node: &mut Inode) {
+        let Some(u) = node.unconfirmed.as_mut() else { return };
+        if u.ranges.is_empty() || node.object == 0 {
+            return;
+        }
+        let bs = self.core.store.block_size();
+        let end = u.ranges.iter().map(|r| r.end).max().unwrap_or(0);
+        let len = self
+            .core
+            .store
+            .file(node.object)
+            .ok()
+            .and_then(|f| f.metadata().ok())
+            .map_or(0, |m| m.len())
+            .min(end);
+        let changed: Vec<Range<u64>> = match self.core.store.changed_blocks(node.object, len) {
+            Ok(blocks) => blocks
+                .iter()
+                .map(|&(i, _)| i as u64 * bs..(i as u64 + 1) * bs)
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a cache file to check an interrupted push");
+                return;
+            }
+        };
+        if !changed.is_empty() {
+            u.ranges = crate::data::subtract(&u.ranges, &changed);
         }
     }
 
@@ -513,8 +549,8 @@ impl Fs {
             .inode(ino)?
             .and_then(|b| InodeRecord::decode(&b))
             .ok_or(FsError::BadHandle)?;
-        let node = Inode::from_record(rec);
-        self.reclaim_dirty(&node);
+        let mut node = Inode::from_record(rec);
+        self.reclaim_dirty(&mut node);
         ns.inodes.insert(ino, node);
         self.load_home_ancestors(ns, ino);
         Ok(())
