@@ -126,11 +126,6 @@ impl Op {
         }
     }
 
-    /// Whether this op changes an entry of directory `dir`.
-    pub fn changes_dir(&self, dir: u64) -> bool {
-        self.names.iter().any(|(d, _)| *d == dir)
-    }
-
     pub(crate) fn paths(&self) -> impl Iterator<Item = &[u8]> {
         let second = match &self.kind {
             OpKind::Link { to } | OpKind::Rename { to, .. } => Some(to.as_slice()),
@@ -213,6 +208,8 @@ pub(crate) struct Journal {
     /// Ops whose callers push them themselves and wait for the answer (write-through): never coalesced,
     /// and left alone by the flusher threads.
     held: HashSet<u64>,
+    /// Queued renames that exchange their two ends.
+    exchanges: usize,
 }
 
 impl Journal {
@@ -262,6 +259,9 @@ impl Journal {
 
     fn index(&mut self, seq: u64, op: &Op) {
         self.by_ino.entry(op.ino).or_default().insert(seq);
+        if matches!(op.kind, OpKind::Rename { exchange: true, .. }) {
+            self.exchanges += 1;
+        }
         for (d, n) in &op.names {
             if let Some((_, names)) = self.watched.get_mut(d) {
                 names.insert(n.clone());
@@ -321,6 +321,9 @@ impl Journal {
     fn remove(&mut self, seq: u64, out: &mut Vec<Mutation>) -> Option<Op> {
         let op = self.ops.remove(&seq)?;
         out.push(Mutation::DelOp(seq));
+        if matches!(op.kind, OpKind::Rename { exchange: true, .. }) {
+            self.exchanges -= 1;
+        }
         self.inflight.remove(&seq);
         self.held.remove(&seq);
         self.failed.remove(&seq);
@@ -433,12 +436,12 @@ impl Journal {
             OpKind::Link { .. } => false,
             _ => true,
         });
-        let named_as_parent = self.ops.iter().any(|(s, o)| !seqs.contains(s) && o.changes_dir(ino));
+        // Queued ops naming an entry of `ino` (none of its own ops do: a directory is not its own parent).
+        // Both from the journal's indexes: a scan of the queue per removal made `rm -rf` of a tree whose
+        // creates are still queued quadratic.
+        let named_as_parent = self.names.get(&ino).is_some_and(|m| !m.is_empty());
         // An exchange names its partner only by path: while one is queued, nothing is cancelled.
-        let exchanged = self
-            .ops
-            .iter()
-            .any(|(s, o)| !seqs.contains(s) && matches!(o.kind, OpKind::Rename { exchange: true, .. }));
+        let exchanged = self.exchanges > 0;
         if untouched && created_here && no_side_effects && !named_as_parent && !exchanged {
             for s in seqs {
                 self.remove(s, &mut out);
