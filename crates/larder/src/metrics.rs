@@ -73,6 +73,8 @@ pub const BANK_SERVERS: &str = "larder_bank_servers";
 pub const ECDAL: &str = "larder_ecdal";
 pub const ECDAB: &str = "larder_ecdab";
 pub const ABD: &str = "larder_abd";
+pub const HOME_METADATA_CALLS: &str = "larder_home_metadata_calls";
+pub const HOME_LISTINGS_FOR: &str = "larder_home_listings_for";
 
 /// The content type of the exposition `prometheus_client::encoding::text::encode` writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -91,6 +93,8 @@ pub struct Figures<'a> {
     pub walk: Vec<larder_fs::tier::TierStats>,
     /// The bank's figures, with `--bank`.
     pub bank: Option<larder_bank::BankStats>,
+    /// Home metadata calls: lookups, listings, revalidations (`Fs::home_meta_calls`).
+    pub meta: [u64; 3],
 }
 
 /// The membership, for metrics: members live and registered, and this node's standing with etcd.
@@ -164,6 +168,29 @@ impl Figures<'_> {
         let mut ops = enc.encode_descriptor(HOME_OPS, "Home operations by kind.", None, MetricType::Counter)?;
         for kind in OpKind::ALL {
             ConstCounter::new(home.ops_of(kind)).encode(ops.encode_family(&[("op", kind.as_str())])?)?;
+        }
+        let mut meta = enc.encode_descriptor(
+            HOME_METADATA_CALLS,
+            "Metadata calls to home by kind: lookup (one name), listing (a directory with its entries' \
+             attributes), revalidation (one file's attributes past the validity lag).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (call, n) in ["lookup", "listing", "revalidation"].into_iter().zip(self.meta) {
+            ConstCounter::new(n).encode(meta.encode_family(&[("call", call)])?)?;
+        }
+        let mut why = enc.encode_descriptor(
+            HOME_LISTINGS_FOR,
+            "Listings of a directory at home by reason: a name the cache could not answer, or a file's \
+             revalidation past the validity lag.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in [
+            ("lookup", fs.listings_for_lookups),
+            ("revalidation", fs.listings_for_revalidation),
+        ] {
+            ConstCounter::new(n).encode(why.encode_family(&[("reason", reason)])?)?;
         }
         counter(
             enc,
@@ -457,6 +484,7 @@ impl Collector for LarderCollector {
             }),
             walk: self.0.fs.tier_stats(),
             bank: self.0.bank.as_ref().map(|b| b.stats()),
+            meta: self.0.fs.home_meta_calls(),
         }
         .encode(enc)
     }
@@ -519,6 +547,7 @@ mod tests {
         cluster: Option<ClusterFigures>,
         walk: Vec<larder_fs::tier::TierStats>,
         bank: Option<larder_bank::BankStats>,
+        meta: [u64; 3],
     }
 
     impl Collector for Fixed {
@@ -533,6 +562,7 @@ mod tests {
                 cluster: self.cluster,
                 walk: self.walk.clone(),
                 bank: self.bank.clone(),
+                meta: self.meta,
             }
             .encode(enc)
         }
@@ -577,9 +607,25 @@ mod tests {
             fs,
             store,
             journal,
+            meta: [5, 2, 1],
             ..Fixed::default()
         });
         assert_eq!(value(&text, "larder_home_ops_total{op=\"read\"}"), Some(0.0), "{text}");
+        assert_eq!(
+            value(&text, "larder_home_metadata_calls_total{call=\"lookup\"}"),
+            Some(5.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, "larder_home_metadata_calls_total{call=\"listing\"}"),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, "larder_home_metadata_calls_total{call=\"revalidation\"}"),
+            Some(1.0),
+            "{text}"
+        );
         assert_eq!(value(&text, "larder_cache_bytes_used"), Some(20_000.0), "{text}");
         assert_eq!(value(&text, "larder_journal_pending_ops"), Some(4.0), "{text}");
         assert_eq!(value(&text, "larder_journal_oldest_age_seconds"), Some(1.5), "{text}");
