@@ -353,7 +353,7 @@ impl Fs {
         if file_kind == FileKind::Dir {
             node.listed = Some(Instant::now());
         }
-        ns.inodes.insert(ino, node);
+        ns.inodes.insert(ino, Box::new(node));
         let p = ns.inode_mut(parent)?;
         p.children.insert(name.to_os_string(), ino);
         p.negatives.remove(name);

@@ -165,7 +165,7 @@ impl Fs {
                 let mut node = Inode::from_record(rec);
                 self.reclaim_dirty(&mut node);
                 if node.has_name(parent, name) {
-                    ns.inodes.insert(old, node);
+                    ns.inodes.insert(old, Box::new(node));
                     self.load_home_ancestors(ns, old);
                     ino = Some(old);
                 }
@@ -182,7 +182,7 @@ impl Fs {
                     0
                 };
                 ns.inodes
-                    .insert(ino, Inode::new(parent, name.to_os_string(), kind, object));
+                    .insert(ino, Box::new(Inode::new(parent, name.to_os_string(), kind, object)));
                 db.submit(vec![
                     Mutation::PutMeta("next_ino", ns.next_ino),
                     Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino),

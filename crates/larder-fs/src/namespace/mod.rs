@@ -250,7 +250,9 @@ impl Inode {
 
 #[derive(Default)]
 pub(crate) struct Namespace {
-    pub inodes: HashMap<u64, Inode>,
+    /// Boxed: an inode is over 500 bytes, and the map's spare slots and its growth would cost as much
+    /// per slot.
+    pub inodes: HashMap<u64, Box<Inode>>,
     /// Home identity -> inode, for objects with several names (hard links).
     pub by_id: HashMap<u64, u64>,
     pub next_ino: u64,
@@ -373,11 +375,11 @@ impl Namespace {
     }
 
     pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
-        self.inodes.get(&ino).ok_or(FsError::BadHandle)
+        self.inodes.get(&ino).map(|n| &**n).ok_or(FsError::BadHandle)
     }
 
     pub fn inode_mut(&mut self, ino: u64) -> FsResult<&mut Inode> {
-        self.inodes.get_mut(&ino).ok_or(FsError::BadHandle)
+        self.inodes.get_mut(&ino).map(|n| &mut **n).ok_or(FsError::BadHandle)
     }
 
     /// The home path of `ino`, from its chain of parents.
@@ -551,7 +553,7 @@ impl Fs {
             .ok_or(FsError::BadHandle)?;
         let mut node = Inode::from_record(rec);
         self.reclaim_dirty(&mut node);
-        ns.inodes.insert(ino, node);
+        ns.inodes.insert(ino, Box::new(node));
         self.load_home_ancestors(ns, ino);
         Ok(())
     }
@@ -565,7 +567,7 @@ impl Fs {
         let mut todo: Vec<u64> = ns
             .inodes
             .get(&ino)
-            .map(parents)
+            .map(|n| parents(n))
             .into_iter()
             .flatten()
             .flatten()
@@ -586,7 +588,7 @@ impl Fs {
             };
             let node = Inode::from_record(rec);
             todo.extend(parents(&node).into_iter().flatten());
-            ns.inodes.insert(dir, node);
+            ns.inodes.insert(dir, Box::new(node));
             loaded += 1;
         }
     }

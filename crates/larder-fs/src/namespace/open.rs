@@ -91,7 +91,7 @@ impl Fs {
             Mutation::PutInode(ROOT, root.record().encode()),
             Mutation::PutMeta(RUNNING, 1),
         ]);
-        ns.inodes.insert(ROOT, root);
+        ns.inodes.insert(ROOT, Box::new(root));
         let store_limit = store.stats().bytes_limit;
         let mut tiers: Vec<Arc<dyn Tier>> = vec![Arc::new(StoreTier::new(store.clone()))];
         tiers.extend(between);
