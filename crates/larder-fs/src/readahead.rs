@@ -29,6 +29,11 @@ const QUEUE: usize = 1024;
 /// Largest run of adjacent blocks fetched from home in one request.
 const MAX_RUN: u64 = 16 << 20;
 
+/// Smallest run a stream takes (when the job has that much left), and the step a reader's window is
+/// queued in: with small blocks, a share of a job per stream would otherwise be a block or two, and each
+/// run is a home round trip.
+pub(crate) const MIN_JOB: u64 = 1 << 20;
+
 /// Longest a reader waits for a run covering its block before asking for the block itself.
 const RUN_WAIT: Duration = Duration::from_secs(60);
 
@@ -108,12 +113,13 @@ impl Readahead {
         });
         let streams = streams.max(1);
         let max_run = (MAX_RUN / core.store.block_size()).max(1) as u32;
+        let min_run = (MIN_JOB / core.store.block_size()).max(1) as u32;
         for i in 0..streams {
             let (shared, core) = (shared.clone(), core.clone());
             let _ = std::thread::Builder::new()
                 .name(format!("larder-ingest-{i}"))
                 .spawn(move || {
-                    while let Some((job, run)) = next(&shared, streams as u32, max_run) {
+                    while let Some((job, run)) = next(&shared, streams as u32, min_run, max_run) {
                         if let Err(e) = ingest(&core, &job, run) {
                             tracing::debug!(error = %e, path = %job.path.display(), "readahead fetch failed");
                             // The rest of this file's range would most likely fail the same way.
@@ -176,12 +182,13 @@ impl Drop for Readahead {
 }
 
 /// The next blocks to bring in: the first of the job at the head of the queue, this stream's share of
-/// what the job has left (at least one block, at most `max_run`).
-fn next(shared: &Shared, streams: u32, max_run: u32) -> Option<(Job, Range<u32>)> {
+/// what the job has left (at least `min_run` blocks or what is left, at most `max_run`).
+fn next(shared: &Shared, streams: u32, min_run: u32, max_run: u32) -> Option<(Job, Range<u32>)> {
     let mut q = lock(&shared.queue);
     loop {
         if let Some(job) = q.jobs.front_mut() {
-            let take = (job.blocks.len() as u32).div_ceil(streams).clamp(1, max_run);
+            let left = job.blocks.len() as u32;
+            let take = left.div_ceil(streams).max(min_run).min(left).clamp(1, max_run);
             let run = job.blocks.start..job.blocks.start + take;
             job.blocks.start = run.end;
             let job = if job.blocks.is_empty() {

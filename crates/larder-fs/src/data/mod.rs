@@ -468,17 +468,22 @@ impl Fs {
         }
         // Queue what the window adds past the blocks already queued for this handle (a reader that went
         // back before them is served by its own reads and the blocks still queued).
-        if window > 0 && end.saturating_add(window).min(file_size).div_ceil(bs) > ra_end.max(end).div_ceil(bs) {
+        let first = ra_end.max(end).div_ceil(bs);
+        let last = end.saturating_add(window).min(file_size).div_ceil(bs);
+        // Queued in steps of `MIN_JOB`, or half the window if that is less (and at least a block), or up to
+        // the end: a window moving on by one read's worth each time would otherwise queue a job of a block
+        // or two, each its own home request.
+        let step = crate::readahead::MIN_JOB.min(window / 2).max(bs);
+        let worth = last.saturating_sub(first) * bs >= step || last * bs >= file_size;
+        if window > 0 && last > first && worth {
             let f = match fetching {
                 Some(f) => f,
                 None => self.fetch_state(ino, object)?,
             };
-            let ahead_end = end.saturating_add(window).min(file_size).min(f.home_size);
+            let last = last.min(f.home_size.div_ceil(bs));
             if let Some(path) = f.path
-                && ahead_end.div_ceil(bs) > ra_end.max(end).div_ceil(bs)
+                && last > first
             {
-                let first = ra_end.max(end).div_ceil(bs);
-                let last = ahead_end.div_ceil(bs);
                 self.handles.with(fh, |h| h.ra_end = last * bs);
                 self.readahead.submit(Job {
                     object,
