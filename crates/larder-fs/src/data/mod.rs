@@ -251,22 +251,21 @@ impl Fs {
 
     /// End the hold [`Fs::passthrough`] took for `fh` when the kernel did not take the file after all.
     pub fn unhold(&self, fh: u64) {
-        if let Some((held, writer, ino)) = self.handles.with(fh, |h| {
+        if let Some((held, writer, ino, object)) = self.handles.with(fh, |h| {
             (
-                std::mem::take(&mut h.held).then_some(h.object),
+                std::mem::take(&mut h.held),
                 h.pt_writer.take().is_some(),
                 h.ino,
+                h.object,
             )
         }) {
-            if let Some(object) = held {
+            if held {
                 self.core.store.unhold(object);
             }
             if writer {
                 self.end_direct_writer(ino);
-                if let Some(object) = self.handles.with(fh, |h| h.object) {
-                    // The kernel never served it: nothing was written unseen.
-                    self.core.store.unseen_writer_ended(object);
-                }
+                // The kernel never served it: nothing was written unseen.
+                self.core.store.unseen_writer_ended(object);
             }
         }
     }

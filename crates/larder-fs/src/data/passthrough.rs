@@ -164,10 +164,10 @@ impl Fs {
         };
         let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
         let _w = lock(&write_lock);
-        let (object, removed, known_size) = {
+        let (object, removed) = {
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;
-            (node.object, node.removed, node.attr.as_ref().map_or(0, |a| a.size))
+            (node.object, node.removed)
         };
         let file = self.core.store.file(object)?;
         // Taken before the blocks are read: a write landing after it moves it.
@@ -179,26 +179,30 @@ impl Fs {
             return Ok(false);
         }
         self.seen(ino, &m);
-        let len = m.len();
-        let changed = self.core.store.changed_blocks(object, len)?;
         self.handles.with(fh, |h| h.pt_writer = Some(now));
-        let size = len.max(known_size);
-        if removed || (changed.is_empty() && size == known_size) {
+        if removed {
             return Ok(false);
         }
-        self.take_in(ino, object, &changed, len, SystemTime::now())?;
-        Ok(true)
+        self.take_in(ino, object, &m, SystemTime::now())
     }
 
-    /// Take in blocks of `object`, the cache file of `ino`, written by a writer the store did not see:
-    /// `changed` (index, checksum) as [`larder_cache::Store::changed_blocks`] found them, `len` the cache
-    /// file's length, `mtime` the file's new modification time.
-    fn take_in(&self, ino: u64, object: u64, changed: &[(u32, u32)], len: u64, mtime: SystemTime) -> FsResult<()> {
-        self.core.store.adopt_written(object, changed, len);
+    /// Compare the cache file of `ino` (`object`, whose metadata is `m`) with the index and take in what
+    /// a writer the store did not see wrote there: blocks whose bytes differ from their recorded checksum
+    /// become dirty (indexed with the checksums [`larder_cache::Store::changed_blocks`] found), the file
+    /// takes the cache file's length if that is larger, and its times become `mtime`. Whether anything
+    /// was taken in.
+    fn take_in(&self, ino: u64, object: u64, m: &Metadata, mtime: SystemTime) -> FsResult<bool> {
+        let len = m.len();
+        let known_size = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
+        let changed = self.core.store.changed_blocks(object, len)?;
+        if changed.is_empty() && len <= known_size {
+            return Ok(false);
+        }
+        self.core.store.adopt_written(object, &changed, len);
         let bs = self.core.store.block_size();
         let mut ns = write(&self.ns);
         let node = ns.inode_mut(ino)?;
-        let size = len.max(node.attr.as_ref().map_or(0, |a| a.size));
+        let size = len.max(known_size);
         let ranges: Vec<std::ops::Range<u64>> = changed
             .iter()
             .map(|&(i, _)| i as u64 * bs..((i as u64 + 1) * bs).min(size))
@@ -215,7 +219,7 @@ impl Fs {
             a.mtime = mtime;
             a.ctime = mtime;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// At start: take in what writers the kernel served wrote to cache files before a crash cut them
@@ -253,14 +257,11 @@ impl Fs {
         }
         let io = |e| FsError::Cache(larder_cache::CacheError::Io(e));
         let m = self.core.store.file(object)?.metadata().map_err(io)?;
-        let known_size = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
-        let changed = self.core.store.changed_blocks(object, m.len())?;
-        if changed.is_empty() && m.len() <= known_size {
-            return Ok(false);
+        let taken = self.take_in(ino, object, &m, m.modified().map_err(io)?)?;
+        if taken {
+            self.commit_data(ino, false)?;
         }
-        self.take_in(ino, object, &changed, m.len(), m.modified().map_err(io)?)?;
-        self.commit_data(ino, false)?;
-        Ok(true)
+        Ok(taken)
     }
 
     /// Before a push of `ino`: adopt what every writer the kernel serves wrote so far.

@@ -490,7 +490,9 @@ impl Fs {
         self.pipeline.notify();
     }
 
-    /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them.
+    /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them,
+    /// and keep of an interrupted push only what the cache file still shows of it
+    /// ([`Fs::unconfirmed_as_pushed`]).
     pub(crate) fn reclaim_dirty(&self, node: &mut Inode) {
         let bs = self.core.store.block_size();
         for r in &node.dirty {
@@ -785,9 +787,9 @@ impl Fs {
     pub fn home_meta_calls(&self) -> [u64; 3] {
         let c = &self.meta_counters;
         [
-            c.lookups.load(std::sync::atomic::Ordering::Relaxed),
-            c.listings.load(std::sync::atomic::Ordering::Relaxed),
-            c.revalidations.load(std::sync::atomic::Ordering::Relaxed),
+            c.lookups.load(Relaxed),
+            c.listings.load(Relaxed),
+            c.revalidations.load(Relaxed),
         ]
     }
 
