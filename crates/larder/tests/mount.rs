@@ -1256,10 +1256,7 @@ fn change_at_home_under_pending_writes_is_a_conflict() {
     assert_eq!(std::fs::read(&p).unwrap(), b"original content");
     // The kernel releases the reader's handle after the read returns: once it has, no close but this
     // test's fsync pushes (a release pushes what is pending too, and the conflict would be its to meet).
-    assert!(
-        wait_until(Duration::from_secs(10), || num(&m.status(), "/fs/open_handles") == 0),
-        "the reader's handle was never released"
-    );
+    m.wait_released();
     // Changed at home before the descriptor is opened: another test's fork closing a duplicate of an
     // open descriptor would push first. The mount still trusts the cached version (lag 60 s).
     std::thread::sleep(Duration::from_millis(20));

@@ -1198,10 +1198,7 @@ fn writes_the_kernel_made_to_a_cache_file_survive_a_kill_before_the_close() {
     let m = wb_mount(&t, &["--sync-lag", "60s", "--validity-lag", "60s"]);
     assert_same_bytes(&read(&m.path("f.bin")), &want, "cold read");
     // The kernel releases the reader's handle after its close returns; passthrough waits for that.
-    assert!(wait_until(Duration::from_secs(10), || num(
-        &m.status(),
-        "/fs/open_handles"
-    ) == 0));
+    m.wait_released();
     let reads = num(&m.status(), "/efficiency/reads");
     let f = std::fs::OpenOptions::new()
         .read(true)

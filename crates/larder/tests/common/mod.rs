@@ -217,6 +217,15 @@ impl Mount {
         status(&self.mnt)
     }
 
+    /// Wait until the daemon has no open handle: the kernel releases a handle after the `close` that
+    /// ended it returns. Fails the test after 10 s.
+    pub fn wait_released(&self) {
+        assert!(
+            wait_until(Duration::from_secs(10), || num(&self.status(), "/fs/open_handles") == 0),
+            "a handle was never released"
+        );
+    }
+
     /// A path inside the mount.
     pub fn path(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
