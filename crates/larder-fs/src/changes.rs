@@ -90,10 +90,14 @@ impl Fs {
                 muts.extend(j.forget_removed(*ino));
             }
         }
-        drop(ns);
-        drop(mutating);
+        // Submitted under the namespace's lock: records reach the index in the order of the changes that
+        // made them. (Submitted after it, a record taken here could land after a newer one of the same
+        // inode, another thread's, and a crash would bring back the older: a directory under a parent it
+        // had left, cut off from the root once that parent goes.)
         let db = self.core.store.db();
         db.submit(muts);
+        drop(ns);
+        drop(mutating);
         self.pipeline.notify();
         // Write-through syncs nothing here: it is acknowledged once home has the change (`Fs::land`).
         // Otherwise the change is as durable as the index promises (logged, or fsynced) before it returns.

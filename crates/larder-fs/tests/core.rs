@@ -564,6 +564,66 @@ fn a_push_whose_answer_was_lost_is_recognised_on_retry() {
     fs.stop_flushers();
 }
 
+/// Write-back: a push of a small file is cut short part way (the daemon killed, home gone mid-write). A
+/// small file goes whole, home cutting it to nothing first, so what is left there is a prefix of our
+/// content: the retry must take it for its own, not for someone else's change. A shorter file that is
+/// not such a prefix is still a conflict.
+#[test]
+fn a_small_file_push_cut_short_leaves_a_prefix_the_retry_recognises() {
+    let s = Setup::new();
+    let old = pattern(2 * BS as usize + 100, 1);
+    std::fs::write(s.home("f"), &old).unwrap();
+    std::fs::write(s.home("g"), &old).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let fs = s.write_back(faults.clone());
+    let cut_short = |name: &str, left: &dyn Fn(&[u8]) -> Vec<u8>| {
+        let ino = resolve(&fs, name).unwrap();
+        let r = fs.open(ino, libc::O_RDWR).unwrap();
+        // The whole file is cached (read), then a few bytes change in its second block.
+        assert_eq!(fs.read(r.fh, 0, 4 * BS as u32).unwrap(), old);
+        let mut want = old.clone();
+        fs.write(r.fh, BS + 10, b"changed").unwrap();
+        want[BS as usize + 10..BS as usize + 17].copy_from_slice(b"changed");
+        let failed = fs.journal_stats().failed_ops;
+        faults.inject(Fault {
+            op: OpKind::Write,
+            error: HomeError::NoSpace,
+            count: 1,
+            landed: false,
+        });
+        fs.flush(r.fh).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while fs.journal_stats().failed_ops == failed {
+            assert!(std::time::Instant::now() < deadline, "the push never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // What the push cut short left at home.
+        std::fs::write(s.home(name), left(&want)).unwrap();
+        assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+        fs.release(r.fh).unwrap();
+        want
+    };
+    // Cut short in the first block: everything after it was never written.
+    let want = cut_short("f", &|want| want[..BS as usize / 2].to_vec());
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    assert_eq!(std::fs::read(s.home("f")).unwrap(), want, "the retry finished the push");
+    // Not a prefix of ours: the second block holds home's bytes from before, as an in-place write of
+    // the changed range alone would have left them (or as someone else may have written them).
+    let want = cut_short("g", &|want| {
+        let mut mixed = want[..BS as usize + 20].to_vec();
+        mixed[BS as usize + 10..BS as usize + 17].copy_from_slice(&old[BS as usize + 10..BS as usize + 17]);
+        mixed
+    });
+    assert_eq!(fs.conflicts().len(), 1, "{:?}", fs.conflicts());
+    let kept = std::fs::read_dir(&s.home_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.starts_with("g.conflict-"))
+        .expect("the cache's version kept beside");
+    assert_eq!(std::fs::read(s.home(&kept)).unwrap(), want);
+    fs.stop_flushers();
+}
+
 /// Write-back over a home that renames by copying, then deleting (an object store): an attempt cut short
 /// leaves a copy at the target. The retry must see that copy as its own and finish the rename, for a file
 /// and for a directory part-copied, rather than set the copy aside as a conflict.

@@ -114,7 +114,9 @@ pub trait Home: Send + Sync + 'static {
     /// Make the object at `path` hold the content of `source` in the byte `ranges` given (the rest is
     /// unchanged) and be `size` bytes long, durably; with `mtime`, modified at that time (where the home
     /// stores times). Holes in `source` are holes at home where the backend can keep them. With `base`,
-    /// fail with [`HomeError::Conflict`] unless home is still at that version.
+    /// fail with [`HomeError::Conflict`] unless home is still at that version. Ranges covering all `size`
+    /// bytes replace the content whole: a write cut short leaves either the old content or a prefix of the
+    /// new, never a mix.
     fn write(
         &self,
         path: &Path,

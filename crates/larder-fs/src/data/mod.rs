@@ -132,6 +132,12 @@ pub(crate) fn add_range(ranges: &mut Vec<Range<u64>>, r: Range<u64>) {
     *ranges = merged;
 }
 
+/// Whether the sorted, merged `ranges` cover all `size` bytes of a file: a push of them sends its whole
+/// content.
+pub(crate) fn whole(ranges: &[Range<u64>], size: u64) -> bool {
+    size > 0 && ranges.first().is_some_and(|r| r.start == 0 && r.end >= size)
+}
+
 /// The parts of the sorted, disjoint `ranges` that no range of the sorted, disjoint `minus` covers.
 pub(crate) fn subtract(ranges: &[Range<u64>], minus: &[Range<u64>]) -> Vec<Range<u64>> {
     let mut out = Vec::new();

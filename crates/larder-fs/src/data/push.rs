@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use larder_home::HomeError;
 
-use super::{add_range, blocks_of, subtract};
+use super::{add_range, blocks_of, subtract, whole};
 use crate::namespace::{Fs, lock, read, write};
 use crate::{FsError, FsResult};
 
@@ -17,7 +17,7 @@ impl Fs {
         // What writers the kernel serves from the cache file wrote so far goes too.
         self.adopt_all_direct_writes(ino);
         let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
-        let (ranges, size, object, path, base, file, mtime, record, direct) = {
+        let (ranges, size, object, path, base, file, mtime, direct) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = write(&self.ns);
@@ -51,6 +51,24 @@ impl Fs {
                 // where nothing was written since).
                 add_range(&mut ranges, h..size);
             }
+            // A small file the cache holds all of goes whole: home cuts it to nothing and writes it from
+            // the start, so a push cut short (the daemon killed, home gone) leaves a prefix of our
+            // bytes, which the repeat recognises, never a mix of ours and home's bytes before, which
+            // could not be told from someone else's change at home.
+            // Its blocks are claimed (dirty) like the written ones, so that none is evicted before the push
+            // reads it; a block eviction took meanwhile is simply not sent (its bytes are home's).
+            if size > 0
+                && size <= self.core.small_file_threshold
+                && !whole(&ranges, size)
+                && self.core.store.whole_in_file(object, size)
+            {
+                let bs = self.core.store.block_size();
+                for index in 0..size.div_ceil(bs) {
+                    if self.core.store.claim((object, index as u32)) {
+                        add_range(&mut ranges, index * bs..((index + 1) * bs).min(size));
+                    }
+                }
+            }
             let path = match at {
                 Some(p) => Ok(p),
                 None => ns.home_path(ino).and_then(|p| p.ok_or(FsError::NotFound)),
@@ -69,19 +87,20 @@ impl Fs {
                 Ok((path, file)) => {
                     let node = ns.inode_mut(ino)?;
                     node.pushing += 1;
-                    node.attempt = Some(crate::namespace::Attempt {
-                        ranges: ranges.clone(),
-                        size,
-                    });
+                    node.attempt = Some(crate::namespace::Attempt::sent(ranges.clone(), size));
                     // Where changes are journaled, what this push sends is on record before home sees any
                     // of it, with the flusher's record of the attempt (one sync for both): after a crash,
                     // home holding it is recognised as ours.
-                    let record = larder_cache::Mutation::PutInode(ino, node.record().encode());
+                    // Submitted under the namespace's lock, as every record (`Fs::queue`).
+                    self.core
+                        .store
+                        .db()
+                        .submit(vec![larder_cache::Mutation::PutInode(ino, node.record().encode())]);
                     // With writers the kernel serves, the cache file can change under the push: its stamp
                     // now tells afterwards whether it did.
                     let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)
                         .then(|| super::passthrough::stamp(&file, self.fine_times()));
-                    (ranges, size, object, path, base, file, mtime, record, direct)
+                    (ranges, size, object, path, base, file, mtime, direct)
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -91,7 +110,6 @@ impl Fs {
         };
         {
             let db = self.core.store.db();
-            db.submit(vec![record]);
             // Write-through pushes without the sync: its op counts as a repeat after a crash (`Fs::land`).
             let through = self.cfg.write_mode == crate::WriteMode::WriteThrough;
             if let Err(e) = if through { Ok(()) } else { db.sync() } {
@@ -162,6 +180,7 @@ impl Fs {
                 if node.unconfirmed.is_none() {
                     // It may have reached home in part or whole: what it sent tells, if asked.
                     node.unconfirmed = Some(crate::namespace::Attempt {
+                        whole: super::whole(&ranges, size),
                         ranges: subtract(&ranges, &node.dirty),
                         size,
                     });

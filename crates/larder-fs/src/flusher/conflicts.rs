@@ -38,8 +38,8 @@ impl Fs {
         let mut j = self.pipeline.journal();
         let muts = j.record(Op::new(ino, path, Vec::new(), OpKind::Data));
         drop(j);
-        drop(ns);
         self.core.store.db().submit(muts);
+        drop(ns);
         Outcome::Done
     }
 

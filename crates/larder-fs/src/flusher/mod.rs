@@ -291,8 +291,9 @@ impl Fs {
                         }
                     }
                 }
-                drop(ns);
+                // Under the namespace's lock, as every record (`Fs::queue`).
                 self.core.store.db().submit(muts);
+                drop(ns);
                 if self.cfg.write_mode != WriteMode::WriteThrough {
                     self.settle_dir_times(op);
                 }
@@ -332,8 +333,9 @@ impl Fs {
                     if let Some(node) = ns.inodes.get_mut(&op.ino) {
                         node.dirty.clear();
                     }
-                    drop(ns);
                     self.core.store.db().submit(muts);
+                    self.persist(&ns, op.ino);
+                    drop(ns);
                 }
             }
         }

@@ -266,40 +266,50 @@ impl Fs {
     }
 
     /// Whether home's object at `path` is what an earlier push of `ino` made it: the bytes that push sent
-    /// (those not written again since) and its size. Without a record of that push, the cache's pending
-    /// content and size.
+    /// (those not written again since) and its size, or, for a push of the whole content cut short, a
+    /// prefix of them (home cut the file to nothing before writing it from the start). Without a record of
+    /// that push, the cache's pending content and size.
     /// Home's attributes if so.
     pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
-        let (ranges, size, object) = {
+        let (ranges, size, whole, object) = {
             let ns = read(&self.ns);
             let Ok(node) = ns.inode(ino) else { return None };
             match &node.unconfirmed {
-                Some(a) => (a.ranges.clone(), a.size, node.object),
+                Some(a) => (a.ranges.clone(), a.size, a.whole, node.object),
                 None => (
                     node.dirty.clone(),
                     node.attr.as_ref().map_or(0, |a| a.size),
+                    false,
                     node.object,
                 ),
             }
         };
         let attr = self.core.home.stat(path).ok()?;
-        if attr.size != size || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
+        // Where home's copy of what was sent ends.
+        let end = if whole && attr.size < size { attr.size } else { size };
+        if attr.size != end || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
+            tracing::info!(path = %path.display(), home_size = attr.size, size, whole, "home's file is not what an interrupted push of ours left there: its size differs");
             return None;
         }
         let file = self.core.store.file(object).ok()?;
         let ours = ranges.iter().all(|r| {
-            let end = r.end.min(size);
-            if r.start >= end {
+            let stop = r.end.min(end);
+            if r.start >= stop {
                 return true;
             }
-            let len = (end - r.start) as usize;
+            let len = (stop - r.start) as usize;
             let mut mine = vec![0u8; len];
             let got = std::os::unix::fs::FileExt::read_at(file.as_ref(), &mut mine, r.start).unwrap_or(0);
             mine[got..].fill(0);
-            self.core
+            let same = self
+                .core
                 .home
                 .read(path, &attr.version, r.start, len)
-                .is_ok_and(|theirs| theirs == mine)
+                .is_ok_and(|theirs| theirs == mine);
+            if !same {
+                tracing::info!(path = %path.display(), range = ?(r.start..stop), whole, "home's file is not what an interrupted push of ours left there: its bytes differ");
+            }
+            same
         });
         ours.then_some(attr)
     }

@@ -74,8 +74,8 @@ impl Fs {
         let mut muts = self.pipeline.journal().finish(seq).1;
         ns.renames.remove(&op.ino);
         self.undo(&mut ns, op, &mut muts);
-        drop(ns);
         self.core.store.db().submit(muts);
+        drop(ns);
         self.pipeline.notify();
     }
 

@@ -121,6 +121,17 @@ pub(crate) struct Inode {
 pub(crate) struct Attempt {
     pub ranges: Vec<Range<u64>>,
     pub size: u64,
+    /// It sent the whole content (`0..size`): home cuts the file to nothing first, so a push cut short
+    /// leaves a prefix of our bytes there, never a mix with the bytes before.
+    pub whole: bool,
+}
+
+impl Attempt {
+    /// What a push of `ranges` to a file of `size` bytes sent.
+    pub(crate) fn sent(ranges: Vec<Range<u64>>, size: u64) -> Attempt {
+        let whole = crate::data::whole(&ranges, size);
+        Attempt { ranges, size, whole }
+    }
 }
 
 impl Inode {
@@ -205,10 +216,12 @@ impl Inode {
             // Whether it reached home or not, its ranges are pushed again; only the bytes not written
             // since can tell whether it did.
             let unchanged = crate::data::subtract(&sent, &node.dirty);
+            let sent_whole = sent.clone();
             for r in sent {
                 crate::data::add_range(&mut node.dirty, r);
             }
             node.unconfirmed = Some(Attempt {
+                whole: crate::data::whole(&sent_whole, size),
                 ranges: unchanged,
                 size,
             });

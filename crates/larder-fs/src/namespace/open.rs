@@ -188,6 +188,12 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<(HashMap<u64, u64>, usize)> {
     let mut dead = Vec::new();
     for (ino, ok) in &reachable {
         if !ok {
+            tracing::warn!(
+                ino,
+                parent = parents.get(ino).copied().unwrap_or(0),
+                name = %String::from_utf8_lossy(names.get(ino).map_or(&[][..], |n| &n[..])),
+                "an index record cut off from the root is dropped"
+            );
             dead.push(Mutation::DelInode(*ino));
             if let (Some(p), Some(n)) = (parents.get(ino), names.get(ino)) {
                 dead.push(Mutation::DelDentry(*p, n.clone()));

@@ -1,5 +1,6 @@
 //! Pushing a file's data: the dirty ranges of the cache copy written over home's file, holes kept as holes
-//! (punched, or written as zeros where the file system cannot punch), the size and time set last.
+//! (punched, or written as zeros where the file system cannot punch), the size and time set last. A push
+//! of the whole content first cuts the file to nothing.
 
 use std::ffi::CStr;
 use std::fs::File;
@@ -32,11 +33,15 @@ pub(super) fn write_at(
     {
         return Err(HomeError::Conflict);
     }
-    // Cut first: nothing past the new end is copied or zeroed.
+    // Cut first: nothing past the new end is copied or zeroed. A push of the whole content cuts to
+    // nothing, so that until it ends home holds a prefix of the new content, never a mix of old and new
+    // bytes: a pusher cut short can tell its own partial work from someone else's change.
+    let whole = size > 0 && ranges.first().is_some_and(|r| r.start == 0 && r.end >= size);
+    let cut = if whole { 0 } else { size };
     let mut home_end = current.size;
-    if size < home_end {
-        file.set_len(size)?;
-        home_end = size;
+    if cut < home_end {
+        file.set_len(cut)?;
+        home_end = cut;
     }
     let mut buf = vec![0u8; COPY_CHUNK];
     for range in ranges {
