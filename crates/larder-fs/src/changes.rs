@@ -149,7 +149,7 @@ impl Fs {
     fn still_bound(&self, parent: u64, name: &OsStr, ino: Option<u64>, empty: bool) -> bool {
         let ns = read(&self.ns);
         let now = ns.bound(parent, name);
-        let empty_ok = !empty || ino.is_none_or(|i| ns.inodes.get(&i).is_some_and(|n| n.children.is_empty()));
+        let empty_ok = !empty || ino.is_none_or(|i| ns.inodes.get(&i).is_some_and(|n| n.d().children.is_empty()));
         now == ino && empty_ok
     }
 
@@ -355,12 +355,12 @@ impl Fs {
             node.symlink = Some(target.to_vec());
         }
         if file_kind == FileKind::Dir {
-            node.listed = Some(Instant::now());
+            node.dm().listed = Some(Instant::now());
         }
         ns.inodes.insert(ino, Box::new(node));
         let p = ns.inode_mut(parent)?;
-        p.children.insert(name.to_os_string(), ino);
-        p.negatives.remove(name);
+        p.dm().children.insert(name.to_os_string(), ino);
+        p.dm().negatives.remove(name);
         Self::dir_changed(&mut ns, parent, if file_kind == FileKind::Dir { 1 } else { 0 });
         let mut muts = vec![
             Mutation::PutMeta("next_ino", ns.next_ino),
@@ -397,7 +397,7 @@ impl Fs {
             a.ctime = SystemTime::now();
         }
         let p = ns.inode_mut(parent)?;
-        p.negatives.insert(name.to_os_string(), Instant::now());
+        p.dm().negatives.insert(name.to_os_string(), Instant::now());
         Self::dir_changed(&mut ns, parent, if dir { -1 } else { 0 });
         let mut muts = Vec::new();
         muts.extend(Self::record_of(&ns, parent));
@@ -518,8 +518,8 @@ impl Fs {
             a.ctime = SystemTime::now();
         }
         let p = ns.inode_mut(parent)?;
-        p.children.insert(name.to_os_string(), ino);
-        p.negatives.remove(name);
+        p.dm().children.insert(name.to_os_string(), ino);
+        p.dm().negatives.remove(name);
         Self::dir_changed(&mut ns, parent, 0);
         let mut muts = vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)];
         muts.extend(Self::record_of(&ns, ino));
@@ -708,8 +708,8 @@ impl Fs {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> FsResult<()> {
-        let src = ns.inode_mut(parent)?.children.remove(name);
-        let dst = ns.inode_mut(new_parent)?.children.remove(new_name);
+        let src = ns.inode_mut(parent)?.dm().children.remove(name);
+        let dst = ns.inode_mut(new_parent)?.dm().children.remove(new_name);
         let db = self.core.store.db().clone();
         db.submit(vec![
             Mutation::DelDentry(parent, name.as_bytes().to_vec()),
@@ -718,9 +718,11 @@ impl Fs {
         if src.is_some() && src == dst {
             // Two names of one object: POSIX says nothing happens.
             ns.inode_mut(parent)?
+                .dm()
                 .children
                 .insert(name.to_os_string(), src.unwrap_or_default());
             ns.inode_mut(new_parent)?
+                .dm()
                 .children
                 .insert(new_name.to_os_string(), src.unwrap_or_default());
             return Ok(());
@@ -728,8 +730,8 @@ impl Fs {
         let place = |ns: &mut Namespace, ino: u64, from: (u64, &OsStr), dir: u64, n: &OsStr| -> FsResult<()> {
             let node = ns.inode_mut(ino)?;
             node.rename_name(from, (dir, n));
-            ns.inode_mut(dir)?.children.insert(n.to_os_string(), ino);
-            ns.inode_mut(dir)?.negatives.remove(n);
+            ns.inode_mut(dir)?.dm().children.insert(n.to_os_string(), ino);
+            ns.inode_mut(dir)?.dm().negatives.remove(n);
             db.submit(vec![Mutation::PutDentry(dir, n.as_bytes().to_vec(), ino)]);
             self.persist(ns, ino);
             Ok(())
@@ -744,17 +746,21 @@ impl Fs {
         } else {
             if let Some(d) = dst {
                 // Replaced at home: put it back under its old name only to detach it properly.
-                ns.inode_mut(new_parent)?.children.insert(new_name.to_os_string(), d);
+                ns.inode_mut(new_parent)?
+                    .dm()
+                    .children
+                    .insert(new_name.to_os_string(), d);
                 self.unbind(ns, new_parent, new_name, false);
             }
             match src {
                 Some(s) => place(ns, s, (parent, name), new_parent, new_name)?,
                 // Not known here: forget any negative entry so the next lookup asks home.
                 None => {
-                    ns.inode_mut(new_parent)?.negatives.remove(new_name);
+                    ns.inode_mut(new_parent)?.dm().negatives.remove(new_name);
                 }
             }
             ns.inode_mut(parent)?
+                .dm()
                 .negatives
                 .insert(name.to_os_string(), Instant::now());
         }

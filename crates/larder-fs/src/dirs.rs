@@ -48,7 +48,7 @@ impl Fs {
             // A fresh listing is a hit, taken with the namespace shared.
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;
-            if node.kind == FileKind::Dir && self.fresh(node.listed) {
+            if node.kind == FileKind::Dir && self.fresh(node.d().listed) {
                 return self.snapshot(&ns, ino);
             }
         }
@@ -58,7 +58,7 @@ impl Fs {
             if node.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
             }
-            if self.fresh(node.listed) {
+            if self.fresh(node.d().listed) {
                 return self.snapshot(&ns, ino);
             }
             match ns.home_path(ino)? {
@@ -133,6 +133,7 @@ impl Fs {
         }
         let gone: Vec<OsString> = ns
             .inode(ino)?
+            .d()
             .children
             .keys()
             .filter(|n| !seen.contains(*n) && !pinned.contains(n.as_bytes()))
@@ -145,15 +146,15 @@ impl Fs {
         self.load_names(&mut ns, ino, pinned)?;
         let listed = self.fresh_from(asked, Instant::now());
         let node = ns.inode_mut(ino)?;
-        node.listed = listed;
-        node.negatives.clear();
+        node.dm().listed = listed;
+        node.dm().negatives.clear();
         self.snapshot(&ns, ino)
     }
 
     /// Home is away: a directory listed before is served as cached.
     fn offline_listing(&self, ino: u64, e: HomeError) -> FsResult<Vec<DirItem>> {
         let mut ns = write(&self.ns);
-        if ns.inode(ino)?.listed.is_none() {
+        if ns.inode(ino)?.d().listed.is_none() {
             return Err(e.into());
         }
         self.load_pinned(&mut ns, ino)?;
@@ -172,7 +173,7 @@ impl Fs {
 
     /// Bind every persisted child of `ino`: the cache's whole view of it, for when home cannot say.
     fn load_cached(&self, ns: &mut Namespace, ino: u64) -> FsResult<()> {
-        if ns.inode(ino)?.complete {
+        if ns.inode(ino)?.d().complete {
             return Ok(());
         }
         let names = self.core.store.db().dentries_of(ino)?.into_iter().map(|(n, _)| n);
@@ -183,7 +184,7 @@ impl Fs {
     fn load_names(&self, ns: &mut Namespace, ino: u64, names: impl IntoIterator<Item = Vec<u8>>) -> FsResult<()> {
         for n in names {
             let name = OsString::from_vec(n);
-            if !ns.inode(ino)?.children.contains_key(&name) {
+            if !ns.inode(ino)?.d().children.contains_key(&name) {
                 self.load_child(ns, ino, &name)?;
             }
         }
@@ -192,7 +193,7 @@ impl Fs {
 
     fn snapshot(&self, ns: &Namespace, ino: u64) -> FsResult<Vec<DirItem>> {
         let node = ns.inode(ino)?;
-        let mut out = Vec::with_capacity(node.children.len() + 2);
+        let mut out = Vec::with_capacity(node.d().children.len() + 2);
         out.push(DirItem {
             ino,
             kind: FileKind::Dir,
@@ -203,7 +204,7 @@ impl Fs {
             kind: FileKind::Dir,
             name: "..".into(),
         });
-        let mut children: Vec<_> = node.children.iter().collect();
+        let mut children: Vec<_> = node.d().children.iter().collect();
         children.sort();
         for (name, &child) in children {
             if let Some(c) = ns.inodes.get(&child) {

@@ -289,7 +289,7 @@ fn resolve_known(ns: &Namespace, path: &Path) -> (Option<u64>, Option<(u64, std:
         let std::path::Component::Normal(name) = part else {
             return (None, None);
         };
-        let Some(&child) = ns.inodes.get(&ino).and_then(|n| n.children.get(name)) else {
+        let Some(&child) = ns.inodes.get(&ino).and_then(|n| n.d().children.get(name)) else {
             return (None, Some((ino, name.to_os_string())));
         };
         last = Some((ino, name.to_os_string()));
@@ -427,16 +427,16 @@ impl Fs {
                 && let Some(node) = ns.inodes.get_mut(&ino)
             {
                 node.checked = None;
-                node.listed = None;
-                node.negatives.clear();
+                node.unlist();
+                node.dm().negatives.clear();
                 kernel.push(crate::Invalidation::Inode(ino));
             }
             if let Some((dir, name)) = parent
                 && let Some(node) = ns.inodes.get_mut(&dir)
             {
                 node.checked = None;
-                node.listed = None;
-                node.negatives.remove(&name);
+                node.unlist();
+                node.dm().negatives.remove(&name);
                 kernel.push(crate::Invalidation::Entry(dir, name));
                 kernel.push(crate::Invalidation::Inode(dir));
             }

@@ -87,7 +87,7 @@ impl Fs {
                 Ok((path, file)) => {
                     let node = ns.inode_mut(ino)?;
                     node.pushing += 1;
-                    node.attempt = Some(crate::namespace::Attempt::sent(ranges.clone(), size));
+                    node.attempt = Some(Box::new(crate::namespace::Attempt::sent(ranges.clone(), size)));
                     // Where changes are journaled, what this push sends is on record before home sees any
                     // of it, with the flusher's record of the attempt (one sync for both): after a crash,
                     // home holding it is recognised as ours.
@@ -179,11 +179,11 @@ impl Fs {
                 node.attempt = None;
                 if node.unconfirmed.is_none() {
                     // It may have reached home in part or whole: what it sent tells, if asked.
-                    node.unconfirmed = Some(crate::namespace::Attempt {
+                    node.unconfirmed = Some(Box::new(crate::namespace::Attempt {
                         whole: super::whole(&ranges, size),
                         ranges: subtract(&ranges, &node.dirty),
                         size,
-                    });
+                    }));
                 }
                 for r in ranges {
                     add_range(&mut node.dirty, r);

@@ -176,7 +176,7 @@ impl Fs {
                             let mut ns = write(&self.ns);
                             let parent = ns.inodes.get(&ino).map(|n| n.parent);
                             if let Some(d) = parent.and_then(|p| ns.inodes.get_mut(&p)) {
-                                d.listed = None;
+                                d.unlist();
                                 d.checked = None;
                             }
                             parent

@@ -114,7 +114,7 @@ impl Fs {
                     if *replaced && !*exchange {
                         // What it replaced is still at home under that name: asked again.
                         if let Ok(d) = ns.inode_mut(to_dir) {
-                            d.negatives.remove(&to);
+                            d.dm().negatives.remove(&to);
                         }
                     }
                 }
@@ -124,8 +124,8 @@ impl Fs {
         for (dir, n) in &op.names {
             if let Some(d) = ns.inodes.get_mut(dir) {
                 // Home may hold a name the cache did not know (why a create failed): listed again.
-                d.negatives.remove(OsStr::from_bytes(n));
-                d.listed = None;
+                d.dm().negatives.remove(OsStr::from_bytes(n));
+                d.unlist();
                 d.checked = None;
             }
         }
@@ -160,14 +160,14 @@ impl Fs {
             node.aliases.push((dir, name.to_os_string()));
         }
         if node.kind == FileKind::Dir {
-            node.listed = None;
+            node.unlist();
         }
         let id = node.attr.as_ref().map_or(0, |a| a.id);
         if id != 0 {
             ns.by_id.entry(id).or_insert(ino);
         }
         if let Some(d) = ns.inodes.get_mut(&dir) {
-            d.children.insert(name.to_os_string(), ino);
+            d.dm().children.insert(name.to_os_string(), ino);
         }
         muts.push(Mutation::PutDentry(dir, name.as_bytes().to_vec(), ino));
         if let Some(n) = ns.inodes.get(&ino) {

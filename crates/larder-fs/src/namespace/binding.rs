@@ -113,7 +113,7 @@ impl Fs {
         asked: Instant,
         persisted: Option<&HashMap<Vec<u8>, u64>>,
     ) -> FsResult<u64> {
-        if let Some(&ino) = ns.inode(parent)?.children.get(name) {
+        if let Some(&ino) = ns.inode(parent)?.d().children.get(name) {
             let node = ns.inode(ino)?;
             // A placeholder from a listing that turns out to be another name of a known object.
             let placeholder_of_link = node.attr.is_none()
@@ -138,8 +138,8 @@ impl Fs {
             let node = ns.inode_mut(ino)?;
             node.aliases.push((parent, name.to_os_string()));
             let p = ns.inode_mut(parent)?;
-            p.children.insert(name.to_os_string(), ino);
-            p.negatives.remove(name);
+            p.dm().children.insert(name.to_os_string(), ino);
+            p.dm().negatives.remove(name);
             db.submit(vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)]);
             self.persist(ns, ino);
             if let Some(attr) = attr {
@@ -192,8 +192,8 @@ impl Fs {
             }
         };
         let p = ns.inode_mut(parent)?;
-        p.children.insert(name.to_os_string(), ino);
-        p.negatives.remove(name);
+        p.dm().children.insert(name.to_os_string(), ino);
+        p.dm().negatives.remove(name);
         if let Some(attr) = attr {
             self.update_attr(ns, ino, attr, asked);
         }
@@ -215,7 +215,7 @@ impl Fs {
     /// `name` left `parent`, at home already (`at_home`) or only here so far (home still has it there until
     /// the change is pushed).
     pub(crate) fn unbind(&self, ns: &mut Namespace, parent: u64, name: &OsStr, at_home: bool) {
-        let Some(ino) = ns.inodes.get_mut(&parent).and_then(|p| p.children.remove(name)) else {
+        let Some(ino) = ns.inodes.get_mut(&parent).and_then(|p| p.dm().children.remove(name)) else {
             return;
         };
         self.core
@@ -256,7 +256,11 @@ impl Fs {
     pub(super) fn forget_subtree(&self, ns: &mut Namespace, ino: u64, at_home: bool) {
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.removed = true;
-        let children: Vec<(OsString, u64)> = node.children.drain().collect();
+        let children: Vec<(OsString, u64)> = node
+            .dir
+            .as_mut()
+            .map(|d| d.children.drain().collect())
+            .unwrap_or_default();
         let (opens, lookups, object) = (node.opens(), node.lookups(), node.object);
         let id = node.attr.as_ref().map_or(0, |a| a.id);
         if ns.by_id.get(&id) == Some(&ino) {

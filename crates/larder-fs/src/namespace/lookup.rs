@@ -22,10 +22,10 @@ impl Fs {
     /// it up), bound in memory.
     pub(crate) fn load_child(&self, ns: &mut Namespace, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
         let p = ns.inode(parent)?;
-        if let Some(&ino) = p.children.get(name) {
+        if let Some(&ino) = p.d().children.get(name) {
             return Ok(Some(ino));
         }
-        if p.complete {
+        if p.d().complete {
             return Ok(None);
         }
         let Some(ino) = self.core.store.db().dentry(parent, name.as_bytes())? else {
@@ -47,7 +47,7 @@ impl Fs {
         if !node.has_name(parent, name) {
             node.aliases.push((parent, name.to_os_string()));
         }
-        ns.inode_mut(parent)?.children.insert(name.to_os_string(), ino);
+        ns.inode_mut(parent)?.dm().children.insert(name.to_os_string(), ino);
         Ok(Some(ino))
     }
 
@@ -127,7 +127,7 @@ impl Fs {
     /// A hit: `name` in directory `parent` is known, and was checked within the validity lag (or changed
     /// here). Nothing else is asked.
     pub(super) fn fresh_child(&self, ns: &Namespace, parent: u64, name: &OsStr) -> Option<u64> {
-        let child = *ns.inodes.get(&parent)?.children.get(name)?;
+        let child = *ns.inodes.get(&parent)?.d().children.get(name)?;
         let c = ns.inodes.get(&child)?;
         (c.attr.is_some() && (self.fresh(c.checked) || !c.dirty.is_empty())).then_some(child)
     }
@@ -146,9 +146,9 @@ impl Fs {
             }
             let local = self.local_name(&ns, parent, name)?;
             let p = ns.inode(parent)?;
-            let listed_fresh = self.fresh(p.listed);
-            let negative_fresh = self.fresh(p.negatives.get(name).copied());
-            if let Some(&child) = p.children.get(name) {
+            let listed_fresh = self.fresh(p.d().listed);
+            let negative_fresh = self.fresh(p.d().negatives.get(name).copied());
+            if let Some(&child) = p.d().children.get(name) {
                 let c = ns.inode(child)?;
                 if c.attr.is_some() && (local || self.fresh(c.checked) || !c.dirty.is_empty() || self.queued(child)) {
                     return Ok(Found::Ino(child));
@@ -164,7 +164,7 @@ impl Fs {
             if may_list && !listed_fresh && !self.cfg.validity_lag.is_zero() && self.health.online() {
                 return Ok(Found::List);
             }
-            let known = ns.inode(parent)?.children.get(name).copied();
+            let known = ns.inode(parent)?.d().children.get(name).copied();
             match ns.home_child_path(parent, name)? {
                 Some(path) => (path, known),
                 None => return Err(FsError::NotFound),
@@ -192,7 +192,7 @@ impl Fs {
                 }
                 self.gone_at_home(&mut ns, parent, name);
                 if let Ok(p) = ns.inode_mut(parent) {
-                    p.negatives.insert(name.to_os_string(), Instant::now());
+                    p.dm().negatives.insert(name.to_os_string(), Instant::now());
                 }
                 Err(FsError::NotFound)
             }
@@ -212,7 +212,7 @@ impl Fs {
                 match known {
                     Some(child) if ns.inodes.get(&child).is_some_and(|c| c.attr.is_some()) => Ok(Found::Ino(child)),
                     None if self.cfg.write_mode.works_offline() => Err(FsError::NotFound),
-                    None if ns.inode(parent)?.listed.is_some() => Err(FsError::NotFound),
+                    None if ns.inode(parent)?.d().listed.is_some() => Err(FsError::NotFound),
                     _ => Err(e.into()),
                 }
             }
@@ -321,7 +321,7 @@ impl Fs {
             let Some(p) = ns.inodes.get(&node.parent) else {
                 return Ok(None);
             };
-            if node.removed || self.fresh(p.listed) {
+            if node.removed || self.fresh(p.d().listed) {
                 return Ok(None);
             }
             node.parent
@@ -332,7 +332,7 @@ impl Fs {
         self.meta_counters.listings_for_revalidation.fetch_add(1, Relaxed);
         let ns = read(&self.ns);
         let node = ns.inode(ino)?;
-        let bound = ns.inodes.get(&parent).and_then(|p| p.children.get(&node.name)) == Some(&ino);
+        let bound = ns.inodes.get(&parent).and_then(|p| p.d().children.get(&node.name)) == Some(&ino);
         if node.attr.is_some() && !node.removed && self.fresh(node.checked) && bound {
             return self.entry(&ns, ino).map(Some);
         }
@@ -371,6 +371,7 @@ impl Fs {
 /// The cache's answer for `name` in `parent`.
 fn cached_child(ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<Found> {
     ns.inode(parent)?
+        .d()
         .children
         .get(name)
         .copied()

@@ -66,12 +66,9 @@ pub(crate) struct Inode {
     pub symlink: Option<Vec<u8>>,
     /// When `attr` was last confirmed by home.
     pub checked: Option<Instant>,
-    /// Known children by name (directories).
-    pub children: HashMap<OsString, u64>,
-    /// When the children were last listed completely (or, for a directory made here, when it was made).
-    pub listed: Option<Instant>,
-    /// Names home said do not exist, and when.
-    pub negatives: HashMap<OsString, Instant>,
+    /// What only a directory has (`None` for other kinds, and for a directory nothing is known of yet):
+    /// boxed, so that the many files cost a pointer for it. See [`Inode::d`] and [`Inode::dm`].
+    pub(super) dir: Option<Box<DirState>>,
     /// The kernel's references (lookups not yet forgotten) and the handles open on it: counted by hits
     /// under the shared namespace lock, so atomics; a decision that one is zero is taken with `ns` held
     /// alone, when no hit can count meanwhile.
@@ -83,10 +80,6 @@ pub(crate) struct Inode {
     /// The cache file's modification time (ns since the epoch) when such writers' writes were last taken
     /// in: a later one shows writes not taken in yet.
     pub pt_seen: AtomicU64,
-    /// Every child of this directory is bound in memory: it was made in this daemon's life (its children
-    /// were all made through it), or all its persisted entries were loaded. A name not bound is then not
-    /// in the index either, and looking it up there is skipped.
-    pub complete: bool,
     /// Byte ranges written locally and not yet pushed to home.
     pub dirty: Vec<Range<u64>>,
     /// Gone from home; kept while the kernel or a handle refers to it.
@@ -110,11 +103,29 @@ pub(crate) struct Inode {
     pub conflict: bool,
     /// The push of this file under way (or the last one, if it failed): what it sent. Persisted with the
     /// record, so that a record written meanwhile still names those ranges as not confirmed at home.
-    pub attempt: Option<Attempt>,
+    pub attempt: Option<Box<Attempt>>,
     /// A push that was under way when the daemon stopped (from the record): the ranges it sent that were
     /// not written again since, and the size. If home's version moved on, these say whether it was ours.
-    pub unconfirmed: Option<Attempt>,
+    pub unconfirmed: Option<Box<Attempt>>,
 }
+
+/// The state of a directory beside its attributes.
+#[derive(Default)]
+pub(crate) struct DirState {
+    /// Known children by name.
+    pub children: HashMap<OsString, u64>,
+    /// When the children were last listed completely (or, for a directory made here, when it was made).
+    pub listed: Option<Instant>,
+    /// Names home said do not exist, and when.
+    pub negatives: HashMap<OsString, Instant>,
+    /// Every child of this directory is bound in memory: it was made in this daemon's life (its children
+    /// were all made through it), or all its persisted entries were loaded. A name not bound is then not
+    /// in the index either, and looking it up there is skipped.
+    pub complete: bool,
+}
+
+/// The state of a directory nothing is known of: what [`Inode::d`] shows of any other inode.
+static NO_DIR: std::sync::LazyLock<DirState> = std::sync::LazyLock::new(DirState::default);
 
 /// What one push of a file's data sent to home.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,6 +146,23 @@ impl Attempt {
 }
 
 impl Inode {
+    /// Its directory state (empty for anything else).
+    pub(crate) fn d(&self) -> &DirState {
+        self.dir.as_deref().unwrap_or(&NO_DIR)
+    }
+
+    /// Its directory state, to change.
+    pub(crate) fn dm(&mut self) -> &mut DirState {
+        self.dir.get_or_insert_with(Box::default)
+    }
+
+    /// Forget when its children were listed: the next look lists them again.
+    pub(crate) fn unlist(&mut self) {
+        if let Some(d) = self.dir.as_mut() {
+            d.listed = None;
+        }
+    }
+
     fn new(parent: u64, name: OsString, kind: FileKind, object: u64) -> Inode {
         Inode {
             parent,
@@ -145,14 +173,11 @@ impl Inode {
             object,
             symlink: None,
             checked: None,
-            children: HashMap::new(),
-            listed: None,
-            negatives: HashMap::new(),
+            dir: None,
             lookups: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             pt_writers: AtomicU32::new(0),
             pt_seen: AtomicU64::new(0),
-            complete: false,
             dirty: Vec::new(),
             removed: false,
             kernel_object: AtomicU64::new(0),
@@ -193,7 +218,9 @@ impl Inode {
         let mut node = Inode::new(parent, name.to_os_string(), kind, object);
         node.home_loc = None;
         node.home_size = (kind == FileKind::File).then_some(0);
-        node.complete = kind == FileKind::Dir;
+        if kind == FileKind::Dir {
+            node.dm().complete = true;
+        }
         node
     }
 
@@ -220,11 +247,11 @@ impl Inode {
             for r in sent {
                 crate::data::add_range(&mut node.dirty, r);
             }
-            node.unconfirmed = Some(Attempt {
+            node.unconfirmed = Some(Box::new(Attempt {
                 whole: crate::data::whole(&sent_whole, size),
                 ranges: unchanged,
                 size,
-            });
+            }));
         }
         node
     }
@@ -347,7 +374,7 @@ impl Namespace {
         let mut seen = 0;
         while let Some((dir, len)) = stack.pop() {
             let Some(node) = self.inodes.get(&dir) else { continue };
-            for (name, child) in &node.children {
+            for (name, child) in &node.d().children {
                 seen += 1;
                 if seen > MOVED_SUBTREE_MAX {
                     return longest;
@@ -365,7 +392,7 @@ impl Namespace {
 
     /// The inode `name` in `dir` is bound to in the cache, if any.
     pub fn bound(&self, dir: u64, name: &OsStr) -> Option<u64> {
-        self.inodes.get(&dir).and_then(|d| d.children.get(name).copied())
+        self.inodes.get(&dir).and_then(|d| d.d().children.get(name).copied())
     }
 
     /// Whether home may have moved `path` (or a directory above it) already, without the cache knowing
@@ -679,7 +706,7 @@ impl Fs {
         }
         let moved = |dir: u64, name: &OsStr| -> FsResult<Option<u64>> {
             let node = ns.inode(dir)?;
-            Ok(node.children.get(name).copied())
+            Ok(node.d().children.get(name).copied())
         };
         if let Some(src) = moved(from.0, from.1)? {
             self.check_storable(ns, to.0, to.1, ns.inode(src)?.kind, Some(src))?;
