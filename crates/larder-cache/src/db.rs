@@ -56,6 +56,9 @@ fn meta_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<MetaKey, D::Error>
         .ok_or_else(|| serde::de::Error::custom(format!("unknown index setting {key:?}")))
 }
 
+/// An entry of a directory as the index has it: (name, inode, the inode's record).
+pub type StoredChild = (Vec<u8>, u64, Option<Vec<u8>>);
+
 /// One change to the index.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Mutation {
@@ -368,6 +371,27 @@ impl Db {
                 break;
             }
             out.push((name.to_vec(), v.value()));
+        }
+        Ok(out)
+    }
+
+    /// Every stored entry of directory `parent` with the record of its inode, in one read.
+    pub fn children_of(&self, parent: u64) -> CacheResult<Vec<StoredChild>> {
+        self.caught_up();
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let dentries = tx.open_table(DENTRIES).map_err(idx_err)?;
+        let inodes = tx.open_table(INODES).map_err(idx_err)?;
+        let mut out = Vec::new();
+        let lo: (u64, &[u8]) = (parent, &[]);
+        for row in dentries.range(lo..).map_err(idx_err)? {
+            let (k, v) = row.map_err(idx_err)?;
+            let (p, name) = k.value();
+            if p != parent {
+                break;
+            }
+            let ino = v.value();
+            let rec = inodes.get(ino).map_err(idx_err)?.map(|r| r.value().to_vec());
+            out.push((name.to_vec(), ino, rec));
         }
         Ok(out)
     }

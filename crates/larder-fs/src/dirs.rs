@@ -131,7 +131,9 @@ impl Fs {
             }
             seen.insert(e.name);
         }
-        let gone: Vec<OsString> = ns
+        // Gone at home: what the cache has bound, and what the index has of it beside (children that left
+        // memory).
+        let mut gone: Vec<OsString> = ns
             .inode(ino)?
             .d()
             .children
@@ -139,16 +141,40 @@ impl Fs {
             .filter(|n| !seen.contains(*n) && !pinned.contains(n.as_bytes()))
             .cloned()
             .collect();
+        gone.extend(
+            persisted
+                .keys()
+                .map(|n| OsString::from_vec(n.clone()))
+                .filter(|n| !seen.contains(n) && !pinned.contains(n.as_bytes()))
+                .filter(|n| !ns.inodes.get(&ino).is_some_and(|d| d.d().children.contains_key(n))),
+        );
         for name in gone {
-            self.gone_at_home(&mut ns, ino, &name);
+            if self.load_child(&mut ns, ino, &name)?.is_some() {
+                self.gone_at_home(&mut ns, ino, &name);
+            }
         }
         // (A superset of what load_pinned would take from the journal now.)
         self.load_names(&mut ns, ino, pinned)?;
         let listed = self.fresh_from(asked, Instant::now());
         let node = ns.inode_mut(ino)?;
-        node.dm().listed = listed;
-        node.dm().negatives.clear();
-        self.snapshot(&ns, ino)
+        let d = node.dm();
+        d.listed = listed;
+        d.negatives.clear();
+        // Every child is bound now: home's, and those with changes queued.
+        d.complete = true;
+        let out = self.snapshot(&ns, ino);
+        // The children nothing refers to but this listing need not stay in memory: the oldest of them
+        // leave it once there are many (they come back from the index, vouched for by this listing).
+        let idle: Vec<u64> = ns
+            .inode(ino)?
+            .d()
+            .children
+            .values()
+            .copied()
+            .filter(|c| ns.inodes.get(c).is_some_and(|n| n.lookups() == 0 && n.opens() == 0))
+            .collect();
+        self.note_idle(&mut ns, idle);
+        out
     }
 
     /// Home is away: a directory listed before is served as cached.
@@ -177,7 +203,9 @@ impl Fs {
             return Ok(());
         }
         let names = self.core.store.db().dentries_of(ino)?.into_iter().map(|(n, _)| n);
-        self.load_names(ns, ino, names)
+        self.load_names(ns, ino, names)?;
+        ns.inode_mut(ino)?.dm().complete = true;
+        Ok(())
     }
 
     /// Bind the persisted children `names` of `ino` that are not bound yet.
@@ -204,17 +232,37 @@ impl Fs {
             kind: FileKind::Dir,
             name: "..".into(),
         });
-        let mut children: Vec<_> = node.d().children.iter().collect();
-        children.sort();
-        for (name, &child) in children {
-            if let Some(c) = ns.inodes.get(&child) {
-                out.push(DirItem {
-                    ino: child,
-                    kind: c.kind,
-                    name: name.clone(),
-                });
+        let mut children: Vec<(OsString, u64, FileKind)> = node
+            .d()
+            .children
+            .iter()
+            .filter_map(|(name, &child)| ns.inodes.get(&child).map(|c| (name.clone(), child, c.kind)))
+            .collect();
+        if !node.d().complete && node.d().listed.is_some() {
+            // Children that left memory since the listing (see `namespace/reclaim.rs`) are in the index.
+            for (name, child, rec) in self.core.store.db().children_of(ino)? {
+                let name = OsString::from_vec(name);
+                if node.d().children.contains_key(&name) {
+                    continue;
+                }
+                let kind = match ns.inodes.get(&child) {
+                    // In memory, its names are the truth (see `load_child`).
+                    Some(c) if c.removed || !c.has_name(ino, &name) => continue,
+                    Some(c) => c.kind,
+                    None => match rec.and_then(|r| crate::record::InodeRecord::decode(&r)) {
+                        Some(r) => r.kind,
+                        None => continue,
+                    },
+                };
+                children.push((name, child, kind));
             }
         }
+        children.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(
+            children
+                .into_iter()
+                .map(|(name, ino, kind)| DirItem { ino, kind, name }),
+        );
         Ok(out)
     }
 }

@@ -101,6 +101,10 @@ pub(crate) struct MetaCounters {
     pub revalidations: AtomicU64,
     pub listings_for_lookups: AtomicU64,
     pub listings_for_revalidation: AtomicU64,
+    /// Inodes that left memory (the kernel forgot them and the index holds all of them), and those loaded
+    /// back from the index.
+    pub reclaimed: AtomicU64,
+    pub reloaded: AtomicU64,
 }
 
 /// Reads served, for the efficiency figures.

@@ -185,7 +185,10 @@ pub struct OpenReply {
 /// Figures of the core for status output.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FsStats {
+    /// Inodes in memory, and over the mount's life those that left it and those loaded back from the index.
     pub inodes: u64,
+    pub inodes_reclaimed: u64,
+    pub inodes_reloaded: u64,
     pub open_handles: u64,
     pub dirty_files: u64,
     pub readahead_blocks: u64,

@@ -160,6 +160,91 @@ fn a_miss_in_a_directory_nobody_listed_lists_it_once_and_creates_there_ask_home_
     );
 }
 
+/// The names of an open directory, `.` and `..` left out.
+fn names_in(fs: &Fs, dir: u64) -> Vec<String> {
+    let fh = fs.opendir(dir).unwrap();
+    let mut names: Vec<String> = fs
+        .readdir(fh, 0)
+        .unwrap()
+        .into_iter()
+        .map(|(_, e)| e.name.to_string_lossy().into_owned())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    fs.releasedir(fh);
+    names.sort();
+    names
+}
+
+#[test]
+fn inodes_the_kernel_forgot_leave_memory_and_come_back_from_the_index_asking_home_nothing() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    for i in 0..50 {
+        std::fs::write(s.home(&format!("d/f{i:02}")), format!("content {i}")).unwrap();
+    }
+    let (fs, c) = s.fs_configured(
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            // Nothing pushed: a file written here keeps a change queued.
+            sync_lag: Duration::from_secs(3600),
+            ..FsConfig::default()
+        },
+    );
+    let d = resolve(&fs, "d").unwrap();
+    let mut inos = Vec::new();
+    for i in 0..50 {
+        let ino = fs.lookup(d, OsStr::new(&format!("f{i:02}"))).unwrap().attr.ino;
+        assert_eq!(read_file(&fs, ino), format!("content {i}").as_bytes());
+        inos.push(ino);
+    }
+    // One of them changed here, not pushed yet.
+    let w = fs.open(inos[7], libc::O_WRONLY).unwrap();
+    fs.write(w.fh, 0, b"CHANGED").unwrap();
+    fs.release(w.fh).unwrap();
+    let in_memory = fs.stats().inodes;
+    assert!(in_memory >= 52, "{in_memory} inodes in memory");
+    // The kernel forgets every file: all but the changed one leave memory.
+    for &ino in &inos {
+        fs.forget(ino, 1);
+    }
+    let stats = fs.stats();
+    assert_eq!(
+        stats.inodes,
+        in_memory - 49,
+        "every clean file the kernel forgot left memory"
+    );
+    assert_eq!(stats.inodes_reclaimed, 49);
+    let before = (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat));
+    // They come back from the index, the same inodes with the same content, vouched for by the listing
+    // within the validity lag: home is asked nothing.
+    for (i, &ino) in inos.iter().enumerate() {
+        let e = fs.lookup(d, OsStr::new(&format!("f{i:02}"))).unwrap();
+        assert_eq!(e.attr.ino, ino);
+        let want = if i == 7 {
+            "CHANGED 7".to_string()
+        } else {
+            format!("content {i}")
+        };
+        assert_eq!(fs.getattr(ino).unwrap().attr.size, want.len() as u64);
+        assert_eq!(read_file(&fs, ino), want.as_bytes());
+    }
+    assert_eq!(fs.stats().inodes_reloaded, 49);
+    // A name the listing did not have is still known absent, and a listing shows every name.
+    assert!(matches!(fs.lookup(d, OsStr::new("nope")), Err(FsError::NotFound)));
+    for &ino in &inos {
+        fs.forget(ino, 1);
+    }
+    let want: Vec<String> = (0..50).map(|i| format!("f{i:02}")).collect();
+    assert_eq!(names_in(&fs, d), want);
+    assert_eq!(
+        (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat)),
+        before,
+        "nothing asked of home for inodes that came back from the index"
+    );
+}
+
 #[test]
 fn past_the_lag_one_listing_revalidates_a_directory_and_finds_what_changed() {
     let s = Setup::new();

@@ -1,6 +1,6 @@
 //! A model test of the core in write-back (and in write-through, without outages): proptest generates sequences of steps — creates, writes at
 //! random offsets (small files and files spanning several blocks), truncates, renames of files and
-//! directories, unlinks, mkdir/rmdir, reads, lookups and listings, files written and removed at home behind
+//! directories, unlinks, mkdir/rmdir, reads, lookups and listings, the kernel forgetting what it looked up, files written and removed at home behind
 //! the cache's back, home going away and coming back, and restarts (clean, or the cache dropped without a
 //! shutdown) — and drives [`Fs`] over a POSIX home in a temporary directory. Every answer is checked
 //! against a reference model (path → directory or file content); at the end the journal is drained and home
@@ -99,6 +99,9 @@ enum Step {
     },
     /// Remove a file at home behind the cache's back.
     HomeRemove(Pick),
+    /// The kernel forgets every inode it looked up (the inodes nothing else needs leave memory, for the
+    /// index).
+    Forget,
     /// Every home call fails as unreachable from now on.
     HomeAway,
     /// Home answers again.
@@ -133,6 +136,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => p().prop_map(Step::List),
         2 => (p(), len, any::<u8>()).prop_map(|(file, len, seed)| Step::HomeWrite { file, len, seed }),
         1 => p().prop_map(Step::HomeRemove),
+        2 => Just(Step::Forget),
         1 => Just(Step::HomeAway),
         1 => Just(Step::HomeBack),
         1 => any::<bool>().prop_map(|clean| Step::Restart { clean }),
@@ -513,6 +517,14 @@ impl Run {
                 }
             }
             Step::Read(p) => self.check_path(path(p))?,
+            Step::Forget => {
+                // Children before their directories, as the kernel lets go of them.
+                for p in PATHS.iter().rev() {
+                    if let Ok(ino) = resolve(&fs, p) {
+                        fs.forget(ino, u64::MAX);
+                    }
+                }
+            }
             Step::Lookup(p) => self.check_path(path(p))?,
             Step::List(p) => {
                 let p = path(p);

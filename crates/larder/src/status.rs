@@ -363,7 +363,13 @@ pub struct JournalStatus {
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct FsStatus {
+    /// Inodes in memory, and over the mount's life those that left it (the kernel forgot them; the index
+    /// keeps them) and those loaded back from the index.
     pub inodes: u64,
+    #[serde(default)]
+    pub inodes_reclaimed: u64,
+    #[serde(default)]
+    pub inodes_reloaded: u64,
     pub open_handles: u64,
     pub dirty_files: u64,
     pub readahead_blocks: u64,
@@ -518,6 +524,8 @@ impl StatusSource {
             efficiency: Efficiency::of(&fs, &store, self.fs.store().average_block_distance(ABD_UNITS)),
             fs: FsStatus {
                 inodes: fs.inodes,
+                inodes_reclaimed: fs.inodes_reclaimed,
+                inodes_reloaded: fs.inodes_reloaded,
                 open_handles: fs.open_handles,
                 dirty_files: fs.dirty_files,
                 readahead_blocks: fs.readahead_blocks,

@@ -48,6 +48,10 @@ impl Fs {
             node.aliases.push((parent, name.to_os_string()));
         }
         ns.inode_mut(parent)?.dm().children.insert(name.to_os_string(), ino);
+        if !in_memory {
+            self.meta_counters.reloaded.fetch_add(1, Relaxed);
+            self.vouch_by_listing(ns, parent, ino);
+        }
         Ok(Some(ino))
     }
 
@@ -63,7 +67,16 @@ impl Fs {
             }
         }
         let ino = self.find(parent, name)?;
-        let ns = read(&self.ns);
+        {
+            let ns = read(&self.ns);
+            if let Some(node) = ns.inodes.get(&ino) {
+                node.lookups.fetch_add(1, Relaxed);
+                return self.entry(&ns, ino);
+            }
+        }
+        // It left memory between the answer and now (see `reclaim.rs`): back from the index.
+        let mut ns = write(&self.ns);
+        let ino = self.load_child(&mut ns, parent, name)?.ok_or(FsError::NotFound)?;
         ns.inode(ino)?.lookups.fetch_add(1, Relaxed);
         self.entry(&ns, ino)
     }
@@ -158,8 +171,14 @@ impl Fs {
                     .load_child(&mut ns, parent, name)?
                     .ok_or(FsError::NotFound)
                     .map(Found::Ino);
-            } else if listed_fresh || negative_fresh {
+            } else if negative_fresh {
                 return Err(FsError::NotFound);
+            } else if listed_fresh {
+                // The listing is the answer; a name it bound may have left memory since, for the index.
+                return self
+                    .load_child(&mut ns, parent, name)?
+                    .ok_or(FsError::NotFound)
+                    .map(Found::Ino);
             }
             if may_list && !listed_fresh && !self.cfg.validity_lag.is_zero() && self.health.online() {
                 return Ok(Found::List);
@@ -222,24 +241,32 @@ impl Fs {
 
     /// The kernel dropped `n` references to `ino`.
     /// The count drops with the namespace shared (the kernel forgets as often as it looks up); only the
-    /// last reference to a removed inode, which forgets the inode, takes it alone.
+    /// last reference, which may let the inode leave memory, takes it alone.
     pub fn forget(&self, ino: u64, n: u64) {
-        let last_of_removed = {
+        let last = {
             let ns = read(&self.ns);
             let Some(node) = ns.inodes.get(&ino) else { return };
             let was = node
                 .lookups
                 .fetch_update(Relaxed, Relaxed, |l| Some(l.saturating_sub(n)))
                 .unwrap_or(0);
-            was <= n && node.removed
+            was <= n && node.opens() == 0
         };
-        if !last_of_removed {
+        if !last || ino == ROOT {
             return;
         }
         let mut ns = write(&self.ns);
         let Some(node) = ns.inodes.get(&ino) else { return };
-        if node.lookups() == 0 && node.opens() == 0 && node.removed && ino != ROOT && !self.queued(ino) {
-            ns.inodes.remove(&ino);
+        if node.lookups() != 0 || node.opens() != 0 {
+            return;
+        }
+        if node.removed {
+            if !self.queued(ino) {
+                ns.inodes.remove(&ino);
+            }
+        } else {
+            // Nothing refers to it but the index: it leaves memory, and comes back from the index.
+            self.reclaim(&mut ns, ino);
         }
     }
 

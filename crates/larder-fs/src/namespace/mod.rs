@@ -27,6 +27,7 @@ mod binding;
 mod handles;
 mod lookup;
 mod open;
+mod reclaim;
 
 pub(crate) use handles::{Handle, Handles};
 
@@ -273,7 +274,7 @@ impl Inode {
         self.opens.load(Relaxed)
     }
 
-    fn has_name(&self, parent: u64, name: &OsStr) -> bool {
+    pub(crate) fn has_name(&self, parent: u64, name: &OsStr) -> bool {
         (self.parent == parent && self.name == name) || self.aliases.iter().any(|(p, n)| *p == parent && n == name)
     }
 
@@ -302,6 +303,9 @@ pub(crate) struct Namespace {
     /// beside the home locations, under the same lock, and changed together with them when a rename lands
     /// (`Fs::settle_namespace`): one look tells where home has a name and whether that may be changing.
     pub renames: HashMap<u64, (Vec<u8>, bool)>,
+    /// Inodes loaded by listings that nothing else refers to, oldest first: past [`IDLE_MAX`] of them,
+    /// the oldest leave memory (see `reclaim.rs`). May name inodes gone or referred to since.
+    pub idle: std::collections::VecDeque<u64>,
 }
 
 pub(crate) use crate::tier::FetchResult;
@@ -838,6 +842,8 @@ impl Fs {
         let ns = read(&self.ns);
         FsStats {
             inodes: ns.inodes.len() as u64,
+            inodes_reclaimed: self.meta_counters.reclaimed.load(Relaxed),
+            inodes_reloaded: self.meta_counters.reloaded.load(Relaxed),
             open_handles: self.handles.len() as u64,
             dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
             readahead_blocks: self.readahead.submitted(),
