@@ -301,9 +301,6 @@ impl Fs {
                 // What the kernel forgot while its change waited leaves memory now that home has it.
                 let mut ns = write(&self.ns);
                 self.reclaim(&mut ns, op.ino);
-                for (dir, _) in &op.names {
-                    self.reclaim(&mut ns, *dir);
-                }
             }
             Outcome::Retry(e) => {
                 tracing::debug!(error = %e, op = op.kind.name(), "home away; the op waits");

@@ -1,5 +1,6 @@
-//! Letting go of inodes nothing needs in memory: the kernel forgot them, no handle is open, and the
-//! index holds all there is to know of them (no queued change, no data not at home, no push under way).
+//! Letting go of inodes nothing needs in memory: files (and links) the kernel forgot, with no handle
+//! open, of which the index holds all there is to know (no queued change, no data not at home, no push
+//! under way).
 //! A later lookup loads them again from the index; within the validity lag of their directory's listing
 //! they come back fresh, so forgetting costs no home call.
 
@@ -11,35 +12,29 @@ use super::*;
 pub(crate) const IDLE_MAX: usize = 16_384;
 
 impl Fs {
-    /// Whether `ino` may leave memory: see the module doc. Directories only once no child is bound in
-    /// memory and their listing is past the validity lag (it would be lost, and its children asked home
-    /// again).
+    /// Whether `ino` may leave memory: see the module doc. Directories stay: an inode loaded for a home
+    /// path (after a restart, for a queued change) is in memory without being bound in its directory's
+    /// children, so nothing cheap tells that a directory is no one's parent; and they are few beside files.
     fn reclaimable(&self, ns: &Namespace, ino: u64) -> bool {
         if ino == ROOT {
             return false;
         }
         let Some(node) = ns.inodes.get(&ino) else { return false };
-        let plain = node.lookups() == 0
+        let plain = node.kind != FileKind::Dir
+            && node.lookups() == 0
             && node.opens() == 0
             && node.pt_writers.load(Relaxed) == 0
             && !node.removed
-            && node.attr.is_some()
+            // (Hard links stay: a name found later must find the inode its other names have.)
+            && node.attr.as_ref().is_some_and(|a| a.nlink <= 1)
             && node.dirty.is_empty()
             && node.pushing == 0
             && node.attempt.is_none()
             && node.unconfirmed.is_none()
             && !node.conflict
             && node.aliases.is_empty()
-            && node
-                .home_loc
-                .as_ref()
-                .is_some_and(|(p, n)| *p == node.parent && *n == node.name);
+            && node.home_loc.as_ref().is_some_and(|(p, n)| *p == node.parent && *n == node.name);
         if !plain || ns.renames.contains_key(&ino) {
-            return false;
-        }
-        if let Some(d) = node.dir.as_deref()
-            && (!d.children.is_empty() || self.fresh(d.listed))
-        {
             return false;
         }
         // Bound under its parent by this name (or not bound at all: loaded for a home path).
@@ -48,45 +43,35 @@ impl Fs {
             return false;
         }
         let j = self.pipeline.journal();
-        // (A directory whose entries have changes queued gets its time at home once they landed.)
-        !j.has(ino)
-            && !j.pinned(node.parent, node.name.as_bytes())
-            && (node.kind != FileKind::Dir || j.dir_settled(ino))
+        !j.has(ino) && !j.pinned(node.parent, node.name.as_bytes())
     }
 
-    /// Let `ino` go if it may (and then its parent, if that was all that kept it): returns whether it
-    /// left memory.
+    /// Let `ino` go if it may: returns whether it left memory.
     pub(crate) fn reclaim(&self, ns: &mut Namespace, ino: u64) -> bool {
-        let mut cur = ino;
-        let mut first = true;
-        let mut reclaimed = false;
-        while self.reclaimable(ns, cur) {
-            let Some(node) = ns.inodes.remove(&cur) else { break };
-            if let Some(a) = &node.attr
-                && ns.by_id.get(&a.id) == Some(&cur)
-            {
-                ns.by_id.remove(&a.id);
-            }
-            let parent = node.parent;
-            if let Some(p) = ns.inodes.get_mut(&parent)
-                && p.d().children.get(&node.name) == Some(&cur)
-            {
-                let d = p.dm();
-                d.children.remove(&node.name);
-                // Its entry is in the index only now.
-                d.complete = false;
-                if d.children.is_empty() && d.children.capacity() > 0 {
-                    d.children.shrink_to_fit();
-                }
-            }
-            self.meta_counters.reclaimed.fetch_add(1, Relaxed);
-            if first {
-                reclaimed = true;
-                first = false;
-            }
-            cur = parent;
+        if !self.reclaimable(ns, ino) {
+            return false;
         }
-        reclaimed
+        let Some(node) = ns.inodes.remove(&ino) else {
+            return false;
+        };
+        if let Some(a) = &node.attr
+            && ns.by_id.get(&a.id) == Some(&ino)
+        {
+            ns.by_id.remove(&a.id);
+        }
+        if let Some(p) = ns.inodes.get_mut(&node.parent)
+            && p.d().children.get(&node.name) == Some(&ino)
+        {
+            let d = p.dm();
+            d.children.remove(&node.name);
+            // Its entry is in the index only now.
+            d.complete = false;
+            if d.children.is_empty() && d.children.capacity() > 0 {
+                d.children.shrink_to_fit();
+            }
+        }
+        self.meta_counters.reclaimed.fetch_add(1, Relaxed);
+        true
     }
 
     /// An inode loaded again from the index under `parent`: if `parent`'s listing is within the validity
