@@ -64,7 +64,7 @@ impl Store {
         let bs = self.cfg.block_size;
         let mut st = self.state(object);
         if st.epoch(object) != epoch
-            || st.per_object.contains_key(&object)
+            || st.has_blocks(object)
             || st.filling_any(object, &(0..=u32::MAX))
             || st.changing.contains_key(&object)
             || data.is_empty()

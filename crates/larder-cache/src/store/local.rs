@@ -120,7 +120,7 @@ impl Store {
             let mut st = self.await_fills(self.state(object), object, 0..=u32::MAX);
             // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
             Self::bump_epoch(&mut st, object);
-            if st.per_object.contains_key(&object) {
+            if st.has_blocks(object) {
                 let keys: Vec<BlockKey> = st.blocks_of(object).map(|(k, _)| *k).collect();
                 // No holes punched: the file is unlinked below.
                 for key in keys {

@@ -218,7 +218,6 @@ const TOUCH_BATCH: usize = 64;
 struct ShardState {
     /// Ordered by key, so the blocks of one object are one range.
     blocks: BTreeMap<BlockKey, BlockEntry>,
-    per_object: HashMap<u64, u32>,
     /// Bumped by every local change of an object (write, truncate, removal): a fill fetched before the
     /// change must not land after it.
     epochs: HashMap<u64, u64>,
@@ -249,7 +248,6 @@ impl ShardState {
     fn new() -> ShardState {
         ShardState {
             blocks: BTreeMap::new(),
-            per_object: HashMap::new(),
             epochs: HashMap::new(),
             objects: HashMap::new(),
             holds: HashMap::new(),
@@ -299,6 +297,21 @@ impl ShardState {
         } else {
             self.objects.insert(object, meta);
         }
+    }
+
+    /// The objects with a block present, each once, in order.
+    fn objects_with_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        let mut last = None;
+        self.blocks.keys().filter_map(move |&(o, _)| {
+            let new = last != Some(o);
+            last = Some(o);
+            new.then_some(o)
+        })
+    }
+
+    /// Whether `object` has a block present.
+    fn has_blocks(&self, object: u64) -> bool {
+        self.blocks_of(object).next().is_some()
     }
 
     /// The present blocks of `object`, in order.
@@ -715,6 +728,7 @@ impl Store {
         let meta = st.meta(key.0);
         let evictable = st.evictable(key.0);
         let mut was_candidate = false;
+        let new_object = !st.has_blocks(key.0);
         if let Some(old) = st.blocks.insert(
             key,
             BlockEntry {
@@ -730,11 +744,9 @@ impl Store {
             self.account(&meta, old.len, old.dirty, false);
             was_candidate = !old.dirty && evictable;
         } else {
-            let n = st.per_object.entry(key.0).or_default();
-            if *n == 0 {
+            if new_object {
                 self.object_count.fetch_add(1, Ordering::Relaxed);
             }
-            *n += 1;
             self.block_count.fetch_add(1, Ordering::Relaxed);
         }
         self.account(&meta, len, dirty, true);

@@ -51,14 +51,13 @@ impl Store {
             } else {
                 policy.insert((object, index), len as u64);
             }
-            *st.per_object.entry(object).or_default() += 1;
             blocks += 1;
             logical += len as u64;
             if meta.content.is_none() {
                 used += len as u64;
             }
         })?;
-        let objects: u64 = shards.iter().map(|st| st.per_object.len() as u64).sum();
+        let objects: u64 = shards.iter().map(|st| st.objects_with_blocks().count() as u64).sum();
         Ok(Store {
             cfg,
             db,
@@ -94,7 +93,7 @@ impl Store {
         let mut stale: Vec<u64> = Vec::new();
         for shard in &self.shards {
             let st = lock(&shard.state);
-            let known: HashSet<u64> = st.per_object.keys().chain(st.objects.keys()).copied().collect();
+            let known: HashSet<u64> = st.objects_with_blocks().chain(st.objects.keys().copied()).collect();
             stale.extend(known.into_iter().filter(|o| !live.contains(o)));
         }
         let objects = stale.len() as u64;

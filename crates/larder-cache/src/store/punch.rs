@@ -111,13 +111,9 @@ impl Store {
             st.filling.insert(key);
             punches.push(file, key.1 as u64 * self.cfg.block_size, old.len as u64, key);
         }
-        if let Some(n) = st.per_object.get_mut(&key.0) {
-            *n -= 1;
-            if *n == 0 {
-                st.per_object.remove(&key.0);
-                self.object_count.fetch_sub(1, Ordering::Relaxed);
-                self.emptied_locked(st, key.0);
-            }
+        if !st.has_blocks(key.0) {
+            self.object_count.fetch_sub(1, Ordering::Relaxed);
+            self.emptied_locked(st, key.0);
         }
     }
 }

@@ -917,7 +917,7 @@ fn check_figures(s: &Store) {
     for shard in &s.shards {
         let st = lock(&shard.state);
         assert!(st.filling.is_empty() && st.changing.is_empty() && st.waiting == 0);
-        objects += st.per_object.len() as u64;
+        objects += st.objects_with_blocks().count() as u64;
         for (&key, e) in &st.blocks {
             let meta = st.meta(key.0);
             let len = e.len as u64;
@@ -935,15 +935,11 @@ fn check_figures(s: &Store) {
             if !e.dirty && st.evictable(key.0) {
                 candidates.insert(key, len);
             }
-            assert!(st.per_object.contains_key(&key.0), "{key:?}: no count of its object");
-        }
-        for (&object, &n) in &st.per_object {
-            assert_eq!(st.blocks_of(object).count(), n as usize, "object {object}: block count");
         }
         sharers += st
             .objects
             .iter()
-            .filter(|(o, m)| m.content.is_some() && st.per_object.contains_key(o))
+            .filter(|(o, m)| m.content.is_some() && st.has_blocks(**o))
             .count() as u64;
     }
     let contents = lock(&s.contents);
