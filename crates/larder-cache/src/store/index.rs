@@ -83,7 +83,7 @@ impl Store {
             if plan.is_empty() {
                 break;
             }
-            let read_all = |plan: &[(u32, u64, usize)]| -> Vec<CacheResult<u32>> {
+            let read_all = |plan: &[(u32, u32, usize)]| -> Vec<CacheResult<u32>> {
                 plan.iter()
                     .map(|&(index, _, len)| {
                         // Past the cache file's end the content is a hole: zeros.

@@ -184,15 +184,17 @@ impl ObjectMeta {
     }
 }
 
+/// One present block: 20 bytes, since a cache holds millions.
 struct BlockEntry {
     len: u32,
     crc: u32,
     /// Set when the entry is inserted, never changed: a read that finds the same generation after its
-    /// unlocked `pread` read bytes that were not evicted or replaced meanwhile.
-    generation: u64,
+    /// unlocked `pread` read bytes that were not evicted or replaced meanwhile. (Ticks of the shard, which
+    /// wrap: only a reader stalled for 2^32 of its shard's changes could mistake one for another.)
+    generation: u32,
     /// Set each time the entry is written (inserted, rewritten in place, re-indexed): indexing records a
     /// block's checksum only if no other record of it came between its look and its record.
-    stamp: u64,
+    stamp: u32,
     verified: bool,
     dirty: bool,
     /// A dirty block whose checksum was taken by an adoption of what a writer the store does not see
@@ -228,7 +230,7 @@ struct ShardState {
     /// Objects with writers the store does not see, with how many (see [`ObjectMeta::written_unseen`]).
     unseen_writers: HashMap<u64, u32>,
     /// Source of generations and stamps; they are only ever compared for one block, so per shard.
-    tick: u64,
+    tick: u32,
     /// Blocks reserved while their bytes change outside the lock: a fill's block until the fill ends, a
     /// dropped block until its hole is punched ([`Punches`]). Absent from `blocks` meanwhile, and touched by
     /// no other fill nor local change (those wait, on `Shard::filled`).
@@ -721,7 +723,7 @@ impl Store {
     }
 
     fn insert_locked(&self, st: &mut ShardState, key: BlockKey, len: u32, crc: u32, dirty: bool) {
-        st.tick += 1;
+        st.tick = st.tick.wrapping_add(1);
         let tick = st.tick;
         // Rewriting a present block in place keeps its generation; a new entry gets a new one.
         let generation = st.blocks.get(&key).map_or(tick, |e| e.generation);
