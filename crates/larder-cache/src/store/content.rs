@@ -19,7 +19,7 @@ impl Store {
         contents.shares -= 1;
         if *refs == 0 {
             contents.refs.remove(&key);
-            self.used.fetch_sub(key.0, Ordering::Relaxed);
+            self.used.fetch_sub(key.0 as u64, Ordering::Relaxed);
             let _ = std::fs::remove_file(self.content_path(key));
         }
     }
@@ -77,8 +77,10 @@ impl Store {
         }
         let mut meta = st.meta(object);
         meta.whole = data.len() as u64 > bs;
-        if self.cfg.dedup {
-            let key = (data.len() as u64, crc32c::crc32c(data));
+        if self.cfg.dedup
+            && let Ok(len) = u32::try_from(data.len())
+        {
+            let key = (len, crc32c::crc32c(data));
             match self.share(key, data) {
                 Ok(true) => {
                     meta.whole = true;
@@ -132,7 +134,7 @@ impl Store {
             let tmp = path.with_extension("new");
             crate::private::write(&tmp, data).map_err(io_err)?;
             std::fs::rename(&tmp, &path).map_err(io_err)?;
-            self.used.fetch_add(key.0, Ordering::Relaxed);
+            self.used.fetch_add(key.0 as u64, Ordering::Relaxed);
         }
         *contents.refs.entry(key).or_insert(0) += 1;
         contents.shares += 1;

@@ -138,7 +138,9 @@ pub struct StoreStats {
 
 /// Content-store key: length and crc32c of a whole small file. Equal keys are compared byte for byte before
 /// a file shares a content; a collision is simply not shared.
-type ContentKey = (u64, u32);
+/// (32 bits of length: only files of at most 4 GiB share contents, so that the key, and an object's state
+/// beside its blocks, stay small.)
+type ContentKey = (u32, u32);
 
 const WHOLE: u32 = 1;
 const PINNED: u32 = 2;
@@ -178,7 +180,7 @@ impl ObjectMeta {
         Mutation::PutObject {
             object,
             flags,
-            len,
+            len: len as u64,
             crc,
         }
     }
@@ -804,7 +806,7 @@ impl Store {
 /// The key of a content file's name, `LEN-CRC` in hex.
 fn parse_content_name(name: &str) -> Option<ContentKey> {
     let (len, crc) = name.split_once('-')?;
-    Some((u64::from_str_radix(len, 16).ok()?, u32::from_str_radix(crc, 16).ok()?))
+    Some((u32::from_str_radix(len, 16).ok()?, u32::from_str_radix(crc, 16).ok()?))
 }
 
 fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {

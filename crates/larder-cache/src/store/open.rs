@@ -12,11 +12,14 @@ impl Store {
         let mut contents = Contents::default();
         let (mut used, mut logical, mut pinned, mut blocks) = (0u64, 0u64, 0u64, 0u64);
         db.for_each_object(|object, flags, len, crc| {
-            let content = (flags & SHARED != 0).then_some((len, crc));
+            // (A length past 32 bits is not one the store writes: such a record is read as not shared.)
+            let content = (flags & SHARED != 0)
+                .then(|| u32::try_from(len).ok().map(|len| (len, crc)))
+                .flatten();
             if let Some(key) = content {
                 let refs = contents.refs.entry(key).or_insert(0);
                 if *refs == 0 {
-                    used += key.0;
+                    used += key.0 as u64;
                 }
                 *refs += 1;
                 contents.shares += 1;

@@ -943,7 +943,7 @@ fn check_figures(s: &Store) {
             .count() as u64;
     }
     let contents = lock(&s.contents);
-    used += contents.refs.keys().map(|k| k.0).sum::<u64>();
+    used += contents.refs.keys().map(|k| k.0 as u64).sum::<u64>();
     assert_eq!(contents.shares, sharers, "sharers");
     assert_eq!(contents.refs.values().map(|&n| n as u64).sum::<u64>(), sharers);
     drop(contents);
