@@ -24,12 +24,19 @@ enum Queue {
     Main,
 }
 
+/// 16 bytes: a cache tracks millions of units.
 struct Entry {
-    size: u64,
-    freq: u8,
-    queue: Queue,
     /// The queue slot that is this entry's current one; older slots of the same key are stale.
     slot: u64,
+    /// Units are blocks, at most 64 MiB; a larger size is counted as 4 GiB (the totals stay consistent:
+    /// what is added is what is taken off).
+    size: u32,
+    freq: u8,
+    queue: Queue,
+}
+
+fn unit_size(size: u64) -> u32 {
+    u32::try_from(size).unwrap_or(u32::MAX)
 }
 
 /// The policy's state for units keyed by `K`.
@@ -101,17 +108,18 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
     /// Track a unit of `size` bytes (or update its size if tracked). A key evicted recently (in the ghost
     /// queue) goes to the main queue at once: it has proven it comes back.
     pub fn insert(&mut self, key: K, size: u64) {
+        let size = unit_size(size);
         if let Some(e) = self.entries.get_mut(&key) {
             match e.queue {
-                Queue::Small => self.small_bytes = self.small_bytes - e.size + size,
-                Queue::Main => self.main_bytes = self.main_bytes - e.size + size,
+                Queue::Small => self.small_bytes = self.small_bytes - e.size as u64 + size as u64,
+                Queue::Main => self.main_bytes = self.main_bytes - e.size as u64 + size as u64,
             }
             e.size = size;
             return;
         }
         let h = self.hasher.hash_one(&key);
         let queue = if self.unghost(h) { Queue::Main } else { Queue::Small };
-        self.push(key, size, 0, queue);
+        self.push(key, size as u64, 0, queue);
     }
 
     /// A use of `key` (a hit); no list moves.
@@ -125,7 +133,7 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
     pub fn remove(&mut self, key: &K) -> Option<u64> {
         let e = self.take(key)?;
         self.compact();
-        Some(e.size)
+        Some(e.size as u64)
     }
 
     /// Up to `most` tracked units in about the order they would be evicted: the small queue's, then the
@@ -186,21 +194,22 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
         if self.entries.get(key)?.slot != slot {
             return None;
         }
-        self.take(key).map(|e| (e.size, e.freq))
+        self.take(key).map(|e| (e.size as u64, e.freq))
     }
 
     fn push(&mut self, key: K, size: u64, freq: u8, queue: Queue) {
+        let size = unit_size(size);
         let slot = self.next_slot;
         self.next_slot += 1;
         match queue {
             Queue::Small => {
                 self.small.push_back((key.clone(), slot));
-                self.small_bytes += size;
+                self.small_bytes += size as u64;
                 self.small_units += 1;
             }
             Queue::Main => {
                 self.main.push_back((key.clone(), slot));
-                self.main_bytes += size;
+                self.main_bytes += size as u64;
                 self.main_units += 1;
             }
         }
@@ -220,11 +229,11 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
         let e = self.entries.remove(key)?;
         match e.queue {
             Queue::Small => {
-                self.small_bytes -= e.size;
+                self.small_bytes -= e.size as u64;
                 self.small_units -= 1;
             }
             Queue::Main => {
-                self.main_bytes -= e.size;
+                self.main_bytes -= e.size as u64;
                 self.main_units -= 1;
             }
         }
