@@ -24,6 +24,9 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::store::{CacheError, CacheResult};
 
+/// Bytes of index pages redb keeps in memory.
+const INDEX_CACHE: usize = 32 << 20;
+
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DENTRIES: TableDefinition<(u64, &[u8]), u64> = TableDefinition::new("dentries");
@@ -148,8 +151,10 @@ impl Db {
             .truncate(false)
             .open(path)
             .map_err(CacheError::Io)?;
+        // The index's pages are in the page cache as well: its own cache is kept small, since the daemon's
+        // memory is a budget of its own (a million cached files in 256 MiB).
         let db = Database::builder()
-            .set_cache_size(64 << 20)
+            .set_cache_size(INDEX_CACHE)
             .create_file(file)
             .map_err(idx_err)?;
         {

@@ -105,6 +105,8 @@ pub(crate) struct MetaCounters {
     /// back from the index.
     pub reclaimed: AtomicU64,
     pub reloaded: AtomicU64,
+    /// Entries the kernel was asked to forget, to keep memory within `--max-inodes`.
+    pub trimmed: AtomicU64,
 }
 
 /// Reads served, for the efficiency figures.

@@ -39,6 +39,9 @@ pub struct FsConfig {
     /// The home's name in the cache keys that nodes share (design note 010); `None`: its URL. Nodes that
     /// reach one home by different URLs (or different homes by one URL) must set it.
     pub home_id: Option<String>,
+    /// Most files (and links) kept in memory beside directories and what changes, opens or pushes hold:
+    /// past it, the kernel is asked to forget some, and they leave memory for the index (0: no limit).
+    pub max_inodes: usize,
 }
 
 /// How changes reach home (per mount).
@@ -126,6 +129,7 @@ impl Default for FsConfig {
             set_owner: false,
             passthrough: true,
             home_id: None,
+            max_inodes: 131_072,
         }
     }
 }
@@ -189,6 +193,8 @@ pub struct FsStats {
     pub inodes: u64,
     pub inodes_reclaimed: u64,
     pub inodes_reloaded: u64,
+    /// Entries the kernel was asked to forget to keep memory within `--max-inodes`.
+    pub inodes_trimmed: u64,
     pub open_handles: u64,
     pub dirty_files: u64,
     pub readahead_blocks: u64,

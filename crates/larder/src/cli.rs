@@ -309,6 +309,11 @@ pub struct MountArgs {
     /// kernel offers it; what it wrote is taken in at close and fsync).
     #[arg(long)]
     pub no_passthrough: bool,
+    /// Most files the daemon keeps in memory (about 1 KiB each) beside directories and files being
+    /// changed or open: past it, the kernel is asked to forget some, and a later lookup loads them from
+    /// the index, asking home nothing within the validity lag (0: no limit).
+    #[arg(long, default_value_t = 131_072)]
+    pub max_inodes: usize,
     /// Emulate a slow link to home, e.g. latency=20ms,bandwidth=50MiB/s.
     #[arg(long, value_parser = parse_wan)]
     pub emulate_wan: Option<WanSpec>,

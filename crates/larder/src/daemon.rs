@@ -450,6 +450,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         // Files whole in the cache are read and written by the kernel in their cache files; what writers
         // wrote is adopted at close and fsync (docs/design/009).
         passthrough: !args.no_passthrough,
+        max_inodes: args.max_inodes,
         home_id: None,
     };
     let home_url = p.home.describe();

@@ -370,6 +370,8 @@ pub struct FsStatus {
     pub inodes_reclaimed: u64,
     #[serde(default)]
     pub inodes_reloaded: u64,
+    #[serde(default)]
+    pub inodes_trimmed: u64,
     pub open_handles: u64,
     pub dirty_files: u64,
     pub readahead_blocks: u64,
@@ -526,6 +528,7 @@ impl StatusSource {
                 inodes: fs.inodes,
                 inodes_reclaimed: fs.inodes_reclaimed,
                 inodes_reloaded: fs.inodes_reloaded,
+                inodes_trimmed: fs.inodes_trimmed,
                 open_handles: fs.open_handles,
                 dirty_files: fs.dirty_files,
                 readahead_blocks: fs.readahead_blocks,
@@ -676,6 +679,13 @@ pub fn run(args: StatusArgs) -> Result<()> {
             ),
         ),
         ("home ops", format!("{} ({} failed)", v.home.ops, v.home.errors)),
+        (
+            "inodes",
+            format!(
+                "{} in memory; {} left memory for the index, {} loaded back, {} the kernel was asked to forget",
+                v.fs.inodes, v.fs.inodes_reclaimed, v.fs.inodes_reloaded, v.fs.inodes_trimmed
+            ),
+        ),
         (
             "home metadata",
             format!(

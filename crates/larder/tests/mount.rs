@@ -325,6 +325,62 @@ fn remount_keeps_the_cache() {
     m.unmount();
 }
 
+#[test]
+fn memory_stays_within_max_inodes_and_forgotten_files_come_back_without_home_calls() {
+    let t = TestDir::new("max-inodes");
+    let mut files = BTreeMap::new();
+    for i in 0..1500 {
+        let rel = PathBuf::from(format!("d{}/f{i}", i % 3));
+        std::fs::create_dir_all(t.home.join(rel.parent().unwrap())).unwrap();
+        let data = format!("file {i}\n").repeat(1 + i % 7).into_bytes();
+        std::fs::write(t.home.join(&rel), &data).unwrap();
+        files.insert(rel, data);
+    }
+    let m = t.mount(&["--max-inodes", "200", "--validity-lag", "1h"]);
+    // One file stays open throughout: it stays in memory and readable.
+    let mut held = std::fs::File::open(m.mnt.join("d0/f0")).unwrap();
+    for (rel, want) in &files {
+        assert_same_bytes(
+            &read(&m.mnt.join(rel)),
+            want,
+            &format!("first read of {}", rel.display()),
+        );
+    }
+    // The kernel is asked to forget files past the limit, and its forgets let them go.
+    let within = wait_until(Duration::from_secs(20), || num(&m.status(), "/fs/inodes") <= 250);
+    let st = m.status();
+    assert!(within, "inodes in memory never came within the limit: {}", st["fs"]);
+    assert!(
+        num(&st, "/fs/inodes_trimmed") > 0 && num(&st, "/fs/inodes_reclaimed") > 0,
+        "{}",
+        st["fs"]
+    );
+    // Read again: every file comes back (from the index, then the store), and home is asked nothing.
+    let ops = num(&st, "/home/ops");
+    for (rel, want) in &files {
+        assert_same_bytes(
+            &read(&m.mnt.join(rel)),
+            want,
+            &format!("second read of {}", rel.display()),
+        );
+    }
+    let names = names(&m.mnt.join("d1"));
+    assert_eq!(names.len(), 500, "a listing of a directory whose files left memory");
+    let mut first = String::new();
+    std::io::Read::read_to_string(&mut held, &mut first).unwrap();
+    assert_eq!(first.as_bytes(), &files[&PathBuf::from("d0/f0")][..]);
+    let st = m.status();
+    assert!(num(&st, "/fs/inodes_reloaded") > 0, "{}", st["fs"]);
+    assert_eq!(
+        num(&st, "/home/ops"),
+        ops,
+        "files that left memory were asked of home again: {}",
+        st["home"]
+    );
+    drop(held);
+    m.unmount();
+}
+
 // 5 ------------------------------------------------------------------------------------------------------
 
 #[test]

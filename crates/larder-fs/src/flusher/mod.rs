@@ -92,6 +92,9 @@ mod conflicts;
 mod push;
 mod through;
 
+/// How often the inodes in memory are brought back within `--max-inodes`.
+const TRIM_EVERY: Duration = Duration::from_millis(500);
+
 impl Fs {
     /// Start the flusher threads (write-back; in write-through they push only what a crash left queued,
     /// callers push their own changes).
@@ -99,6 +102,20 @@ impl Fs {
         let fs = Arc::downgrade(self);
         self.health
             .set_explainer(move |online| fs.upgrade().map(|fs| fs.explain_health(online)).unwrap_or_default());
+        let fs = Arc::downgrade(self);
+        let trimmer = std::thread::Builder::new().name("larder-trim".into()).spawn(move || {
+            loop {
+                std::thread::sleep(TRIM_EVERY);
+                let Some(fs) = fs.upgrade() else { return };
+                if fs.pipeline.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                fs.trim_inodes();
+            }
+        });
+        if let Err(e) = trimmer {
+            tracing::error!(error = %e, "cannot start the thread that keeps inodes within --max-inodes");
+        }
         if !matches!(self.cfg.write_mode, WriteMode::WriteBack | WriteMode::WriteThrough) {
             return;
         }

@@ -844,6 +844,7 @@ impl Fs {
             inodes: ns.inodes.len() as u64,
             inodes_reclaimed: self.meta_counters.reclaimed.load(Relaxed),
             inodes_reloaded: self.meta_counters.reloaded.load(Relaxed),
+            inodes_trimmed: self.meta_counters.trimmed.load(Relaxed),
             open_handles: self.handles.len() as u64,
             dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
             readahead_blocks: self.readahead.submitted(),

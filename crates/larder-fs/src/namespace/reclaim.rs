@@ -11,17 +11,17 @@ use super::*;
 /// kernel looks each one up right after.
 pub(crate) const IDLE_MAX: usize = 16_384;
 
+/// Most inodes one pass of [`Fs::trim_inodes`] lets go of or asks the kernel about.
+const TRIM_BATCH: usize = 16_384;
+
 impl Fs {
-    /// Whether `ino` may leave memory: see the module doc. Directories stay: an inode loaded for a home
-    /// path (after a restart, for a queued change) is in memory without being bound in its directory's
-    /// children, so nothing cheap tells that a directory is no one's parent; and they are few beside files.
-    fn reclaimable(&self, ns: &Namespace, ino: u64) -> bool {
-        if ino == ROOT {
-            return false;
-        }
-        let Some(node) = ns.inodes.get(&ino) else { return false };
-        let plain = node.kind != FileKind::Dir
-            && node.lookups() == 0
+    /// Whether `ino` may leave memory once the kernel forgot it: see the module doc. Directories stay: an
+    /// inode loaded for a home path (after a restart, for a queued change) is in memory without being
+    /// bound in its directory's children, so nothing cheap tells that a directory is no one's parent; and
+    /// they are few beside files.
+    fn idle_file(&self, ns: &Namespace, ino: u64, node: &Inode) -> bool {
+        let plain = ino != ROOT
+            && node.kind != FileKind::Dir
             && node.opens() == 0
             && node.pt_writers.load(Relaxed) == 0
             && !node.removed
@@ -44,6 +44,13 @@ impl Fs {
         }
         let j = self.pipeline.journal();
         !j.has(ino) && !j.pinned(node.parent, node.name.as_bytes())
+    }
+
+    /// Whether `ino` may leave memory now: idle, and the kernel holds no reference.
+    fn reclaimable(&self, ns: &Namespace, ino: u64) -> bool {
+        ns.inodes
+            .get(&ino)
+            .is_some_and(|node| node.lookups() == 0 && self.idle_file(ns, ino, node))
     }
 
     /// Let `ino` go if it may: returns whether it left memory.
@@ -99,5 +106,50 @@ impl Fs {
         if ns.idle.is_empty() && ns.idle.capacity() > IDLE_MAX {
             ns.idle.shrink_to_fit();
         }
+    }
+
+    /// Keep the files in memory within `--max-inodes`: idle ones nothing refers to leave at once, and
+    /// the kernel is asked to forget idle ones it holds (its forget then lets them go). At most
+    /// [`TRIM_BATCH`] a call; returns how many were let go or asked about.
+    pub fn trim_inodes(&self) -> usize {
+        let max = self.cfg.max_inodes;
+        if max == 0 {
+            return 0;
+        }
+        let (mut free, mut ask) = (Vec::new(), Vec::new());
+        {
+            let ns = read(&self.ns);
+            let n = ns.inodes.len();
+            if n <= max {
+                return 0;
+            }
+            // Down to nine tenths of the limit, so that passes are not one at every new inode.
+            let want = (n - max / 10 * 9).min(TRIM_BATCH);
+            for (&ino, node) in &ns.inodes {
+                if free.len() + ask.len() >= want {
+                    break;
+                }
+                if !self.idle_file(&ns, ino, node) {
+                    continue;
+                }
+                if node.lookups() == 0 {
+                    free.push(ino);
+                } else {
+                    ask.push((node.parent, node.name.clone()));
+                }
+            }
+        }
+        let done = free.len() + ask.len();
+        if !free.is_empty() {
+            let mut ns = write(&self.ns);
+            for ino in free {
+                self.reclaim(&mut ns, ino);
+            }
+        }
+        self.meta_counters.trimmed.fetch_add(ask.len() as u64, Relaxed);
+        for (parent, name) in ask {
+            self.invalidate(crate::Invalidation::Entry(parent, name));
+        }
+        done
     }
 }
