@@ -94,6 +94,17 @@ mod through;
 
 /// How often the inodes in memory are brought back within `--max-inodes`.
 const TRIM_EVERY: Duration = Duration::from_millis(500);
+/// Inodes let go between two returns of freed memory to the system.
+const RELEASE_AFTER: u64 = 10_000;
+
+/// Hand the allocator's free memory back to the system.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 impl Fs {
     /// Start the flusher threads (write-back; in write-through they push only what a crash left queued,
@@ -104,6 +115,7 @@ impl Fs {
             .set_explainer(move |online| fs.upgrade().map(|fs| fs.explain_health(online)).unwrap_or_default());
         let fs = Arc::downgrade(self);
         let trimmer = std::thread::Builder::new().name("larder-trim".into()).spawn(move || {
+            let mut trimmed_at = 0;
             loop {
                 std::thread::sleep(TRIM_EVERY);
                 let Some(fs) = fs.upgrade() else { return };
@@ -111,6 +123,13 @@ impl Fs {
                     return;
                 }
                 fs.trim_inodes();
+                // Many inodes let go (the kernel forgot them, or was asked to): the allocator's freed
+                // memory goes back to the system, or the daemon's resident size would never shrink.
+                let reclaimed = fs.meta_counters.reclaimed.load(Ordering::Relaxed);
+                if reclaimed >= trimmed_at + RELEASE_AFTER {
+                    trimmed_at = reclaimed;
+                    release_freed_memory();
+                }
             }
         });
         if let Err(e) = trimmer {
