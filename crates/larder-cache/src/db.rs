@@ -37,6 +37,9 @@ const BLOCKS: TableDefinition<(u64, u32), (u32, u32)> = TableDefinition::new("bl
 const OBJECTS: TableDefinition<u64, (u32, u64, u32)> = TableDefinition::new("objects");
 /// Write-back journal: sequence number -> encoded operation.
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
+/// When directories were last listed from home (ms since the epoch), written at a clean stop for the
+/// next start: a listing within the validity lag is trusted across a remount.
+const LISTINGS: TableDefinition<u64, u64> = TableDefinition::new("listings");
 
 /// Format of the records in the index; an index written in another format is refused, not misread.
 pub const FORMAT: u64 = 4;
@@ -91,6 +94,10 @@ pub enum Mutation {
     DelObjectMeta(u64),
     PutOp(u64, Vec<u8>),
     DelOp(u64),
+    /// Directory `.0` was listed from home at `.1` ms since the epoch.
+    PutListing(u64, u64),
+    /// Forget every listing time.
+    ClearListings,
 }
 
 enum Msg {
@@ -165,6 +172,7 @@ impl Db {
             tx.open_table(BLOCKS).map_err(idx_err)?;
             tx.open_table(JOURNAL).map_err(idx_err)?;
             tx.open_table(OBJECTS).map_err(idx_err)?;
+            tx.open_table(LISTINGS).map_err(idx_err)?;
             {
                 let mut meta = tx.open_table(META).map_err(idx_err)?;
                 let found = meta.get("format").map_err(idx_err)?.map(|v| v.value());
@@ -401,6 +409,19 @@ impl Db {
         Ok(out)
     }
 
+    /// The listing times kept at the last clean stop: (directory, ms since the epoch).
+    pub fn listings(&self) -> CacheResult<Vec<(u64, u64)>> {
+        self.caught_up();
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let table = tx.open_table(LISTINGS).map_err(idx_err)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(idx_err)? {
+            let (k, v) = row.map_err(idx_err)?;
+            out.push((k.value(), v.value()));
+        }
+        Ok(out)
+    }
+
     /// Visit every inode record.
     pub fn for_each_inode(&self, f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
         self.for_each_record(INODES, f)
@@ -470,6 +491,7 @@ fn apply(db: &Database, batch: &[Mutation], durability: Durability) -> Result<()
         let mut blocks = tx.open_table(BLOCKS)?;
         let mut journal = tx.open_table(JOURNAL)?;
         let mut objects = tx.open_table(OBJECTS)?;
+        let mut listings = tx.open_table(LISTINGS)?;
         for m in batch {
             match m {
                 Mutation::PutMeta(k, v) => {
@@ -518,6 +540,12 @@ fn apply(db: &Database, batch: &[Mutation], durability: Durability) -> Result<()
                 }
                 Mutation::DelOp(seq) => {
                     journal.remove(*seq)?;
+                }
+                Mutation::PutListing(dir, at) => {
+                    listings.insert(*dir, *at)?;
+                }
+                Mutation::ClearListings => {
+                    listings.retain(|_, _| false)?;
                 }
             }
         }

@@ -219,6 +219,8 @@ mod tests {
             Mutation::DelObjectMeta(12),
             Mutation::PutOp(13, b"op".to_vec()),
             Mutation::DelOp(14),
+            Mutation::PutListing(15, 1_700_000_000_000),
+            Mutation::ClearListings,
         ]
     }
 

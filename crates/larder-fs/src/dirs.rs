@@ -58,7 +58,7 @@ impl Fs {
             if node.kind != FileKind::Dir {
                 return Err(FsError::NotDir);
             }
-            if self.fresh(node.d().listed) {
+            if self.fresh(node.d().listed) || self.restore_listing(&mut ns, ino) {
                 return self.snapshot(&ns, ino);
             }
             match ns.home_path(ino)? {

@@ -246,6 +246,63 @@ fn inodes_the_kernel_forgot_leave_memory_and_come_back_from_the_index_asking_hom
 }
 
 #[test]
+fn a_listing_within_the_validity_lag_is_trusted_across_a_clean_restart_only() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    for i in 0..20 {
+        std::fs::write(s.home(&format!("d/f{i}")), format!("v{i}")).unwrap();
+    }
+    let cfg = |lag: u64| FsConfig {
+        validity_lag: Duration::from_millis(lag),
+        write_mode: larder_fs::WriteMode::WriteBack,
+        ..FsConfig::default()
+    };
+    let calls = |c: &HomeCounters| c.ops_of(OpKind::List) + c.ops_of(OpKind::Stat);
+    let walk = |fs: &Fs| {
+        let d = resolve(fs, "d").unwrap();
+        assert_eq!(names_in(fs, d).len(), 20);
+        for i in 0..20 {
+            let ino = fs.lookup(d, OsStr::new(&format!("f{i}"))).unwrap().attr.ino;
+            assert_eq!(fs.getattr(ino).unwrap().attr.size, format!("v{i}").len() as u64);
+            assert_eq!(fs.getattr(d).unwrap().attr.kind, FileKind::Dir);
+        }
+    };
+    {
+        let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), cfg(3_600_000));
+        walk(&fs);
+        fs.shutdown().unwrap();
+    }
+    // A clean stop kept the listings: the walk after the restart asks home nothing (but the root's stat,
+    // which every start makes).
+    {
+        let (fs, c) = s.fs_configured(Arc::new(FaultLayer::default()), cfg(3_600_000));
+        let at_start = calls(&c);
+        walk(&fs);
+        assert_eq!(calls(&c), at_start, "the walk after a clean restart asked home");
+        drop(fs);
+    }
+    // Without a clean stop, the listings are not trusted: each directory is listed once again.
+    {
+        let (fs, c) = s.fs_configured(Arc::new(FaultLayer::default()), cfg(3_600_000));
+        let at_start = calls(&c);
+        walk(&fs);
+        assert_eq!(c.ops_of(OpKind::List) + c.ops_of(OpKind::Stat) - at_start, 2, "root and d listed again");
+        fs.shutdown().unwrap();
+    }
+    // Past the lag, they are not trusted either.
+    {
+        let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), cfg(300));
+        walk(&fs);
+        fs.shutdown().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let (fs, c) = s.fs_configured(Arc::new(FaultLayer::default()), cfg(300));
+    let at_start = calls(&c);
+    walk(&fs);
+    assert!(calls(&c) > at_start, "a listing past the lag was trusted");
+}
+
+#[test]
 fn past_the_lag_one_listing_revalidates_a_directory_and_finds_what_changed() {
     let s = Setup::new();
     std::fs::create_dir(s.home("d")).unwrap();

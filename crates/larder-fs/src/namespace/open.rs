@@ -32,6 +32,9 @@ impl Fs {
         // Set while a daemon has the cache open, cleared by `shutdown`: found set, the last one did not
         // stop cleanly (killed, or the machine went down).
         let unclean = db.meta(RUNNING)? == Some(1);
+        if !unclean {
+            ns.restored = restored_listings(&db.listings()?, cfg.validity_lag);
+        }
         let (owners, dropped_records) = collect_live(&db)?;
         let live: HashSet<u64> = owners.keys().copied().collect();
         let (orphan_objects, orphan_files) = store.retain_objects(&live);
@@ -90,6 +93,9 @@ impl Fs {
         db.submit(vec![
             Mutation::PutInode(ROOT, root.record().encode()),
             Mutation::PutMeta(RUNNING, 1),
+            // Taken in: a stop without a clean shutdown must find none (what it cached meanwhile is not
+            // known to be whole).
+            Mutation::ClearListings,
         ]);
         ns.inodes.insert(ROOT, Box::new(root));
         let store_limit = store.stats().bytes_limit;
@@ -141,10 +147,79 @@ impl Fs {
             let _ = self.release(fh);
         }
         let db = self.core.store.db();
+        db.submit(self.listings_to_keep());
         db.submit(vec![Mutation::PutMeta(RUNNING, 0)]);
         db.close()?;
         Ok(())
     }
+
+    /// The listings taken within the validity lag, for the next start: as wall-clock times, since the
+    /// time between the stop and the start counts against the lag too.
+    fn listings_to_keep(&self) -> Vec<Mutation> {
+        let ns = read(&self.ns);
+        let now = std::time::SystemTime::now();
+        ns.inodes
+            .iter()
+            .filter_map(|(&ino, node)| {
+                let listed = node.dir.as_ref()?.listed?;
+                if !self.fresh(Some(listed)) {
+                    return None;
+                }
+                let at = now.checked_sub(listed.elapsed())?;
+                let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64;
+                Some(Mutation::PutListing(ino, ms))
+            })
+            .collect()
+    }
+
+    /// A listing of `dir` the last run took, if it is still within the validity lag: it becomes the
+    /// directory's listing (and vouches for the children in memory), so the directory is not listed again.
+    /// Not in a cluster: another node's changes while this one was down were not seen.
+    pub(crate) fn restore_listing(&self, ns: &mut Namespace, dir: u64) -> bool {
+        let Some(at) = ns.restored.remove(&dir) else { return false };
+        if self.coherence.get().is_some() || !self.fresh(Some(at)) {
+            return false;
+        }
+        let children: Vec<u64> = match ns.inodes.get_mut(&dir) {
+            Some(node) if node.kind == FileKind::Dir => {
+                let d = node.dm();
+                d.listed = Some(at);
+                d.complete = false;
+                d.children.values().copied().collect()
+            }
+            _ => return false,
+        };
+        for child in children {
+            if let Some(c) = ns.inodes.get_mut(&child)
+                && c.checked.is_none()
+            {
+                c.checked = Some(at);
+            }
+        }
+        true
+    }
+}
+
+/// Listing times kept at the last clean stop (ms since the epoch) that are still within `lag`, as
+/// instants of this run.
+fn restored_listings(kept: &[(u64, u64)], lag: Duration) -> HashMap<u64, Instant> {
+    let now = std::time::SystemTime::now();
+    let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut out = HashMap::new();
+    if lag.is_zero() {
+        return out;
+    }
+    for &(dir, ms) in kept {
+        // A time in the future (the clock went back) is not trusted.
+        let Some(age) = since_epoch.checked_sub(Duration::from_millis(ms)) else { continue };
+        if age >= lag {
+            continue;
+        }
+        if let Some(at) = Instant::now().checked_sub(age) {
+            out.insert(dir, at);
+        }
+    }
+    out
 }
 
 /// The cache objects referred to by persisted inodes reachable from the root, each with its inode;
