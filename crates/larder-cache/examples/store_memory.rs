@@ -82,10 +82,11 @@ fn main() {
     let held = LIVE.load(Relaxed) - before;
     let stats = store.stats();
     println!(
-        "{{\"files\": {n}, \"dedup\": {dedup}, \"objects\": {}, \"blocks\": {}, \"heap_bytes\": {held}, \
+        "{{\"files\": {n}, \"dedup\": {dedup}, \"objects\": {}, \"blocks\": {}, \"dedup_files\": {}, \"heap_bytes\": {held}, \
          \"bytes_per_file\": {:.1}, \"index_cache_bytes\": {index}, \"store_bytes_per_file\": {:.1}}}",
         stats.objects,
         stats.blocks,
+        stats.dedup_files,
         held as f64 / n as f64,
         (held - index) as f64 / n as f64
     );

@@ -46,7 +46,7 @@ impl Store {
         let logical: u64 = st.blocks_of(object).map(|(_, e)| e.len as u64).sum();
         self.used.fetch_add(logical, Ordering::Relaxed);
         let meta = ObjectMeta { content: None, ..meta };
-        st.objects.insert(object, meta);
+        st.set_meta(object, meta);
         self.release_content(key);
         self.db.submit(vec![meta.mutation(object)]);
         Ok(())
@@ -107,6 +107,7 @@ impl Store {
                 crc,
             });
         }
+        st.compact_meta(object);
         self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.db.submit(mutations);
         drop(st);

@@ -204,6 +204,12 @@ struct BlockEntry {
     /// read them again. Cleared by every other record of the block, a write's included (a commit racing a
     /// write through the store may record the bytes from before the write's `pwrite` lands).
     adopted: bool,
+    /// Block 0 of an object whose only state beside its blocks is that it shares a content, and whose
+    /// one block is that content (its length and checksum are the content's key): the object has no
+    /// entry in `objects` then, which saves most of a small file's memory with dedup on. Set and cleared
+    /// by `ShardState::set_meta` only; any change of the object's blocks first moves it back to
+    /// `objects` (`ShardState::materialize`).
+    shared: bool,
 }
 
 /// Shards of the store's state. A power of two: [`shard_of`] takes the top bits of a hash.
@@ -291,16 +297,62 @@ impl ShardState {
     }
 
     fn meta(&self, object: u64) -> ObjectMeta {
-        self.objects.get(&object).copied().unwrap_or_default()
+        if let Some(m) = self.objects.get(&object) {
+            return *m;
+        }
+        match self.blocks.get(&(object, 0)) {
+            Some(e) if e.shared => ObjectMeta {
+                whole: true,
+                content: Some((e.len, e.crc)),
+                ..ObjectMeta::default()
+            },
+            _ => ObjectMeta::default(),
+        }
     }
 
-    /// Keep `meta` as `object`'s state (forgetting it if it is plain).
+    /// Keep `meta` as `object`'s state: nothing if it is plain; the mark on its one block if all it says
+    /// is that it is a whole unit sharing the content that block is (see [`BlockEntry::shared`]); else an
+    /// entry of `objects`.
     fn set_meta(&mut self, object: u64, meta: ObjectMeta) {
-        if meta.plain() {
+        let implicit = meta.whole
+            && !meta.pinned
+            && !meta.written_unseen
+            && meta.content.is_some_and(|(len, crc)| {
+                self.blocks
+                    .get(&(object, 0))
+                    .is_some_and(|e| e.len == len && e.crc == crc)
+                    && self.blocks.range((object, 1)..=(object, u32::MAX)).next().is_none()
+            });
+        if let Some(e) = self.blocks.get_mut(&(object, 0)) {
+            e.shared = implicit;
+        }
+        if meta.plain() || implicit {
             self.objects.remove(&object);
         } else {
             self.objects.insert(object, meta);
         }
+    }
+
+    /// Before a block of `object` is added, changed or dropped: a state kept as the mark on its one block
+    /// moves to `objects`, where it does not depend on the blocks.
+    fn materialize(&mut self, object: u64) {
+        if let Some(e) = self.blocks.get_mut(&(object, 0))
+            && e.shared
+        {
+            e.shared = false;
+            let meta = ObjectMeta {
+                whole: true,
+                content: Some((e.len, e.crc)),
+                ..ObjectMeta::default()
+            };
+            self.objects.insert(object, meta);
+        }
+    }
+
+    /// Keep `object`'s state in its smallest form (after its blocks changed).
+    fn compact_meta(&mut self, object: u64) {
+        let meta = self.meta(object);
+        self.set_meta(object, meta);
     }
 
     /// The objects with a block present, each once, in order.
@@ -725,6 +777,7 @@ impl Store {
     }
 
     fn insert_locked(&self, st: &mut ShardState, key: BlockKey, len: u32, crc: u32, dirty: bool) {
+        st.materialize(key.0);
         st.tick = st.tick.wrapping_add(1);
         let tick = st.tick;
         // Rewriting a present block in place keeps its generation; a new entry gets a new one.
@@ -743,6 +796,7 @@ impl Store {
                 verified: true,
                 dirty,
                 adopted: false,
+                shared: false,
             },
         ) {
             self.account(&meta, old.len, old.dirty, false);
@@ -790,6 +844,7 @@ impl Store {
     /// `object` has no block left: it no longer shares a content, nor is it a whole unit (its next fill
     /// says again). A pin stays.
     fn emptied_locked(&self, st: &mut ShardState, object: u64) {
+        // (No block left: any state of it is in `objects`.)
         let Some(mut meta) = st.objects.get(&object).copied() else {
             return;
         };

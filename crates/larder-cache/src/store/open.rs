@@ -50,6 +50,7 @@ impl Store {
                     verified: false,
                     dirty: false,
                     adopted: false,
+                    shared: false,
                 },
             ));
             let meta = st.meta(object);
@@ -66,6 +67,11 @@ impl Store {
         })?;
         for (st, blocks) in shards.iter_mut().zip(gathered) {
             st.blocks = blocks.into_iter().collect();
+            let objects: Vec<u64> = st.objects.keys().copied().collect();
+            for object in objects {
+                st.compact_meta(object);
+            }
+            st.objects.shrink_to_fit();
         }
         let objects: u64 = shards.iter().map(|st| st.objects_with_blocks().count() as u64).sum();
         Ok(Store {

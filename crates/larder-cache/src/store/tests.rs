@@ -43,6 +43,42 @@ fn content(seed: u8, len: usize) -> Vec<u8> {
 }
 
 #[test]
+fn a_one_block_file_sharing_a_content_keeps_no_state_of_its_own_until_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = |s: &Store| s.shards.iter().map(|sh| lock(&sh.state).objects.len()).sum::<usize>();
+    {
+        let s = store(dir.path(), 1 << 20);
+        for object in 1..=20 {
+            s.fill_whole(object, &content(object as u8, 1000), 0).unwrap();
+        }
+        // A file of two blocks keeps its state in `objects`.
+        s.fill_whole(21, &content(7, 5000), 0).unwrap();
+        assert_eq!(entries(&s), 1, "one-block sharers keep their state on their block");
+        assert_eq!(s.stats().dedup_files, 21);
+        check_figures(&s);
+        s.db().sync().unwrap();
+    }
+    let s = store(dir.path(), 1 << 20);
+    assert_eq!(entries(&s), 1, "and so after a reopen");
+    assert_eq!(s.stats().dedup_files, 21);
+    check_figures(&s);
+    // A change gives the file its own copy; a pin or an eviction keep the figures right.
+    s.write(3, 10, b"changed").unwrap();
+    s.set_pinned(4, true);
+    assert_eq!(s.evict_object(5), 1000);
+    check_figures(&s);
+    let mut want = content(3, 1000);
+    want[10..17].copy_from_slice(b"changed");
+    assert_eq!(s.read((3, 0), 0, 1000).unwrap().unwrap(), want);
+    assert_eq!(s.read((6, 0), 0, 1000).unwrap().unwrap(), content(6, 1000));
+    assert_eq!(
+        s.stats().dedup_files,
+        19,
+        "the changed and the evicted file share no more"
+    );
+}
+
+#[test]
 fn identical_small_files_share_one_copy_until_one_changes() {
     let dir = tempfile::tempdir().unwrap();
     let a = content(1, 10_000);
@@ -937,10 +973,18 @@ fn check_figures(s: &Store) {
             }
         }
         sharers += st
-            .objects
-            .iter()
-            .filter(|(o, m)| m.content.is_some() && st.has_blocks(**o))
+            .objects_with_blocks()
+            .filter(|o| st.meta(*o).content.is_some())
             .count() as u64;
+        // A shared mark only on the one block of an object with no entry of its own, whose key it is.
+        for (&(o, i), e) in &st.blocks {
+            if e.shared {
+                assert!(
+                    i == 0 && !st.objects.contains_key(&o) && st.blocks_of(o).count() == 1,
+                    "{o}/{i}"
+                );
+            }
+        }
     }
     let contents = lock(&s.contents);
     used += contents.refs.keys().map(|k| k.0 as u64).sum::<u64>();

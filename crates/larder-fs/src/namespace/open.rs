@@ -176,7 +176,9 @@ impl Fs {
     /// directory's listing (and vouches for the children in memory), so the directory is not listed again.
     /// Not in a cluster: another node's changes while this one was down were not seen.
     pub(crate) fn restore_listing(&self, ns: &mut Namespace, dir: u64) -> bool {
-        let Some(at) = ns.restored.remove(&dir) else { return false };
+        let Some(at) = ns.restored.remove(&dir) else {
+            return false;
+        };
         if self.coherence.get().is_some() || !self.fresh(Some(at)) {
             return false;
         }
@@ -211,7 +213,9 @@ fn restored_listings(kept: &[(u64, u64)], lag: Duration) -> HashMap<u64, Instant
     }
     for &(dir, ms) in kept {
         // A time in the future (the clock went back) is not trusted.
-        let Some(age) = since_epoch.checked_sub(Duration::from_millis(ms)) else { continue };
+        let Some(age) = since_epoch.checked_sub(Duration::from_millis(ms)) else {
+            continue;
+        };
         if age >= lag {
             continue;
         }
