@@ -237,6 +237,7 @@ fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::Ho
         if end - index == 1 {
             core.fetch(job.object, index, &job.path, &job.version, job.home_end, job.epoch)?;
         } else {
+            // (It may stop short: see `Core::fetch_run`; what it left is a reader's already.)
             core.fetch_run(job, index..end)?;
         }
         index = end;

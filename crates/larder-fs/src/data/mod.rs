@@ -87,14 +87,29 @@ impl Core {
 
     /// Blocks `run` of `job`'s object from home in one request, each kept in the store (a block changed
     /// here meanwhile is not: the epoch moved). Readers missing one of them wait for it meanwhile.
+    ///
+    /// The run is registered first and its blocks looked at again after: a reader that missed one of
+    /// them before is fetching it itself by then (its fetch is in flight), and the run stops short of it
+    /// rather than bringing it in a second time; a reader missing one after waits for the run.
     pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<(), HomeError> {
+        self.runs.begin_run(job.object, run.clone());
+        let missing = |index: u32| {
+            !self.store.contains((job.object, index))
+                && !self
+                    .tiers
+                    .in_flight(&self.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
+        };
+        let mut last = run.start;
+        while last < run.end && missing(last) {
+            last += 1;
+        }
         let bs = self.store.block_size();
         let start = run.start as u64 * bs;
-        let end = (run.end as u64 * bs).min(job.home_end);
+        let end = (last as u64 * bs).min(job.home_end);
         if end <= start {
+            self.runs.end_run(job.object, &run);
             return Ok(());
         }
-        self.runs.begin_run(job.object, run.clone());
         let started = std::time::Instant::now();
         let result = self.home.read(&job.path, &job.version, start, (end - start) as usize);
         let outcome = result.map(|data| {
