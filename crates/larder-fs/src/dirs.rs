@@ -44,14 +44,30 @@ impl Fs {
     /// left the queue before home answered) keeps the cache's entry: the journal names it
     /// ([`Journal::watch`](crate::journal::Journal::watch)).
     pub(crate) fn listing(&self, ino: u64) -> FsResult<Vec<DirItem>> {
-        {
-            // A fresh listing is a hit, taken with the namespace shared.
-            let ns = read(&self.ns);
-            let node = ns.inode(ino)?;
-            if node.kind == FileKind::Dir && self.fresh(node.d().listed) {
-                return self.snapshot(&ns, ino);
+        loop {
+            {
+                // A fresh listing is a hit, taken with the namespace shared.
+                let ns = read(&self.ns);
+                let node = ns.inode(ino)?;
+                if node.kind == FileKind::Dir && self.fresh(node.d().listed) {
+                    return self.snapshot(&ns, ino);
+                }
+            }
+            // One listing of a directory at home at a time: lookups that miss in a large directory
+            // together wait for the one listing, then find it fresh (or, if it failed, try their own).
+            let mut mine = None;
+            self.listing_flight.run(ino, || mine = Some(self.list_now(ino)));
+            if let Some(result) = mine {
+                return result;
+            }
+            if self.cfg.validity_lag.is_zero() {
+                return self.list_now(ino);
             }
         }
+    }
+
+    /// [`Fs::listing`] without waiting for a listing of the directory under way.
+    fn list_now(&self, ino: u64) -> FsResult<Vec<DirItem>> {
         let path = {
             let mut ns = write(&self.ns);
             let node = ns.inode(ino)?;
@@ -98,7 +114,7 @@ impl Fs {
                     Some(crate::namespace::Found::Moved) => {
                         // Moved at home while home was asked (a queued rename landed): ask again.
                         drop(ns);
-                        return self.listing(ino);
+                        return self.list_now(ino);
                     }
                     Some(_) => {
                         // A rename above it is landing or was tried: what the cache holds stands.
@@ -158,6 +174,7 @@ impl Fs {
         let listed = self.fresh_from(asked, Instant::now());
         let node = ns.inode_mut(ino)?;
         let d = node.dm();
+        let revalidated = d.listed.is_some();
         d.listed = listed;
         d.negatives.clear();
         // Every child is bound now: home's, and those with changes queued.
@@ -174,7 +191,67 @@ impl Fs {
             .filter(|c| ns.inodes.get(c).is_some_and(|n| n.lookups() == 0 && n.opens() == 0))
             .collect();
         self.note_idle(&mut ns, idle);
+        if revalidated {
+            self.walk_ahead(&ns, ino);
+        }
         out
+    }
+
+    /// A directory listed before was revalidated: a walk of the tree is likely under way, so its
+    /// subdirectories listed before and stale now are revalidated ahead of it, in parallel (at most
+    /// [`WALK_AHEAD_QUEUE`] waiting; a walker reaching one being listed waits for that listing).
+    fn walk_ahead(&self, ns: &Namespace, dir: u64) {
+        let Ok(node) = ns.inode(dir) else { return };
+        let mut q = crate::namespace::lock(&self.walk_ahead.queue);
+        for &child in node.d().children.values() {
+            if q.0.len() >= WALK_AHEAD_QUEUE {
+                break;
+            }
+            let stale = ns
+                .inodes
+                .get(&child)
+                .is_some_and(|c| c.kind == FileKind::Dir && c.d().listed.is_some() && !self.fresh(c.d().listed));
+            if stale && q.1.insert(child) {
+                q.0.push_back(child);
+            }
+        }
+        drop(q);
+        self.walk_ahead.ready.notify_all();
+    }
+
+    /// One thread revalidating directories ahead of a walk (see [`Fs::walk_ahead`]), until the core
+    /// stops or is dropped.
+    pub(crate) fn walk_ahead_worker(fs: std::sync::Weak<Fs>, ahead: Arc<WalkAhead>) {
+        loop {
+            let dir = {
+                let mut q = crate::namespace::lock(&ahead.queue);
+                loop {
+                    if let Some(dir) = q.0.pop_front() {
+                        break dir;
+                    }
+                    let (next, waited) = ahead
+                        .ready
+                        .wait_timeout(q, std::time::Duration::from_millis(500))
+                        .unwrap_or_else(|p| p.into_inner());
+                    q = next;
+                    if waited.timed_out() {
+                        let stopped = fs
+                            .upgrade()
+                            .is_none_or(|fs| fs.pipeline.stopping.load(std::sync::atomic::Ordering::SeqCst));
+                        if stopped {
+                            return;
+                        }
+                    }
+                }
+            };
+            let Some(fs) = fs.upgrade() else { return };
+            if fs.health.online() && fs.listing(dir).is_ok() {
+                fs.meta_counters
+                    .listings_ahead
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            crate::namespace::lock(&ahead.queue).1.remove(&dir);
+        }
     }
 
     /// Home is away: a directory listed before is served as cached.
@@ -265,6 +342,18 @@ impl Fs {
         );
         Ok(out)
     }
+}
+
+/// Most directories waiting to be revalidated ahead of a walk.
+const WALK_AHEAD_QUEUE: usize = 256;
+/// Threads revalidating directories ahead of a walk.
+pub(crate) const WALK_AHEAD_THREADS: usize = 4;
+
+/// Directories to revalidate ahead of a walk: in order, and as a set (each queued once).
+#[derive(Default)]
+pub(crate) struct WalkAhead {
+    pub queue: std::sync::Mutex<(std::collections::VecDeque<u64>, HashSet<u64>)>,
+    pub ready: std::sync::Condvar,
 }
 
 /// A listing of a directory under way: changes of its entries recorded meanwhile are noted by the journal

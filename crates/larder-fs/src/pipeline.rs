@@ -107,6 +107,8 @@ pub(crate) struct MetaCounters {
     pub reloaded: AtomicU64,
     /// Entries the kernel was asked to forget, to keep memory within `--max-inodes`.
     pub trimmed: AtomicU64,
+    /// Listings made ahead of a walk (see `Fs::walk_ahead`).
+    pub listings_ahead: AtomicU64,
 }
 
 /// Reads served, for the efficiency figures.

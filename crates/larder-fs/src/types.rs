@@ -210,6 +210,8 @@ pub struct FsStats {
     /// a lookup and to revalidate a file by its directory.
     pub listings_for_lookups: u64,
     pub listings_for_revalidation: u64,
+    /// Listings made ahead of a walk of a tree, to revalidate its directories in parallel.
+    pub listings_ahead: u64,
 }
 
 /// The write-back journal, for status output.

@@ -308,6 +308,88 @@ fn a_listing_within_the_validity_lag_is_trusted_across_a_clean_restart_only() {
 }
 
 #[test]
+fn lookups_missing_together_in_a_directory_make_one_listing() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("big")).unwrap();
+    for i in 0..3000 {
+        std::fs::write(s.home(&format!("big/f{i}")), b"x").unwrap();
+    }
+    let (fs, c) = s.fs(Duration::from_secs(3600));
+    let fs = Arc::new(fs);
+    let d = resolve(&fs, "big").unwrap();
+    let before = c.ops_of(OpKind::List);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let name = format!("f{}", t * 300);
+                assert_eq!(fs.lookup(d, OsStr::new(&name)).unwrap().attr.size, 1);
+                assert!(matches!(
+                    fs.lookup(d, OsStr::new(&format!("none{t}"))),
+                    Err(FsError::NotFound)
+                ));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        c.ops_of(OpKind::List) - before,
+        1,
+        "one listing for every lookup that missed together"
+    );
+}
+
+#[test]
+fn past_the_lag_a_walk_finds_its_directories_revalidated_ahead_of_it() {
+    let s = Setup::new();
+    for d in 0..10 {
+        std::fs::create_dir_all(s.home(&format!("t/d{d}"))).unwrap();
+        for f in 0..5 {
+            std::fs::write(s.home(&format!("t/d{d}/f{f}")), b"x").unwrap();
+        }
+    }
+    let lag = Duration::from_secs(2);
+    let (fs, c) = s.fs_configured(
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: lag,
+            write_mode: larder_fs::WriteMode::WriteBack,
+            ..FsConfig::default()
+        },
+    );
+    let fs = Arc::new(fs);
+    fs.start();
+    let t = resolve(&fs, "t").unwrap();
+    let walk = |fs: &Fs| {
+        assert_eq!(names_in(fs, t).len(), 10);
+        for d in 0..10 {
+            let ino = fs.lookup(t, OsStr::new(&format!("d{d}"))).unwrap().attr.ino;
+            assert_eq!(names_in(fs, ino).len(), 5);
+        }
+    };
+    walk(&fs);
+    std::thread::sleep(lag + Duration::from_millis(100));
+    let before = c.ops_of(OpKind::List);
+    // Revalidating the top of the tree queues its subdirectories, listed before, to be listed ahead.
+    assert_eq!(names_in(&fs, t).len(), 10);
+    let ahead = |fs: &Fs| fs.stats().listings_ahead;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ahead(&fs) < 10 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(ahead(&fs), 10, "every subdirectory was revalidated ahead of the walk");
+    walk(&fs);
+    assert_eq!(
+        c.ops_of(OpKind::List) - before,
+        11,
+        "one listing per directory, the walk's own none"
+    );
+    fs.stop_flushers();
+}
+
+#[test]
 fn past_the_lag_one_listing_revalidates_a_directory_and_finds_what_changed() {
     let s = Setup::new();
     std::fs::create_dir(s.home("d")).unwrap();

@@ -49,6 +49,9 @@ pub struct MetaStatus {
     /// Of them, listings made to answer a lookup, and to revalidate a file past the validity lag.
     pub listings_for_lookups: u64,
     pub listings_for_revalidation: u64,
+    /// Of them, listings made ahead of a walk of a tree (its directories revalidated in parallel).
+    #[serde(default)]
+    pub listings_ahead: u64,
     /// Stats of a known object past the validity lag, one by one.
     pub revalidations: u64,
     /// Objects made at home (files, directories, links, special files).
@@ -425,6 +428,7 @@ impl StatusSource {
             listings: now[1],
             listings_for_lookups: fs.listings_for_lookups,
             listings_for_revalidation: fs.listings_for_revalidation,
+            listings_ahead: fs.listings_ahead,
             revalidations: now[2],
             creates: now[3],
             rate_window_seconds: window,
@@ -690,8 +694,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "home metadata",
             format!(
                 "per second over {:.0}s: {:.1} lookups, {:.1} listings, {:.1} revalidations, {:.1} creates \
-                 (in all: {} lookups, {} listings of which {} for a lookup and {} to revalidate, {} \
-                 revalidations, {} creates)",
+                 (in all: {} lookups, {} listings of which {} for a lookup, {} to revalidate and {} ahead of a \
+                 walk, {} revalidations, {} creates)",
                 v.metadata.rate_window_seconds,
                 v.metadata.lookups_per_second,
                 v.metadata.listings_per_second,
@@ -701,6 +705,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 v.metadata.listings,
                 v.metadata.listings_for_lookups,
                 v.metadata.listings_for_revalidation,
+                v.metadata.listings_ahead,
                 v.metadata.revalidations,
                 v.metadata.creates
             ),

@@ -135,6 +135,15 @@ impl Fs {
         if let Err(e) = trimmer {
             tracing::error!(error = %e, "cannot start the thread that keeps inodes within --max-inodes");
         }
+        for i in 0..crate::dirs::WALK_AHEAD_THREADS {
+            let (fs, ahead) = (Arc::downgrade(self), self.walk_ahead.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("larder-walk-{i}"))
+                .spawn(move || Fs::walk_ahead_worker(fs, ahead));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a thread revalidating directories ahead of a walk");
+            }
+        }
         if !matches!(self.cfg.write_mode, WriteMode::WriteBack | WriteMode::WriteThrough) {
             return;
         }

@@ -91,6 +91,10 @@ impl Fs {
         loop {
             match self.find_once(parent, name, may_list)? {
                 Found::Ino(ino) => return Ok(ino),
+                // A listing of the directory under way (a large one, perhaps): the name alone is asked
+                // rather than waiting for it, so that no lookup (nor the create after it) waits for a
+                // listing to come back.
+                Found::List if self.listing_flight.in_flight(&parent) => may_list = false,
                 Found::List => {
                     may_list = false;
                     match self.listing(parent) {

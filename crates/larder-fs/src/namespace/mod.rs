@@ -354,6 +354,10 @@ pub struct Fs {
     /// When another node's change last dropped what this node cached: an answer asked for before then
     /// may predate that change, and is not counted fresh.
     pub(crate) invalidated: std::sync::Mutex<Option<Instant>>,
+    /// Listings of directories at home under way, one per directory (see [`Fs::listing`]).
+    pub(crate) listing_flight: larder_cache::SingleFlight<u64, ()>,
+    /// Directories to revalidate ahead of a walk (see `Fs::walk_ahead`).
+    pub(crate) walk_ahead: Arc<crate::dirs::WalkAhead>,
 }
 
 pub(crate) use larder_cache::contention::{lock, read, write};
@@ -868,6 +872,7 @@ impl Fs {
                 .meta_counters
                 .listings_for_revalidation
                 .load(std::sync::atomic::Ordering::Relaxed),
+            listings_ahead: self.meta_counters.listings_ahead.load(Relaxed),
         }
     }
 }

@@ -128,6 +128,8 @@ impl Fs {
             coherence: std::sync::OnceLock::new(),
             kernel_barrier: std::sync::OnceLock::new(),
             invalidated: std::sync::Mutex::new(None),
+            listing_flight: Default::default(),
+            walk_ahead: Default::default(),
         };
         let taken = fs.take_in_unseen_writes(&owners);
         if taken > 0 {
