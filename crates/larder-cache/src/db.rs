@@ -376,15 +376,10 @@ impl Db {
         let tx = self.database()?.begin_read().map_err(idx_err)?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         let mut out = Vec::new();
-        let lo: (u64, &[u8]) = (parent, &[]);
-        for row in table.range(lo..).map_err(idx_err)? {
-            let (k, v) = row.map_err(idx_err)?;
-            let (p, name) = k.value();
-            if p != parent {
-                break;
-            }
-            out.push((name.to_vec(), v.value()));
-        }
+        each_dentry(&table, parent, |name, ino| {
+            out.push((name.to_vec(), ino));
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -395,17 +390,11 @@ impl Db {
         let dentries = tx.open_table(DENTRIES).map_err(idx_err)?;
         let inodes = tx.open_table(INODES).map_err(idx_err)?;
         let mut out = Vec::new();
-        let lo: (u64, &[u8]) = (parent, &[]);
-        for row in dentries.range(lo..).map_err(idx_err)? {
-            let (k, v) = row.map_err(idx_err)?;
-            let (p, name) = k.value();
-            if p != parent {
-                break;
-            }
-            let ino = v.value();
+        each_dentry(&dentries, parent, |name, ino| {
             let rec = inodes.get(ino).map_err(idx_err)?.map(|r| r.value().to_vec());
             out.push((name.to_vec(), ino, rec));
-        }
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -474,6 +463,24 @@ impl Drop for Db {
     fn drop(&mut self) {
         let _ = self.close();
     }
+}
+
+/// Visit the stored entries of directory `parent` in `table`, in order of name: (name, inode).
+fn each_dentry(
+    table: &redb::ReadOnlyTable<(u64, &'static [u8]), u64>,
+    parent: u64,
+    mut each: impl FnMut(&[u8], u64) -> CacheResult<()>,
+) -> CacheResult<()> {
+    let lo: (u64, &[u8]) = (parent, &[]);
+    for row in table.range(lo..).map_err(idx_err)? {
+        let (k, v) = row.map_err(idx_err)?;
+        let (p, name) = k.value();
+        if p != parent {
+            break;
+        }
+        each(name, v.value())?;
+    }
+    Ok(())
 }
 
 fn apply(db: &Database, batch: &[Mutation], durability: Durability) -> Result<(), redb::Error> {

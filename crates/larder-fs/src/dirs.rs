@@ -149,21 +149,10 @@ impl Fs {
         }
         // Gone at home: what the cache has bound, and what the index has of it beside (children that left
         // memory).
-        let mut gone: Vec<OsString> = ns
-            .inode(ino)?
-            .d()
-            .children
-            .keys()
-            .filter(|n| !seen.contains(*n) && !pinned.contains(n.as_bytes()))
-            .cloned()
+        let gone: HashSet<OsString> = (ns.inode(ino)?.d().children.keys().cloned())
+            .chain(persisted.keys().map(|n| OsString::from_vec(n.clone())))
+            .filter(|n| !seen.contains(n) && !pinned.contains(n.as_bytes()))
             .collect();
-        gone.extend(
-            persisted
-                .keys()
-                .map(|n| OsString::from_vec(n.clone()))
-                .filter(|n| !seen.contains(n) && !pinned.contains(n.as_bytes()))
-                .filter(|n| !ns.inodes.get(&ino).is_some_and(|d| d.d().children.contains_key(n))),
-        );
         for name in gone {
             if self.load_child(&mut ns, ino, &name)?.is_some() {
                 self.gone_at_home(&mut ns, ino, &name);

@@ -160,21 +160,6 @@ fn a_miss_in_a_directory_nobody_listed_lists_it_once_and_creates_there_ask_home_
     );
 }
 
-/// The names of an open directory, `.` and `..` left out.
-fn names_in(fs: &Fs, dir: u64) -> Vec<String> {
-    let fh = fs.opendir(dir).unwrap();
-    let mut names: Vec<String> = fs
-        .readdir(fh, 0)
-        .unwrap()
-        .into_iter()
-        .map(|(_, e)| e.name.to_string_lossy().into_owned())
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    fs.releasedir(fh);
-    names.sort();
-    names
-}
-
 #[test]
 fn inodes_the_kernel_forgot_leave_memory_and_come_back_from_the_index_asking_home_nothing() {
     let s = Setup::new();
@@ -237,7 +222,7 @@ fn inodes_the_kernel_forgot_leave_memory_and_come_back_from_the_index_asking_hom
         fs.forget(ino, 1);
     }
     let want: Vec<String> = (0..50).map(|i| format!("f{i:02}")).collect();
-    assert_eq!(names_in(&fs, d), want);
+    assert_eq!(list(&fs, d), want);
     assert_eq!(
         (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat)),
         before,
@@ -260,7 +245,7 @@ fn a_listing_within_the_validity_lag_is_trusted_across_a_clean_restart_only() {
     let calls = |c: &HomeCounters| c.ops_of(OpKind::List) + c.ops_of(OpKind::Stat);
     let walk = |fs: &Fs| {
         let d = resolve(fs, "d").unwrap();
-        assert_eq!(names_in(fs, d).len(), 20);
+        assert_eq!(list(fs, d).len(), 20);
         for i in 0..20 {
             let ino = fs.lookup(d, OsStr::new(&format!("f{i}"))).unwrap().attr.ino;
             assert_eq!(fs.getattr(ino).unwrap().attr.size, format!("v{i}").len() as u64);
@@ -363,17 +348,17 @@ fn past_the_lag_a_walk_finds_its_directories_revalidated_ahead_of_it() {
     fs.start();
     let t = resolve(&fs, "t").unwrap();
     let walk = |fs: &Fs| {
-        assert_eq!(names_in(fs, t).len(), 10);
+        assert_eq!(list(fs, t).len(), 10);
         for d in 0..10 {
             let ino = fs.lookup(t, OsStr::new(&format!("d{d}"))).unwrap().attr.ino;
-            assert_eq!(names_in(fs, ino).len(), 5);
+            assert_eq!(list(fs, ino).len(), 5);
         }
     };
     walk(&fs);
     std::thread::sleep(lag + Duration::from_millis(100));
     let before = c.ops_of(OpKind::List);
     // Revalidating the top of the tree queues its subdirectories, listed before, to be listed ahead.
-    assert_eq!(names_in(&fs, t).len(), 10);
+    assert_eq!(list(&fs, t).len(), 10);
     let ahead = |fs: &Fs| fs.stats().listings_ahead;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while ahead(&fs) < 10 && std::time::Instant::now() < deadline {

@@ -170,15 +170,11 @@ impl Fs {
                 if c.attr.is_some() && (local || self.fresh(c.checked) || !c.dirty.is_empty() || self.queued(child)) {
                     return Ok(Found::Ino(child));
                 }
-            } else if local {
-                return self
-                    .load_child(&mut ns, parent, name)?
-                    .ok_or(FsError::NotFound)
-                    .map(Found::Ino);
-            } else if negative_fresh {
+            } else if !local && negative_fresh {
                 return Err(FsError::NotFound);
-            } else if listed_fresh {
-                // The listing is the answer; a name it bound may have left memory since, for the index.
+            } else if local || listed_fresh {
+                // The cache's entries are the answer (a fresh listing's: a name it bound may have left
+                // memory since, for the index).
                 return self
                     .load_child(&mut ns, parent, name)?
                     .ok_or(FsError::NotFound)

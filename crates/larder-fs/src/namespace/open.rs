@@ -194,11 +194,7 @@ impl Fs {
             _ => return false,
         };
         for child in children {
-            if let Some(c) = ns.inodes.get_mut(&child)
-                && c.checked.is_none()
-            {
-                c.checked = Some(at);
-            }
+            self.vouch_by_listing(ns, dir, child);
         }
         true
     }

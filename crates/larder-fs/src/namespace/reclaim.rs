@@ -103,9 +103,6 @@ impl Fs {
             let Some(ino) = ns.idle.pop_front() else { break };
             self.reclaim(ns, ino);
         }
-        if ns.idle.is_empty() && ns.idle.capacity() > IDLE_MAX {
-            ns.idle.shrink_to_fit();
-        }
     }
 
     /// Keep the files in memory within `--max-inodes`: idle ones nothing refers to leave at once, and
