@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use larder_home::{FileKind, HomeError, unreachable};
@@ -17,7 +18,11 @@ impl Fs {
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         self.sync_cluster();
         let entries = Arc::new(self.listing(ino)?);
-        Ok(self.new_handle(&read(&self.ns), ino, Some(entries)))
+        let ns = read(&self.ns);
+        if let Some(d) = ns.inodes.get(&ino).and_then(|n| n.dir.as_deref()) {
+            d.opened.store(self.dir_clock.fetch_add(1, Relaxed), Relaxed);
+        }
+        Ok(self.new_handle(&ns, ino, Some(entries)))
     }
 
     /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
@@ -163,8 +168,10 @@ impl Fs {
         let listed = self.fresh_from(asked, Instant::now());
         let node = ns.inode_mut(ino)?;
         let d = node.dm();
-        let revalidated = d.listed.is_some();
+        // Listed before: its previous listing's tick, for the walk ahead.
+        let previous = d.listed.is_some().then_some(d.listed_tick);
         d.listed = listed;
+        d.listed_tick = self.dir_clock.fetch_add(1, Relaxed);
         d.negatives.clear();
         // Every child is bound now: home's, and those with changes queued.
         d.complete = true;
@@ -180,26 +187,30 @@ impl Fs {
             .filter(|c| ns.inodes.get(c).is_some_and(|n| n.lookups() == 0 && n.opens() == 0))
             .collect();
         self.note_idle(&mut ns, idle);
-        if revalidated {
-            self.walk_ahead(&ns, ino);
+        if let Some(previous) = previous {
+            self.walk_ahead(&ns, ino, previous);
         }
         out
     }
 
     /// A directory listed before was revalidated: a walk of the tree is likely under way, so its
-    /// subdirectories listed before and stale now are revalidated ahead of it, in parallel (at most
-    /// [`WALK_AHEAD_QUEUE`] waiting; a walker reaching one being listed waits for that listing).
-    fn walk_ahead(&self, ns: &Namespace, dir: u64) {
+    /// subdirectories stale now that a user opened after the directory's previous listing (tick
+    /// `previous`: the last walk went through them) are revalidated ahead of it, in parallel (at most
+    /// [`WALK_AHEAD_QUEUE`] waiting; a walker reaching one being listed waits for that listing). Those
+    /// nobody opened since are left alone: an `ls` of a directory now and then lists only it.
+    fn walk_ahead(&self, ns: &Namespace, dir: u64, previous: u64) {
         let Ok(node) = ns.inode(dir) else { return };
         let mut q = crate::namespace::lock(&self.walk_ahead.queue);
         for &child in node.d().children.values() {
             if q.0.len() >= WALK_AHEAD_QUEUE {
                 break;
             }
-            let stale = ns
-                .inodes
-                .get(&child)
-                .is_some_and(|c| c.kind == FileKind::Dir && c.d().listed.is_some() && !self.fresh(c.d().listed));
+            let stale = ns.inodes.get(&child).is_some_and(|c| {
+                c.kind == FileKind::Dir
+                    && c.d().listed.is_some()
+                    && !self.fresh(c.d().listed)
+                    && c.d().opened.load(Relaxed) > previous
+            });
             if stale && q.1.insert(child) {
                 q.0.push_back(child);
             }

@@ -371,6 +371,22 @@ fn past_the_lag_a_walk_finds_its_directories_revalidated_ahead_of_it() {
         11,
         "one listing per directory, the walk's own none"
     );
+    // Past the lag again, a listing of the top alone: the walk went through the subdirectories since
+    // its previous listing, so they are revalidated ahead once more.
+    std::thread::sleep(lag + Duration::from_millis(100));
+    assert_eq!(list(&fs, t).len(), 10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ahead(&fs) < 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(ahead(&fs), 20);
+    // And once more: nobody opened them since, so an `ls` of the top now and then lists only it.
+    std::thread::sleep(lag + Duration::from_millis(100));
+    let before = c.ops_of(OpKind::List);
+    assert_eq!(list(&fs, t).len(), 10);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(ahead(&fs), 20, "subdirectories nobody opened since were listed ahead");
+    assert_eq!(c.ops_of(OpKind::List) - before, 1);
     fs.stop_flushers();
 }
 

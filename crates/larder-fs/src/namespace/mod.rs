@@ -123,6 +123,11 @@ pub(crate) struct DirState {
     /// were all made through it), or all its persisted entries were loaded. A name not bound is then not
     /// in the index either, and looking it up there is skipped.
     pub complete: bool,
+    /// When a listing of it was last opened by a user (`opendir`), in ticks of [`Fs::dir_clock`]: a walk
+    /// of its parent revalidates it ahead only if it was, since the parent's previous listing.
+    pub opened: AtomicU64,
+    /// The tick of [`Fs::dir_clock`] at its last listing at home.
+    pub listed_tick: u64,
 }
 
 /// The state of a directory nothing is known of: what [`Inode::d`] shows of any other inode.
@@ -356,6 +361,8 @@ pub struct Fs {
     pub(crate) invalidated: std::sync::Mutex<Option<Instant>>,
     /// Listings of directories at home under way, one per directory (see [`Fs::listing`]).
     pub(crate) listing_flight: larder_cache::SingleFlight<u64, ()>,
+    /// Ticks for directories' listings and opens, to tell which came first (see `DirState::opened`).
+    pub(crate) dir_clock: AtomicU64,
     /// Directories to revalidate ahead of a walk (see `Fs::walk_ahead`).
     pub(crate) walk_ahead: Arc<crate::dirs::WalkAhead>,
 }

@@ -130,6 +130,7 @@ impl Fs {
             invalidated: std::sync::Mutex::new(None),
             listing_flight: Default::default(),
             walk_ahead: Default::default(),
+            dir_clock: AtomicU64::new(1),
         };
         let taken = fs.take_in_unseen_writes(&owners);
         if taken > 0 {
