@@ -41,6 +41,7 @@ mod types;
 
 pub use banked::BankedHome;
 pub use error::{FsError, FsResult};
+pub use flusher::release_freed_memory;
 pub use namespace::Fs;
 pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};
 pub use types::{

@@ -505,7 +505,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let fs = Arc::new(
         Fs::with_tiers(gated, store, fs_cfg, health.clone(), between).map_err(|e| anyhow!("home {home_url}: {e}"))?,
     );
-    release_freed_memory();
+    // Opening the cache read every record of the index into short-lived maps (a million files: hundreds
+    // of MiB); freed, that memory would otherwise stay in the allocator's arenas for the daemon's life.
+    larder_fs::release_freed_memory();
     if let Some(co) = &coherence {
         co.attach(&fs);
     }
@@ -625,15 +627,4 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let _ = std::fs::remove_file(&socket);
     tracing::info!("unmounted; exiting");
     result.map_err(|e| anyhow!("the FUSE session failed: {e}"))
-}
-
-/// Hand the memory freed so far back to the system. Opening the cache reads every record of the index
-/// into short-lived maps (a million files: hundreds of MiB); freed, that memory would otherwise stay in the
-/// allocator's arenas and count in the daemon's resident size for its whole life.
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the system.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }

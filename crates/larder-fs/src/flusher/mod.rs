@@ -98,7 +98,7 @@ const TRIM_EVERY: Duration = Duration::from_millis(500);
 const RELEASE_AFTER: u64 = 10_000;
 
 /// Hand the allocator's free memory back to the system.
-fn release_freed_memory() {
+pub fn release_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the system.
     unsafe {
