@@ -350,6 +350,7 @@ impl Fs {
         let mut node = Inode::new_local(parent, name, file_kind, object);
         node.attr = Some(attr);
         node.checked = Some(Instant::now());
+        node.own = true;
         *node.lookups.get_mut() = 1;
         if let NewKind::Symlink { target } = kind {
             node.symlink = Some(target.to_vec());

@@ -49,6 +49,7 @@ impl Fs {
         let fresh = self.fresh_from(asked, now);
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.checked = fresh;
+        node.own = false;
         if node.attr.as_ref().is_some_and(|a| a.version != attr.version) {
             node.symlink = None;
         }
@@ -94,6 +95,7 @@ impl Fs {
             }
             node.attr = Some(attr);
             node.checked = Some(Instant::now());
+            node.own = true;
             self.persist(ns, ino);
             note_identity(ns, ino);
         }
@@ -165,7 +167,7 @@ impl Fs {
                 let mut node = Inode::from_record(rec);
                 self.reclaim_dirty(&mut node);
                 if node.has_name(parent, name) {
-                    ns.inodes.insert(old, Box::new(node));
+                    ns.insert_loaded(old, node);
                     self.load_home_ancestors(ns, old);
                     ino = Some(old);
                 }

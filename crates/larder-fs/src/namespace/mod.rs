@@ -67,6 +67,10 @@ pub(crate) struct Inode {
     pub symlink: Option<Vec<u8>>,
     /// When `attr` was last confirmed by home.
     pub checked: Option<Instant>,
+    /// `checked` is the time of a change of ours (made here, or pushed and adopted), not of an answer
+    /// of home's: an answer home gave before it must not undo it (see `Fs::update_attr`), also after
+    /// the inode left memory and came back (see `Namespace::own_changes`).
+    pub own: bool,
     /// What only a directory has (`None` for other kinds, and for a directory nothing is known of yet):
     /// boxed, so that the many files cost a pointer for it. See [`Inode::d`] and [`Inode::dm`].
     pub(super) dir: Option<Box<DirState>>,
@@ -179,6 +183,7 @@ impl Inode {
             object,
             symlink: None,
             checked: None,
+            own: false,
             dir: None,
             lookups: AtomicU64::new(0),
             opens: AtomicU32::new(0),
@@ -314,7 +319,16 @@ pub(crate) struct Namespace {
     /// Listings of directories the last run took within the validity lag of its clean stop, by when
     /// (see `Fs::restore_listing`).
     pub restored: HashMap<u64, Instant>,
+    /// Inodes that left memory within [`OWN_CHANGE_WINDOW`] of a change of ours: when that change was
+    /// made, restored as their `checked` when they come back, so that an answer home gave before it and
+    /// that arrives after still cannot undo it. Pruned of old entries as it grows.
+    pub own_changes: HashMap<u64, Instant>,
+    pub own_changes_pruned: usize,
 }
+
+/// How long after a change of ours an answer home gave before it may still arrive (home calls are
+/// bounded well within it).
+pub(crate) const OWN_CHANGE_WINDOW: Duration = Duration::from_secs(600);
 
 pub(crate) use crate::tier::FetchResult;
 
@@ -384,6 +398,16 @@ pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
 const MOVED_SUBTREE_MAX: usize = 100_000;
 
 impl Namespace {
+    /// Put `node`, loaded from its record, in memory as `ino`, with the time of a change of ours it
+    /// carried when it left memory.
+    pub(crate) fn insert_loaded(&mut self, ino: u64, mut node: Inode) {
+        if let Some(at) = self.own_changes.remove(&ino) {
+            node.checked = Some(at);
+            node.own = true;
+        }
+        self.inodes.insert(ino, Box::new(node));
+    }
+
     /// The longest path below `ino` that the cache knows, in bytes counted from `ino`'s own path (each
     /// entry "/name", a directory with `dir_suffix` more).
     fn longest_below(&self, ino: u64, dir_suffix: usize) -> usize {
@@ -613,7 +637,7 @@ impl Fs {
             .ok_or(FsError::BadHandle)?;
         let mut node = Inode::from_record(rec);
         self.reclaim_dirty(&mut node);
-        ns.inodes.insert(ino, Box::new(node));
+        ns.insert_loaded(ino, node);
         self.load_home_ancestors(ns, ino);
         Ok(())
     }

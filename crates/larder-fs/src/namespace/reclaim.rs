@@ -61,6 +61,17 @@ impl Fs {
         let Some(node) = ns.inodes.remove(&ino) else {
             return false;
         };
+        if node.own
+            && let Some(at) = node.checked
+            && at.elapsed() < OWN_CHANGE_WINDOW
+        {
+            ns.own_changes.insert(ino, at);
+            if ns.own_changes.len() > (2 * ns.own_changes_pruned).max(4096) {
+                ns.own_changes.retain(|_, at| at.elapsed() < OWN_CHANGE_WINDOW);
+                ns.own_changes.shrink_to_fit();
+                ns.own_changes_pruned = ns.own_changes.len();
+            }
+        }
         if let Some(a) = &node.attr
             && ns.by_id.get(&a.id) == Some(&ino)
         {
@@ -148,5 +159,40 @@ impl Fs {
             self.invalidate(crate::Invalidation::Entry(parent, name));
         }
         done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::super::hit_tests::core;
+    use super::*;
+
+    #[test]
+    fn an_answer_home_gave_before_our_change_cannot_undo_it_after_the_inode_left_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = core(&dir.path().join("home"), &dir.path().join("cache"));
+        let d = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
+        let f = fs.lookup(d, OsStr::new("f")).unwrap().attr.ino;
+        let stale = fs.core.home.stat(Path::new("dir/f")).unwrap();
+        // Home is asked; then a change of ours lands there, and we adopt what it made.
+        let asked = Instant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        let mut ours = stale.clone();
+        ours.size += 1;
+        ours.version = larder_home::Version("ours".into());
+        {
+            let mut ns = write(&fs.ns);
+            fs.adopt_attr(&mut ns, f, ours.clone());
+        }
+        // The kernel forgets it, and it leaves memory.
+        fs.forget(f, 1);
+        assert!(!read(&fs.ns).inodes.contains_key(&f), "the file left memory");
+        // Home's older answer arrives for the inode loaded back: it is not taken.
+        let mut ns = write(&fs.ns);
+        fs.load_inode(&mut ns, f).unwrap();
+        fs.update_attr(&mut ns, f, stale, asked);
+        assert_eq!(ns.inode(f).unwrap().attr.as_ref().unwrap().version, ours.version);
     }
 }
