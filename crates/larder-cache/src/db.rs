@@ -45,6 +45,9 @@ const LISTINGS: TableDefinition<u64, u64> = TableDefinition::new("listings");
 pub const FORMAT: u64 = 4;
 
 const MAX_BATCH: usize = 16_384;
+/// How long the committer lets changes gather at process durability before it applies them, unless a
+/// read or a sync waits.
+const BATCH_WINDOW: Duration = Duration::from_millis(10);
 
 /// A key of the `meta` table. (An alias, so that serde does not take it for a string borrowed from what it
 /// reads: [`meta_key`] gives back the static name.)
@@ -123,6 +126,20 @@ struct Shared {
     caught_up: Condvar,
     /// A write to the log failed: until the next durable commit, [`Db::settle`] waits for one.
     wal_failed: AtomicBool,
+    /// Someone waits for the committer (a read, a sync): it ends its batching window now.
+    hurry: AtomicBool,
+    /// The committer's thread, unparked by [`Shared::wake_committer`].
+    committer: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Shared {
+    /// End the committer's batching window: someone waits for what it holds.
+    fn wake_committer(&self) {
+        self.hurry.store(true, Ordering::SeqCst);
+        if let Some(t) = self.committer.get() {
+            t.unpark();
+        }
+    }
 }
 
 /// The index database and its committer.
@@ -219,6 +236,8 @@ impl Db {
             submitted: AtomicU64::new(0),
             applied: Mutex::new(0),
             caught_up: Condvar::new(),
+            hurry: AtomicBool::new(false),
+            committer: std::sync::OnceLock::new(),
         });
         let worker_db = db.clone();
         let worker_shared = shared.clone();
@@ -264,6 +283,9 @@ impl Db {
     fn caught_up(&self) {
         let target = self.shared.submitted.load(Ordering::SeqCst);
         let mut applied = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner());
+        if *applied < target {
+            self.shared.wake_committer();
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         while *applied < target {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -306,6 +328,7 @@ impl Db {
                 .send(Msg::Sync(tx))
                 .map_err(|_| CacheError::Index("index committer stopped".into()))?;
         }
+        self.shared.wake_committer();
         rx.recv()
             .map_err(|_| CacheError::Index("index committer stopped".into()))?
             .map_err(CacheError::Index)
@@ -580,6 +603,7 @@ fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durabili
     let mut waiters = Vec::new();
     // Applied without an fsync since the last durable commit (the log holds them), and since when.
     let mut undurable: Option<Instant> = None;
+    let _ = shared.committer.set(std::thread::current());
     loop {
         let first = match undurable {
             None => match rx.recv() {
@@ -594,6 +618,17 @@ fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durabili
                 }
             }
         };
+        // At process durability the log holds a change already: applying it may wait a moment, so that a
+        // burst of changes (an untar, a clone) is one commit of the index, not one each (the index's CPU
+        // and the wake-ups of its thread cost a burst of small changes more than their own requests).
+        // Senders do not wake the thread meanwhile; a read or a sync does (`Shared::wake_committer`).
+        if durability == Durability::Process
+            && matches!(first, Some(Msg::Apply(_)))
+            && !shared.hurry.swap(false, Ordering::SeqCst)
+        {
+            std::thread::park_timeout(BATCH_WINDOW);
+        }
+        shared.hurry.store(false, Ordering::SeqCst);
         let mut next = first;
         let mut taken = 0u64;
         while let Some(msg) = next.take() {
