@@ -800,6 +800,10 @@ impl Fs {
             // or home's figure if larger (parts of the file not cached here).
             blocks: if node.dirty.is_empty() && node.home_size.is_none() {
                 a.blocks
+            } else if node.home_size == Some(0) {
+                // Nothing of it at home: the cache file holds the pages written here and nothing else (no
+                // stat of the cache file for every answer about a file being written).
+                a.blocks.max(pages_of(&node.dirty))
             } else {
                 a.blocks.max(self.core.store.allocated_blocks(node.object))
             },
@@ -1022,4 +1026,13 @@ pub(crate) mod hit_tests {
         fs.release(fh).unwrap();
         assert_eq!(read(&fs.ns).inode(ino).unwrap().opens(), 0);
     }
+}
+
+/// 512-byte blocks the 4 KiB pages touched by `ranges` take.
+fn pages_of(ranges: &[Range<u64>]) -> u64 {
+    const PAGE: u64 = 4096;
+    ranges
+        .iter()
+        .map(|r| (r.end.div_ceil(PAGE) - r.start / PAGE) * (PAGE / 512))
+        .sum()
 }
