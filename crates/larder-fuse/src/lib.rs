@@ -155,11 +155,11 @@ impl AnyReply {
         }
     }
 
-    fn passthrough(self, fh: u64, id: &BackingId) {
+    fn passthrough(self, fh: u64, flags: FopenFlags, id: &BackingId) {
         match self {
-            AnyReply::Open(r) => r.opened_passthrough(FileHandle(fh), FopenFlags::empty(), id),
+            AnyReply::Open(r) => r.opened_passthrough(FileHandle(fh), flags, id),
             AnyReply::Create { reply, ttl, attr } => {
-                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(fh), FopenFlags::empty(), id)
+                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(fh), flags, id)
             }
         }
     }
@@ -214,7 +214,14 @@ impl LarderFuse {
     /// Answer an open (or a create) the core accepted, choosing the kernel's I/O mode for it. The kernel
     /// requires every open of an inode with passthrough opens to be a passthrough open on the same backing
     /// file, and refuses passthrough while the inode has page-cache opens.
-    fn opened(&self, ino: u64, r: &OpenReply, reply: AnyReply) {
+    fn opened(&self, ino: u64, r: &OpenReply, reading_only: bool, reply: AnyReply) {
+        // A handle opened only for reading has nothing for `flush` to commit (locks are the kernel's): its
+        // close asks the daemon nothing.
+        let noflush = if reading_only {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::empty()
+        };
         let mut guard = self.io.lock().unwrap_or_else(|p| p.into_inner());
         let io = &mut *guard;
         let state = io.inodes.entry(ino).or_default();
@@ -249,7 +256,7 @@ impl LarderFuse {
             if let Some((_, id)) = &state.backing {
                 state.passthrough += 1;
                 io.handles.insert(r.fh, (ino, IoMode::Passthrough));
-                reply.passthrough(r.fh, id);
+                reply.passthrough(r.fh, noflush, id);
                 return;
             }
             self.fs.unhold(r.fh);
@@ -267,7 +274,7 @@ impl LarderFuse {
             IoMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
             _ => open_flags(r),
         };
-        reply.plain(r.fh, flags);
+        reply.plain(r.fh, flags | noflush);
     }
 
     /// A handle is gone: its inode's I/O modes follow.
@@ -451,7 +458,12 @@ impl Filesystem for LarderFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = span!("open", ino.0);
         match self.fs.open(ino.0, flags.0) {
-            Ok(r) => self.opened(ino.0, &r, AnyReply::Open(reply)),
+            Ok(r) => self.opened(
+                ino.0,
+                &r,
+                flags.0 & libc::O_ACCMODE == libc::O_RDONLY,
+                AnyReply::Open(reply),
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -569,10 +581,10 @@ impl Filesystem for LarderFuse {
     }
 
     // Extended attributes: none is kept. The list is empty (so `getfattr -d`, `cp -a`, `rsync -X`,
-    // `os.listxattr` see nothing to do), and getting, setting or removing one is not supported. Getting
-    // one answers ENOSYS, which the kernel turns into EOPNOTSUPP for this call and every later one
-    // without asking again: a getxattr that answered at all would be asked for `security.capability`
-    // before every write(2), a second round trip per write.
+    // `os.listxattr` see nothing to do), and getting, setting or removing one is not supported. Those
+    // answer ENOSYS, which the kernel turns into EOPNOTSUPP for this call and every later one without
+    // asking again: a getxattr that answered at all would be asked for `security.capability` before
+    // every write(2), a second round trip per write, and `cp -a` tries a setxattr per file.
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
         if size == 0 {
             reply.size(0);
@@ -595,11 +607,11 @@ impl Filesystem for LarderFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -622,6 +634,7 @@ impl Filesystem for LarderFuse {
             Ok((e, r)) => self.opened(
                 e.attr.ino,
                 &r,
+                flags & libc::O_ACCMODE == libc::O_RDONLY,
                 AnyReply::Create {
                     reply,
                     ttl: e.ttl,
