@@ -45,6 +45,11 @@ const LISTINGS: TableDefinition<u64, u64> = TableDefinition::new("listings");
 pub const FORMAT: u64 = 4;
 
 const MAX_BATCH: usize = 16_384;
+thread_local! {
+    /// Submissions gathered by [`Db::gathered`] on this thread: the index's identity, and the mutations.
+    static GATHERED: std::cell::RefCell<Option<(usize, Vec<Mutation>)>> = const { std::cell::RefCell::new(None) };
+}
+
 /// How long the committer lets changes gather at process durability before it applies them, unless a
 /// read or a sync waits.
 const BATCH_WINDOW: Duration = Duration::from_millis(10);
@@ -264,6 +269,61 @@ impl Db {
         if mutations.is_empty() {
             return;
         }
+        let Some(mutations) = GATHERED.with(|g| match g.borrow_mut().as_mut() {
+            Some((db, gathered)) if *db == self.id() => {
+                gathered.extend(mutations);
+                None
+            }
+            _ => Some(mutations),
+        }) else {
+            return;
+        };
+        self.submit_now(mutations);
+    }
+
+    /// Gather what this thread submits while `f` runs into one submission (one write to the log, one
+    /// message to the committer), made when `f` returns: for many small records made under one hold of the
+    /// lock that orders them (a listing binding thousands of entries). A read of the index meanwhile
+    /// submits what was gathered first, so that it sees it.
+    pub fn gathered<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Gathering<'a>(&'a Db, bool);
+        impl Drop for Gathering<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    let gathered = GATHERED.with(|g| g.borrow_mut().take()).map(|(_, m)| m);
+                    self.0.submit_now(gathered.unwrap_or_default());
+                }
+            }
+        }
+        let outermost = GATHERED.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.is_some() {
+                return false;
+            }
+            *g = Some((self.id(), Vec::new()));
+            true
+        });
+        let _gathering = Gathering(self, outermost);
+        f()
+    }
+
+    /// What this thread gathered for this index so far, submitted now.
+    fn submit_gathered(&self) {
+        let gathered = GATHERED.with(|g| match g.borrow_mut().as_mut() {
+            Some((db, m)) if *db == self.id() => std::mem::take(m),
+            _ => Vec::new(),
+        });
+        self.submit_now(gathered);
+    }
+
+    fn id(&self) -> usize {
+        self as *const Db as usize
+    }
+
+    fn submit_now(&self, mutations: Vec<Mutation>) {
+        if mutations.is_empty() {
+            return;
+        }
         let mut guard = self.shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(inlet) = guard.as_mut() {
             if let Some(wal) = inlet.wal.as_mut()
@@ -281,6 +341,7 @@ impl Db {
     /// Wait (bounded) until the committer has applied everything submitted so far: reads of the index
     /// see every change whose call returned, even one only logged yet.
     fn caught_up(&self) {
+        self.submit_gathered();
         let target = self.shared.submitted.load(Ordering::SeqCst);
         let mut applied = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner());
         if *applied < target {
@@ -782,6 +843,31 @@ mod tests {
             db.submit(vec![Mutation::DelDentry(1, name.clone())]);
             assert_eq!(db.dentry(1, &name).unwrap(), None, "entry {i} just removed");
         }
+    }
+
+    #[test]
+    fn gathered_changes_are_one_log_write_and_reads_meanwhile_see_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.redb");
+        let db = Db::open_with(&path, Durability::Process).unwrap();
+        let other = Db::open_with(&dir.path().join("other.redb"), Durability::Process).unwrap();
+        let logged = || std::fs::metadata(&crate::wal::paths(&path)[0]).unwrap().len();
+        let before = logged();
+        db.gathered(|| {
+            for i in 0..100u64 {
+                db.submit(vec![Mutation::PutDentry(1, format!("n{i}").into_bytes(), i)]);
+            }
+            // Another index's changes are not held back with these.
+            other.submit(vec![Mutation::PutInode(7, b"o".to_vec())]);
+            assert_eq!(other.inode(7).unwrap(), Some(b"o".to_vec()));
+            assert_eq!(logged(), before, "gathered changes were written one by one");
+            // A read while gathering sees what was gathered.
+            assert_eq!(db.dentry(1, b"n99").unwrap(), Some(99));
+            db.submit(vec![Mutation::PutDentry(1, b"late".to_vec(), 1000)]);
+        });
+        assert!(logged() > before, "the gathered changes were not logged");
+        assert_eq!(db.dentry(1, b"late").unwrap(), Some(1000));
+        assert_eq!(db.dentries_of(1).unwrap().len(), 101);
     }
 
     #[test]
