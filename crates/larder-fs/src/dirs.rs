@@ -137,20 +137,35 @@ impl Fs {
             Err(e) => return Err(e.into()),
         };
         let mut ns = write(&self.ns);
-        {
-            let j = self.pipeline.journal();
-            pinned.extend(j.pinned_in(ino));
-            pinned.extend(j.changed_while_watched(ino));
-        }
         // The entries the index has of the directory, read once for all the names of the listing.
         let persisted: std::collections::HashMap<Vec<u8>, u64> =
             self.core.store.db().dentries_of(ino)?.into_iter().collect();
         let mut seen = HashSet::new();
-        for e in listed {
-            if !pinned.contains(e.name.as_bytes()) {
-                self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr, asked, Some(&persisted))?;
+        let mut entries = listed.into_iter().peekable();
+        loop {
+            // Names changed here up to now (this page's lock): theirs is the cache's entry.
+            {
+                let j = self.pipeline.journal();
+                pinned.extend(j.pinned_in(ino));
+                pinned.extend(j.changed_while_watched(ino));
             }
-            seen.insert(e.name);
+            // The page's records go to the index as one submission.
+            self.core.store.db().gathered(|| {
+                for e in entries.by_ref().take(BIND_PAGE) {
+                    if !pinned.contains(e.name.as_bytes()) {
+                        self.bind_child(&mut ns, ino, &e.name, e.kind, e.attr, asked, Some(&persisted))?;
+                    }
+                    seen.insert(e.name);
+                }
+                FsResult::Ok(())
+            })?;
+            if entries.peek().is_none() {
+                break;
+            }
+            // A large directory is bound a page at a time: lookups, opens and changes elsewhere (and in
+            // it: the directory is not complete until the last page) go on in between.
+            drop(ns);
+            ns = write(&self.ns);
         }
         // Gone at home: what the cache has bound, and what the index has of it beside (children that left
         // memory).
@@ -186,9 +201,15 @@ impl Fs {
             .copied()
             .filter(|c| ns.inodes.get(c).is_some_and(|n| n.lookups() == 0 && n.opens() == 0))
             .collect();
-        self.note_idle(&mut ns, idle);
         if let Some(previous) = previous {
             self.walk_ahead(&ns, ino, previous);
+        }
+        // A page at a time too (letting many leave memory takes a while); each is idle still when it goes.
+        let mut idle = idle.into_iter().peekable();
+        while idle.peek().is_some() {
+            drop(ns);
+            ns = write(&self.ns);
+            self.note_idle(&mut ns, idle.by_ref().take(BIND_PAGE).collect());
         }
         out
     }
@@ -346,6 +367,11 @@ impl Fs {
 
 /// Most directories waiting to be revalidated ahead of a walk.
 const WALK_AHEAD_QUEUE: usize = 256;
+
+/// Entries of a listing bound under one hold of the namespace's lock: a listing of a large directory lets
+/// everything else in between pages (binding 100,000 entries at once held every other request for a
+/// fraction of a second).
+const BIND_PAGE: usize = 4096;
 /// Threads revalidating directories ahead of a walk.
 pub(crate) const WALK_AHEAD_THREADS: usize = 4;
 
