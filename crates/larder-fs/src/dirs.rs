@@ -372,6 +372,7 @@ const WALK_AHEAD_QUEUE: usize = 256;
 /// everything else in between pages (binding 100,000 entries at once held every other request for a
 /// fraction of a second).
 const BIND_PAGE: usize = 4096;
+
 /// Threads revalidating directories ahead of a walk.
 pub(crate) const WALK_AHEAD_THREADS: usize = 4;
 
