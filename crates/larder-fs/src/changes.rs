@@ -537,6 +537,31 @@ impl Fs {
 
     /// Change attributes (a size change is queued as data).
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
+        self.setattr_dropping(ino, changes, false)
+    }
+
+    /// A write by a caller without `CAP_FSETID` (the kernel says so, and leaves the rest to the file
+    /// system): a file's set-user-ID bit goes, and its set-group-ID bit with group execute, as
+    /// [`Fs::setattr_dropping`] says.
+    pub fn drop_set_id(&self, ino: u64) -> FsResult<()> {
+        let has = read(&self.ns)
+            .inode(ino)?
+            .attr
+            .as_ref()
+            .is_some_and(|a| set_id_dropped(a.perm) != a.perm);
+        if has {
+            self.setattr_dropping(ino, &SetAttr::default(), true)?;
+        }
+        Ok(())
+    }
+
+    /// [`Fs::setattr`], and with `drop_set_id`, what the kernel leaves to the file system when it lets it
+    /// clear set-ID bits itself (`FUSE_HANDLE_KILLPRIV_V2`, which spares a refresh of the attributes
+    /// before every `chown`): a non-directory's set-user-ID bit goes, and its set-group-ID bit when group
+    /// execute is set (without it the bit marks mandatory locking, and stays), unless the change sets the
+    /// mode itself. The caller says when: always at an owner change, and at a truncation or write by a
+    /// caller without `CAP_FSETID`.
+    pub fn setattr_dropping(&self, ino: u64, changes: &SetAttr, drop_set_id: bool) -> FsResult<Entry> {
         self.writable()?;
         self.take_token_of(ino)?;
         // What the kernel wrote to the cache file comes first: a truncation or a size is taken after it.
@@ -589,10 +614,16 @@ impl Fs {
             })
         };
         let (atime, mtime) = (resolve(changes.atime), resolve(changes.mtime));
-        let other = changes.perm.is_some() || changes.uid.is_some() || changes.gid.is_some();
+        let perm = match (&node.attr, changes.perm) {
+            (Some(a), None) if drop_set_id && node.kind != FileKind::Dir && set_id_dropped(a.perm) != a.perm => {
+                Some(set_id_dropped(a.perm))
+            }
+            (_, perm) => perm,
+        };
+        let other = perm.is_some() || changes.uid.is_some() || changes.gid.is_some();
         if other || atime.is_some() || mtime.is_some() {
             if let Some(a) = node.attr.as_mut() {
-                if let Some(p) = changes.perm {
+                if let Some(p) = perm {
                     a.perm = p & 0o7777;
                 }
                 if let Some(u) = changes.uid {
@@ -614,7 +645,7 @@ impl Fs {
                 path,
                 Vec::new(),
                 OpKind::SetAttr {
-                    perm: changes.perm.map(|p| p & 0o7777),
+                    perm: perm.map(|p| p & 0o7777),
                     uid: changes.uid,
                     gid: changes.gid,
                     atime: atime.map(to_ns),
@@ -773,4 +804,13 @@ impl Fs {
         ns.inode_mut(new_parent)?.checked = None;
         Ok(())
     }
+}
+
+/// `perm` without its set-user-ID bit, and without its set-group-ID bit when group execute is set.
+fn set_id_dropped(perm: u32) -> u32 {
+    let mut p = perm & !(libc::S_ISUID as u32);
+    if p & libc::S_IXGRP as u32 != 0 {
+        p &= !(libc::S_ISGID as u32);
+    }
+    p
 }

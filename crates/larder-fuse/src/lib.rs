@@ -198,6 +198,8 @@ pub struct LarderFuse {
     fs: Arc<Fs>,
     /// Whether the kernel agreed to passthrough at init (and it was asked for).
     passthrough: AtomicBool,
+    /// Whether the kernel leaves clearing set-ID bits to larder (`FUSE_HANDLE_KILLPRIV_V2`).
+    killpriv: AtomicBool,
     io: Mutex<IoModes>,
 }
 
@@ -207,6 +209,7 @@ impl LarderFuse {
         LarderFuse {
             fs,
             passthrough: AtomicBool::new(false),
+            killpriv: AtomicBool::new(false),
             io: Mutex::new(IoModes::default()),
         }
     }
@@ -316,6 +319,12 @@ impl Filesystem for LarderFuse {
         // home has a new version (an inode invalidation, and an open without FOPEN_KEEP_CACHE), which is
         // the only time its pages are wrong.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // larder clears set-user-ID and set-group-ID bits itself (`Fs::setattr_dropping`): otherwise the
+        // kernel asks for the attributes again before every chown of a file (`tar x` and `cp -a` as root
+        // chown every file), to compute the mode it would send.
+        if config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok() {
+            self.killpriv.store(true, Ordering::Relaxed);
+        }
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         // Passthrough: the kernel reads files whole in the cache from their cache files. larder does not
@@ -355,7 +364,7 @@ impl Filesystem for LarderFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -363,7 +372,7 @@ impl Filesystem for LarderFuse {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
@@ -380,7 +389,13 @@ impl Filesystem for LarderFuse {
             atime: time_set(atime),
             mtime: time_set(mtime),
         };
-        match self.fs.setattr(ino.0, &changes) {
+        // Set-ID bits go at every owner change, and at a truncation by a caller without CAP_FSETID (the
+        // kernel's flag for that is not passed on here: root stands for the capability). A request that
+        // changes nothing at all is the kernel clearing them after a write it made itself (passthrough).
+        let nothing = changes == SetAttr::default() && ctime.is_none();
+        let drop_set_id = self.killpriv.load(Ordering::Relaxed)
+            && (uid.is_some() || gid.is_some() || ((size.is_some() || nothing) && req.uid() != 0));
+        match self.fs.setattr_dropping(ino.0, &changes, drop_set_id) {
             Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -490,13 +505,20 @@ impl Filesystem for LarderFuse {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _s = span!("write", ino.0);
-        match self.fs.write(fh.0, offset, data) {
+        let result = self.fs.write(fh.0, offset, data).and_then(|n| {
+            // A writer without CAP_FSETID: the file's set-ID bits go.
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && self.killpriv.load(Ordering::Relaxed) {
+                self.fs.drop_set_id(ino.0)?;
+            }
+            Ok(n)
+        });
+        match result {
             Ok(n) => reply.written(n),
             Err(e) => {
                 tracing::warn!(ino = ino.0, offset, len = data.len(), error = %e, "write failed");

@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -550,5 +550,71 @@ fn git_clone_into_the_mount_then_fsck() {
         "",
         "the clone at home is clean"
     );
+    m.unmount();
+}
+
+/// Set-user-ID and set-group-ID bits go as on the local disk: at an owner change (set-group-ID only with
+/// group execute), at a write or a truncation by a user without CAP_FSETID, and not at root's. larder
+/// clears them itself (the kernel leaves it to the file system, sparing a request before every chown):
+/// each step runs on the mount and in a directory of the local disk, and the modes must agree.
+#[test]
+fn set_id_bits_go_as_on_the_local_disk() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = TestDir::new("setid");
+    for d in [t.root(), &t.home, &t.mnt] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let m = programs_mount(&t, "write-back");
+    let local = t.root().join("local");
+    std::fs::create_dir(&local).unwrap();
+    std::fs::set_permissions(&local, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups";
+    // (what is done, as a shell command on file $f)
+    let steps = [
+        ("root chowns a 6755 file", "chmod 6755 $f && chown 65534:65534 $f"),
+        ("root chowns a 2745 file", "chmod 2745 $f && chown 0:0 $f"),
+        ("root truncates a 6777 file", "chmod 6777 $f && truncate -s 1 $f"),
+        (
+            "nobody truncates a 6777 file",
+            "chmod 6777 $f && $nobody truncate -s 2 $f",
+        ),
+        (
+            "nobody writes to a 6777 file",
+            "chmod 6777 $f && $nobody sh -c 'echo more >> $f'",
+        ),
+        (
+            "nobody writes to a 6777 file again after a reopen",
+            "chmod 6777 $f && $nobody sh -c 'echo more >> $f'",
+        ),
+        ("root writes to a 6777 file", "chmod 6777 $f && echo more >> $f"),
+        ("root chowns a directory", "chmod 6755 $d && chown 65534 $d"),
+    ];
+    let mut wrong = Vec::new();
+    for (i, (what, cmd)) in steps.iter().enumerate() {
+        let mut modes = Vec::new();
+        for root in [&local, &m.mnt] {
+            let (f, d) = (root.join(format!("f{i}")), root.join(format!("d{i}")));
+            std::fs::write(&f, b"x").unwrap();
+            std::fs::create_dir(&d).unwrap();
+            let line = cmd.replace("$nobody", nobody).replace("$f", s(&f)).replace("$d", s(&d));
+            sh(&line);
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+            modes.push((mode(&f), mode(&d)));
+        }
+        if modes[0] != modes[1] {
+            wrong.push(format!("{what}: local disk {:o}, mount {:o}", modes[0].0, modes[1].0));
+        }
+    }
+    assert!(wrong.is_empty(), "modes differ: {wrong:#?}");
+    // And home ends with the mount's modes.
+    drain_ok(&m, 120);
+    for i in 0..steps.len() {
+        let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            mode(t.home.join(format!("f{i}"))),
+            mode(m.mnt.join(format!("f{i}"))),
+            "f{i} at home"
+        );
+    }
     m.unmount();
 }
