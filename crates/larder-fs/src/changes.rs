@@ -808,9 +808,9 @@ impl Fs {
 
 /// `perm` without its set-user-ID bit, and without its set-group-ID bit when group execute is set.
 fn set_id_dropped(perm: u32) -> u32 {
-    let mut p = perm & !(libc::S_ISUID as u32);
-    if p & libc::S_IXGRP as u32 != 0 {
-        p &= !(libc::S_ISGID as u32);
+    let mut p = perm & !libc::S_ISUID;
+    if p & libc::S_IXGRP != 0 {
+        p &= !libc::S_ISGID;
     }
     p
 }
