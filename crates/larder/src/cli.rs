@@ -399,9 +399,11 @@ pub struct MountArgs {
     /// Testing aid: while this file exists, home is unreachable (every call fails).
     #[arg(long, hide = true)]
     pub fault_file: Option<PathBuf>,
-    /// Threads serving FUSE requests.
-    #[arg(long, default_value_t = 16)]
-    pub threads: usize,
+    /// Threads serving FUSE requests [default: 4 per CPU, at least 8 and at most 64]. Each request waiting
+    /// on home (a cold read, a listing) holds one; requests answered from the cache contend for the CPUs
+    /// beyond a few per CPU. Raise it for more readers reading cold at once than this.
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Stay attached to the terminal instead of running as a daemon.
     #[arg(long)]
     pub foreground: bool,

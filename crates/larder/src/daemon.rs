@@ -603,7 +603,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let mut config = Config::default();
     config.mount_options = options;
     config.acl = if is_root() { SessionACL::All } else { SessionACL::Owner };
-    config.n_threads = Some(args.threads.max(1));
+    config.n_threads = Some(args.threads.unwrap_or_else(default_threads).max(1));
     config.clone_fd = true;
     let session = Session::new(LarderFuse::new(fs.clone()), &p.mountpoint, &config)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", p.mountpoint.display()))?;
@@ -627,4 +627,13 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let _ = std::fs::remove_file(&socket);
     tracing::info!("unmounted; exiting");
     result.map_err(|e| anyhow!("the FUSE session failed: {e}"))
+}
+
+/// FUSE request threads when `--threads` is not given: 4 per CPU, at least 8 and at most 64. On two CPUs,
+/// 16 threads made 4 clients' creates 17 % slower than 8 (every request of a burst woke another of them,
+/// in turn), while 8 readers reading cold over 30 ms took as long with 8 as with 16 (each waits on home
+/// in a thread of its own).
+fn default_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (4 * cpus).clamp(8, 64)
 }
