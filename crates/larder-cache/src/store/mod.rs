@@ -212,6 +212,17 @@ struct BlockEntry {
     shared: bool,
 }
 
+impl BlockEntry {
+    /// The state a [`BlockEntry::shared`] mark stands for: a whole unit sharing the content this block is.
+    fn shared_meta(&self) -> ObjectMeta {
+        ObjectMeta {
+            whole: true,
+            content: Some((self.len, self.crc)),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
 /// Shards of the store's state. A power of two: [`shard_of`] takes the top bits of a hash.
 const SHARD_BITS: u32 = 4;
 const SHARDS: usize = 1 << SHARD_BITS;
@@ -301,11 +312,7 @@ impl ShardState {
             return *m;
         }
         match self.blocks.get(&(object, 0)) {
-            Some(e) if e.shared => ObjectMeta {
-                whole: true,
-                content: Some((e.len, e.crc)),
-                ..ObjectMeta::default()
-            },
+            Some(e) if e.shared => e.shared_meta(),
             _ => ObjectMeta::default(),
         }
     }
@@ -340,11 +347,7 @@ impl ShardState {
             && e.shared
         {
             e.shared = false;
-            let meta = ObjectMeta {
-                whole: true,
-                content: Some((e.len, e.crc)),
-                ..ObjectMeta::default()
-            };
+            let meta = e.shared_meta();
             self.objects.insert(object, meta);
         }
     }
