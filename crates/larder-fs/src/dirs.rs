@@ -267,9 +267,7 @@ impl Fs {
             };
             let Some(fs) = fs.upgrade() else { return };
             if fs.health.online() && fs.listing(dir).is_ok() {
-                fs.meta_counters
-                    .listings_ahead
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                fs.meta_counters.listings_ahead.fetch_add(1, Relaxed);
             }
             crate::namespace::lock(&ahead.queue).1.remove(&dir);
         }
