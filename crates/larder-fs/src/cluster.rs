@@ -361,16 +361,7 @@ mod tests {
     use larder_home::Version;
 
     use super::*;
-    use crate::namespace::hit_tests::core;
-
-    /// A node over the test home, and the inode of its file `dir/f` (10 KiB), looked up.
-    fn dir_f() -> (tempfile::TempDir, Arc<Fs>, u64) {
-        let tmp = tempfile::tempdir().unwrap();
-        let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
-        let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
-        let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
-        (tmp, fs, ino)
-    }
+    use crate::namespace::hit_tests::dir_f;
 
     /// The key of unit `index` of the file at `path` as this node knows it now.
     fn key_of(fs: &Fs, ino: u64, path: &Path, index: u32) -> Vec<u8> {
@@ -394,7 +385,7 @@ mod tests {
 
     #[test]
     fn a_unit_is_served_by_path_and_key_for_the_version_asked_only() {
-        let (_tmp, fs, ino) = dir_f();
+        let (_tmp, fs, _, ino) = dir_f();
         let path = Path::new("dir/f");
         let key = key_of(&fs, ino, path, 0);
         let digest = larder_cluster::peer::digest(&key);
@@ -433,7 +424,7 @@ mod tests {
 
     #[test]
     fn the_units_held_are_those_read_by_the_keys_a_peer_asks_with_and_not_a_changed_files() {
-        let (_tmp, fs, ino) = dir_f();
+        let (_tmp, fs, _, ino) = dir_f();
         assert!(fs.held_units().is_empty(), "nothing read yet");
         let fh = fs.open(ino, libc::O_RDONLY).unwrap().fh;
         assert_eq!(fs.read(fh, 0, 1 << 20).unwrap().len(), 10 << 10);
@@ -456,7 +447,7 @@ mod tests {
 
     #[test]
     fn a_file_with_local_changes_is_never_served_as_homes_version() {
-        let (_tmp, fs, ino) = dir_f();
+        let (_tmp, fs, _, ino) = dir_f();
         let key = key_of(&fs, ino, Path::new("dir/f"), 0);
         let digest = larder_cluster::peer::digest(&key);
         assert!(fs.serve_unit(&ask(&key, &digest, b"dir/f", true)).is_ok());

@@ -30,6 +30,14 @@ impl Setup {
         }
     }
 
+    /// A directory `rel` at home holding `n` files `f0`, `f1`, ..., each `content`.
+    fn home_dir_of_files(&self, rel: &str, n: usize, content: &[u8]) {
+        std::fs::create_dir(self.home(rel)).unwrap();
+        for i in 0..n {
+            std::fs::write(self.home(&format!("{rel}/f{i}")), content).unwrap();
+        }
+    }
+
     fn home(&self, rel: &str) -> PathBuf {
         self.home_dir.join(rel)
     }
@@ -295,10 +303,7 @@ fn a_listing_within_the_validity_lag_is_trusted_across_a_clean_restart_only() {
 #[test]
 fn lookups_missing_together_in_a_directory_make_one_listing() {
     let s = Setup::new();
-    std::fs::create_dir(s.home("big")).unwrap();
-    for i in 0..3000 {
-        std::fs::write(s.home(&format!("big/f{i}")), b"x").unwrap();
-    }
+    s.home_dir_of_files("big", 3000, b"x");
     let (fs, c) = s.fs(Duration::from_secs(3600));
     let fs = Arc::new(fs);
     let d = resolve(&fs, "big").unwrap();
@@ -393,10 +398,7 @@ fn past_the_lag_a_walk_finds_its_directories_revalidated_ahead_of_it() {
 #[test]
 fn past_the_lag_one_listing_revalidates_a_directory_and_finds_what_changed() {
     let s = Setup::new();
-    std::fs::create_dir(s.home("d")).unwrap();
-    for i in 0..20 {
-        std::fs::write(s.home(&format!("d/f{i}")), b"v1").unwrap();
-    }
+    s.home_dir_of_files("d", 20, b"v1");
     let lag = Duration::from_millis(400);
     let (fs, c) = s.fs(lag);
     let d = resolve(&fs, "d").unwrap();
@@ -429,10 +431,7 @@ fn past_the_lag_one_listing_revalidates_a_directory_and_finds_what_changed() {
 #[test]
 fn one_listing_gives_every_child_its_attributes_and_answers_every_lookup() {
     let s = Setup::new();
-    std::fs::create_dir(s.home("d")).unwrap();
-    for i in 0..50 {
-        std::fs::write(s.home(&format!("d/f{i}")), b"x").unwrap();
-    }
+    s.home_dir_of_files("d", 50, b"x");
     let (fs, c) = s.fs(Duration::from_secs(3600));
     let d = resolve(&fs, "d").unwrap();
     let stats_before = c.ops_of(OpKind::Stat);

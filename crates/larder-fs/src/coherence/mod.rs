@@ -504,7 +504,7 @@ mod tests {
     use larder_home::{FileKind, PosixHome};
 
     use super::*;
-    use crate::namespace::hit_tests::core;
+    use crate::namespace::hit_tests::dir_f;
 
     #[test]
     fn held_versions_name_their_holder_and_revision_and_nothing_else_parses() {
@@ -638,10 +638,7 @@ mod tests {
 
     #[test]
     fn an_answer_asked_for_before_another_nodes_change_dropped_the_cache_is_not_counted_fresh() {
-        let tmp = tempfile::tempdir().unwrap();
-        let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
-        let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
-        let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
+        let (_tmp, fs, _, ino) = dir_f();
         let attr = read(&fs.ns).inode(ino).unwrap().attr.clone().unwrap();
         // Home is asked; meanwhile another node's change drops what is cached; then the answer comes.
         let asked = Instant::now();

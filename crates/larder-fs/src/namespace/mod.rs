@@ -972,13 +972,20 @@ pub(crate) mod hit_tests {
         Arc::new(Fs::new(home, Arc::new(store), cfg).unwrap())
     }
 
-    #[test]
-    fn hits_proceed_while_another_thread_holds_the_namespace_shared() {
+    /// A core over the test home (see [`core`]) in a temporary directory, with `dir` and its file `dir/f`
+    /// looked up: (the directory, the core, `dir`'s inode, `f`'s inode).
+    pub(crate) fn dir_f() -> (tempfile::TempDir, Arc<Fs>, u64, u64) {
         let tmp = tempfile::tempdir().unwrap();
         let fs = core(&tmp.path().join("home"), &tmp.path().join("cache"));
-        // Warm: the names, the attributes, the listing and the file's blocks are cached.
         let dir = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
         let ino = fs.lookup(dir, OsStr::new("f")).unwrap().attr.ino;
+        (tmp, fs, dir, ino)
+    }
+
+    #[test]
+    fn hits_proceed_while_another_thread_holds_the_namespace_shared() {
+        // Warm: the names, the attributes, the listing and the file's blocks are cached.
+        let (_tmp, fs, dir, ino) = dir_f();
         let fh = fs.open(ino, libc::O_RDONLY).unwrap().fh;
         assert_eq!(fs.read(fh, 0, 10 << 10).unwrap(), vec![7u8; 10 << 10]);
         let dh = fs.opendir(dir).unwrap();

@@ -164,17 +164,12 @@ impl Fs {
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::OsStr;
-
-    use super::super::hit_tests::core;
+    use super::super::hit_tests::dir_f;
     use super::*;
 
     #[test]
     fn an_answer_home_gave_before_our_change_cannot_undo_it_after_the_inode_left_memory() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = core(&dir.path().join("home"), &dir.path().join("cache"));
-        let d = fs.lookup(ROOT, OsStr::new("dir")).unwrap().attr.ino;
-        let f = fs.lookup(d, OsStr::new("f")).unwrap().attr.ino;
+        let (_tmp, fs, _, f) = dir_f();
         let stale = fs.core.home.stat(Path::new("dir/f")).unwrap();
         // Home is asked; then a change of ours lands there, and we adopt what it made.
         let asked = Instant::now();
