@@ -983,6 +983,14 @@ pub(crate) mod hit_tests {
     }
 
     #[test]
+    fn a_page_two_written_ranges_touch_counts_once() {
+        assert_eq!(super::pages_of(&[0..10, 20..30]), 8);
+        assert_eq!(super::pages_of(&[0..10, 4096..4097]), 16);
+        assert_eq!(super::pages_of(&[100..5000, 6000..9000]), 24);
+        assert_eq!(super::pages_of(&[]), 0);
+    }
+
+    #[test]
     fn hits_proceed_while_another_thread_holds_the_namespace_shared() {
         // Warm: the names, the attributes, the listing and the file's blocks are cached.
         let (_tmp, fs, dir, ino) = dir_f();
@@ -1035,11 +1043,17 @@ pub(crate) mod hit_tests {
     }
 }
 
-/// 512-byte blocks the 4 KiB pages touched by `ranges` take.
+/// 512-byte blocks the 4 KiB pages touched by `ranges` take (ranges in order and apart, as dirty ranges
+/// are: two may still touch one page, counted once).
 fn pages_of(ranges: &[Range<u64>]) -> u64 {
     const PAGE: u64 = 4096;
-    ranges
-        .iter()
-        .map(|r| (r.end.div_ceil(PAGE) - r.start / PAGE) * (PAGE / 512))
-        .sum()
+    let (mut pages, mut counted_to) = (0, 0);
+    for r in ranges {
+        let (first, end) = ((r.start / PAGE).max(counted_to), r.end.div_ceil(PAGE));
+        if end > first {
+            pages += end - first;
+            counted_to = end;
+        }
+    }
+    pages * (PAGE / 512)
 }
