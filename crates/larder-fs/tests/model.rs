@@ -571,7 +571,11 @@ impl Run {
     /// Push everything queued; home must take it all.
     fn drained(&self) -> Result<(), String> {
         let drained = self.world.fs().drain(Duration::from_secs(30));
-        check!(drained == Drained::Empty, "drain: {drained:?}, home is online");
+        check!(
+            drained == Drained::Empty,
+            "drain: {drained:?}, home is online: {:?}",
+            self.world.fs().failed_ops()
+        );
         Ok(())
     }
 

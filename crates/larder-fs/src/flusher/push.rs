@@ -248,6 +248,8 @@ impl Fs {
         let path = os(&op.path);
         match self.push_data(op.ino, Some(path.clone()), false) {
             Ok(()) => Outcome::Done,
+            // Removed while the push ran (an unlink takes no flush lock): its data has nowhere to go.
+            Err(FsError::BadHandle) if self.removed_for_good(op.ino) => Outcome::Done,
             Err(e @ FsError::Home(HomeError::Conflict | HomeError::NotFound)) if strict => Outcome::Refused(e),
             Err(FsError::Home(HomeError::Conflict)) | Err(FsError::Home(HomeError::NotFound)) => {
                 if repeated && self.home_has_ours(op.ino, &path).is_some() {
@@ -263,6 +265,11 @@ impl Fs {
             Err(FsError::Home(e)) => self.classify(e),
             Err(e) => Outcome::Refused(e),
         }
+    }
+
+    /// Whether `ino` is gone from memory and from the index: removed, nothing of it left to push.
+    fn removed_for_good(&self, ino: u64) -> bool {
+        !read(&self.ns).inodes.contains_key(&ino) && matches!(self.core.store.db().inode(ino), Ok(None))
     }
 
     /// Whether home's object at `path` is what an earlier push of `ino` made it: the bytes that push sent
