@@ -2,8 +2,9 @@
 # Install what the cache benchmarks (bench/cache.py) need on Debian 12 (run as root), and build the two
 # helpers they use into the build directory (default /var/tmp/larder-bench-build, or $LARDER_BENCH_BUILD):
 #   - passthrough_hp: libfuse's high-performance passthrough example, the "thinnest FUSE file system"
-#     reference, built from the source of the very fuse3 release Debian installs (its orig tarball from the
-#     Debian archive, checked against the .dsc's SHA-256);
+#     reference, built from the source of the very fuse3 release Debian installs (fetched with apt-get source
+#     through the machine's own apt sources, so a local mirror serves, its orig tarball checked against the
+#     .dsc's SHA-256);
 #   - statbench: bench/statbench.c, a tight stat loop over a list of paths;
 #   - randread: bench/randread.c, random 4 KiB reads by several threads (bench/hotpath.py).
 # With --suite (bench/suite.py): also matplotlib for the plots, etcd, ip and nsenter for the cluster scenario,
@@ -17,7 +18,6 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${LARDER_BENCH_BUILD:-/var/tmp/larder-bench-build}
-POOL=http://deb.debian.org/debian/pool/main/f/fuse3
 
 SUITE=0 PEERS=1
 [ "${1:-}" = "--suite" ] && SUITE=1
@@ -35,7 +35,6 @@ command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v meson >/dev/null 2>&1 || need_apt+=(meson)
 command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
-command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v xz >/dev/null 2>&1 || need_apt+=(xz-utils)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 if [ "$SUITE" = 1 ]; then
@@ -81,10 +80,62 @@ if [ ! -x "$RANDREAD" ] || [ "$ROOT/bench/randread.c" -nt "$RANDREAD" ]; then
   cc -O2 -Wall -pthread -o "$RANDREAD.tmp" "$ROOT/bench/randread.c" && mv "$RANDREAD.tmp" "$RANDREAD" || RANDREAD=
 fi
 
+# The last error apt wrote to the log $1 (its last line when it wrote none).
+apt_error() {
+  local e
+  e=$(grep '^E:' "$1" | tail -n 1)
+  [ -n "$e" ] || e=$(tail -n 1 "$1")
+  echo "$e"
+}
+
+# Fetch the source package $1 at version $2 (.dsc, orig tarball, Debian tarball) into $BUILD with apt-get
+# source --download-only (nothing is unpacked, so dpkg-dev is not needed). apt-get gets a private configuration
+# under $BUILD/apt whose deb-src entries are derived from the machine's deb entries (scripts/apt-src.sh): the
+# sources come from wherever the machine's packages come from, a local mirror included, while /etc/apt and the
+# system's package lists are left alone and no root is needed. The private configuration serves even when
+# /etc/apt has deb-src entries of its own (they are carried over): one path is simpler to keep working. On
+# failure, the last line of output says why.
+fetch_source() {
+  local pkg=$1 ver=$2 apt=$BUILD/apt log=$BUILD/apt-source.log
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" ||
+    { echo "cannot create $apt"; return 1; }
+  "$ROOT/scripts/apt-src.sh" derive /etc/apt "$apt/etc" >"$log" 2>&1 ||
+    { echo "cannot derive deb-src entries from /etc/apt (see $log)"; return 1; }
+  # The system's update hooks (PackageKit, AppStream) are about the system's package lists: this update
+  # touches only the private source indexes.
+  printf '#clear APT::Update::Pre-Invoke;\n#clear APT::Update::Post-Invoke;\n#clear APT::Update::Post-Invoke-Success;\n' \
+    >"$apt/apt.conf"
+  local opts=(-c "$apt/apt.conf" -o "Dir::Etc::SourceList=$apt/etc/sources.list"
+    -o "Dir::Etc::SourceParts=$apt/etc/sources.list.d" -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache")
+  # As root, apt downloads as the _apt user, which may not be able to write into $BUILD (or reach it); apt
+  # would then fall back to root with a warning: download as root from the start.
+  [ "$(id -u)" -ne 0 ] || opts+=(-o APT::Sandbox::User=root)
+  if ! apt-get "${opts[@]}" -qq update >>"$log" 2>&1; then
+    echo "apt-get update (deb-src entries derived into $apt/etc) failed: $(apt_error "$log") (see $log)"
+    return 1
+  fi
+  # An archive that cannot be reached is only a warning to apt-get update (another source may still serve),
+  # and apt-get source then says no more than that it finds nothing: name the unreachable archive with it.
+  local unfetched
+  unfetched=$(grep -m 1 -E '^[WE]: Failed to fetch' "$log")
+  # pkg=version names a source package and its exact version.
+  if ! (cd "$BUILD" && apt-get "${opts[@]}" -q source --download-only "$pkg=$ver") >>"$log" 2>&1; then
+    echo "apt-get source $pkg=$ver failed: $(apt_error "$log")${unfetched:+ (after apt-get update: $unfetched)} (see $log)"
+    return 1
+  fi
+}
+
+# Field $1 (1: SHA-256, 3: name) of the orig tarball's line in the Checksums-Sha256 of the .dsc $2.
+dsc_orig() {
+  awk -v f="$1" '/^Checksums-Sha256:/{s=1;next} /^[^ ]/{s=0} s && $3 ~ /\.orig\.tar\./ {print $f; exit}' "$2"
+}
+
 # passthrough_hp from the installed fuse3's upstream release.
 build_passthrough_hp() {
-  local ver upstream dsc orig sum src
-  ver=$(dpkg-query -W -f='${Version}' fuse3 2>/dev/null) || { echo "fuse3 is not installed"; return 1; }
+  local pkg ver upstream dsc orig sum src
+  # The source package's name and version: a binNMU's binary version is not its source's.
+  read -r pkg ver < <(dpkg-query -W -f='${source:Package} ${source:Version}\n' fuse3 2>/dev/null) &&
+    [ -n "$ver" ] || { echo "fuse3 is not installed"; return 1; }
   upstream=${ver#*:}
   upstream=${upstream%-*}
   src=$BUILD/fuse-$upstream
@@ -92,23 +143,22 @@ build_passthrough_hp() {
     echo "$src/build/example/passthrough_hp"
     return 0
   fi
-  dsc=$BUILD/fuse3_${ver#*:}.dsc
-  if [ ! -s "$dsc" ]; then
-    if ! curl -fsS --max-time 120 -o "$dsc.tmp" "$POOL/fuse3_${ver#*:}.dsc"; then
-      echo "cannot download $POOL/fuse3_${ver#*:}.dsc"
-      return 1
-    fi
-    mv "$dsc.tmp" "$dsc"
+  # The files apt-get source writes: NAME_VERSION.dsc (no epoch) and the files the .dsc names.
+  dsc=$BUILD/${pkg}_${ver#*:}.dsc
+  if [ -s "$dsc" ]; then
+    orig=$(dsc_orig 3 "$dsc") sum=$(dsc_orig 1 "$dsc")
+  else
+    orig= sum=
   fi
-  orig=$(awk '/^Checksums-Sha256:/{s=1;next} /^[^ ]/{s=0} s && $3 ~ /\.orig\.tar\./ {print $3; exit}' "$dsc")
-  sum=$(awk '/^Checksums-Sha256:/{s=1;next} /^[^ ]/{s=0} s && $3 ~ /\.orig\.tar\./ {print $1; exit}' "$dsc")
-  [ -n "$orig" ] || { echo "no orig tarball named in $dsc"; return 1; }
-  if [ ! -s "$BUILD/$orig" ] || ! echo "$sum  $BUILD/$orig" | sha256sum -c --status; then
-    if ! curl -fsS --max-time 300 -o "$BUILD/$orig.tmp" "$POOL/$orig"; then
-      echo "cannot download $POOL/$orig"
-      return 1
-    fi
-    mv "$BUILD/$orig.tmp" "$BUILD/$orig"
+  if [ -z "$orig" ] || [ ! -s "$BUILD/$orig" ] || ! echo "$sum  $BUILD/$orig" | sha256sum -c --status; then
+    # A partial or stale download: apt-get fetches afresh what is missing.
+    [ -z "$orig" ] || rm -f "$BUILD/$orig"
+    fetch_source "$pkg" "$ver" || return 1
+    [ -s "$dsc" ] || { echo "apt-get source did not fetch $dsc"; return 1; }
+    orig=$(dsc_orig 3 "$dsc") sum=$(dsc_orig 1 "$dsc")
+    [ -n "$orig" ] || { echo "no orig tarball named in $dsc"; return 1; }
+    [ -s "$BUILD/$orig" ] || { echo "apt-get source did not fetch $orig"; return 1; }
+    # apt-get checked it against the Sources index already; the .dsc is what the build trusts.
     echo "$sum  $BUILD/$orig" | sha256sum -c --status || { echo "$orig does not match the .dsc's SHA-256"; return 1; }
   fi
   rm -rf "$src"

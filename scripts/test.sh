@@ -16,6 +16,9 @@ fi
 # address when a test runs without credentials.
 export AWS_EC2_METADATA_DISABLED=true
 
+echo "== script checks"
+./scripts/tests/apt-src-test.sh
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
