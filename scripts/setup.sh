@@ -27,6 +27,9 @@ if [ "${1:-}" = --tests ]; then
   # The cluster tests run each node in a network namespace of its own, entered with nsenter.
   command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
   command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+  # systemd-analyze checks the service unit (the tests never start systemd itself).
+  command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+  command -v mount >/dev/null 2>&1 || need_apt+=(mount)
   command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 fi
 

@@ -33,7 +33,7 @@ pub use s3::{Checked, MAX_KEY, S3Home, S3Spec, valid_bucket_name};
 pub use types::{
     ContentId, DirEntry, FileKind, HomeAttr, HomeLimits, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version,
 };
-pub use url::{HomeSpec, OpenedHome, open_home};
+pub use url::{HomeSpec, OpenedHome, S3Credentials, open_home};
 pub use wan::{WanLayer, WanSpec};
 
 use std::fs::File;

@@ -21,9 +21,28 @@ pub struct HomeSpec {
     pub s3_endpoint: Option<String>,
     /// S3 region.
     pub s3_region: Option<String>,
+    /// S3 keys (otherwise the standard AWS environment variables and files).
+    pub s3_credentials: Option<S3Credentials>,
     /// Testing aid: while this file exists every call fails as if home could not be reached. It sits below
     /// the counters, so those calls count as the failed home operations they stand for.
     pub fault_file: Option<PathBuf>,
+}
+
+/// The keys an S3 home signs its requests with.
+#[derive(Clone, Default)]
+pub struct S3Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Credentials {
+    // The secret never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Fails every home call while a file exists (home "goes away" and comes back).
@@ -118,6 +137,7 @@ fn open_s3(rest: &str, spec: &HomeSpec) -> Result<(Arc<dyn Home>, Option<String>
         endpoint: spec.s3_endpoint.clone(),
         region: spec.s3_region.clone(),
         op_timeout: spec.op_timeout.unwrap_or(Duration::from_secs(30)),
+        credentials: spec.s3_credentials.clone(),
     })
     .map_err(|e| format!("home 's3://{rest}' is not usable: {e}"))?;
     let checked = s3

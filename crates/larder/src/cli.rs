@@ -23,6 +23,8 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Mount HOME (a directory, file:// or s3://bucket/prefix URL) at MOUNTPOINT, cached on local disk.
+    /// An option given twice (in --config's file and on the command line) takes the later value.
+    #[command(args_override_self = true)]
     Mount(Box<MountArgs>),
     /// Show a mount's counters (a table, or JSON with --json).
     Status(StatusArgs),
@@ -326,6 +328,10 @@ pub struct MountArgs {
     /// S3 region for s3:// homes [default: us-east-1].
     #[arg(long)]
     pub s3_region: Option<String>,
+    /// S3 keys for s3:// homes from this file, in the AWS shared-credentials format (profile $AWS_PROFILE,
+    /// else default), readable by its owner only [default: the AWS environment variables and files].
+    #[arg(long, value_name = "FILE")]
+    pub s3_credentials: Option<PathBuf>,
     /// Serve Prometheus metrics at this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -404,9 +410,15 @@ pub struct MountArgs {
     /// beyond a few per CPU. Raise it for more readers reading cold at once than this.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Stay attached to the terminal instead of running as a daemon.
+    /// Stay attached to the terminal instead of running as a daemon (under a service manager: it is told
+    /// when the mount is ready, through $NOTIFY_SOCKET).
     #[arg(long)]
     pub foreground: bool,
+    /// Take options from this TOML file: its keys are the long options above without their dashes
+    /// (`validity-lag = "30s"`, `no-dedup = true`), and `home` and `mountpoint`; the command line's
+    /// options override the file's.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Log filter (error, warn, info, debug, trace or a tracing directive).
     #[arg(long, default_value = "info")]
     pub log_level: String,

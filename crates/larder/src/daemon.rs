@@ -76,7 +76,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
         .open(&log_path)
         .with_context(|| format!("cannot open the log {}", log_path.display()))?;
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(std::env::args_os().skip(1)).arg("--foreground");
+    cmd.args(crate::invocation::given()).arg("--foreground");
     if args.cache_dir.is_none() {
         cmd.arg("--cache-dir").arg(&prepared.cache_dir);
     }
@@ -156,6 +156,8 @@ fn watch_signals(set: libc::sigset_t, mountpoint: PathBuf) {
             // SAFETY: `set` is a valid signal set and `sig` a valid out-pointer.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
                 tracing::info!(signal = sig, "signal received; unmounting");
+                // A service manager waiting on the stop hears that it began.
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
                 if let Err(e) = mounts::kernel_unmount(&mountpoint, true) {
                     tracing::error!(error = %e, "unmount on signal failed");
                 }
@@ -610,6 +612,10 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     forward_invalidations(&fs, session.notifier());
     watch_signals(signals, p.mountpoint.clone());
     tracing::info!(home = %home_url, mountpoint = %p.mountpoint.display(), cache = %p.cache_dir.display(), "serving");
+    // Under a service manager (systemd's Type=notify): the mount is live.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "cannot tell the service manager the mount is ready");
+    }
     if notify {
         println!("READY");
         let _ = std::io::stdout().flush();

@@ -8,6 +8,7 @@ mod cluster;
 mod control;
 mod daemon;
 mod demo;
+mod invocation;
 mod journal;
 mod leave;
 mod metrics;
@@ -15,6 +16,7 @@ mod mounts;
 mod preflight;
 mod progress;
 mod residency;
+mod secrets;
 mod status;
 mod units;
 
@@ -23,7 +25,16 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let args = match invocation::args() {
+        Ok(a) if a.is_empty() => return ExitCode::SUCCESS,
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("larder: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = cli::Cli::parse_from(&args);
+    invocation::remember(args);
     let result = match cli.command {
         cli::Command::Mount(args) => daemon::mount(*args),
         cli::Command::Status(args) => status::run(args),

@@ -48,6 +48,11 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         wan: args.emulate_wan,
         s3_endpoint: args.s3_endpoint.clone(),
         s3_region: args.s3_region.clone(),
+        s3_credentials: args
+            .s3_credentials
+            .as_deref()
+            .map(crate::secrets::s3_credentials)
+            .transpose()?,
         fault_file: args.fault_file.clone(),
     };
     let opened = open_home(&spec).map_err(anyhow::Error::msg)?;

@@ -920,3 +920,30 @@ fn change_at_home_under_pending_writes_is_a_conflict() {
     );
     drop(f);
 }
+
+#[test]
+fn keys_come_from_a_credentials_file_only_its_owner_may_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let st = S3Test::new("credfile", "p");
+    st.put(&st.key("f"), b"signed with the file's keys");
+    let creds = st.t.root().join("s3.credentials");
+    std::fs::write(
+        &creds,
+        "[default]\naws_access_key_id = test\naws_secret_access_key = test\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let args = st.mount_args(&["--s3-credentials", s(&creds)]);
+    let out = Mount::try_new_env(&st.url(), &st.t.mnt, &st.t.cache, &args, &st.srv.env())
+        .err()
+        .expect("a credentials file others may read was taken");
+    assert!(
+        out.stderr.contains("may be read by others (mode 0644)") && out.stderr.contains("s3.credentials"),
+        "{out}"
+    );
+    assert!(!is_mounted(&st.t.mnt));
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let m = st.mount_at(&st.t.mnt, &st.t.cache, &["--s3-credentials", s(&creds)]);
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), b"signed with the file's keys");
+    m.unmount();
+}

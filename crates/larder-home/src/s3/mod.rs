@@ -62,6 +62,8 @@ pub struct S3Spec {
     pub region: Option<String>,
     /// Deadline of each home call, retries included.
     pub op_timeout: Duration,
+    /// Keys to sign with; `None`: the standard AWS environment variables and files.
+    pub credentials: Option<crate::S3Credentials>,
 }
 
 /// An S3 bucket as home.
@@ -83,8 +85,8 @@ pub struct S3Home {
 }
 
 impl S3Home {
-    /// Connect to the bucket `spec` names. Credentials come from the standard AWS environment variables
-    /// and files.
+    /// Connect to the bucket `spec` names. Credentials are the spec's, else those of the standard AWS
+    /// environment variables and files.
     pub fn new(spec: S3Spec) -> HomeResult<S3Home> {
         // Default features are off: install the HTTP transport (reqwest) explicitly.
         opendal::install_default();
@@ -93,6 +95,14 @@ impl S3Home {
             let mut b = opendal::services::S3::default().bucket(&spec.bucket).root(&root);
             if let Some(e) = &spec.endpoint {
                 b = b.endpoint(e);
+            }
+            if let Some(c) = &spec.credentials {
+                b = b
+                    .access_key_id(&c.access_key_id)
+                    .secret_access_key(&c.secret_access_key);
+                if let Some(t) = &c.session_token {
+                    b = b.session_token(t);
+                }
             }
             b.region(spec.region.as_deref().unwrap_or("us-east-1"))
         };

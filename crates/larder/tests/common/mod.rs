@@ -212,6 +212,24 @@ impl Mount {
         Mount::try_new_env(s(home), mnt, cache, extra, &[])
     }
 
+    /// A mount someone else made (mount(8), a run in the foreground), guarded like one `Mount::new`
+    /// made: its daemon is `pid`, or the one its status names.
+    pub fn adopt(mnt: &Path, cache: &Path, pid: Option<i32>) -> Mount {
+        let mnt = std::fs::canonicalize(mnt).expect("canonical mount point");
+        let pid = pid.unwrap_or_else(|| {
+            status(&mnt)["pid"]
+                .as_i64()
+                .map(|p| p as i32)
+                .expect("the mount's status names its daemon")
+        });
+        Mount {
+            mnt,
+            cache: cache.to_path_buf(),
+            pid,
+            done: false,
+        }
+    }
+
     /// `larder status --json` of this mount.
     pub fn status(&self) -> Value {
         status(&self.mnt)
