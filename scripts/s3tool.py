@@ -118,6 +118,13 @@ def cmd_etag(s3, bucket, key):
     print(s3.head_object(Bucket=bucket, Key=key)["ETag"].strip('"'))
 
 
+def cmd_meta(s3, bucket, key):
+    """The object's user metadata (x-amz-meta-*), a KEY=VALUE line each, sorted."""
+    meta = s3.head_object(Bucket=bucket, Key=key)["Metadata"]
+    for k in sorted(meta):
+        print(f"{k}={meta[k]}")
+
+
 def cmd_put_many(s3, bucket, prefix, n, size):
     n, size = int(n), int(size)
     if n < 0 or size < 0 or n > 100000:
@@ -169,6 +176,7 @@ COMMANDS = {
     "ls": (cmd_ls, ["BUCKET", "[PREFIX]"]),
     "rm": (cmd_rm, ["BUCKET", "KEY"]),
     "etag": (cmd_etag, ["BUCKET", "KEY"]),
+    "meta": (cmd_meta, ["BUCKET", "KEY"]),
     "put-many": (cmd_put_many, ["BUCKET", "PREFIX", "N", "SIZE"]),
     "put-dir": (cmd_put_dir, ["BUCKET", "PREFIX", "DIR"]),
     "get-dir": (cmd_get_dir, ["BUCKET", "PREFIX", "DIR"]),

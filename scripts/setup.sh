@@ -30,6 +30,8 @@ if [ "${1:-}" = --tests ]; then
   # systemd-analyze checks the service unit (the tests never start systemd itself).
   command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
   command -v mount >/dev/null 2>&1 || need_apt+=(mount)
+  # larder and s3fs-fuse on one bucket: the metadata convention they share.
+  command -v s3fs >/dev/null 2>&1 || need_apt+=(s3fs)
   command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 fi
 

@@ -23,6 +23,8 @@ pub struct HomeSpec {
     pub s3_region: Option<String>,
     /// S3 keys (otherwise the standard AWS environment variables and files).
     pub s3_credentials: Option<S3Credentials>,
+    /// Keep modes, owners, times and symlinks in S3 object metadata (s3fs's convention).
+    pub s3_metadata: bool,
     /// Testing aid: while this file exists every call fails as if home could not be reached. It sits below
     /// the counters, so those calls count as the failed home operations they stand for.
     pub fault_file: Option<PathBuf>,
@@ -138,6 +140,7 @@ fn open_s3(rest: &str, spec: &HomeSpec) -> Result<(Arc<dyn Home>, Option<String>
         region: spec.s3_region.clone(),
         op_timeout: spec.op_timeout.unwrap_or(Duration::from_secs(30)),
         credentials: spec.s3_credentials.clone(),
+        keep_metadata: spec.s3_metadata,
     })
     .map_err(|e| format!("home 's3://{rest}' is not usable: {e}"))?;
     let checked = s3

@@ -332,6 +332,11 @@ pub struct MountArgs {
     /// else default), readable by its owner only [default: the AWS environment variables and files].
     #[arg(long, value_name = "FILE")]
     pub s3_credentials: Option<PathBuf>,
+    /// Keep modes, owners, times and symlinks of s3:// homes in object metadata, as s3fs does (s3fs and
+    /// rclone see them; a listing then asks each object for it). Off: objects carry none (files 0644, no
+    /// symlinks), and a listing is its pages alone.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub s3_metadata: OnOff,
     /// Serve Prometheus metrics at this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,

@@ -53,6 +53,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
             .as_deref()
             .map(crate::secrets::s3_credentials)
             .transpose()?,
+        s3_metadata: args.s3_metadata == crate::cli::OnOff::On,
         fault_file: args.fault_file.clone(),
     };
     let opened = open_home(&spec).map_err(anyhow::Error::msg)?;

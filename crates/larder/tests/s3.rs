@@ -13,11 +13,11 @@ mod moto;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::*;
 use moto::*;
@@ -189,7 +189,8 @@ fn listing_10000_objects_costs_few_requests() {
     ]);
     eprintln!("put-many of {N} objects took {:?}", t0.elapsed());
 
-    let m = st.mount(&[]);
+    // Without metadata a listing is its pages alone (with it, a HEAD per object too: below).
+    let m = st.mount(&["--s3-metadata", "off"]);
     let before = m.status();
     let http_before = st.srv.requests();
     let t1 = Instant::now();
@@ -244,7 +245,7 @@ fn listing_10000_objects_costs_few_requests() {
         &format!("s3://{}/{}", st.bucket, st.key("many")),
         &mnt2,
         &cache2,
-        &["--home-timeout", "20s"],
+        &["--home-timeout", "20s", "--s3-metadata", "off"],
     );
     let mounting = st.srv.requests() - http_before;
     eprintln!(
@@ -945,5 +946,105 @@ fn keys_come_from_a_credentials_file_only_its_owner_may_read() {
     std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
     let m = st.mount_at(&st.t.mnt, &st.t.cache, &["--s3-credentials", s(&creds)]);
     assert_eq!(std::fs::read(m.path("f")).unwrap(), b"signed with the file's keys");
+    m.unmount();
+}
+
+/// `(mode & 07777, uid, gid, mtime)` of `p`, not following a symlink.
+fn owned(p: &Path) -> (u32, u32, u32, SystemTime) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+    (m.mode() & 0o7777, m.uid(), m.gid(), m.modified().unwrap())
+}
+
+#[test]
+fn modes_owners_times_and_symlinks_survive_a_remount_with_an_empty_cache() {
+    let st = S3Test::new("meta", "p");
+    st.put(&st.key("plain"), b"put by another client, without metadata");
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "100ms"]);
+    std::fs::write(m.path("f"), b"kept with its mode").unwrap();
+    let run = |args: &[&str]| {
+        let out = run_cmd(args[0], &args[1..], COMMAND_DEADLINE);
+        assert!(out.success(), "{args:?}: {out}");
+    };
+    run(&["chmod", "640", s(&m.path("f"))]);
+    run(&["chown", "1234:5678", s(&m.path("f"))]);
+    run(&["touch", "-m", "-d", "2001-02-03 04:05:06.5", s(&m.path("f"))]);
+    std::os::unix::fs::symlink("f", m.path("link")).unwrap();
+    std::fs::create_dir(m.path("tree")).unwrap();
+    for i in 0..20 {
+        let p = m.path(&format!("tree/{i}"));
+        std::fs::write(&p, format!("file {i}")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600 + i)).unwrap();
+    }
+    let want_f = owned(&m.path("f"));
+    assert_eq!(&want_f.0, &0o640);
+    m.unmount();
+
+    // A new cache: everything comes from the bucket.
+    let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
+    std::fs::create_dir(&mnt2).unwrap();
+    let m = st.mount_at(&mnt2, &cache2, &[]);
+    assert_eq!(owned(&m.path("f")), want_f, "f after a remount with an empty cache");
+    assert_eq!(std::fs::read_link(m.path("link")).unwrap(), Path::new("f"));
+    assert_eq!(std::fs::read(m.path("link")).unwrap(), b"kept with its mode");
+    // A listing brings the modes of what it lists: each file's mode is its own.
+    let before = st.srv.requests();
+    for i in 0..20u32 {
+        assert_eq!(owned(&m.path(&format!("tree/{i}"))).0, 0o600 + i, "tree/{i}");
+    }
+    let http = st.srv.requests() - before;
+    assert!(
+        http.list <= 2 && http.head <= 22,
+        "listing 20 files with their metadata made {http:?}"
+    );
+    // An object no tool gave metadata: the defaults.
+    let (mode, ..) = owned(&m.path("plain"));
+    assert_eq!(mode, 0o644);
+    m.unmount();
+}
+
+#[test]
+fn rsync_a_twice_onto_an_s3_home_copies_nothing_the_second_time_even_from_an_empty_cache() {
+    let st = S3Test::new("rsync", "p");
+    let src = st.t.root().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    for (i, name) in ["a", "b", "sub/c", "sub/d"].iter().enumerate() {
+        let p = src.join(name);
+        std::fs::write(&p, format!("content of {name}").repeat(i + 1)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600 | (i as u32 * 0o10))).unwrap();
+    }
+    std::os::unix::fs::symlink("a", src.join("to-a")).unwrap();
+    // Directory times well apart from the mount's start: a directory S3 holds no metadata for shows the
+    // time the mount started, and rsync compares whole seconds where it cannot tell nanoseconds.
+    for dir in [src.join("sub"), src.clone()] {
+        let out = run_cmd("touch", &["-d", "2001-02-03 04:05:06", s(&dir)], COMMAND_DEADLINE);
+        assert!(out.success(), "{out}");
+    }
+    let rsync = |dst: &Path| {
+        let out = run_cmd(
+            "rsync",
+            &["-ai", &format!("{}/", s(&src)), &format!("{}/", s(dst))],
+            COMMAND_DEADLINE,
+        );
+        assert!(out.success(), "rsync: {out}");
+        out.stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "100ms"]);
+    let first = rsync(&m.mnt);
+    assert!(first.len() >= 6, "the first rsync copied {first:?}");
+    assert_eq!(rsync(&m.mnt), Vec::<String>::new(), "the second rsync, same mount");
+    m.unmount();
+    let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
+    std::fs::create_dir(&mnt2).unwrap();
+    let m = st.mount_at(&mnt2, &cache2, &[]);
+    assert_eq!(
+        rsync(&m.mnt),
+        Vec::<String>::new(),
+        "rsync -a onto a new cache of the same bucket"
+    );
     m.unmount();
 }

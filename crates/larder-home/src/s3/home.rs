@@ -3,13 +3,16 @@
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
+use std::time::SystemTime;
 
 use opendal::ErrorKind;
 
+use super::meta::ObjectMeta;
 use super::requests::classify;
 use super::{MAX_KEY, S3Home};
 use crate::{
-    DirEntry, FileKind, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version,
+    DirEntry, FileKind, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
+    TimeSet, Version,
 };
 
 impl Home for S3Home {
@@ -59,6 +62,9 @@ impl Home for S3Home {
                     attr,
                 });
             }
+            if self.spec.keep_metadata {
+                out = self.with_metadata(&dir_key, out).await?;
+            }
             Ok(out)
         })
     }
@@ -77,36 +83,43 @@ impl Home for S3Home {
         })
     }
 
-    fn readlink(&self, _path: &Path) -> HomeResult<Vec<u8>> {
-        Err(HomeError::Unsupported("symlinks on S3"))
-    }
-
-    fn create(&self, path: &Path, _mode: u32, _owner: Owner) -> HomeResult<HomeAttr> {
+    fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>> {
+        if !self.spec.keep_metadata {
+            return Err(HomeError::Unsupported("symlinks on S3 without metadata"));
+        }
         let key = self.key(path, false)?;
         self.run(async {
-            if let Some(dir_key) = self.dir_key(path)?
-                && self.dir_exists(&dir_key).await?
-            {
-                return Err(HomeError::Exists);
+            let attr = self.stat_file(&key).await?.ok_or(HomeError::NotFound)?;
+            if attr.kind != FileKind::Symlink {
+                return Err(HomeError::Os(libc::EINVAL));
             }
-            match self.op.write_with(&key, Vec::<u8>::new()).if_not_exists(true).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == ErrorKind::ConditionNotMatch => return Err(HomeError::Exists),
-                Err(e) => return Err(classify(e, true)),
-            }
-            self.stat_file(&key).await?.ok_or(HomeError::NotFound)
+            let read = self.op.read_with(&key).if_match(&attr.version.0);
+            Ok(read.await.map_err(|e| classify(e, false))?.to_vec())
         })
     }
 
-    fn mkdir(&self, path: &Path, _mode: u32, _owner: Owner) -> HomeResult<HomeAttr> {
+    fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        let key = self.key(path, false)?;
+        let meta = self.new_meta(libc::S_IFREG | (mode & 0o7777), owner);
+        self.run(self.create_object(path, &key, Vec::new(), meta))
+    }
+
+    fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         let dir_key = self.key(path, true)?;
         let key = self.key(path, false)?;
         self.run(async {
             if self.stat_file(&key).await?.is_some() || self.dir_exists(&dir_key).await? {
                 return Err(HomeError::Exists);
             }
-            self.op.create_dir(&dir_key).await.map_err(|e| classify(e, true))?;
-            Ok(self.dir_attr())
+            let mut attr = self.dir_attr();
+            if self.spec.keep_metadata {
+                let meta = self.new_meta(libc::S_IFDIR | (mode & 0o7777), owner);
+                self.put_marker(&dir_key, &meta).await?;
+                meta.apply(&mut attr);
+            } else {
+                self.op.create_dir(&dir_key).await.map_err(|e| classify(e, true))?;
+            }
+            Ok(attr)
         })
     }
 
@@ -114,8 +127,14 @@ impl Home for S3Home {
         Err(HomeError::Unsupported("special files on S3"))
     }
 
-    fn symlink(&self, _target: &[u8], _path: &Path, _owner: Owner) -> HomeResult<HomeAttr> {
-        Err(HomeError::Unsupported("symlinks on S3"))
+    fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
+        if !self.spec.keep_metadata {
+            return Err(HomeError::Unsupported("symlinks on S3 without metadata"));
+        }
+        let key = self.key(path, false)?;
+        // s3fs's symlink: an object holding the target, its mode saying S_IFLNK.
+        let meta = self.new_meta(libc::S_IFLNK | 0o777, owner);
+        self.run(self.create_object(path, &key, target.to_vec(), meta))
     }
 
     fn link(&self, _existing: &Path, _new: &Path) -> HomeResult<HomeAttr> {
@@ -218,17 +237,59 @@ impl Home for S3Home {
 
     fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
         let key = self.key(path, false)?;
-        // A truncate rewrites the object: up to twice its size crosses the link.
+        // A rewrite of the object (a truncate; a change of mode, owner or time, which S3 keeps in metadata
+        // that only a new upload replaces): up to twice its size crosses the link.
         self.run_for(self.deadline_for(2 * changes.size.unwrap_or(0)), async {
-            let Some(size) = changes.size else {
-                // Modes, owners and times are not stored on S3.
-                return self.stat_any(path).await;
+            let file = self.stat_file(&key).await?;
+            let is_file = file.is_some();
+            let current = match file {
+                Some(a) => a,
+                // A directory: its marker holds its metadata.
+                None => self.stat_any(path).await?,
             };
-            let current = self.stat_file(&key).await?.ok_or(HomeError::NotFound)?;
-            if current.size != size {
-                self.rewrite(&key, None, &[], size, Some((&current.version.0, current.size)))
-                    .await?;
+            let size = changes.size.unwrap_or(current.size);
+            let mut want = current.clone();
+            if self.spec.keep_metadata {
+                if let Some(p) = changes.perm {
+                    want.perm = p & 0o7777;
+                }
+                if let Some(u) = changes.uid {
+                    want.uid = u;
+                }
+                if let Some(g) = changes.gid {
+                    want.gid = g;
+                }
+                match changes.mtime {
+                    Some(TimeSet::At(t)) => want.mtime = t,
+                    Some(TimeSet::Now) => want.mtime = SystemTime::now(),
+                    None => {}
+                }
             }
+            let meta = ObjectMeta::of(&want);
+            if size == current.size && (!self.spec.keep_metadata || meta == ObjectMeta::of(&current)) {
+                return Ok(current);
+            }
+            if !is_file {
+                if changes.size.is_some() {
+                    return Err(HomeError::Os(libc::EISDIR));
+                }
+                let dir_key = self.key(path, true)?;
+                if dir_key.is_empty() && !self.has_root_marker() {
+                    // A bucket's root keeps nothing.
+                    return Ok(current);
+                }
+                self.put_marker(&dir_key, &meta).await?;
+                return self.stat_any(path).await;
+            }
+            self.rewrite(
+                &key,
+                None,
+                &[],
+                size,
+                Some((&current.version.0, current.size)),
+                Some(&meta),
+            )
+            .await?;
             self.stat_file(&key).await?.ok_or(HomeError::NotFound)
         })
     }
@@ -240,8 +301,7 @@ impl Home for S3Home {
         ranges: &[Range<u64>],
         size: u64,
         base: Option<&Version>,
-        // Times are not stored on S3: an object's time is that of its upload.
-        _mtime: Option<std::time::SystemTime>,
+        mtime: Option<std::time::SystemTime>,
     ) -> HomeResult<HomeAttr> {
         let key = self.key(path, false)?;
         // The rewrite reads the unchanged parts and uploads the whole object: up to twice its size.
@@ -253,12 +313,18 @@ impl Home for S3Home {
             {
                 return Err(HomeError::Conflict);
             }
+            // The object keeps its mode and owner, and takes the time the mount shows.
+            let mut meta = ObjectMeta::of(&current);
+            if mtime.is_some() {
+                meta.mtime = mtime;
+            }
             self.rewrite(
                 &key,
                 Some(source),
                 ranges,
                 size,
                 Some((&current.version.0, current.size)),
+                Some(&meta),
             )
             .await?;
             self.stat_file(&key).await?.ok_or(HomeError::NotFound)
@@ -266,7 +332,9 @@ impl Home for S3Home {
     }
 
     fn limits(&self) -> HomeLimits {
-        HomeLimits::object_store(MAX_KEY, self.spec.prefix.trim_matches('/').len())
+        let mut limits = HomeLimits::object_store(MAX_KEY, self.spec.prefix.trim_matches('/').len());
+        limits.symlinks = self.spec.keep_metadata;
+        limits
     }
 
     fn statfs(&self) -> HomeResult<StatFs> {

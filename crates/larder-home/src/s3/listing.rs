@@ -6,8 +6,12 @@ use std::path::Path;
 use opendal::ErrorKind;
 
 use super::S3Home;
+use super::meta::ObjectMeta;
 use super::requests::classify;
-use crate::{HomeAttr, HomeError, HomeResult};
+use crate::{DirEntry, FileKind, HomeAttr, HomeError, HomeResult, Owner};
+
+/// Objects asked for their metadata at once while listing.
+const HEADS_AT_ONCE: usize = 32;
 
 impl S3Home {
     pub(super) async fn stat_file(&self, key: &str) -> HomeResult<Option<HomeAttr>> {
@@ -52,7 +56,7 @@ impl S3Home {
 
     pub(super) async fn stat_any(&self, path: &Path) -> HomeResult<HomeAttr> {
         if path.as_os_str().is_empty() {
-            return Ok(self.dir_attr());
+            return self.dir_attr_at("").await;
         }
         let key = self.key(path, false)?;
         if let Some(a) = self.stat_file(&key).await? {
@@ -61,9 +65,38 @@ impl S3Home {
         if let Some(dir_key) = self.dir_key(path)?
             && self.dir_exists(&dir_key).await?
         {
-            return Ok(self.dir_attr());
+            return self.dir_attr_at(&dir_key).await;
         }
         Err(HomeError::NotFound)
+    }
+
+    /// The attributes of the directory `dir_key`: with metadata kept, what its marker says (a directory
+    /// that is only a common prefix, or whose marker another tool made, has the defaults).
+    pub(super) async fn dir_attr_at(&self, dir_key: &str) -> HomeResult<HomeAttr> {
+        let mut attr = self.dir_attr();
+        // The root of a home under a prefix has the prefix's marker; the root of a bucket has none.
+        if !self.spec.keep_metadata || (dir_key.is_empty() && !self.has_root_marker()) {
+            return Ok(attr);
+        }
+        // Straight to the S3 service: OpenDAL's operator answers a directory's stat from a listing, which
+        // carries no metadata.
+        use opendal::raw::ServiceDyn;
+        let head = self
+            .op
+            .base_service()
+            .stat_dyn(self.op.base_context(), dir_key, opendal::raw::OpStat::default())
+            .await
+            .map(|rp| rp.into_metadata());
+        match head {
+            Ok(meta) => {
+                if let Some(user) = meta.user_metadata() {
+                    ObjectMeta::parse(|k| user.get(k)).apply(&mut attr);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(classify(e, false)),
+        }
+        Ok(attr)
     }
 
     /// Children of `dir_key`, recursively or not, without the marker itself.
@@ -77,5 +110,71 @@ impl S3Home {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(classify(e, false)),
         }
+    }
+
+    /// The listed `entries` of `dir_key` with each one's metadata (a HEAD of each object or directory
+    /// marker, [`HEADS_AT_ONCE`] at a time): its kind (a symlink), mode, owner and time. An object gone
+    /// meanwhile is left out.
+    pub(super) async fn with_metadata(&self, dir_key: &str, entries: Vec<DirEntry>) -> HomeResult<Vec<DirEntry>> {
+        use futures::StreamExt;
+        let heads = entries.into_iter().map(|mut e| async move {
+            if e.kind == FileKind::Dir {
+                e.attr = Some(
+                    self.dir_attr_at(&format!("{dir_key}{}/", e.name.to_string_lossy()))
+                        .await?,
+                );
+                return Ok(Some(e));
+            }
+            let key = format!("{dir_key}{}", e.name.to_string_lossy());
+            Ok(self.stat_file(&key).await?.map(|attr| {
+                e.kind = attr.kind;
+                e.attr = Some(attr);
+                e
+            }))
+        });
+        let got: Vec<HomeResult<Option<DirEntry>>> =
+            futures::stream::iter(heads).buffered(HEADS_AT_ONCE).collect().await;
+        got.into_iter().filter_map(Result::transpose).collect()
+    }
+
+    /// Whether the home's root has a marker to hold its metadata: it lies under a prefix.
+    pub(super) fn has_root_marker(&self) -> bool {
+        !self.spec.prefix.trim_matches('/').is_empty()
+    }
+
+    /// The metadata of an object made now with `mode` for `owner` (the daemon's user where it names none).
+    pub(super) fn new_meta(&self, mode: u32, owner: Owner) -> ObjectMeta {
+        ObjectMeta {
+            mode: Some(mode),
+            uid: Some(owner.uid.unwrap_or(self.uid)),
+            gid: Some(owner.gid.unwrap_or(self.gid)),
+            mtime: Some(std::time::SystemTime::now()),
+        }
+    }
+
+    /// Make the object `key` (for `path`) holding `content`, with `meta` where metadata is kept; `Exists`
+    /// if anything, object or directory, has that name.
+    pub(super) async fn create_object(
+        &self,
+        path: &Path,
+        key: &str,
+        content: Vec<u8>,
+        meta: ObjectMeta,
+    ) -> HomeResult<HomeAttr> {
+        if let Some(dir_key) = self.dir_key(path)?
+            && self.dir_exists(&dir_key).await?
+        {
+            return Err(HomeError::Exists);
+        }
+        let mut write = self.op.write_with(key, content).if_not_exists(true);
+        if self.spec.keep_metadata {
+            write = write.user_metadata(meta.to_map());
+        }
+        match write.await {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConditionNotMatch => return Err(HomeError::Exists),
+            Err(e) => return Err(classify(e, true)),
+        }
+        self.stat_file(key).await?.ok_or(HomeError::NotFound)
     }
 }

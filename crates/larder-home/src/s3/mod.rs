@@ -16,10 +16,14 @@
 //! in 8 MiB parts. OpenDAL has no UploadPartCopy, so unchanged parts travel through larder; see
 //! docs/design/006-object-store-home.md.
 //!
-//! **What S3 cannot do**: modes, owners and times are not stored (chmod, chown and utimens succeed and
-//! change nothing; files show 0644, directories 0755, owned by the daemon's user); no symlinks, hard links
-//! or special files, and keys of at most 1024 bytes, UTF-8 (stated by [`Home::limits`], which the core
-//! checks at the call); rename is copy + delete, object by object, not atomic.
+//! **Modes, owners, times and symlinks** of files are kept in object metadata as s3fs keeps them (`meta.rs`),
+//! so s3fs and rclone see what larder set and the other way round; a change of them alone rewrites the
+//! object (OpenDAL cannot replace metadata by a server-side copy). Directories keep none: they show 0755,
+//! owned by the daemon's user. `keep_metadata` off leaves objects without metadata (files 0644).
+//!
+//! **What S3 cannot do**: no hard links or special files, and keys of at most 1024 bytes, UTF-8 (stated by
+//! [`Home::limits`], which the core checks at the call); rename is copy + delete, object by object, not
+//! atomic.
 //!
 //! **At mount**, [`S3Home::check`] tells a missing bucket, refused credentials and an endpoint that does
 //! not answer apart, without retries, each with its own one-line reason.
@@ -29,6 +33,7 @@
 mod check;
 mod home;
 mod listing;
+mod meta;
 mod requests;
 #[cfg(test)]
 mod tests;
@@ -64,6 +69,9 @@ pub struct S3Spec {
     pub op_timeout: Duration,
     /// Keys to sign with; `None`: the standard AWS environment variables and files.
     pub credentials: Option<crate::S3Credentials>,
+    /// Keep modes, owners and times (and symlinks) in object metadata, as s3fs does (`meta.rs`); off:
+    /// objects carry none, and listings ask nothing more than the listing.
+    pub keep_metadata: bool,
 }
 
 /// An S3 bucket as home.

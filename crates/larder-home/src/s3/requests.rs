@@ -73,7 +73,7 @@ impl S3Home {
     pub(super) fn file_attr(&self, meta: &opendal::Metadata) -> HomeAttr {
         let mtime = meta.last_modified().map(SystemTime::from).unwrap_or(UNIX_EPOCH);
         let size = meta.content_length();
-        HomeAttr {
+        let mut attr = HomeAttr {
             kind: FileKind::File,
             id: 0,
             size,
@@ -87,7 +87,13 @@ impl S3Home {
             mtime,
             ctime: mtime,
             version: Version(meta.etag().unwrap_or_default().to_string()),
+        };
+        if self.spec.keep_metadata
+            && let Some(user) = meta.user_metadata()
+        {
+            super::meta::ObjectMeta::parse(|k| user.get(k)).apply(&mut attr);
         }
+        attr
     }
 
     pub(super) fn dir_attr(&self) -> HomeAttr {

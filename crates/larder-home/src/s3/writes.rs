@@ -5,13 +5,14 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
+use super::meta::ObjectMeta;
 use super::requests::classify;
 use super::{PART, S3Home};
 use crate::HomeResult;
 
 impl S3Home {
     /// Rewrite `key` as `size` bytes: `ranges` from `source`, the rest from the object at `base` (bytes
-    /// past its old end are zeros). Conditional on `base` when given.
+    /// past its old end are zeros), with `meta` as its metadata. Conditional on `base` when given.
     pub(super) async fn rewrite(
         &self,
         key: &str,
@@ -19,9 +20,13 @@ impl S3Home {
         ranges: &[Range<u64>],
         size: u64,
         base: Option<(&str, u64)>,
+        meta: Option<&ObjectMeta>,
     ) -> HomeResult<()> {
         let mut writer = {
-            let w = self.op_bulk.writer_with(key).chunk(PART).concurrent(4);
+            let mut w = self.op_bulk.writer_with(key).chunk(PART).concurrent(4);
+            if let Some(m) = meta.filter(|_| self.spec.keep_metadata) {
+                w = w.user_metadata(m.to_map());
+            }
             let w = match base {
                 Some((etag, _)) if !etag.is_empty() => w.if_match(etag),
                 _ => w,
@@ -85,6 +90,28 @@ impl S3Home {
         if !self.dir_exists(parent).await? {
             self.op.create_dir(parent).await.map_err(|e| classify(e, false))?;
         }
+        Ok(())
+    }
+
+    /// The marker of the directory `dir_key` ("a/b/"), holding `meta`. OpenDAL's `create_dir` stores no
+    /// metadata and its `write` refuses a key ending in '/', so this goes one level down, to the service's
+    /// own write (through the same layers: retries, timeouts).
+    pub(super) async fn put_marker(&self, dir_key: &str, meta: &ObjectMeta) -> HomeResult<()> {
+        use opendal::raw::ServiceDyn;
+        use opendal::raw::oio::Write;
+        let options = opendal::options::WriteOptions {
+            user_metadata: Some(meta.to_map()),
+            ..Default::default()
+        };
+        let (args, _) = opendal::raw::OpWrite::from_options(&self.op.info().capability(), options)
+            .map_err(|e| classify(e, true))?;
+        let mut w = self
+            .op
+            .service()
+            .write_dyn(self.op.context(), dir_key, args)
+            .map_err(|e| classify(e, true))?;
+        w.write(opendal::Buffer::new()).await.map_err(|e| classify(e, true))?;
+        w.close().await.map_err(|e| classify(e, true))?;
         Ok(())
     }
 }
