@@ -241,6 +241,15 @@ impl Home for BankedHome {
     ) -> HomeResult<HomeAttr> {
         self.changed(path, self.inner.write(path, source, ranges, size, base, mtime))
     }
+    fn xattrs(&self, path: &Path) -> HomeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.inner.xattrs(path)
+    }
+    fn set_xattr(&self, path: &Path, name: &[u8], value: Option<&[u8]>) -> HomeResult<()> {
+        self.inner.set_xattr(path, name, value)
+    }
+    fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
+        self.inner.check_xattrs(xattrs)
+    }
     fn statfs(&self) -> HomeResult<StatFs> {
         self.inner.statfs()
     }

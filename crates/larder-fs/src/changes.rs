@@ -24,7 +24,7 @@ use crate::{Entry, FsError, FsResult, WriteMode};
 /// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
 const ROOM_WAIT: Duration = Duration::from_secs(10);
 
-fn path_bytes(p: &Path) -> Vec<u8> {
+pub(crate) fn path_bytes(p: &Path) -> Vec<u8> {
     p.as_os_str().as_bytes().to_vec()
 }
 
@@ -47,7 +47,7 @@ impl Fs {
     ///
     /// In write-through the caller pushes its own ops ([`Fs::land`]) and gets home's answer: a change home
     /// refuses is undone here and its error returned.
-    fn commit(
+    pub(crate) fn commit(
         &self,
         mutating: Option<std::sync::MutexGuard<'_, ()>>,
         ns: std::sync::RwLockWriteGuard<'_, Namespace>,
@@ -114,7 +114,7 @@ impl Fs {
         Ok(held)
     }
 
-    fn record_of(ns: &Namespace, ino: u64) -> Option<Mutation> {
+    pub(crate) fn record_of(ns: &Namespace, ino: u64) -> Option<Mutation> {
         ns.inodes
             .get(&ino)
             .filter(|n| !n.removed)

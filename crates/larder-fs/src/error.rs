@@ -36,4 +36,10 @@ pub enum FsError {
     /// Home cannot store objects of this kind at all (e.g. symlinks on S3).
     #[error("home cannot hold {0}")]
     HomeCannotHold(&'static str),
+    /// No extended attribute of that name.
+    #[error("no such extended attribute")]
+    NoXattr,
+    /// Extended attributes of that namespace (or any, where home keeps none) are not kept.
+    #[error("extended attributes of this kind are not supported")]
+    XattrUnsupported,
 }

@@ -11,7 +11,8 @@
 //! * **Cancellation.** When an object created here (its create still queued) loses its last name, all its
 //!   queued ops are dropped, unless one of them has effects beyond the object (a rename that replaced or
 //!   exchanged another, a hard link) or, for a directory, other queued ops still name it as a parent.
-//!   When an object that home has loses its last name, its queued `Data` and `SetAttr` are dropped.
+//!   When an object that home has loses its last name, its queued `Data`, `SetAttr` and `SetXattr` are
+//!   dropped.
 //! * **Dependency order.** Op B may run once no earlier op still pending or under way shares a path with
 //!   it (equal, or one inside the other) or its subject. Independent ops run in parallel.
 //!
@@ -70,6 +71,11 @@ pub(crate) enum OpKind {
     },
     /// Push the file's dirty ranges and size.
     Data,
+    /// Give the object the extended attribute `name` with `value`, or take it away (`None`).
+    SetXattr {
+        name: Vec<u8>,
+        value: Option<Vec<u8>>,
+    },
 }
 
 impl OpKind {
@@ -85,6 +91,7 @@ impl OpKind {
             OpKind::Rename { .. } => "rename",
             OpKind::SetAttr { .. } => "setattr",
             OpKind::Data => "data",
+            OpKind::SetXattr { .. } => "setxattr",
         }
     }
 
@@ -450,7 +457,9 @@ impl Journal {
         }
         for s in seqs {
             let op = &self.ops[&s];
-            if matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. }) && !self.inflight.contains(&s) {
+            if matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. } | OpKind::SetXattr { .. })
+                && !self.inflight.contains(&s)
+            {
                 self.remove(s, &mut out);
             }
         }

@@ -38,6 +38,7 @@ mod record;
 mod residency;
 pub mod tier;
 mod types;
+mod xattr;
 
 pub use banked::BankedHome;
 pub use error::{FsError, FsResult};
@@ -48,3 +49,4 @@ pub use types::{
     Attr, Conflict, ConflictPolicy, DirItem, Drained, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply,
     Prefetch, RefusedChange, WriteMode,
 };
+pub use xattr::XattrFlags;

@@ -43,6 +43,46 @@ pub(crate) struct InodeRecord {
     pub conflict: bool,
     /// A push that may have reached home, not yet confirmed: the ranges it sent and the size.
     pub attempt: Option<(Vec<(u64, u64)>, u64)>,
+    /// Its extended attributes, where known (names with values).
+    pub xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+}
+
+/// An inode record as index format 4 wrote it before extended attributes were kept: the same, without
+/// them (postcard has no optional trailing fields).
+#[derive(Deserialize)]
+struct RecordV4 {
+    parent: u64,
+    name: Vec<u8>,
+    kind: FileKind,
+    attr: Option<AttrRecord>,
+    object: u64,
+    symlink: Option<Vec<u8>>,
+    aliases: Vec<(u64, Vec<u8>)>,
+    home_loc: Option<(u64, Vec<u8>)>,
+    home_size: Option<u64>,
+    dirty: Vec<(u64, u64)>,
+    conflict: bool,
+    attempt: Option<(Vec<(u64, u64)>, u64)>,
+}
+
+impl RecordV4 {
+    fn upgrade(self) -> InodeRecord {
+        InodeRecord {
+            parent: self.parent,
+            name: self.name,
+            kind: self.kind,
+            attr: self.attr,
+            object: self.object,
+            symlink: self.symlink,
+            aliases: self.aliases,
+            home_loc: self.home_loc,
+            home_size: self.home_size,
+            dirty: self.dirty,
+            conflict: self.conflict,
+            attempt: self.attempt,
+            xattrs: None,
+        }
+    }
 }
 
 /// An inode record as index format 3 wrote it (before pushes were recorded).
@@ -76,6 +116,7 @@ impl RecordV3 {
             dirty: self.dirty,
             conflict: self.conflict,
             attempt: None,
+            xattrs: None,
         }
     }
 }
@@ -141,9 +182,17 @@ impl InodeRecord {
     }
 
     pub fn decode(bytes: &[u8]) -> Option<InodeRecord> {
-        postcard::from_bytes(bytes)
-            .ok()
-            .or_else(|| postcard::from_bytes::<RecordV3>(bytes).ok().map(RecordV3::upgrade))
+        // Each older form is a prefix of the newer: tried newest first, whole records only (postcard would
+        // take an older form's fields from the front of a newer record and ignore the rest).
+        fn whole<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
+            postcard::take_from_bytes::<T>(bytes)
+                .ok()
+                .filter(|(_, rest)| rest.is_empty())
+                .map(|(r, _)| r)
+        }
+        whole::<InodeRecord>(bytes)
+            .or_else(|| whole::<RecordV4>(bytes).map(RecordV4::upgrade))
+            .or_else(|| whole::<RecordV3>(bytes).map(RecordV3::upgrade))
     }
 }
 
@@ -181,11 +230,42 @@ mod tests {
             dirty: vec![(0, 3)],
             conflict: false,
             attempt: Some((vec![(3, 5)], 5)),
+            xattrs: Some(vec![(b"user.a".to_vec(), b"\0bin".to_vec())]),
         };
         let back = InodeRecord::decode(&rec.encode()).unwrap();
         assert_eq!(back.attr.unwrap().to_attr(), attr);
         assert_eq!(back.object, 9);
         assert_eq!(back.dirty, vec![(0, 3)]);
         assert_eq!(back.attempt, Some((vec![(3, 5)], 5)));
+        assert_eq!(back.xattrs, Some(vec![(b"user.a".to_vec(), b"\0bin".to_vec())]));
+    }
+
+    #[test]
+    fn a_record_from_before_extended_attributes_keeps_its_push_attempt() {
+        let rec = InodeRecord {
+            parent: 1,
+            name: b"f".to_vec(),
+            kind: FileKind::File,
+            attr: None,
+            object: 9,
+            symlink: None,
+            aliases: Vec::new(),
+            home_loc: Some((1, b"f".to_vec())),
+            home_size: Some(5),
+            dirty: vec![(0, 3)],
+            conflict: false,
+            attempt: Some((vec![(3, 5)], 5)),
+            xattrs: None,
+        };
+        // The older form is this one without its last field (`None`: one byte).
+        let mut old = rec.encode();
+        assert_eq!(old.pop(), Some(0));
+        let back = InodeRecord::decode(&old).expect("an older record decodes");
+        assert_eq!(
+            back.attempt,
+            Some((vec![(3, 5)], 5)),
+            "read as the older form, not the oldest"
+        );
+        assert_eq!((back.dirty, back.xattrs), (vec![(0, 3)], None));
     }
 }

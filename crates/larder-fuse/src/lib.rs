@@ -55,6 +55,8 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::NoSpace => libc::ENOSPC,
         // As link(2), symlink(2) and mknod(2) answer on a file system that cannot create such objects.
         FsError::HomeCannotHold(_) => libc::EPERM,
+        FsError::NoXattr => libc::ENODATA,
+        FsError::XattrUnsupported => libc::EOPNOTSUPP,
     };
     Errno::from_i32(code)
 }
@@ -116,6 +118,18 @@ fn reply_empty(reply: ReplyEmpty, r: Result<(), FsError>) {
     match r {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// An extended attribute's value, or a list of names: its size when asked with a size of 0, `ERANGE` when
+/// it does not fit the caller's buffer.
+fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(data);
     }
 }
 
@@ -602,38 +616,58 @@ impl Filesystem for LarderFuse {
         }
     }
 
-    // Extended attributes: none is kept. The list is empty (so `getfattr -d`, `cp -a`, `rsync -X`,
-    // `os.listxattr` see nothing to do), and getting, setting or removing one is not supported. Those
-    // answer ENOSYS, which the kernel turns into EOPNOTSUPP for this call and every later one without
-    // asking again: a getxattr that answered at all would be asked for `security.capability` before
-    // every write(2), a second round trip per write, and `cp -a` tries a setxattr per file.
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
+    // Extended attributes (`user.` and `trusted.`; the core refuses the others): kept in the cache with
+    // the attributes and pushed to home like any change. The size protocol: a size of 0 asks how large the
+    // answer is; a buffer too small for it is `ERANGE`.
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _s = span!("listxattr", ino.0);
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => {
+                let mut list = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+                for n in names {
+                    list.extend_from_slice(&n);
+                    list.push(0);
+                }
+                reply_xattr(reply, size, &list);
+            }
+            Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::from_i32(libc::ENOSYS));
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _s = span!("getxattr", ino.0);
+        match self.fs.getxattr(ino.0, name.as_bytes()) {
+            Ok(value) => reply_xattr(reply, size, &value),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn setxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::from_i32(libc::ENOSYS));
+        let _s = span!("setxattr", ino.0);
+        // `position` is macOS's resource forks; Linux always sends 0.
+        if position != 0 || flags & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        }
+        let flags = larder_fs::XattrFlags {
+            create: flags & libc::XATTR_CREATE != 0,
+            replace: flags & libc::XATTR_REPLACE != 0,
+        };
+        reply_empty(reply, self.fs.setxattr(ino.0, name.as_bytes(), value, flags));
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::ENOSYS));
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = span!("removexattr", ino.0);
+        reply_empty(reply, self.fs.removexattr(ino.0, name.as_bytes()));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {

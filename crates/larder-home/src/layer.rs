@@ -203,6 +203,18 @@ impl<L: Layer> Home for Layered<L> {
             none,
         )
     }
+    // Counted as the stat and setattr they are closest to.
+    fn xattrs(&self, path: &Path) -> HomeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.call(OpKind::Stat, 0, |h| h.xattrs(path), none)
+    }
+    fn set_xattr(&self, path: &Path, name: &[u8], value: Option<&[u8]>) -> HomeResult<()> {
+        let bytes = value.map_or(0, |v| v.len() as u64);
+        self.call(OpKind::SetAttr, bytes, |h| h.set_xattr(path, name, value), none)
+    }
+    // Asks home nothing.
+    fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
+        self.inner.check_xattrs(xattrs)
+    }
     fn statfs(&self) -> HomeResult<StatFs> {
         self.call(OpKind::StatFs, 0, |h| h.statfs(), none)
     }

@@ -127,6 +127,28 @@ pub trait Home: Send + Sync + 'static {
         mtime: Option<SystemTime>,
     ) -> HomeResult<HomeAttr>;
 
+    /// The extended attributes of the object at `path` (not following a final symlink): every name with its
+    /// value. [`HomeError::Unsupported`] where home keeps none.
+    fn xattrs(&self, path: &Path) -> HomeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let _ = path;
+        Err(HomeError::Unsupported("extended attributes"))
+    }
+
+    /// Give the object at `path` the extended attribute `name` with `value`, or take it away (`None`;
+    /// taking away one it does not have is no error).
+    fn set_xattr(&self, path: &Path, name: &[u8], value: Option<&[u8]>) -> HomeResult<()> {
+        let _ = (path, name, value);
+        Err(HomeError::Unsupported("extended attributes"))
+    }
+
+    /// Whether one object may hold all of `xattrs` at once (names with values), asking home nothing: the
+    /// error a [`Home::set_xattr`] leaving the object with them would meet, if its size or names are past
+    /// what home stores (`E2BIG`, `ERANGE`, `ENOSPC`, [`HomeError::Unsupported`]).
+    fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
+        let _ = xattrs;
+        Err(HomeError::Unsupported("extended attributes"))
+    }
+
     /// Capacity figures of the home.
     fn statfs(&self) -> HomeResult<StatFs>;
 

@@ -176,6 +176,9 @@ pub struct HomeLimits {
     pub times: bool,
     /// Holes in a file are kept as holes, and not sent when written (an object store uploads them).
     pub holes: bool,
+    /// Extended attributes are kept ([`crate::Home::set_xattr`]); without them an object has none and
+    /// setting one is refused. An object store keeps them in object metadata where it keeps metadata at all.
+    pub xattrs: bool,
 }
 
 impl HomeLimits {
@@ -194,6 +197,7 @@ impl HomeLimits {
             rename_exchange: true,
             times: true,
             holes: true,
+            xattrs: true,
         }
     }
 
@@ -213,6 +217,8 @@ impl HomeLimits {
             rename_exchange: false,
             times: false,
             holes: false,
+            // The S3 home has them where it keeps metadata.
+            xattrs: false,
         }
     }
 

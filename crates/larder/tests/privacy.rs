@@ -548,7 +548,7 @@ fn home_answers_are_not_home_failures() {
 }
 
 #[test]
-fn extended_attributes_list_empty() {
+fn extended_attributes_of_objects_without_any_list_empty() {
     let t = TestDir::new("privacy-xattr");
     std::fs::write(t.home.join("f"), b"data").unwrap();
     let m = t.mount(&[]);
@@ -573,7 +573,9 @@ fn extended_attributes_list_empty() {
             p.display(),
             std::io::Error::last_os_error()
         );
-        let name = CString::new("user.larder-test").unwrap();
+        // Namespaces larder would have to enforce (labels, capabilities, ACLs) are refused, as by a file
+        // system without them.
+        let name = CString::new("security.larder-test").unwrap();
         // SAFETY: valid path, name and value.
         let r = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
         let e = std::io::Error::last_os_error();

@@ -618,3 +618,100 @@ fn set_id_bits_go_as_on_the_local_disk() {
     }
     m.unmount();
 }
+
+/// `name=value` of every `user.` attribute of every file and directory under `root` (not following
+/// symlinks), by relative path, read with Python's os.listxattr/os.getxattr.
+fn xattrs_of(root: &Path) -> String {
+    sh(&format!(
+        "cd {} && python3 -c 'import os
+for d, dirs, files in sorted(os.walk(\".\")):
+    for n in sorted([d] + [os.path.join(d, f) for f in files]):
+        if os.path.islink(n): continue
+        for a in sorted(os.listxattr(n)):
+            print(n, a, os.getxattr(n, a).hex())'",
+        s(root)
+    ))
+}
+
+/// Give some of `root`'s files and directories `user.` attributes, binary values included.
+fn set_xattrs(root: &Path) {
+    sh(&format!(
+        "cd {} && python3 -c 'import os
+os.setxattr(\"a/f1\", \"user.colour\", b\"blue\")
+os.setxattr(\"a/f1\", \"user.bin\", bytes(range(256)))
+os.setxattr(\"a/b\", \"user.dir\", b\"a directory\")
+os.setxattr(\"a/f2\", \"user.empty\", b\"\")'",
+        s(root)
+    ));
+}
+
+#[test]
+fn extended_attributes_go_through_rsync_x_tar_and_cp_and_reach_home() {
+    let t = TestDir::new("xattrs");
+    let m = programs_mount(&t, "write-back");
+    let src = t.root().join("src");
+    source_tree(&src);
+    set_xattrs(&src);
+    let want = xattrs_of(&src);
+    assert!(want.lines().count() == 4, "the source's attributes: {want}");
+
+    // rsync -X: the attributes come along, and a second pass copies nothing.
+    let dst = m.path("rsync");
+    let first = sh(&format!("rsync -aiX {}/ {}/", s(&src), s(&dst)));
+    assert!(first.lines().count() > 40, "{first}");
+    assert_eq!(xattrs_of(&dst), want, "rsync -X into the mount");
+    assert_eq!(
+        sh(&format!("rsync -aiX {}/ {}/", s(&src), s(&dst))),
+        "",
+        "a second rsync -X"
+    );
+
+    // tar --xattrs out of the mount and into it.
+    let tarball = t.root().join("x.tar");
+    sh(&format!(
+        "tar --xattrs --xattrs-include='user.*' -C {} -cf {} .",
+        s(&dst),
+        s(&tarball)
+    ));
+    let untar = m.path("untar");
+    std::fs::create_dir(&untar).unwrap();
+    sh(&format!(
+        "tar --xattrs --xattrs-include='user.*' -C {} -xf {}",
+        s(&untar),
+        s(&tarball)
+    ));
+    assert_eq!(xattrs_of(&untar), want, "tar --xattrs into the mount");
+
+    // cp --preserve=xattr within the mount.
+    let copy = m.path("copy");
+    sh(&format!("cp -r --preserve=xattr {}/ {}", s(&dst), s(&copy)));
+    assert_eq!(xattrs_of(&copy), want, "cp --preserve=xattr");
+
+    // Home ends with them.
+    drain_ok(&m, 60);
+    for d in ["rsync", "untar", "copy"] {
+        assert_eq!(xattrs_of(&t.home.join(d)), want, "home's {d}");
+    }
+    // And a new cache of the same home reads them from there.
+    m.unmount();
+    let cache2 = t.root().join("cache2");
+    let m = Mount::new(&t.home, &t.mnt, &cache2, &["--write-mode", "write-back"]);
+    assert_eq!(xattrs_of(&m.path("rsync")), want, "read from home by a new cache");
+    // A namespace larder does not keep is refused, as by a file system without it.
+    let out = run_cmd(
+        "python3",
+        &[
+            "-c",
+            &format!(
+                "import os; os.setxattr('{}', 'security.x', b'1')",
+                s(&m.path("rsync/a/f1"))
+            ),
+        ],
+        COMMAND_DEADLINE,
+    );
+    assert!(
+        !out.success() && out.stderr.contains("Operation not supported"),
+        "{out}"
+    );
+    m.unmount();
+}

@@ -465,7 +465,13 @@ impl Fs {
         }
         let mut dirs: Vec<u64> = op.names.iter().map(|(d, _)| *d).collect();
         // A time just given to it (set, or given to what was just created) is home's already.
-        if !op.kind.creates() && !matches!(op.kind, OpKind::SetAttr { mtime: Some(_), .. }) {
+        // (An extended attribute's change gives nothing a time: it is not waited for either.)
+        if !op.kind.creates()
+            && !matches!(
+                op.kind,
+                OpKind::SetAttr { mtime: Some(_), .. } | OpKind::SetXattr { .. }
+            )
+        {
             dirs.push(op.ino);
         }
         dirs.sort_unstable();

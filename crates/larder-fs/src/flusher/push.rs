@@ -123,6 +123,8 @@ impl Fs {
                 )
                 .map(Some),
             OpKind::Data => return self.push_data_op(op, repeated, strict),
+            // Setting or removing is the same again when repeated.
+            OpKind::SetXattr { name, value } => home.set_xattr(&path, name, value.as_deref()).map(|()| None),
         };
         let result = match result {
             Ok(Some(attr)) if op.kind.creates() => Ok(Some(self.created_with_local_time(op, &path, attr))),

@@ -120,6 +120,12 @@ impl Fs {
                 }
             }
             OpKind::SetAttr { .. } | OpKind::Data => {}
+            // Home keeps what it had: asked again.
+            OpKind::SetXattr { .. } => {
+                if let Some(node) = ns.inodes.get_mut(&op.ino) {
+                    node.xattrs = None;
+                }
+            }
         }
         for (dir, n) in &op.names {
             if let Some(d) = ns.inodes.get_mut(dir) {

@@ -53,6 +53,15 @@ impl Fs {
         if node.attr.as_ref().is_some_and(|a| a.version != attr.version) {
             node.symlink = None;
         }
+        // Extended attributes change an object's ctime (and, on an object store, its version): asked of
+        // home again when either moved.
+        if node
+            .attr
+            .as_ref()
+            .is_some_and(|a| a.version != attr.version || a.ctime != attr.ctime)
+        {
+            node.xattrs = None;
+        }
         let mut attr = attr;
         if !node.dirty.is_empty()
             && let Some(local) = &node.attr

@@ -112,6 +112,9 @@ pub(crate) struct Inode {
     /// A push that was under way when the daemon stopped (from the record): the ranges it sent that were
     /// not written again since, and the size. If home's version moved on, these say whether it was ours.
     pub unconfirmed: Option<Box<Attempt>>,
+    /// Its extended attributes, once known (home's, with the changes made here): `None` until something
+    /// asks, and again when home's object changed (`Fs::update_attr`).
+    pub xattrs: Option<Box<crate::xattr::Xattrs>>,
 }
 
 /// The state of a directory beside its attributes.
@@ -200,6 +203,7 @@ impl Inode {
             conflict: false,
             attempt: None,
             unconfirmed: None,
+            xattrs: None,
         }
     }
 
@@ -221,6 +225,10 @@ impl Inode {
                 .as_ref()
                 .or(self.unconfirmed.as_ref())
                 .map(|a| (a.ranges.iter().map(|r| (r.start, r.end)).collect(), a.size)),
+            xattrs: self
+                .xattrs
+                .as_ref()
+                .map(|x| x.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
         }
     }
 
@@ -249,6 +257,7 @@ impl Inode {
         node.home_size = rec.home_size;
         node.dirty = rec.dirty.into_iter().map(|(a, b)| a..b).collect();
         node.conflict = rec.conflict;
+        node.xattrs = rec.xattrs.map(|x| Box::new(x.into_iter().collect()));
         if let Some((ranges, size)) = rec.attempt {
             let sent: Vec<Range<u64>> = ranges.into_iter().map(|(a, b)| a..b).collect();
             // Whether it reached home or not, its ranges are pushed again; only the bytes not written

@@ -17,6 +17,7 @@ use super::sys::{
     stat_at, stat_fd, timespec,
 };
 use super::write::write_at;
+use super::xattr::{check_xattrs, set_xattr_at, xattrs_at};
 use crate::{
     ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
     Version,
@@ -248,6 +249,22 @@ impl Home for PosixHome {
         let ranges = ranges.to_vec();
         let base = base.cloned();
         self.run(move || write_at(root.as_raw_fd(), &p, &source, ranges, size, base, mtime))
+    }
+
+    fn xattrs(&self, path: &Path) -> HomeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let (root, p) = self.at(path)?;
+        self.run(move || xattrs_at(root.as_raw_fd(), &p))
+    }
+
+    fn set_xattr(&self, path: &Path, name: &[u8], value: Option<&[u8]>) -> HomeResult<()> {
+        let (root, p) = self.at(path)?;
+        let name = CString::new(name).map_err(|_| HomeError::InvalidName("attribute name contains NUL".into()))?;
+        let value = value.map(<[u8]>::to_vec);
+        self.run(move || set_xattr_at(root.as_raw_fd(), &p, &name, value.as_deref()))
+    }
+
+    fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
+        check_xattrs(xattrs)
     }
 
     fn statfs(&self) -> HomeResult<StatFs> {

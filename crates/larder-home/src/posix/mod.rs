@@ -19,6 +19,7 @@ mod sys;
 #[cfg(test)]
 mod tests;
 mod write;
+mod xattr;
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};

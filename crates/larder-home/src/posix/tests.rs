@@ -122,3 +122,166 @@ fn errors_are_classified() {
     let names: Vec<_> = home.list(Path::new("d")).unwrap().into_iter().map(|e| e.name).collect();
     assert_eq!(names, vec![OsString::from("f")]);
 }
+
+/// The `user.` attributes among `xattrs`, sorted by name.
+fn user(mut xattrs: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    xattrs.retain(|(n, _)| n.starts_with(b"user."));
+    xattrs.sort();
+    xattrs
+}
+
+fn pair(name: &str, value: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    (name.as_bytes().to_vec(), value.to_vec())
+}
+
+/// The value of `name` on the file at `path` as the OS reads it, without the home; `None` when it has none.
+fn os_getxattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: both strings are NUL-terminated and `buf` writable for its length during the call.
+    let got = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if got < 0 {
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENODATA));
+        return None;
+    }
+    buf.truncate(got as usize);
+    Some(buf)
+}
+
+#[test]
+fn xattrs_of_files_and_directories_are_set_listed_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = PosixHome::new(dir.path(), Some(Duration::from_secs(5))).unwrap();
+    home.create(Path::new("f"), 0o644, Owner::default()).unwrap();
+    home.mkdir(Path::new("d"), 0o755, Owner::default()).unwrap();
+    let binary = [0u8, 1, 2, 0xff, 0, b'x'];
+    for path in ["f", "d", ""] {
+        let p = Path::new(path);
+        assert_eq!(user(home.xattrs(p).unwrap()), vec![], "{path:?} starts with none");
+        match home.set_xattr(p, b"user.a", Some(b"one")) {
+            Ok(()) => {}
+            Err(HomeError::Unsupported(why)) => panic!("the temp dir's file system keeps no user xattrs: {why}"),
+            Err(e) => panic!("{path:?}: {e}"),
+        }
+        home.set_xattr(p, b"user.bin", Some(&binary)).unwrap();
+        home.set_xattr(p, b"user.empty", Some(b"")).unwrap();
+        assert_eq!(
+            user(home.xattrs(p).unwrap()),
+            vec![
+                pair("user.a", b"one"),
+                pair("user.bin", &binary),
+                pair("user.empty", b"")
+            ],
+            "{path:?}"
+        );
+        // A value replaced, and the object at home has it.
+        home.set_xattr(p, b"user.a", Some(b"two")).unwrap();
+        assert_eq!(os_getxattr(&dir.path().join(path), "user.a"), Some(b"two".to_vec()));
+        home.set_xattr(p, b"user.a", None).unwrap();
+        assert_eq!(os_getxattr(&dir.path().join(path), "user.a"), None);
+        // Taking away one it has not is no error.
+        home.set_xattr(p, b"user.a", None).unwrap();
+        home.set_xattr(p, b"user.never", None).unwrap();
+        assert_eq!(
+            user(home.xattrs(p).unwrap()),
+            vec![pair("user.bin", &binary), pair("user.empty", b"")],
+            "{path:?}"
+        );
+    }
+    assert!(matches!(home.xattrs(Path::new("missing")), Err(HomeError::NotFound)));
+    assert!(matches!(
+        home.set_xattr(Path::new("missing"), b"user.a", Some(b"1")),
+        Err(HomeError::NotFound)
+    ));
+}
+
+#[test]
+fn a_symlinks_xattrs_are_its_own_not_its_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = PosixHome::new(dir.path(), None).unwrap();
+    home.create(Path::new("t"), 0o644, Owner::default()).unwrap();
+    home.set_xattr(Path::new("t"), b"user.t", Some(b"target")).unwrap();
+    home.symlink(b"t", Path::new("l"), Owner::default()).unwrap();
+    home.symlink(b"nowhere", Path::new("dangling"), Owner::default())
+        .unwrap();
+    // The link's list is not the target's, and a dangling link has a list too.
+    assert_eq!(user(home.xattrs(Path::new("l")).unwrap()), vec![]);
+    assert_eq!(user(home.xattrs(Path::new("dangling")).unwrap()), vec![]);
+    // Linux keeps no user attributes on symlinks: the refusal reaches the caller, and the target is left alone.
+    let refused = home.set_xattr(Path::new("l"), b"user.x", Some(b"link"));
+    assert!(matches!(refused, Err(HomeError::Os(libc::EPERM))), "{refused:?}");
+    assert!(matches!(
+        home.set_xattr(Path::new("l"), b"user.t", None),
+        Err(HomeError::Os(libc::EPERM))
+    ));
+    assert_eq!(
+        user(home.xattrs(Path::new("t")).unwrap()),
+        vec![pair("user.t", b"target")]
+    );
+    assert_eq!(os_getxattr(&dir.path().join("t"), "user.x"), None);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // trusted.* may sit on a symlink: it lands on the link itself.
+        home.set_xattr(Path::new("l"), b"trusted.x", Some(b"on the link"))
+            .unwrap();
+        let on_link = home.xattrs(Path::new("l")).unwrap();
+        assert!(on_link.contains(&pair("trusted.x", b"on the link")), "{on_link:?}");
+        let on_target = home.xattrs(Path::new("t")).unwrap();
+        assert!(!on_target.iter().any(|(n, _)| n == b"trusted.x"), "{on_target:?}");
+    }
+}
+
+#[test]
+fn check_xattrs_holds_to_what_linux_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = PosixHome::new(dir.path(), None).unwrap();
+    assert!(home.limits().xattrs);
+    let one = |name: &[u8], len: usize| vec![(name.to_vec(), vec![7u8; len])];
+    home.check_xattrs(&[]).unwrap();
+    // The largest value Linux takes, with a name that fits beside it in 64 KiB.
+    home.check_xattrs(&one(b"user.a", 65536 - 6)).unwrap();
+    assert!(matches!(
+        home.check_xattrs(&one(b"user.a", 65536)),
+        Err(HomeError::Os(libc::E2BIG))
+    ));
+    assert!(matches!(
+        home.check_xattrs(&one(b"user.a", 65537)),
+        Err(HomeError::Os(libc::E2BIG))
+    ));
+    let long = [b"user.".as_slice(), &[b'n'; 250]].concat();
+    home.check_xattrs(&one(&long, 1)).unwrap();
+    let too_long = [long.as_slice(), b"n"].concat();
+    assert!(matches!(
+        home.check_xattrs(&one(&too_long, 1)),
+        Err(HomeError::Os(libc::ERANGE))
+    ));
+    assert!(matches!(
+        home.check_xattrs(&one(b"", 1)),
+        Err(HomeError::Os(libc::ERANGE))
+    ));
+    // Each fits, not all together.
+    let two = vec![pair("user.a", &[1; 40000]), pair("user.b", &[2; 40000])];
+    assert!(matches!(home.check_xattrs(&two), Err(HomeError::Os(libc::E2BIG))));
+}
+
+#[test]
+fn an_xattr_name_with_nul_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = PosixHome::new(dir.path(), None).unwrap();
+    home.create(Path::new("f"), 0o644, Owner::default()).unwrap();
+    assert!(matches!(
+        home.set_xattr(Path::new("f"), b"user.a\0b", Some(b"1")),
+        Err(HomeError::InvalidName(_))
+    ));
+    assert!(matches!(
+        home.set_xattr(Path::new("f"), b"user.a\0b", None),
+        Err(HomeError::InvalidName(_))
+    ));
+    assert!(matches!(
+        home.check_xattrs(&[pair("user.a\0b", b"1")]),
+        Err(HomeError::InvalidName(_))
+    ));
+    assert_eq!(user(home.xattrs(Path::new("f")).unwrap()), vec![]);
+}

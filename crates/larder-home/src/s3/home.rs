@@ -9,6 +9,7 @@ use opendal::ErrorKind;
 
 use super::meta::ObjectMeta;
 use super::requests::classify;
+use super::xattr::{self, Xattrs};
 use super::{MAX_KEY, S3Home};
 use crate::{
     DirEntry, FileKind, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
@@ -240,12 +241,12 @@ impl Home for S3Home {
         // A rewrite of the object (a truncate; a change of mode, owner or time, which S3 keeps in metadata
         // that only a new upload replaces): up to twice its size crosses the link.
         self.run_for(self.deadline_for(2 * changes.size.unwrap_or(0)), async {
-            let file = self.stat_file(&key).await?;
+            let file = self.stat_file_meta(&key).await?;
             let is_file = file.is_some();
-            let current = match file {
-                Some(a) => a,
+            let (current, stored) = match file {
+                Some(found) => found,
                 // A directory: its marker holds its metadata.
-                None => self.stat_any(path).await?,
+                None => self.stat_any_meta(path).await?,
             };
             let size = changes.size.unwrap_or(current.size);
             let mut want = current.clone();
@@ -265,8 +266,8 @@ impl Home for S3Home {
                     None => {}
                 }
             }
-            let meta = ObjectMeta::of(&want);
-            if size == current.size && (!self.spec.keep_metadata || meta == ObjectMeta::of(&current)) {
+            let meta = ObjectMeta::of(&want).keeping(&stored);
+            if size == current.size && (!self.spec.keep_metadata || meta == ObjectMeta::of(&current).keeping(&stored)) {
                 return Ok(current);
             }
             if !is_file {
@@ -306,15 +307,15 @@ impl Home for S3Home {
         let key = self.key(path, false)?;
         // The rewrite reads the unchanged parts and uploads the whole object: up to twice its size.
         self.run_for(self.deadline_for(2 * size), async {
-            let current = self.stat_file(&key).await?.ok_or(HomeError::NotFound)?;
+            let (current, stored) = self.stat_file_meta(&key).await?.ok_or(HomeError::NotFound)?;
             if let Some(base) = base
                 && !base.0.is_empty()
                 && base.0 != current.version.0
             {
                 return Err(HomeError::Conflict);
             }
-            // The object keeps its mode and owner, and takes the time the mount shows.
-            let mut meta = ObjectMeta::of(&current);
+            // The object keeps its mode, owner and extended attributes, and takes the time the mount shows.
+            let mut meta = ObjectMeta::of(&current).keeping(&stored);
             if mtime.is_some() {
                 meta.mtime = mtime;
             }
@@ -331,9 +332,69 @@ impl Home for S3Home {
         })
     }
 
+    fn xattrs(&self, path: &Path) -> HomeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        if !self.spec.keep_metadata {
+            return Err(HomeError::Unsupported("extended attributes on S3 without metadata"));
+        }
+        let (_, stored) = self.run(self.stat_any_meta(path))?;
+        Ok(self.stored_xattrs(path, &stored).into_iter().collect())
+    }
+
+    fn set_xattr(&self, path: &Path, name: &[u8], value: Option<&[u8]>) -> HomeResult<()> {
+        if !self.spec.keep_metadata {
+            return Err(HomeError::Unsupported("extended attributes on S3 without metadata"));
+        }
+        if value.is_some() {
+            xattr::check_name(name)?;
+        }
+        let (current, stored) = self.run(self.stat_any_meta(path))?;
+        let mut all = self.stored_xattrs(path, &stored);
+        // Nothing to change (a retried push, or taking away one it has not): the object is left alone.
+        if all.get(name).map(Vec::as_slice) == value {
+            return Ok(());
+        }
+        match value {
+            Some(v) => all.insert(name.to_vec(), v.to_vec()),
+            None => all.remove(name),
+        };
+        // Mode, owner, time and every other key as they are; only `xattr` changes.
+        let meta = ObjectMeta {
+            xattr: xattr::encode(&all),
+            ..ObjectMeta::of(&current).keeping(&stored)
+        };
+        if value.is_some() && meta.stored_len() > xattr::METADATA_MAX {
+            return Err(HomeError::Os(libc::E2BIG));
+        }
+        if current.kind == FileKind::Dir {
+            let dir_key = self.key(path, true)?;
+            if dir_key.is_empty() && !self.has_root_marker() {
+                return Err(HomeError::Unsupported("extended attributes on a bucket's root"));
+            }
+            // Not conditional: a marker's ETag is that of no bytes whatever its metadata, so a condition
+            // on it would guard nothing.
+            return self.run(self.put_marker(&dir_key, &meta));
+        }
+        // A new upload is the only way S3 replaces metadata through OpenDAL: the object's bytes travel
+        // down and up again, conditional on its ETag so that content changed meanwhile is not overwritten.
+        let key = self.key(path, false)?;
+        let base = Some((current.version.0.as_str(), current.size));
+        self.run_for(
+            self.deadline_for(2 * current.size),
+            self.rewrite(&key, None, &[], current.size, base, Some(&meta)),
+        )
+    }
+
+    fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
+        if !self.spec.keep_metadata {
+            return Err(HomeError::Unsupported("extended attributes on S3 without metadata"));
+        }
+        xattr::check(xattrs)
+    }
+
     fn limits(&self) -> HomeLimits {
         let mut limits = HomeLimits::object_store(MAX_KEY, self.spec.prefix.trim_matches('/').len());
         limits.symlinks = self.spec.keep_metadata;
+        limits.xattrs = self.spec.keep_metadata;
         limits
     }
 
@@ -348,5 +409,24 @@ impl Home for S3Home {
             block_size: 4096,
             name_max: 255,
         })
+    }
+}
+
+impl S3Home {
+    /// The extended attributes `stored` holds for the object at `path`; those not in s3fs's form are left
+    /// out, and said once.
+    fn stored_xattrs(&self, path: &Path, stored: &ObjectMeta) -> Xattrs {
+        let Some(value) = &stored.xattr else {
+            return Xattrs::new();
+        };
+        let (all, clean) = xattr::decode(value);
+        if !clean {
+            tracing::warn!(
+                path = %path.display(),
+                "the extended attributes of this object (x-amz-meta-xattr) are not all in s3fs's form; \
+                 those that are not were left out"
+            );
+        }
+        all
     }
 }

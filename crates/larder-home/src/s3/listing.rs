@@ -15,8 +15,13 @@ const HEADS_AT_ONCE: usize = 32;
 
 impl S3Home {
     pub(super) async fn stat_file(&self, key: &str) -> HomeResult<Option<HomeAttr>> {
+        Ok(self.stat_file_meta(key).await?.map(|(attr, _)| attr))
+    }
+
+    /// The attributes of the object `key` and its user metadata; `None` when there is no such object.
+    pub(super) async fn stat_file_meta(&self, key: &str) -> HomeResult<Option<(HomeAttr, ObjectMeta)>> {
         match self.op.stat(key).await {
-            Ok(meta) if meta.is_file() => Ok(Some(self.file_attr(&meta))),
+            Ok(meta) if meta.is_file() => Ok(Some(self.file_attr_meta(&meta))),
             Ok(_) => Ok(None),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(classify(e, false)),
@@ -55,17 +60,23 @@ impl S3Home {
     }
 
     pub(super) async fn stat_any(&self, path: &Path) -> HomeResult<HomeAttr> {
+        Ok(self.stat_any_meta(path).await?.0)
+    }
+
+    /// The attributes of the object or directory at `path`, and the user metadata of the object or the
+    /// directory's marker.
+    pub(super) async fn stat_any_meta(&self, path: &Path) -> HomeResult<(HomeAttr, ObjectMeta)> {
         if path.as_os_str().is_empty() {
-            return self.dir_attr_at("").await;
+            return self.dir_attr_meta_at("").await;
         }
         let key = self.key(path, false)?;
-        if let Some(a) = self.stat_file(&key).await? {
-            return Ok(a);
+        if let Some(found) = self.stat_file_meta(&key).await? {
+            return Ok(found);
         }
         if let Some(dir_key) = self.dir_key(path)?
             && self.dir_exists(&dir_key).await?
         {
-            return self.dir_attr_at(&dir_key).await;
+            return self.dir_attr_meta_at(&dir_key).await;
         }
         Err(HomeError::NotFound)
     }
@@ -73,10 +84,16 @@ impl S3Home {
     /// The attributes of the directory `dir_key`: with metadata kept, what its marker says (a directory
     /// that is only a common prefix, or whose marker another tool made, has the defaults).
     pub(super) async fn dir_attr_at(&self, dir_key: &str) -> HomeResult<HomeAttr> {
+        Ok(self.dir_attr_meta_at(dir_key).await?.0)
+    }
+
+    /// The attributes of the directory `dir_key`, and the user metadata of its marker (none without one).
+    pub(super) async fn dir_attr_meta_at(&self, dir_key: &str) -> HomeResult<(HomeAttr, ObjectMeta)> {
         let mut attr = self.dir_attr();
+        let mut stored = ObjectMeta::default();
         // The root of a home under a prefix has the prefix's marker; the root of a bucket has none.
         if !self.spec.keep_metadata || (dir_key.is_empty() && !self.has_root_marker()) {
-            return Ok(attr);
+            return Ok((attr, stored));
         }
         // Straight to the S3 service: OpenDAL's operator answers a directory's stat from a listing, which
         // carries no metadata.
@@ -90,13 +107,14 @@ impl S3Home {
         match head {
             Ok(meta) => {
                 if let Some(user) = meta.user_metadata() {
-                    ObjectMeta::parse(|k| user.get(k)).apply(&mut attr);
+                    stored = ObjectMeta::parse(user);
+                    stored.apply(&mut attr);
                 }
             }
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(classify(e, false)),
         }
-        Ok(attr)
+        Ok((attr, stored))
     }
 
     /// Children of `dir_key`, recursively or not, without the marker itself.
@@ -149,6 +167,7 @@ impl S3Home {
             uid: Some(owner.uid.unwrap_or(self.uid)),
             gid: Some(owner.gid.unwrap_or(self.gid)),
             mtime: Some(std::time::SystemTime::now()),
+            ..ObjectMeta::default()
         }
     }
 

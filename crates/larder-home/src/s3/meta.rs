@@ -7,10 +7,16 @@
 //! S3 lists keys without their metadata: with metadata kept, a listing asks each object for it (a HEAD
 //! each, many at once), as s3fs and rclone do. An object no tool gave metadata shows 0644 (0755 for a
 //! directory), the daemon's owner and the time it was stored.
+//!
+//! Extended attributes are s3fs's `x-amz-meta-xattr` (`xattr.rs`): kept here as stored, so that every
+//! rewrite of an object (new data, a new mode, a truncate) carries them on, as it carries every key larder
+//! does not read itself (s3fs's `atime` and `ctime`, other tools' keys). S3 keeps at most 2 KiB of
+//! metadata per object, and a change of an attribute rewrites the object.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::xattr;
 use crate::{FileKind, HomeAttr};
 
 /// Metadata keys, without the `x-amz-meta-` prefix S3 gives them on the wire.
@@ -20,24 +26,44 @@ const GID: &str = "gid";
 const MTIME: &str = "mtime";
 
 /// What an object's metadata says of it; `None` where it says nothing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct ObjectMeta {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub mtime: Option<SystemTime>,
+    /// The extended attributes as stored (s3fs's percent-encoded `xattr` value), read only when asked for.
+    pub xattr: Option<String>,
+    /// Every other key and its value, carried on unread.
+    pub other: BTreeMap<String, String>,
 }
 
 impl ObjectMeta {
-    /// Read from an object's user metadata.
-    pub fn parse<'a>(get: impl Fn(&str) -> Option<&'a str>) -> ObjectMeta {
-        let num = |k: &str| get(k).and_then(|v| v.trim().parse::<u32>().ok());
-        ObjectMeta {
-            mode: num(MODE),
-            uid: num(UID),
-            gid: num(GID),
-            mtime: get(MTIME).and_then(parse_time),
+    /// Read from an object's user metadata (keys without the `x-amz-meta-` prefix).
+    pub fn parse<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> ObjectMeta {
+        let num = |v: &str| v.trim().parse::<u32>().ok();
+        let mut meta = ObjectMeta::default();
+        for (k, v) in pairs {
+            match k {
+                MODE => meta.mode = num(v),
+                UID => meta.uid = num(v),
+                GID => meta.gid = num(v),
+                MTIME => meta.mtime = parse_time(v),
+                xattr::KEY => meta.xattr = Some(v.to_string()),
+                _ => {
+                    meta.other.insert(k.to_string(), v.to_string());
+                }
+            }
         }
+        meta
+    }
+
+    /// This metadata (made of an object's attributes) with what `stored` holds besides them: its extended
+    /// attributes and the keys of other tools, which a rewrite must not lose.
+    pub fn keeping(mut self, stored: &ObjectMeta) -> ObjectMeta {
+        self.xattr = stored.xattr.clone();
+        self.other = stored.other.clone();
+        self
     }
 
     /// The metadata of an object with these attributes.
@@ -52,12 +78,13 @@ impl ObjectMeta {
             uid: Some(attr.uid),
             gid: Some(attr.gid),
             mtime: Some(attr.mtime),
+            ..ObjectMeta::default()
         }
     }
 
     /// As user metadata to store.
-    pub fn to_map(self) -> HashMap<String, String> {
-        let mut m = HashMap::new();
+    pub fn to_map(&self) -> HashMap<String, String> {
+        let mut m: HashMap<String, String> = self.other.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         if let Some(v) = self.mode {
             m.insert(MODE.into(), v.to_string());
         }
@@ -70,11 +97,19 @@ impl ObjectMeta {
         if let Some(t) = self.mtime {
             m.insert(MTIME.into(), format_time(t));
         }
+        if let Some(x) = self.xattr.as_ref().filter(|x| !x.is_empty()) {
+            m.insert(xattr::KEY.into(), x.clone());
+        }
         m
     }
 
+    /// The bytes S3 counts against its 2 KiB: every key and value.
+    pub fn stored_len(&self) -> usize {
+        self.to_map().iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
     /// `attr` (made from what S3 tells of every object) with what this metadata says.
-    pub fn apply(self, attr: &mut HomeAttr) {
+    pub fn apply(&self, attr: &mut HomeAttr) {
         if let Some(mode) = self.mode {
             if attr.kind != FileKind::Dir {
                 attr.kind = match FileKind::from_mode(mode) {
@@ -163,13 +198,12 @@ mod tests {
 
     #[test]
     fn a_mode_with_type_bits_says_symlink_and_other_tools_metadata_is_read() {
-        let m = ObjectMeta::parse(|k| match k {
-            "mode" => Some("41471"), // S_IFLNK | 0777
-            "uid" => Some("1000"),
-            "gid" => Some("100"),
-            "mtime" => Some("981173106"),
-            _ => None,
-        });
+        let m = ObjectMeta::parse([
+            ("mode", "41471"), // S_IFLNK | 0777
+            ("uid", "1000"),
+            ("gid", "100"),
+            ("mtime", "981173106"),
+        ]);
         assert_eq!(m.mode, Some(libc::S_IFLNK | 0o777));
         let mut attr = HomeAttr {
             kind: FileKind::File,
@@ -198,7 +232,65 @@ mod tests {
         assert_eq!(map["mtime"], "981173106");
         // Nothing said: nothing changed.
         let before = attr.clone();
-        ObjectMeta::parse(|_| None).apply(&mut attr);
+        ObjectMeta::parse([]).apply(&mut attr);
         assert_eq!(attr, before);
+    }
+
+    #[test]
+    fn a_rewrite_keeps_the_xattrs_and_the_keys_of_other_tools() {
+        // As s3fs leaves a file it made and gave an extended attribute.
+        let stored = ObjectMeta::parse([
+            ("atime", "1795646241"),
+            ("ctime", "1795646246"),
+            ("gid", "0"),
+            ("mode", "33188"),
+            ("mtime", "1795646241"),
+            ("uid", "0"),
+            ("xattr", "%7B%22user.k%22%3A%22dg%3D%3D%22%7D"),
+        ]);
+        assert_eq!(stored.xattr.as_deref(), Some("%7B%22user.k%22%3A%22dg%3D%3D%22%7D"));
+        let mut attr = HomeAttr {
+            kind: FileKind::File,
+            id: 0,
+            size: 2,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            rdev: 0,
+            blocks: 1,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            version: crate::Version("e".into()),
+        };
+        stored.apply(&mut attr);
+        // A chmod: the new mode, everything else as it was.
+        attr.perm = 0o600;
+        let map = ObjectMeta::of(&attr).keeping(&stored).to_map();
+        let mut got: Vec<_> = map.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "atime=1795646241",
+                "ctime=1795646246",
+                "gid=0",
+                "mode=33152",
+                "mtime=1795646241",
+                "uid=0",
+                "xattr=%7B%22user.k%22%3A%22dg%3D%3D%22%7D",
+            ]
+        );
+        assert_eq!(
+            ObjectMeta::of(&attr).keeping(&stored).stored_len(),
+            got.iter().map(|l| l.len() - 1).sum::<usize>()
+        );
+        // Without attributes the key is not written at all.
+        let none = ObjectMeta {
+            xattr: Some(String::new()),
+            ..ObjectMeta::of(&attr)
+        };
+        assert!(!none.to_map().contains_key("xattr"));
     }
 }

@@ -21,6 +21,12 @@
 //! object (OpenDAL cannot replace metadata by a server-side copy). Directories keep none: they show 0755,
 //! owned by the daemon's user. `keep_metadata` off leaves objects without metadata (files 0644).
 //!
+//! **Extended attributes** of files and directories are kept where s3fs keeps them (`xattr.rs`): one
+//! metadata key, `x-amz-meta-xattr`, the percent-encoded JSON of each name and the base64 of its value. S3
+//! allows 2 KiB of metadata per object, so they must fit in what the mode, owner and times leave
+//! ([`Home::check_xattrs`] refuses more with `E2BIG`); a change of one rewrites the object, as a chmod
+//! does. Without `keep_metadata` there are none.
+//!
 //! **What S3 cannot do**: no hard links or special files, and keys of at most 1024 bytes, UTF-8 (stated by
 //! [`Home::limits`], which the core checks at the call); rename is copy + delete, object by object, not
 //! atomic.
@@ -29,6 +35,7 @@
 //! not answer apart, without retries, each with its own one-line reason.
 //!
 //! [`Home::limits`]: crate::Home::limits
+//! [`Home::check_xattrs`]: crate::Home::check_xattrs
 
 mod check;
 mod home;
@@ -38,6 +45,7 @@ mod requests;
 #[cfg(test)]
 mod tests;
 mod writes;
+mod xattr;
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime};

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opendal::ErrorKind;
 
+use super::meta::ObjectMeta;
 use super::{MAX_KEY, MIN_RATE, S3Home};
 use crate::{FileKind, HomeAttr, HomeError, HomeResult, Version};
 
@@ -71,6 +72,11 @@ impl S3Home {
     }
 
     pub(super) fn file_attr(&self, meta: &opendal::Metadata) -> HomeAttr {
+        self.file_attr_meta(meta).0
+    }
+
+    /// The attributes of an object, and its user metadata (none when metadata is not kept).
+    pub(super) fn file_attr_meta(&self, meta: &opendal::Metadata) -> (HomeAttr, ObjectMeta) {
         let mtime = meta.last_modified().map(SystemTime::from).unwrap_or(UNIX_EPOCH);
         let size = meta.content_length();
         let mut attr = HomeAttr {
@@ -88,12 +94,14 @@ impl S3Home {
             ctime: mtime,
             version: Version(meta.etag().unwrap_or_default().to_string()),
         };
+        let mut stored = ObjectMeta::default();
         if self.spec.keep_metadata
             && let Some(user) = meta.user_metadata()
         {
-            super::meta::ObjectMeta::parse(|k| user.get(k)).apply(&mut attr);
+            stored = ObjectMeta::parse(user);
+            stored.apply(&mut attr);
         }
-        attr
+        (attr, stored)
     }
 
     pub(super) fn dir_attr(&self) -> HomeAttr {
