@@ -1000,6 +1000,22 @@ fn modes_owners_times_and_symlinks_survive_a_remount_with_an_empty_cache() {
     // An object no tool gave metadata: the defaults.
     let (mode, ..) = owned(&m.path("plain"));
     assert_eq!(mode, 0o644);
+    // A directory renamed keeps its mode, and so do the directories below it (their markers are copied).
+    std::fs::create_dir(m.path("tree/sub")).unwrap();
+    std::fs::set_permissions(m.path("tree/sub"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::set_permissions(m.path("tree"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::rename(m.path("tree"), m.path("moved")).unwrap();
+    m.unmount();
+    let (mnt3, cache3) = (st.t.root().join("mnt3"), st.t.root().join("cache3"));
+    std::fs::create_dir(&mnt3).unwrap();
+    let m = st.mount_at(&mnt3, &cache3, &[]);
+    assert_eq!(owned(&m.path("moved")).0, 0o700, "a renamed directory's mode");
+    assert_eq!(
+        owned(&m.path("moved/sub")).0,
+        0o750,
+        "the mode of a directory below a renamed one"
+    );
+    assert_eq!(owned(&m.path("moved/3")).0, 0o603, "a file below a renamed directory");
     m.unmount();
 }
 

@@ -220,7 +220,14 @@ impl Home for S3Home {
             for key in &keys {
                 let target = format!("{to_dir}{}", &key[from_dir.len()..]);
                 if key.ends_with('/') {
-                    self.op.create_dir(&target).await.map_err(|e| classify(e, false))?;
+                    // A marker carries its directory's mode, owner, times and extended attributes: the copy
+                    // gets them too (OpenDAL's copy refuses keys ending in '/').
+                    let (_, meta) = self.dir_attr_meta_at(key).await?;
+                    if self.spec.keep_metadata && meta != ObjectMeta::default() {
+                        self.put_marker(&target, &meta).await?;
+                    } else {
+                        self.op.create_dir(&target).await.map_err(|e| classify(e, false))?;
+                    }
                 } else {
                     self.op.copy(key, &target).await.map_err(|e| classify(e, false))?;
                 }
