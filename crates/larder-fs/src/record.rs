@@ -47,40 +47,20 @@ pub(crate) struct InodeRecord {
     pub xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
-/// An inode record as index format 4 wrote it before extended attributes were kept: the same, without
-/// them (postcard has no optional trailing fields).
+/// An inode record as index format 4 wrote it before extended attributes were kept: the format-3 record and
+/// its push attempt (postcard writes a struct's fields one after the other, so nesting the older form reads
+/// the same bytes).
 #[derive(Deserialize)]
 struct RecordV4 {
-    parent: u64,
-    name: Vec<u8>,
-    kind: FileKind,
-    attr: Option<AttrRecord>,
-    object: u64,
-    symlink: Option<Vec<u8>>,
-    aliases: Vec<(u64, Vec<u8>)>,
-    home_loc: Option<(u64, Vec<u8>)>,
-    home_size: Option<u64>,
-    dirty: Vec<(u64, u64)>,
-    conflict: bool,
+    v3: RecordV3,
     attempt: Option<(Vec<(u64, u64)>, u64)>,
 }
 
 impl RecordV4 {
     fn upgrade(self) -> InodeRecord {
         InodeRecord {
-            parent: self.parent,
-            name: self.name,
-            kind: self.kind,
-            attr: self.attr,
-            object: self.object,
-            symlink: self.symlink,
-            aliases: self.aliases,
-            home_loc: self.home_loc,
-            home_size: self.home_size,
-            dirty: self.dirty,
-            conflict: self.conflict,
             attempt: self.attempt,
-            xattrs: None,
+            ..self.v3.upgrade()
         }
     }
 }
