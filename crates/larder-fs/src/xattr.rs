@@ -51,19 +51,26 @@ impl Fs {
     /// Make `ino`'s extended attributes known: home's, for an object home has (none where home keeps
     /// none); none for one made here and not at home yet.
     fn load_xattrs(&self, ino: u64) -> FsResult<()> {
+        // Known already (every call after the first): the namespace shared, as for a stat.
         let path = {
-            let mut ns = write(&self.ns);
+            let ns = read(&self.ns);
             let node = ns.inode(ino)?;
             if node.xattrs.is_some() {
                 return Ok(());
             }
             match ns.home_path(ino)? {
-                Some(p) if node.home_loc.is_some() => p,
-                _ => {
-                    ns.inode_mut(ino)?.xattrs = Some(Box::default());
-                    return Ok(());
-                }
+                Some(p) if node.home_loc.is_some() => Some(p),
+                _ => None,
             }
+        };
+        let Some(path) = path else {
+            // Made here and not at home yet: none but what is set here.
+            let mut ns = write(&self.ns);
+            let node = ns.inode_mut(ino)?;
+            if node.xattrs.is_none() {
+                node.xattrs = Some(Box::default());
+            }
+            return Ok(());
         };
         let got: Xattrs = match self.core.home.xattrs(&path) {
             Ok(list) => list.into_iter().filter(|(n, _)| kept(n)).collect(),
@@ -265,40 +272,30 @@ mod tests {
 
     #[test]
     fn home_attributes_are_read_and_a_change_queued_here_survives_a_restart() {
-        let tmp = tempfile::tempdir().unwrap();
+        let (tmp, fs, _dir, f) = dir_f();
         let (home, cache) = (tmp.path().join("home"), tmp.path().join("cache"));
-        std::fs::create_dir_all(home.join("dir")).unwrap();
-        std::fs::write(home.join("dir/g"), b"g").unwrap();
-        set_at_home(&home.join("dir/g"), "user.from-home", b"h");
-        let g = {
-            let fs = core(&home, &cache);
-            let dir = fs
-                .lookup(crate::namespace::ROOT, std::ffi::OsStr::new("dir"))
-                .unwrap()
-                .attr
-                .ino;
-            let g = fs.lookup(dir, std::ffi::OsStr::new("g")).unwrap().attr.ino;
-            assert_eq!(fs.getxattr(g, b"user.from-home").unwrap(), b"h");
-            fs.setxattr(g, b"user.here", b"queued", XattrFlags::default()).unwrap();
-            fs.shutdown().unwrap();
-            g
-        };
+        // Set at home before anything asked for the file's attributes.
+        set_at_home(&home.join("dir/f"), "user.from-home", b"h");
+        assert_eq!(fs.getxattr(f, b"user.from-home").unwrap(), b"h");
+        fs.setxattr(f, b"user.here", b"queued", XattrFlags::default()).unwrap();
+        fs.shutdown().unwrap();
+        drop(fs);
         assert_eq!(
-            at_home(&home.join("dir/g"), "user.here"),
+            at_home(&home.join("dir/f"), "user.here"),
             None,
             "pushed before the sync lag"
         );
         let fs = core(&home, &cache);
         fs.start();
         let mut ns = write(&fs.ns);
-        fs.load_inode(&mut ns, g).unwrap();
+        fs.load_inode(&mut ns, f).unwrap();
         drop(ns);
-        let mut names = fs.listxattr(g).unwrap();
+        let mut names = fs.listxattr(f).unwrap();
         names.sort();
         assert_eq!(names, vec![b"user.from-home".to_vec(), b"user.here".to_vec()]);
         assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty);
         assert_eq!(
-            at_home(&home.join("dir/g"), "user.here").as_deref(),
+            at_home(&home.join("dir/f"), "user.here").as_deref(),
             Some(&b"queued"[..])
         );
     }
