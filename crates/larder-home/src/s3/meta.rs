@@ -175,6 +175,25 @@ fn parse_time(v: &str) -> Option<SystemTime> {
 mod tests {
     use super::*;
 
+    /// A file of `size` bytes as S3 shows one without metadata (before the metadata's `apply`).
+    fn plain_file(size: u64) -> HomeAttr {
+        HomeAttr {
+            kind: FileKind::File,
+            id: 0,
+            size,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            rdev: 0,
+            blocks: 1,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            version: crate::Version("e".into()),
+        }
+    }
+
     #[test]
     fn times_round_trip_and_read_what_s3fs_and_rclone_write() {
         for t in [
@@ -205,21 +224,7 @@ mod tests {
             ("mtime", "981173106"),
         ]);
         assert_eq!(m.mode, Some(libc::S_IFLNK | 0o777));
-        let mut attr = HomeAttr {
-            kind: FileKind::File,
-            id: 0,
-            size: 5,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            rdev: 0,
-            blocks: 1,
-            atime: UNIX_EPOCH,
-            mtime: UNIX_EPOCH,
-            ctime: UNIX_EPOCH,
-            version: crate::Version("e".into()),
-        };
+        let mut attr = plain_file(5);
         m.apply(&mut attr);
         assert_eq!(
             (attr.kind, attr.perm, attr.uid, attr.gid),
@@ -249,21 +254,7 @@ mod tests {
             ("xattr", "%7B%22user.k%22%3A%22dg%3D%3D%22%7D"),
         ]);
         assert_eq!(stored.xattr.as_deref(), Some("%7B%22user.k%22%3A%22dg%3D%3D%22%7D"));
-        let mut attr = HomeAttr {
-            kind: FileKind::File,
-            id: 0,
-            size: 2,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            rdev: 0,
-            blocks: 1,
-            atime: UNIX_EPOCH,
-            mtime: UNIX_EPOCH,
-            ctime: UNIX_EPOCH,
-            version: crate::Version("e".into()),
-        };
+        let mut attr = plain_file(2);
         stored.apply(&mut attr);
         // A chmod: the new mode, everything else as it was.
         attr.perm = 0o600;
