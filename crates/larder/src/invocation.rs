@@ -178,10 +178,10 @@ fn with_config(argv: Vec<OsString>) -> Result<Vec<OsString>> {
         return Ok(out);
     };
     let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read the config {}", file.display()))?;
-    let (options, positional) = from_toml(&text).with_context(|| format!("config {}", file.display()))?;
+    let cli = Cli::command();
+    let mount = cli.find_subcommand("mount").expect("larder has a mount command");
+    let (options, positional) = from_toml(mount, &text).with_context(|| format!("config {}", file.display()))?;
     out.extend(options);
-    let mount = Cli::command();
-    let mount = mount.find_subcommand("mount").expect("larder has a mount command");
     if positionals(mount, &rest) == 0 {
         let [home, mountpoint] = positional;
         out.extend(
@@ -216,12 +216,10 @@ fn positionals(mount: &clap::Command, args: &[OsString]) -> usize {
 }
 
 /// The options a config file holds, as command-line arguments, and its `home` and `mountpoint`.
-fn from_toml(text: &str) -> Result<(Vec<OsString>, [Option<String>; 2])> {
+fn from_toml(mount: &clap::Command, text: &str) -> Result<(Vec<OsString>, [Option<String>; 2])> {
     let table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| anyhow!("{}", e.to_string().trim()))?;
-    let mount = Cli::command();
-    let mount = mount.find_subcommand("mount").expect("larder has a mount command");
     let mut out = Vec::new();
     let mut positional = [None, None];
     for (key, value) in &table {
@@ -272,6 +270,14 @@ fn from_toml(text: &str) -> Result<(Vec<OsString>, [Option<String>; 2])> {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// `larder mount`'s command, as the config's keys are checked against.
+    fn mount() -> &'static clap::Command {
+        static CLI: std::sync::OnceLock<clap::Command> = std::sync::OnceLock::new();
+        CLI.get_or_init(Cli::command)
+            .find_subcommand("mount")
+            .expect("larder has a mount command")
+    }
 
     fn strs(v: &[OsString]) -> Vec<String> {
         v.iter().map(|s| s.to_string_lossy().into_owned()).collect()
@@ -355,11 +361,11 @@ mod tests {
 
     #[test]
     fn a_config_key_that_is_no_option_is_refused_by_name() {
-        let e = from_toml("validity-lag = \"1s\"\nvalidity-lagg = \"2s\"\n").unwrap_err();
+        let e = from_toml(mount(), "validity-lag = \"1s\"\nvalidity-lagg = \"2s\"\n").unwrap_err();
         assert!(e.to_string().contains("'validity-lagg'"), "{e}");
-        let e = from_toml("no-dedup = \"yes\"\n").unwrap_err();
+        let e = from_toml(mount(), "no-dedup = \"yes\"\n").unwrap_err();
         assert!(e.to_string().contains("switch"), "{e}");
-        assert!(from_toml("home = 3\n").is_err());
-        assert!(from_toml("not toml at all [\n").is_err());
+        assert!(from_toml(mount(), "home = 3\n").is_err());
+        assert!(from_toml(mount(), "not toml at all [\n").is_err());
     }
 }
