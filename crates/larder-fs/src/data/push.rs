@@ -146,7 +146,7 @@ impl Fs {
                     node.attempt = None;
                     node.unconfirmed = None;
                     node.home_size = Some(size);
-                    self.adopt_attr(&mut ns, ino, attr);
+                    self.settle_attr(&mut ns, ino, attr);
                     return Ok(());
                 }
                 // Blocks written again since the ranges were taken stay dirty.
@@ -171,7 +171,8 @@ impl Fs {
                 // Truncations take the flush lock, so none happened during the push: home has `size` bytes
                 // of ours now.
                 node.home_size = if settled { None } else { Some(size) };
-                self.adopt_attr(&mut ns, ino, attr);
+                // (Changes of it queued after this push, a chmod say, stand until theirs.)
+                self.settle_attr(&mut ns, ino, attr);
                 Ok(())
             }
             Err(e) => {

@@ -216,7 +216,7 @@ impl Fs {
 
     /// Attributes home gave back for our own change: while more changes of the object are queued, only
     /// its identity and version are taken (the base of the next push); after the last, all of them.
-    pub(super) fn settle_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
+    pub(crate) fn settle_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
         let more = self.pipeline.journal().has_after_current(ino);
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         if node.removed {
