@@ -793,6 +793,105 @@ fn a_push_whose_answer_was_lost_is_recognised_on_retry() {
     fs.stop_flushers();
 }
 
+/// Write-back: a file's data is pushed while a chmod of it made after the write still waits (home refuses
+/// it for now). Home's attributes after the data push are not the file's: the chmod shows from the cache
+/// until its own push lands, and then home has it too.
+#[test]
+fn a_chmod_queued_behind_a_data_push_shows_until_it_lands() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), b"0123456789").unwrap();
+    std::fs::set_permissions(s.home("f"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let fs = s.write_back(faults.clone());
+    let ino = resolve(&fs, "f").unwrap();
+    // The data push fails once (it waits for a retry), so the chmod is queued before it lands.
+    faults.inject(Fault {
+        op: OpKind::Write,
+        error: HomeError::NoSpace,
+        count: 1,
+        landed: false,
+    });
+    faults.inject(Fault {
+        op: OpKind::SetAttr,
+        error: HomeError::NoSpace,
+        count: usize::MAX,
+        landed: false,
+    });
+    let r = fs.open(ino, libc::O_RDWR).unwrap();
+    fs.write(r.fh, 2, b"ab").unwrap();
+    fs.flush(r.fh).unwrap();
+    fs.release(r.fh).unwrap();
+    let chmod = SetAttr {
+        perm: Some(0o600),
+        ..SetAttr::default()
+    };
+    fs.setattr(ino, &chmod).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read(s.home("f")).unwrap() != b"01ab456789" {
+        assert!(std::time::Instant::now() < deadline, "the data push never landed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The data push has concluded once the journal holds the chmod alone.
+    while fs.journal_stats().pending_ops > 1 {
+        assert!(std::time::Instant::now() < deadline, "the data push never concluded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mode = |fs: &Fs| fs.getattr(ino).unwrap().attr.perm & 0o7777;
+    assert_eq!(
+        mode(&fs),
+        0o600,
+        "the acknowledged chmod was undone by the data push's answer"
+    );
+    faults.clear();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert_eq!(mode(&fs), 0o600);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(s.home("f")).unwrap().permissions().mode() & 0o7777,
+        0o600
+    );
+    fs.stop_flushers();
+}
+
+/// Write-back: files removed while the kernel still holds them (looked up, as after any `ls -l`) leave
+/// the index for good, also once their changes and their removal were pushed: a record written back for a
+/// removed file would keep its cache object alive, and once its directory goes too, the next start finds
+/// it cut off from the root.
+#[test]
+fn a_removed_file_leaves_no_record_behind_once_its_changes_are_pushed() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    std::fs::write(s.home("d/f"), b"0123456789").unwrap();
+    std::fs::write(s.home("d/g"), b"abc").unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let fs = s.write_back(faults.clone());
+    let (f, g) = (resolve(&fs, "d/f").unwrap(), resolve(&fs, "d/g").unwrap());
+    let d = resolve(&fs, "d").unwrap();
+    let r = fs.open(f, libc::O_RDWR).unwrap();
+    fs.write(r.fh, 2, b"ab").unwrap();
+    fs.flush(r.fh).unwrap();
+    fs.release(r.fh).unwrap();
+    let chmod = SetAttr {
+        perm: Some(0o600),
+        ..SetAttr::default()
+    };
+    fs.setattr(g, &chmod).unwrap();
+    fs.unlink(d, OsStr::new("f")).unwrap();
+    fs.unlink(d, OsStr::new("g")).unwrap();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(!s.home("d/f").exists() && !s.home("d/g").exists());
+    fs.shutdown().unwrap();
+    drop(fs);
+    let db = larder_cache::Db::open(&s.cache_dir.join("index.redb")).unwrap();
+    for (name, ino) in [("f", f), ("g", g)] {
+        assert!(
+            db.inode(ino).unwrap().is_none(),
+            "the index holds a record of {name}, removed and pushed"
+        );
+    }
+    db.close().unwrap();
+}
+
 /// Write-back: a push of a small file is cut short part way (the daemon killed, home gone mid-write). A
 /// small file goes whole, home cutting it to nothing first, so what is left there is a prefix of our
 /// content: the retry must take it for its own, not for someone else's change. A shorter file that is

@@ -92,10 +92,12 @@ impl Fs {
                     // of it, with the flusher's record of the attempt (one sync for both): after a crash,
                     // home holding it is recognised as ours.
                     // Submitted under the namespace's lock, as every record (`Fs::queue`).
-                    self.core
-                        .store
-                        .db()
-                        .submit(vec![larder_cache::Mutation::PutInode(ino, node.record().encode())]);
+                    if node.keeps_record() {
+                        self.core
+                            .store
+                            .db()
+                            .submit(vec![larder_cache::Mutation::PutInode(ino, node.record().encode())]);
+                    }
                     // With writers the kernel serves, the cache file can change under the push: its stamp
                     // now tells afterwards whether it did.
                     let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)

@@ -324,7 +324,9 @@ impl Fs {
                     {
                         ns.inodes.remove(&op.ino);
                     }
-                } else if let Ok(node) = ns.inode(op.ino) {
+                } else if let Ok(node) = ns.inode(op.ino)
+                    && node.keeps_record()
+                {
                     muts.push(Mutation::PutInode(op.ino, node.record().encode()));
                 }
                 if self.cfg.write_mode == WriteMode::WriteThrough {

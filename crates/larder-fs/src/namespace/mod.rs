@@ -207,6 +207,15 @@ impl Inode {
         }
     }
 
+    /// Whether the index keeps a record of it: not once it is removed (its record went with its last
+    /// name, or goes at its last close), except a directory removed here only, whose record stays for the
+    /// home paths through it until its removal reaches home. A record written again for a removed file
+    /// would outlive it: an inode no name leads to, or, once its directory goes too, one cut off from the
+    /// root.
+    pub(crate) fn keeps_record(&self) -> bool {
+        !self.removed || self.kind == FileKind::Dir
+    }
+
     pub(crate) fn record(&self) -> InodeRecord {
         InodeRecord {
             parent: self.parent,
@@ -783,7 +792,7 @@ impl Fs {
     }
 
     pub(crate) fn persist(&self, ns: &Namespace, ino: u64) {
-        if let Some(node) = ns.inodes.get(&ino) {
+        if let Some(node) = ns.inodes.get(&ino).filter(|n| n.keeps_record()) {
             self.core
                 .store
                 .db()
