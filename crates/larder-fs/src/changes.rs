@@ -98,7 +98,11 @@ impl Fs {
         db.submit(muts);
         drop(ns);
         drop(mutating);
-        self.pipeline.notify();
+        // A change within the sync lag is not ready yet: the pushers look again at their next wake-up
+        // (`flusher::POLL`), so only one that may go now wakes one.
+        if self.cfg.sync_lag.is_zero() || self.pipeline.urgent() {
+            self.pipeline.notify_one();
+        }
         // Write-through syncs nothing here: it is acknowledged once home has the change (`Fs::land`).
         // Otherwise the change is as durable as the index promises (logged, or fsynced) before it returns.
         if !through {

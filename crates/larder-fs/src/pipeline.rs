@@ -15,8 +15,13 @@ use crate::namespace::lock;
 pub(crate) struct Pipeline {
     /// Changes not yet at home. Taken after the namespace when both are needed (design note 011).
     journal: Mutex<Journal>,
-    /// Woken when the journal gains work, finishes an op, or home comes back.
-    wake: Condvar,
+    /// The pushers wait here: woken one at a time when an op may be ready (a pusher that takes one while
+    /// another is ready wakes the next), all at once when home comes back, a drain starts or they stop.
+    /// On a machine of few cores, waking every pusher for each change cost the writer more than its own
+    /// request.
+    work: Condvar,
+    /// Drains and write-through callers wait here for ops to finish.
+    done: Condvar,
     /// Drain requests (and writers waiting for room) under way: push regardless of the sync lag.
     urgent: AtomicU64,
     /// Ops that reached home and whose directories' times are being settled there: a drain waits for
@@ -34,7 +39,8 @@ impl Pipeline {
     pub fn new(journal: Journal, conflicts: Vec<Conflict>) -> Pipeline {
         Pipeline {
             journal: Mutex::new(journal),
-            wake: Condvar::new(),
+            work: Condvar::new(),
+            done: Condvar::new(),
             urgent: AtomicU64::new(0),
             settling: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
@@ -59,13 +65,33 @@ impl Pipeline {
 
     /// Wake every thread waiting on the journal.
     pub fn notify(&self) {
-        self.wake.notify_all();
+        self.work.notify_all();
+        self.done.notify_all();
     }
 
-    /// Wait on the journal until woken, or `timeout` at most.
+    /// Wake one pusher: an op may be ready.
+    pub fn notify_one(&self) {
+        self.work.notify_one();
+    }
+
+    /// An op left the journal: an op behind it may be ready, and a drain or caller may be waiting for it.
+    pub fn finished(&self) {
+        self.work.notify_one();
+        self.done.notify_all();
+    }
+
+    /// A pusher's wait for work, `timeout` at most.
     pub fn wait<'a>(&self, journal: MutexGuard<'a, Journal>, timeout: Duration) -> MutexGuard<'a, Journal> {
-        self.wake
-            .wait_timeout(journal, timeout)
+        Self::wait_on(&self.work, journal, timeout)
+    }
+
+    /// A wait for ops to finish, `timeout` at most.
+    pub fn wait_done<'a>(&self, journal: MutexGuard<'a, Journal>, timeout: Duration) -> MutexGuard<'a, Journal> {
+        Self::wait_on(&self.done, journal, timeout)
+    }
+
+    fn wait_on<'a>(cv: &Condvar, journal: MutexGuard<'a, Journal>, timeout: Duration) -> MutexGuard<'a, Journal> {
+        cv.wait_timeout(journal, timeout)
             .map(|(g, _)| g)
             .unwrap_or_else(|p| p.into_inner().0)
     }

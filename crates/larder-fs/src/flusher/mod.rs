@@ -19,6 +19,9 @@ use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, 
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
 const MAX_ATTEMPTS: u32 = 6;
+/// How often an idle pusher looks at the journal: a change made within the sync lag wakes nobody, and
+/// waits this long at most past its lag.
+const POLL: Duration = Duration::from_millis(100);
 /// Wait before the second attempt at an op home refused; each refusal doubles it, up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest wait between attempts at a refused op, before jitter.
@@ -217,7 +220,9 @@ impl Fs {
             if now >= deadline {
                 break Drained::Waiting;
             }
-            j = self.pipeline.wait(j, (deadline - now).min(Duration::from_millis(200)));
+            j = self
+                .pipeline
+                .wait_done(j, (deadline - now).min(Duration::from_millis(200)));
         }
     }
 
@@ -271,16 +276,20 @@ impl Fs {
                     }
                     if self.health.online() {
                         let urgent = self.pipeline.urgent();
-                        if let Some(&seq) = j.ready(self.cfg.sync_lag, urgent, 1).first()
+                        let ready = j.ready(self.cfg.sync_lag, urgent, 2);
+                        if let Some(&seq) = ready.first()
                             && let Some(op) = j.get(seq).cloned()
                         {
+                            if ready.len() > 1 {
+                                self.pipeline.notify_one();
+                            }
                             let muts = j.begin(seq);
                             let first = !muts.is_empty() && !op.attempted;
                             self.core.store.db().submit(muts);
                             break (seq, op, first);
                         }
                     }
-                    j = self.pipeline.wait(j, Duration::from_millis(100));
+                    j = self.pipeline.wait(j, POLL);
                 }
             };
             // The attempt is on record before home sees it: after a crash, "already done" answers to
@@ -389,7 +398,7 @@ impl Fs {
                 }
             }
         }
-        self.pipeline.notify();
+        self.pipeline.finished();
     }
 
     /// A rename is about to reach home: until it is settled here, home's answers about the paths below its

@@ -44,7 +44,7 @@ impl Fs {
                     self.core.store.db().submit(muts);
                     break op;
                 }
-                j = self.pipeline.wait(j, Duration::from_millis(100));
+                j = self.pipeline.wait_done(j, Duration::from_millis(100));
             }
         };
         // No sync before the push, unlike write-back: a held op is recorded as attempted already, so one a
@@ -76,7 +76,7 @@ impl Fs {
         self.undo(&mut ns, op, &mut muts);
         self.core.store.db().submit(muts);
         drop(ns);
-        self.pipeline.notify();
+        self.pipeline.finished();
     }
 
     /// Take back what `op` changed in the namespace. Home holds what it held before, so whatever is not put
