@@ -18,6 +18,8 @@ struct Setup {
     _dir: tempfile::TempDir,
     home_dir: PathBuf,
     cache_dir: PathBuf,
+    /// Bytes the store holds.
+    store_limit: std::cell::Cell<u64>,
 }
 
 impl Setup {
@@ -27,6 +29,7 @@ impl Setup {
             _dir: dir,
             home_dir,
             cache_dir,
+            store_limit: std::cell::Cell::new(64 << 20),
         }
     }
 
@@ -96,7 +99,7 @@ impl Setup {
         let faulty: Arc<dyn Home> = Arc::new(Layered::new(posix, faults));
         let home: Arc<dyn Home> = Arc::new(Layered::new(faulty, MetricsLayer(counters.clone())));
         std::fs::create_dir_all(cache_dir).unwrap();
-        let store = common::open_store(cache_dir).unwrap();
+        let store = common::open_store_of(cache_dir, self.store_limit.get()).unwrap();
         let fs = Fs::with_tiers(home, store, cfg, larder_home::Health::new(), between).unwrap();
         (fs, counters)
     }
@@ -890,6 +893,58 @@ fn a_removed_file_leaves_no_record_behind_once_its_changes_are_pushed() {
         );
     }
     db.close().unwrap();
+}
+
+/// Write-back: data written here waits for home across a restart with a cache too small for everything it
+/// held (remounted with a smaller `--cache-size`). Reads of other files fill the cache past its limit
+/// before anything looks the written file up again: its blocks are the only copy of those bytes, and
+/// must not be evicted for the fills (the push would send what is left, zeros).
+#[test]
+fn written_blocks_waiting_for_home_are_not_evicted_after_a_restart_before_their_file_is_looked_up() {
+    let s = Setup::new();
+    let ours = pattern(4 * BS as usize, 3);
+    std::fs::write(s.home("f"), vec![b'x'; 4 * BS as usize]).unwrap();
+    for i in 0..4 {
+        std::fs::write(s.home(&format!("g{i}")), pattern(4 * BS as usize, 10 + i as u8)).unwrap();
+    }
+    let write_back = |sync_lag| FsConfig {
+        validity_lag: Duration::from_secs(3600),
+        write_mode: larder_fs::WriteMode::WriteBack,
+        sync_lag,
+        flush_threads: 1,
+        ..FsConfig::default()
+    };
+    {
+        // Nothing is pushed within an hour: the write waits in the cache.
+        let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), write_back(Duration::from_secs(3600)));
+        let f = resolve(&fs, "f").unwrap();
+        let r = fs.open(f, libc::O_RDWR).unwrap();
+        fs.write(r.fh, 0, &ours).unwrap();
+        fs.flush(r.fh).unwrap();
+        fs.release(r.fh).unwrap();
+        fs.shutdown().unwrap();
+    }
+    // Room for 6 blocks: the 4 written ones and 2 others.
+    s.store_limit.set(6 * BS);
+    let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), write_back(Duration::from_secs(3600)));
+    let fs = Arc::new(fs);
+    fs.start();
+    for i in 0..4 {
+        let g = resolve(&fs, &format!("g{i}")).unwrap();
+        assert!(read_file(&fs, g) == pattern(4 * BS as usize, 10 + i as u8));
+    }
+    let f = resolve(&fs, "f").unwrap();
+    assert!(
+        read_file(&fs, f) == ours,
+        "the written file in the cache lost its bytes"
+    );
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(
+        std::fs::read(s.home("f")).unwrap() == ours,
+        "home after the push lacks the written bytes"
+    );
+    fs.shutdown().unwrap();
+    fs.stop_flushers();
 }
 
 /// Write-back: a push of a small file is cut short part way (the daemon killed, home gone mid-write). A

@@ -35,9 +35,20 @@ impl Fs {
         if !unclean {
             ns.restored = restored_listings(&db.listings()?, cfg.validity_lag);
         }
-        let (owners, dropped_records) = collect_live(&db)?;
+        let (owners, dirty, dropped_records) = collect_live(&db)?;
         let live: HashSet<u64> = owners.keys().copied().collect();
         let (orphan_objects, orphan_files) = store.retain_objects(&live);
+        // Blocks written here and not at home yet are the only copy of those bytes: the store learns they
+        // are dirty now, before anything fills it (a fill over its limit evicts), not when their inode is
+        // first looked up.
+        let bs = store.block_size();
+        for (object, ranges) in dirty {
+            for r in ranges.into_iter().filter(|(start, end)| end > start) {
+                for index in r.0 / bs..=(r.1 - 1) / bs {
+                    store.claim((object, index as u32));
+                }
+            }
+        }
         let mut ops = Vec::new();
         db.for_each_op(|seq, bytes| match Op::decode(bytes) {
             Some(op) => ops.push((seq, op)),
@@ -225,18 +236,26 @@ fn restored_listings(kept: &[(u64, u64)], lag: Duration) -> HashMap<u64, Instant
     out
 }
 
-/// The cache objects referred to by persisted inodes reachable from the root, each with its inode;
-/// records not reachable (a crash between removing a directory and its children) are dropped.
-fn collect_live(db: &larder_cache::Db) -> FsResult<(HashMap<u64, u64>, usize)> {
+/// Byte ranges of cache objects written here and not pushed yet.
+type DirtyRanges = Vec<(u64, Vec<(u64, u64)>)>;
+
+/// The cache objects referred to by persisted inodes reachable from the root, each with its inode, and
+/// the ranges of them not at home yet; records not reachable (a crash between removing a directory and its
+/// children) are dropped.
+fn collect_live(db: &larder_cache::Db) -> FsResult<(HashMap<u64, u64>, DirtyRanges, usize)> {
     let mut parents = HashMap::new();
     let mut objects = HashMap::new();
     let mut names = HashMap::new();
+    let mut dirty = HashMap::new();
     db.for_each_inode(|ino, bytes| {
         if let Some(rec) = InodeRecord::decode(bytes) {
             parents.insert(ino, rec.parent);
             names.insert(ino, rec.name);
             if rec.object != 0 {
                 objects.insert(ino, rec.object);
+                if !rec.dirty.is_empty() {
+                    dirty.insert(ino, (rec.object, rec.dirty));
+                }
             }
         }
     })?;
@@ -285,5 +304,10 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<(HashMap<u64, u64>, usize)> {
         .filter(|(ino, _)| reachable.get(ino) == Some(&true))
         .map(|(ino, o)| (*o, *ino))
         .collect();
-    Ok((live, dropped))
+    let dirty = dirty
+        .into_iter()
+        .filter(|(ino, _)| reachable.get(ino) == Some(&true))
+        .map(|(_, d)| d)
+        .collect();
+    Ok((live, dirty, dropped))
 }

@@ -21,11 +21,16 @@ pub fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
 
 /// The store (and its index) in `cache_dir`: 64 MiB, blocks of [`BS`], dedup on, S3-FIFO.
 pub fn open_store(cache_dir: &Path) -> CacheResult<Arc<Store>> {
+    open_store_of(cache_dir, 64 << 20)
+}
+
+/// The same, holding `limit` bytes.
+pub fn open_store_of(cache_dir: &Path, limit: u64) -> CacheResult<Arc<Store>> {
     let db = Db::open(&cache_dir.join("index.redb"))?;
     let cfg = StoreConfig {
         dir: cache_dir.join("objects"),
         block_size: BS,
-        limit: 64 << 20,
+        limit,
         high_watermark: 0.95,
         low_watermark: 0.9,
         dedup: true,
