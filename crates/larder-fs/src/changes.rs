@@ -69,6 +69,7 @@ impl Fs {
         removed: &[u64],
         mut muts: Vec<Mutation>,
     ) -> FsResult<Vec<u64>> {
+        let mut ns = ns;
         let through = self.cfg.write_mode == WriteMode::WriteThrough;
         let published = self.coherence.get().is_some().then(|| ops.clone());
         let mut held = Vec::new();
@@ -86,8 +87,20 @@ impl Fs {
                     muts.extend(j.record(op));
                 }
             }
-            for ino in removed {
-                muts.extend(j.forget_removed(*ino));
+            for &ino in removed {
+                muts.extend(j.forget_removed(ino));
+                // A directory removed here keeps its record until its removal reaches home; made and removed
+                // before either reached home, both are gone from the journal, and its record goes now.
+                if !j.has(ino)
+                    && let Some(node) = ns.inodes.get(&ino)
+                    && node.removed
+                    && node.kind == FileKind::Dir
+                {
+                    muts.push(Mutation::DelInode(ino));
+                    if node.lookups() == 0 && node.opens() == 0 {
+                        ns.inodes.remove(&ino);
+                    }
+                }
             }
         }
         // Submitted under the namespace's lock: records reach the index in the order of the changes that

@@ -895,6 +895,35 @@ fn a_removed_file_leaves_no_record_behind_once_its_changes_are_pushed() {
     db.close().unwrap();
 }
 
+/// Write-back: a directory made and removed before either change reached home (both leave the journal
+/// unpushed) leaves no record behind, not even once its parent goes too.
+#[test]
+fn a_directory_made_and_removed_before_home_saw_it_leaves_no_record() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    let (fs, _) = s.fs_configured(
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: Duration::from_secs(3600),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::from_secs(3600),
+            ..FsConfig::default()
+        },
+    );
+    let d = resolve(&fs, "d").unwrap();
+    let x = fs.mkdir(d, OsStr::new("x"), 0o755, 0, 0).unwrap().attr.ino;
+    fs.rmdir(d, OsStr::new("x")).unwrap();
+    assert_eq!(fs.journal_stats().pending_ops, 0, "the mkdir and the rmdir cancel out");
+    fs.shutdown().unwrap();
+    drop(fs);
+    let db = larder_cache::Db::open(&s.cache_dir.join("index.redb")).unwrap();
+    assert!(
+        db.inode(x).unwrap().is_none(),
+        "the index holds a record of the removed directory"
+    );
+    db.close().unwrap();
+}
+
 /// Write-back: data written here waits for home across a restart with a cache too small for everything it
 /// held (remounted with a smaller `--cache-size`). Reads of other files fill the cache past its limit
 /// before anything looks the written file up again: its blocks are the only copy of those bytes, and
