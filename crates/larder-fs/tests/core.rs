@@ -895,6 +895,39 @@ fn a_removed_file_leaves_no_record_behind_once_its_changes_are_pushed() {
     db.close().unwrap();
 }
 
+/// Write-back: a small file cached whole (its content kept once, shared, by dedup) is extended by a
+/// truncation without a write. Its push extends the file at home (the tail reads as zeros), instead of
+/// failing on the shared, read-only cache file again and again until it is set aside as a conflict.
+#[test]
+fn a_whole_cached_file_extended_by_truncation_reaches_home() {
+    let s = Setup::new();
+    std::fs::write(s.home("f"), b"0123456789").unwrap();
+    std::fs::write(s.home("g"), b"0123456789").unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let fs = s.write_back(faults);
+    for name in ["f", "g"] {
+        let ino = resolve(&fs, name).unwrap();
+        assert_eq!(read_file(&fs, ino), b"0123456789");
+    }
+    let f = resolve(&fs, "f").unwrap();
+    let grow = SetAttr {
+        size: Some(3 * BS + 5),
+        ..SetAttr::default()
+    };
+    fs.setattr(f, &grow).unwrap();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    let mut want = b"0123456789".to_vec();
+    want.resize(3 * BS as usize + 5, 0);
+    assert!(
+        std::fs::read(s.home("f")).unwrap() == want,
+        "home's file is not the extended one"
+    );
+    assert!(read_file(&fs, f) == want);
+    assert_eq!(std::fs::read(s.home("g")).unwrap(), b"0123456789");
+    fs.stop_flushers();
+}
+
 /// Write-back: a directory made and removed before either change reached home (both leave the journal
 /// unpushed) leaves no record behind, not even once its parent goes too.
 #[test]
