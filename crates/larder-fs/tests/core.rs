@@ -1079,9 +1079,13 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
     std::fs::create_dir(s.home("d")).unwrap();
     std::fs::write(s.home("d/a"), pattern(100, 3)).unwrap();
     std::fs::write(s.home("d/b"), pattern(200, 4)).unwrap();
+    std::fs::create_dir_all(s.home("p/s")).unwrap();
+    std::fs::write(s.home("p/a"), pattern(300, 5)).unwrap();
+    std::fs::write(s.home("p/b"), pattern(400, 6)).unwrap();
+    std::fs::write(s.home("p/s/x"), pattern(500, 7)).unwrap();
     let faults = Arc::new(FaultLayer::default());
     let fs = s.write_back(faults.clone());
-    for name in ["f", "d"] {
+    for name in ["f", "d", "p"] {
         resolve(&fs, name).unwrap();
     }
     let cut_short_landed = |from: &str, to: &str, landed: bool, copy: &dyn Fn()| {
@@ -1111,6 +1115,17 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
         std::fs::create_dir(s.home("e")).unwrap();
         std::fs::copy(s.home("d/a"), s.home("e/a")).unwrap();
     });
+    // A directory copied whole, and some of its sources deleted already (a file, a whole subdirectory):
+    // what was deleted is only at the target now, and must stay there.
+    cut_short("p", "q", &|| {
+        std::fs::create_dir_all(s.home("q/s")).unwrap();
+        for f in ["a", "b", "s/x"] {
+            std::fs::copy(s.home(&format!("p/{f}")), s.home(&format!("q/{f}"))).unwrap();
+        }
+        std::fs::remove_file(s.home("p/a")).unwrap();
+        std::fs::remove_file(s.home("p/s/x")).unwrap();
+        std::fs::remove_dir(s.home("p/s")).unwrap();
+    });
     // Done whole, the answer lost: the retry finds the source gone and the target there.
     cut_short_landed("g", "g2", true, &|| {});
     cut_short_landed("g2", "g", true, &|| {});
@@ -1120,8 +1135,11 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names, ["e", "g"]);
+    assert_eq!(names, ["e", "g", "q"]);
     assert_eq!(std::fs::read(s.home("g")).unwrap(), pattern(5000, 2));
+    assert_eq!(std::fs::read(s.home("q/a")).unwrap(), pattern(300, 5));
+    assert_eq!(std::fs::read(s.home("q/b")).unwrap(), pattern(400, 6));
+    assert_eq!(std::fs::read(s.home("q/s/x")).unwrap(), pattern(500, 7));
     assert_eq!(std::fs::read(s.home("e/a")).unwrap(), pattern(100, 3));
     assert_eq!(std::fs::read(s.home("e/b")).unwrap(), pattern(200, 4));
     // Something else at the target (home gained it meanwhile) is still a conflict: kept beside, not

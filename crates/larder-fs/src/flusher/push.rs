@@ -76,12 +76,10 @@ impl Fs {
                     // Gone from the source and present at the target: an earlier attempt did it.
                     Err(HomeError::NotFound) if repeated && home.stat(&os(to)).is_ok() => Ok(None),
                     // A home that renames by copy, then delete (an object store) left an earlier attempt's
-                    // copy at the target: it holds nothing the source does not, so replacing it loses
-                    // nothing.
-                    Err(HomeError::Exists) if repeated && leftover_copy(home, &path, &os(to), &mut { COMPARE_MAX }) => {
-                        remove_copy(home, &os(to))
-                            .and_then(|()| home.rename(&path, &os(to), RenameFlags::default()))
-                            .map(|_| None)
+                    // work at the target: copies of the source's entries, and entries whose sources that
+                    // attempt deleted already. The move is finished: nothing there but ours is replaced.
+                    Err(HomeError::Exists) if repeated && partly_moved(home, &path, &os(to), &mut { COMPARE_MAX }) => {
+                        finish_move(home, &path, &os(to)).map(|_| None)
                     }
                     Err(HomeError::Exists) if !no_replace && !strict => {
                         // Home gained an object at the target meanwhile: keep it beside ours.
@@ -377,21 +375,48 @@ fn leftover_copy(home: &dyn larder_home::Home, from: &Path, to: &Path, budget: &
     }
 }
 
-/// Remove a leftover copy found by [`leftover_copy`]: a file goes (the rename replaces it anyway), a
-/// directory is emptied so that the rename may replace it.
-fn remove_copy(home: &dyn larder_home::Home, to: &Path) -> Result<(), HomeError> {
-    let attr = home.stat(to)?;
-    if attr.kind != larder_home::FileKind::Dir {
-        return Ok(());
+/// Whether `to` at home is what a rename of `from` cut short left there, on a home that renames by copying
+/// every object, then deleting the sources: a copy of `from` ([`leftover_copy`]), or, for a directory,
+/// one whose every entry is either such a copy of the source's entry of that name or has no source left
+/// (moved already: copied, then its source deleted). `budget` as for [`leftover_copy`].
+fn partly_moved(home: &dyn larder_home::Home, from: &Path, to: &Path, budget: &mut u64) -> bool {
+    use larder_home::FileKind;
+    let both_dirs = matches!(
+        (home.stat(from), home.stat(to)),
+        (Ok(a), Ok(b)) if a.kind == FileKind::Dir && b.kind == FileKind::Dir
+    );
+    if !both_dirs {
+        return leftover_copy(home, from, to, budget);
     }
-    for e in home.list(to)? {
-        let p = to.join(&e.name);
-        if e.kind == larder_home::FileKind::Dir {
-            remove_copy(home, &p)?;
-            home.rmdir(&p)?;
+    let Ok(entries) = home.list(to) else { return false };
+    entries.iter().all(|e| {
+        if *budget == 0 {
+            return false;
+        }
+        *budget -= 1;
+        let src = from.join(&e.name);
+        match home.stat(&src) {
+            Err(HomeError::NotFound) => true,
+            Ok(_) => partly_moved(home, &src, &to.join(&e.name), budget),
+            Err(_) => false,
+        }
+    })
+}
+
+/// Finish a move [`partly_moved`] recognised: what is still at `from` goes to `to`, over its copies there,
+/// then `from` goes.
+fn finish_move(home: &dyn larder_home::Home, from: &Path, to: &Path) -> Result<(), HomeError> {
+    use larder_home::FileKind;
+    if home.stat(from)?.kind != FileKind::Dir {
+        return home.rename(from, to, RenameFlags::default());
+    }
+    for e in home.list(from)? {
+        let (src, dst) = (from.join(&e.name), to.join(&e.name));
+        if e.kind == FileKind::Dir && home.stat(&dst).is_ok_and(|a| a.kind == FileKind::Dir) {
+            finish_move(home, &src, &dst)?;
         } else {
-            home.unlink(&p)?;
+            home.rename(&src, &dst, RenameFlags::default())?;
         }
     }
-    Ok(())
+    home.rmdir(from)
 }
