@@ -137,6 +137,20 @@ impl Fs {
             Err(e) => return Err(e.into()),
         };
         let mut ns = write(&self.ns);
+        // A rename of it or above it reached home while home listed it, or is landing: on a home that
+        // renames by copy, then delete, the listing may lack entries the rename was moving. It is asked
+        // again at its new place, or the cache's entries stand.
+        match self.moved_meanwhile(&ns, ino, None, &path)? {
+            Some(crate::namespace::Found::Moved) => {
+                drop(ns);
+                return self.list_now(ino);
+            }
+            Some(_) => {
+                self.load_cached(&mut ns, ino)?;
+                return self.snapshot(&ns, ino);
+            }
+            None => {}
+        }
         // The entries the index has of the directory, read once for all the names of the listing.
         let persisted: std::collections::HashMap<Vec<u8>, u64> =
             self.core.store.db().dentries_of(ino)?.into_iter().collect();

@@ -515,6 +515,48 @@ fn directory_rename_moves_every_object() {
     m.unmount();
 }
 
+/// S3 renames a directory by copying every object, then deleting the sources: a listing of the directory
+/// while its rename lands finds only part of it at either prefix. Listed again and again meanwhile
+/// (validity lag 0: every listing asks home), the directory must show every entry every time, and after
+/// the drain too: none may be taken for gone at home.
+#[test]
+fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
+    let st = S3Test::new("rename-listed", "home");
+    let src = st.t.root().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let want: Vec<String> = (0..150).map(|i| format!("f{i:03}")).collect();
+    for name in &want {
+        std::fs::write(src.join(name), name.as_bytes()).unwrap();
+    }
+    st.tool_ok(&["put-dir", &st.bucket, &st.key("old"), s(&src)]);
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s", "--validity-lag", "0s"]);
+    assert_eq!(names(&m.path("old")), want, "old/ through the mount");
+    std::fs::rename(m.path("old"), m.path("new")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut listings = 0;
+    loop {
+        let landed = num(&m.status(), "/journal/pending_ops") == 0;
+        assert_eq!(
+            names(&m.path("new")),
+            want,
+            "new/ listed while its rename lands (listing {listings})"
+        );
+        listings += 1;
+        if landed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rename never landed");
+    }
+    let moved: Vec<String> = st
+        .objects()
+        .keys()
+        .filter_map(|k| k.strip_prefix("new/").filter(|n| !n.is_empty()).map(str::to_string))
+        .collect();
+    assert_eq!(moved, want, "objects under the new prefix");
+    assert_eq!(names(&m.path("new")), want, "new/ once the rename landed");
+    m.unmount();
+}
+
 // f ------------------------------------------------------------------------------------------------------
 
 #[test]
