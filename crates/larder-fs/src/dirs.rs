@@ -291,7 +291,14 @@ impl Fs {
     fn offline_listing(&self, ino: u64, e: HomeError) -> FsResult<Vec<DirItem>> {
         let mut ns = write(&self.ns);
         if ns.inode(ino)?.d().listed.is_none() {
-            return Err(e.into());
+            // Not listed since the start (a mount started while home is away): the index's entries of it
+            // are the cache's view, those an earlier listing bound and the changes made here since. A
+            // directory the index holds no entry of cannot be told from one never listed: home's error.
+            if !ns.inode(ino)?.d().complete && self.core.store.db().dentries_of(ino)?.is_empty() {
+                return Err(e.into());
+            }
+            self.load_cached(&mut ns, ino)?;
+            return self.snapshot(&ns, ino);
         }
         self.load_pinned(&mut ns, ino)?;
         self.snapshot(&ns, ino)

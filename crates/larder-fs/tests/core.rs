@@ -928,6 +928,52 @@ fn a_whole_cached_file_extended_by_truncation_reaches_home() {
     fs.stop_flushers();
 }
 
+/// A mount started while home is away (allowed with changes queued) lists a directory it listed in an
+/// earlier run from the index: the cache's view, with the change made here, instead of an error.
+#[test]
+fn a_start_while_home_is_away_lists_directories_from_the_cache() {
+    let s = Setup::new();
+    s.home_dir_of_files("d", 3, b"x");
+    let write_back = |lag| FsConfig {
+        validity_lag: lag,
+        write_mode: larder_fs::WriteMode::WriteBack,
+        sync_lag: Duration::from_secs(3600),
+        ..FsConfig::default()
+    };
+    {
+        let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), write_back(Duration::from_secs(3600)));
+        let d = resolve(&fs, "d").unwrap();
+        let fh = fs.opendir(d).unwrap();
+        assert_eq!(fs.readdir(fh, 0).unwrap().len(), 5);
+        fs.releasedir(fh);
+        let (_, open) = fs.create(d, OsStr::new("new"), 0o644, libc::O_WRONLY, 0, 0).unwrap();
+        fs.release(open.fh).unwrap();
+        fs.shutdown().unwrap();
+    }
+    // Home away from the start; the listing the last run kept is past this run's lag.
+    let faults = Arc::new(FaultLayer::default());
+    for op in [OpKind::Stat, OpKind::List] {
+        faults.inject(Fault {
+            op,
+            error: HomeError::Unavailable("home is away".into()),
+            count: usize::MAX,
+            landed: false,
+        });
+    }
+    let (fs, _) = s.fs_configured(faults, write_back(Duration::from_millis(1)));
+    std::thread::sleep(Duration::from_millis(5));
+    let d = resolve(&fs, "d").unwrap();
+    let fh = fs.opendir(d).expect("the cached listing, home being away");
+    let mut names: Vec<String> = fs
+        .readdir(fh, 0)
+        .unwrap()
+        .into_iter()
+        .map(|(_, e)| e.name.into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".", "..", "f0", "f1", "f2", "new"]);
+}
+
 /// Write-back: a directory made and removed before either change reached home (both leave the journal
 /// unpushed) leaves no record behind, not even once its parent goes too.
 #[test]
