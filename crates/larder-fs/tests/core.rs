@@ -1129,6 +1129,7 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
     std::fs::write(s.home("p/a"), pattern(300, 5)).unwrap();
     std::fs::write(s.home("p/b"), pattern(400, 6)).unwrap();
     std::fs::write(s.home("p/s/x"), pattern(500, 7)).unwrap();
+    std::fs::set_permissions(s.home("p"), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let faults = Arc::new(FaultLayer::default());
     let fs = s.write_back(faults.clone());
     for name in ["f", "d", "p"] {
@@ -1162,9 +1163,11 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
         std::fs::copy(s.home("d/a"), s.home("e/a")).unwrap();
     });
     // A directory copied whole, and some of its sources deleted already (a file, a whole subdirectory):
-    // what was deleted is only at the target now, and must stay there.
+    // what was deleted is only at the target now, and must stay there. The target directory itself was
+    // made without the source's mode (an object store copies the directory's own object last).
     cut_short("p", "q", &|| {
         std::fs::create_dir_all(s.home("q/s")).unwrap();
+        std::fs::set_permissions(s.home("q"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         for f in ["a", "b", "s/x"] {
             std::fs::copy(s.home(&format!("p/{f}")), s.home(&format!("q/{f}"))).unwrap();
         }
@@ -1186,6 +1189,12 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
     assert_eq!(std::fs::read(s.home("q/a")).unwrap(), pattern(300, 5));
     assert_eq!(std::fs::read(s.home("q/b")).unwrap(), pattern(400, 6));
     assert_eq!(std::fs::read(s.home("q/s/x")).unwrap(), pattern(500, 7));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(s.home("q")).unwrap().permissions().mode() & 0o7777,
+        0o700,
+        "the moved directory's mode"
+    );
     assert_eq!(std::fs::read(s.home("e/a")).unwrap(), pattern(100, 3));
     assert_eq!(std::fs::read(s.home("e/b")).unwrap(), pattern(200, 4));
     // Something else at the target (home gained it meanwhile) is still a conflict: kept beside, not

@@ -404,10 +404,12 @@ fn partly_moved(home: &dyn larder_home::Home, from: &Path, to: &Path, budget: &m
 }
 
 /// Finish a move [`partly_moved`] recognised: what is still at `from` goes to `to`, over its copies there,
-/// then `from` goes.
+/// then `from` goes, its mode, owner, time and extended attributes given to `to` first (the attempt cut
+/// short may have copied the entries, not the directory's own object that carries them).
 fn finish_move(home: &dyn larder_home::Home, from: &Path, to: &Path) -> Result<(), HomeError> {
     use larder_home::FileKind;
-    if home.stat(from)?.kind != FileKind::Dir {
+    let attr = home.stat(from)?;
+    if attr.kind != FileKind::Dir {
         return home.rename(from, to, RenameFlags::default());
     }
     for e in home.list(from)? {
@@ -417,6 +419,20 @@ fn finish_move(home: &dyn larder_home::Home, from: &Path, to: &Path) -> Result<(
         } else {
             home.rename(&src, &dst, RenameFlags::default())?;
         }
+    }
+    let own = SetAttr {
+        perm: Some(attr.perm),
+        uid: Some(attr.uid),
+        gid: Some(attr.gid),
+        mtime: Some(TimeSet::At(attr.mtime)),
+        ..SetAttr::default()
+    };
+    // (Best effort: a home that keeps no modes or owners has nothing to carry.)
+    if let Err(e) = home.setattr(to, &own) {
+        tracing::debug!(to = %to.display(), error = %e, "a finished move could not give the directory its attributes");
+    }
+    for (name, value) in home.xattrs(from).unwrap_or_default() {
+        let _ = home.set_xattr(to, &name, Some(&value));
     }
     home.rmdir(from)
 }
