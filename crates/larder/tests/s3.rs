@@ -516,20 +516,26 @@ fn directory_rename_moves_every_object() {
 }
 
 /// S3 renames a directory by copying every object, then deleting the sources: a listing of the directory
-/// while its rename lands finds only part of it at either prefix. Listed again and again meanwhile
-/// (validity lag 0: every listing asks home), the directory must show every entry every time, and after
-/// the drain too: none may be taken for gone at home.
+/// while its rename lands finds only part of it at either prefix, and a directory below it may be there
+/// without its own object (the one carrying its mode). Listed and stat'ed again and again meanwhile
+/// (validity lag 0: every call asks home), the directory must show every entry every time, and the one
+/// below it its mode, and after the drain too: none may be taken for gone at home.
 #[test]
 fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
     let st = S3Test::new("rename-listed", "home");
-    let src = st.t.root().join("src");
-    std::fs::create_dir(&src).unwrap();
-    let want: Vec<String> = (0..150).map(|i| format!("f{i:03}")).collect();
-    for name in &want {
-        std::fs::write(src.join(name), name.as_bytes()).unwrap();
-    }
-    st.tool_ok(&["put-dir", &st.bucket, &st.key("old"), s(&src)]);
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s", "--validity-lag", "0s"]);
+    let mut want: Vec<String> = (0..150).map(|i| format!("f{i:03}")).collect();
+    std::fs::create_dir(m.path("old")).unwrap();
+    for name in &want {
+        std::fs::write(m.path(&format!("old/{name}")), name.as_bytes()).unwrap();
+    }
+    std::fs::create_dir(m.path("old/sub")).unwrap();
+    std::fs::set_permissions(m.path("old/sub"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    for i in 0..20 {
+        std::fs::write(m.path(&format!("old/sub/g{i:02}")), b"g").unwrap();
+    }
+    want.push("sub".into());
+    drain_ok(&m, 120);
     assert_eq!(names(&m.path("old")), want, "old/ through the mount");
     std::fs::rename(m.path("old"), m.path("new")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -541,6 +547,11 @@ fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
             want,
             "new/ listed while its rename lands (listing {listings})"
         );
+        let mode = std::fs::metadata(m.path("new/sub")).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            mode, 0o750,
+            "new/sub's mode while its rename lands (listing {listings})"
+        );
         listings += 1;
         if landed {
             break;
@@ -550,10 +561,14 @@ fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
     let moved: Vec<String> = st
         .objects()
         .keys()
-        .filter_map(|k| k.strip_prefix("new/").filter(|n| !n.is_empty()).map(str::to_string))
+        .filter_map(|k| k.strip_prefix("new/"))
+        .filter(|n| !n.is_empty() && !n.starts_with("sub"))
+        .map(str::to_string)
         .collect();
-    assert_eq!(moved, want, "objects under the new prefix");
+    assert_eq!(moved, want[..150], "objects under the new prefix");
     assert_eq!(names(&m.path("new")), want, "new/ once the rename landed");
+    let mode = std::fs::metadata(m.path("new/sub")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o750, "new/sub's mode once the rename landed");
     m.unmount();
 }
 

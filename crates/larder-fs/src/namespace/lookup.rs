@@ -198,6 +198,11 @@ impl Fs {
                     // Changed here while home was asked: the cache's answer stands.
                     return cached_child(&ns, parent, name);
                 }
+                // Under a directory whose rename lands at home meanwhile, home's answer may be of a copy
+                // mid-move (an object store's directory without its own object yet: no mode).
+                if let Some(found) = self.moved_meanwhile(&ns, parent, Some(name), &path)? {
+                    return Ok(found);
+                }
                 self.bind_child(&mut ns, parent, name, attr.kind, Some(attr), asked, None)
                     .map(Found::Ino)
             }
@@ -299,6 +304,10 @@ impl Fs {
         match self.core.home.stat(path) {
             Ok(attr) => {
                 let mut ns = write(&self.ns);
+                // As for a lookup: mid-move, home's answer about the old path stands for nothing.
+                if self.moved_meanwhile(&ns, ino, None, path)?.is_some() {
+                    return self.entry(&ns, ino);
+                }
                 if ns.inode(ino)?.kind != attr.kind {
                     return Err(FsError::NotFound);
                 }
