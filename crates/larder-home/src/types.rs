@@ -171,6 +171,9 @@ pub struct HomeLimits {
     pub special_files: bool,
     /// Renames that swap two names atomically (`RENAME_EXCHANGE`).
     pub rename_exchange: bool,
+    /// A renamed file keeps its version. An object store renames by copying, and a copy is a new version
+    /// (a new ETag for an object uploaded in parts).
+    pub rename_keeps_version: bool,
     /// Times set on objects and directories are kept as set (an object store stamps each object with the
     /// time it was stored).
     pub times: bool,
@@ -195,6 +198,7 @@ impl HomeLimits {
             hard_links: true,
             special_files: true,
             rename_exchange: true,
+            rename_keeps_version: true,
             times: true,
             holes: true,
             xattrs: true,
@@ -215,6 +219,7 @@ impl HomeLimits {
             hard_links: false,
             special_files: false,
             rename_exchange: false,
+            rename_keeps_version: false,
             times: false,
             holes: false,
             // The S3 home has them where it keeps metadata.

@@ -572,6 +572,34 @@ fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
     m.unmount();
 }
 
+/// An object uploaded in parts (over 8 MiB) gets a new ETag when S3 copies it, and a rename is a copy: a
+/// file renamed, then written again, is pushed on the renamed object's version, not refused as a
+/// conflict with itself.
+#[test]
+fn a_large_file_renamed_then_appended_to_is_no_conflict() {
+    let st = S3Test::new("rename-append", "home");
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    let mut rng = Rng::new(77);
+    let mut want = rng.bytes(9 << 20);
+    std::fs::write(m.path("big"), &want).unwrap();
+    drain_ok(&m, 120);
+    std::fs::rename(m.path("big"), m.path("moved")).unwrap();
+    let more = rng.bytes(50_000);
+    OpenOptions::new()
+        .append(true)
+        .open(m.path("moved"))
+        .unwrap()
+        .write_all(&more)
+        .unwrap();
+    want.extend_from_slice(&more);
+    drain_ok(&m, 120);
+    let st_json = m.status();
+    assert_eq!(num(&st_json, "/journal/conflicts"), 0, "{}", st_json["journal"]);
+    assert_eq!(names(&m.mnt), ["moved"], "nothing set aside beside it");
+    assert_same_bytes(&st.get(&st.key("moved")), &want, "the object after the append");
+    m.unmount();
+}
+
 // f ------------------------------------------------------------------------------------------------------
 
 #[test]

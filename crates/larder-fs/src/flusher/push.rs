@@ -98,6 +98,12 @@ impl Fs {
                             Err(e) => Err(e),
                         }
                     }
+                    // On a home where a rename makes a new version of a file (an object store's copy), the
+                    // version the next push of it is based on is the target's now.
+                    Ok(()) if !home.limits().rename_keeps_version => match home.stat(&os(to)) {
+                        Ok(a) if a.kind != larder_home::FileKind::Dir => Ok(Some(a)),
+                        _ => Ok(None),
+                    },
                     r => r.map(|_| None),
                 }
             }
