@@ -597,6 +597,13 @@ fn a_large_file_renamed_then_appended_to_is_no_conflict() {
     assert_eq!(num(&st_json, "/journal/conflicts"), 0, "{}", st_json["journal"]);
     assert_eq!(names(&m.mnt), ["moved"], "nothing set aside beside it");
     assert_same_bytes(&st.get(&st.key("moved")), &want, "the object after the append");
+    // Renamed once more and read back from home (its cached blocks dropped): at the version home has
+    // now, not the one the copy replaced.
+    std::fs::rename(m.path("moved"), m.path("again")).unwrap();
+    drain_ok(&m, 120);
+    let out = larder(&["evict", s(&m.path("again"))]);
+    assert!(out.success(), "larder evict failed:\n{out}");
+    assert_same_bytes(&read(&m.path("again")), &want, "the file read back from home");
     m.unmount();
 }
 

@@ -661,22 +661,30 @@ impl Fs {
         for _ in 0..4 {
             match self.core.fetch(object, index, &path, &version, home_end, epoch) {
                 Err(HomeError::Stale) => {
-                    // Wait for a push of this file under way to be adopted, then see whether it explains
-                    // the change. (Polling, not the flush lock: a writer calls this holding its write lock,
-                    // which a push takes after the flush lock.)
+                    // Wait for a push of this file under way to be adopted, or a rename of it (or above it)
+                    // landing to conclude (on an object store a renamed file is a copy, a new version), then
+                    // see whether it explains the change. (Polling, not the flush lock: a writer calls this
+                    // holding its write lock, which a push takes after the flush lock.)
                     let deadline = std::time::Instant::now() + PUSH_WAIT;
                     loop {
                         let mut ns = write(&self.ns);
+                        let moving = ns.moving(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())) == Some(true);
                         let node = ns.inode(ino)?;
-                        if node.pushing > 0 && std::time::Instant::now() < deadline {
+                        if (node.pushing > 0 || moving) && std::time::Instant::now() < deadline {
                             drop(ns);
                             std::thread::sleep(std::time::Duration::from_millis(2));
                             continue;
                         }
+                        let now_at = ns.home_path(ino)?;
+                        let node = ns.inode(ino)?;
                         match node.attr.as_ref().map(|a| a.version.clone()) {
                             Some(v) if node.object == object && v != version => {
                                 (version, home_end) = (v, node.home_end());
-                                path = ns.home_path(ino)?.ok_or(FsError::Home(HomeError::Stale))?;
+                                path = now_at.ok_or(FsError::Home(HomeError::Stale))?;
+                            }
+                            // Moved at home meanwhile (a rename landed), the same version: asked there.
+                            _ if node.object == object && now_at.as_ref().is_some_and(|p| *p != path) => {
+                                path = now_at.unwrap_or_default();
                             }
                             _ if node.object == object && node.unconfirmed.is_some() && node.pushing == 0 => {
                                 // A push whose answer was lost may have moved home on: if home holds what
