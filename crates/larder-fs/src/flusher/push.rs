@@ -72,7 +72,7 @@ impl Fs {
                     no_replace: *no_replace || (!strict && !replaced && !exchange),
                     exchange: *exchange,
                 };
-                match home.rename(&path, &os(to), flags) {
+                let renamed = match home.rename(&path, &os(to), flags) {
                     // Gone from the source and present at the target: an earlier attempt did it.
                     Err(HomeError::NotFound) if repeated && home.stat(&os(to)).is_ok() => Ok(None),
                     // A home that renames by copy, then delete (an object store) left an earlier attempt's
@@ -98,13 +98,16 @@ impl Fs {
                             Err(e) => Err(e),
                         }
                     }
-                    // On a home where a rename makes a new version of a file (an object store's copy), the
-                    // version the next push of it is based on is the target's now.
-                    Ok(()) if !home.limits().rename_keeps_version => match home.stat(&os(to)) {
+                    r => r.map(|_| None),
+                };
+                // On a home where a rename makes a new version of a file (an object store's copy), the
+                // version the next push of it is based on is the target's now, whichever way it got there.
+                match renamed {
+                    Ok(None) if !home.limits().rename_keeps_version => match home.stat(&os(to)) {
                         Ok(a) if a.kind != larder_home::FileKind::Dir => Ok(Some(a)),
                         _ => Ok(None),
                     },
-                    r => r.map(|_| None),
+                    r => r,
                 }
             }
             OpKind::SetAttr {
