@@ -307,8 +307,9 @@ impl Db {
         f()
     }
 
-    /// What this thread gathered for this index so far, submitted now.
-    fn submit_gathered(&self) {
+    /// What this thread gathered for this index so far, submitted now (the gathering goes on): for a
+    /// caller that must submit under a lock it lets go of before the gathering ends.
+    pub fn submit_gathered(&self) {
         let gathered = GATHERED.with(|g| match g.borrow_mut().as_mut() {
             Some((db, m)) if *db == self.id() => std::mem::take(m),
             _ => Vec::new(),
@@ -376,8 +377,9 @@ impl Db {
         self.sync()
     }
 
-    /// Wait until everything submitted so far is durable against power loss.
+    /// Wait until everything submitted so far (and gathered on this thread) is durable against power loss.
     pub fn sync(&self) -> CacheResult<()> {
+        self.submit_gathered();
         let (tx, rx) = mpsc::sync_channel(1);
         {
             let guard = self.shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
@@ -512,6 +514,18 @@ impl Db {
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;
             f(k.value(), v.value());
+        }
+        Ok(())
+    }
+
+    /// Visit every directory entry: the inode each names.
+    pub fn for_each_dentry(&self, mut f: impl FnMut(u64)) -> CacheResult<()> {
+        self.caught_up();
+        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let table = tx.open_table(DENTRIES).map_err(idx_err)?;
+        for row in table.iter().map_err(idx_err)? {
+            let (_, v) = row.map_err(idx_err)?;
+            f(v.value());
         }
         Ok(())
     }

@@ -109,6 +109,8 @@ impl Fs {
         // had left, cut off from the root once that parent goes.)
         let db = self.core.store.db();
         db.submit(muts);
+        // (With what a caller gathered before: all of it under the lock.)
+        db.submit_gathered();
         drop(ns);
         drop(mutating);
         // A change within the sync lag is not ready yet: the pushers look again at their next wake-up
@@ -464,57 +466,63 @@ impl Fs {
             return Ok(());
         };
         let src_kind = read(&self.ns).inode(src)?.kind;
-        let mut ns = write(&self.ns);
-        // A directory may not move into its own subtree.
-        let mut cur = new_parent;
-        while cur != ROOT {
-            if cur == src {
-                return Err(FsError::Invalid);
+        // Its changes to the index (entries removed, then made, records, the op) reach it as one
+        // submission: a stop between them would leave a record no entry names, taken at the next start
+        // for a file removed while open.
+        let db = self.core.store.db().clone();
+        db.gathered(move || {
+            let mut ns = write(&self.ns);
+            // A directory may not move into its own subtree.
+            let mut cur = new_parent;
+            while cur != ROOT {
+                if cur == src {
+                    return Err(FsError::Invalid);
+                }
+                cur = ns.inode(cur)?.parent;
             }
-            cur = ns.inode(cur)?.parent;
-        }
-        self.check_rename(&ns, (parent, name), (new_parent, new_name), flags)?;
-        let from = path_bytes(&ns.child_path(parent, name)?);
-        let to = path_bytes(&ns.child_path(new_parent, new_name)?);
-        self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags)?;
-        let victim_gone = dst.filter(|d| !flags.exchange && ns.inodes.get(d).is_none_or(|n| n.removed));
-        if let Some(d) = dst.filter(|d| !flags.exchange && Some(*d) != victim_gone)
-            && let Some(a) = ns.inodes.get_mut(&d).and_then(|n| n.attr.as_mut())
-        {
-            // Replaced under one of its names, alive under others.
-            a.nlink = a.nlink.saturating_sub(1).max(1);
-            a.ctime = SystemTime::now();
-        }
-        let moved_dir = if src_kind == FileKind::Dir { 1 } else { 0 };
-        if parent != new_parent {
-            Self::dir_changed(&mut ns, parent, -moved_dir);
-            Self::dir_changed(&mut ns, new_parent, moved_dir);
-        } else {
-            Self::dir_changed(&mut ns, parent, 0);
-        }
-        if let Some(a) = ns.inodes.get_mut(&src).and_then(|n| n.attr.as_mut()) {
-            a.ctime = SystemTime::now();
-        }
-        let mut muts = Vec::new();
-        for ino in [parent, new_parent, src].into_iter().chain(dst) {
-            muts.extend(Self::record_of(&ns, ino));
-        }
-        let op = Op::new(
-            src,
-            from,
-            vec![
-                (parent, name.as_bytes().to_vec()),
-                (new_parent, new_name.as_bytes().to_vec()),
-            ],
-            OpKind::Rename {
-                to,
-                no_replace: flags.no_replace,
-                exchange: flags.exchange,
-                replaced: dst.is_some(),
-            },
-        );
-        let removed: Vec<u64> = victim_gone.into_iter().collect();
-        self.commit(Some(mutating), ns, vec![op], &removed, muts)
+            self.check_rename(&ns, (parent, name), (new_parent, new_name), flags)?;
+            let from = path_bytes(&ns.child_path(parent, name)?);
+            let to = path_bytes(&ns.child_path(new_parent, new_name)?);
+            self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags)?;
+            let victim_gone = dst.filter(|d| !flags.exchange && ns.inodes.get(d).is_none_or(|n| n.removed));
+            if let Some(d) = dst.filter(|d| !flags.exchange && Some(*d) != victim_gone)
+                && let Some(a) = ns.inodes.get_mut(&d).and_then(|n| n.attr.as_mut())
+            {
+                // Replaced under one of its names, alive under others.
+                a.nlink = a.nlink.saturating_sub(1).max(1);
+                a.ctime = SystemTime::now();
+            }
+            let moved_dir = if src_kind == FileKind::Dir { 1 } else { 0 };
+            if parent != new_parent {
+                Self::dir_changed(&mut ns, parent, -moved_dir);
+                Self::dir_changed(&mut ns, new_parent, moved_dir);
+            } else {
+                Self::dir_changed(&mut ns, parent, 0);
+            }
+            if let Some(a) = ns.inodes.get_mut(&src).and_then(|n| n.attr.as_mut()) {
+                a.ctime = SystemTime::now();
+            }
+            let mut muts = Vec::new();
+            for ino in [parent, new_parent, src].into_iter().chain(dst) {
+                muts.extend(Self::record_of(&ns, ino));
+            }
+            let op = Op::new(
+                src,
+                from,
+                vec![
+                    (parent, name.as_bytes().to_vec()),
+                    (new_parent, new_name.as_bytes().to_vec()),
+                ],
+                OpKind::Rename {
+                    to,
+                    no_replace: flags.no_replace,
+                    exchange: flags.exchange,
+                    replaced: dst.is_some(),
+                },
+            );
+            let removed: Vec<u64> = victim_gone.into_iter().collect();
+            self.commit(Some(mutating), ns, vec![op], &removed, muts)
+        })
     }
 
     /// Hard-link `ino` as `name` in `parent`.
