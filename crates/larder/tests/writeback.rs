@@ -1239,6 +1239,45 @@ fn writes_the_kernel_made_to_a_cache_file_survive_a_kill_before_the_close() {
     m.unmount();
 }
 
+/// A file the kernel serves from its cache file, written there and removed while still open (SQLite's
+/// `-wal` file at the end of a session), then the daemon killed before the close: after the remount the
+/// file is gone, as it would be on a local file system after a crash. Its writes the daemon never saw
+/// must not be taken in and pushed after its removal (to a name home no longer has: a conflict copy).
+#[test]
+fn a_file_removed_while_written_by_the_kernel_is_gone_after_a_kill() {
+    if !kernel_has_passthrough() {
+        eprintln!("skipped: this kernel has no FUSE passthrough");
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let t = TestDir::new("wb-kill-unlinked");
+    let mut rng = Rng::new(92);
+    write_random(&t.home.join("f.bin"), 300_000, &mut rng);
+    write_random(&t.home.join("keep.bin"), 1000, &mut rng);
+    let m = wb_mount(&t, &["--sync-lag", "0s", "--validity-lag", "60s"]);
+    let _ = read(&m.path("f.bin"));
+    m.wait_released();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("f.bin"))
+        .unwrap();
+    f.write_all_at(&rng.bytes(5000), 100).unwrap();
+    std::fs::remove_file(m.path("f.bin")).unwrap();
+    drain_ok(&m, 30);
+    assert!(!t.home.join("f.bin").exists(), "the removal reached home");
+    // Written again after the removal, through the kernel alone; then the daemon dies, the file open.
+    f.write_all_at(&rng.bytes(7000), 9000).unwrap();
+    let m = kill_and_remount(&t, m, &["--sync-lag", "0s", "--validity-lag", "60s"]);
+    drop(f);
+    drain_ok(&m, 30);
+    let st = m.status();
+    assert_eq!(num(&st, "/journal/conflicts"), 0, "{}", st["journal"]);
+    assert_eq!(names(&m.mnt), ["keep.bin"], "the mount after the restart");
+    assert_eq!(names(&t.home), ["keep.bin"], "home after the drain");
+    m.unmount();
+}
+
 #[test]
 fn home_offline_workload_continues_and_drains() {
     let t = TestDir::new("wb-offline");

@@ -35,7 +35,7 @@ impl Fs {
         if !unclean {
             ns.restored = restored_listings(&db.listings()?, cfg.validity_lag);
         }
-        let (owners, dirty, dropped_records) = collect_live(&db)?;
+        let (owners, dirty, dropped_records) = collect_live(&db, unclean)?;
         let live: HashSet<u64> = owners.keys().copied().collect();
         let (orphan_objects, orphan_files) = store.retain_objects(&live);
         // Blocks written here and not at home yet are the only copy of those bytes: the store learns they
@@ -241,14 +241,29 @@ type DirtyRanges = Vec<(u64, Vec<(u64, u64)>)>;
 
 /// The cache objects referred to by persisted inodes reachable from the root, each with its inode, and
 /// the ranges of them not at home yet; records not reachable (a crash between removing a directory and its
-/// children) are dropped.
-fn collect_live(db: &larder_cache::Db) -> FsResult<(HashMap<u64, u64>, DirtyRanges, usize)> {
+/// children) are dropped. After an unclean stop (`unclean`), so are the records of files no entry names:
+/// files removed while open keep their record until their last close, and a stop before it leaves them
+/// (removed files are gone after a crash, as on a local file system). (A directory removed here keeps its
+/// record without an entry until its removal reaches home: the home paths of queued changes go through
+/// it.)
+fn collect_live(db: &larder_cache::Db, unclean: bool) -> FsResult<(HashMap<u64, u64>, DirtyRanges, usize)> {
     let mut parents = HashMap::new();
     let mut objects = HashMap::new();
     let mut names = HashMap::new();
     let mut dirty = HashMap::new();
+    let mut named = HashSet::new();
+    if unclean {
+        db.for_each_dentry(|ino| {
+            named.insert(ino);
+        })?;
+    }
+    let mut unnamed = Vec::new();
     db.for_each_inode(|ino, bytes| {
         if let Some(rec) = InodeRecord::decode(bytes) {
+            if unclean && ino != ROOT && rec.kind != FileKind::Dir && !named.contains(&ino) {
+                unnamed.push(ino);
+                return;
+            }
             parents.insert(ino, rec.parent);
             names.insert(ino, rec.name);
             if rec.object != 0 {
@@ -297,7 +312,14 @@ fn collect_live(db: &larder_cache::Db) -> FsResult<(HashMap<u64, u64>, DirtyRang
             }
         }
     }
-    let dropped = reachable.values().filter(|ok| !**ok).count();
+    let dropped = reachable.values().filter(|ok| !**ok).count() + unnamed.len();
+    for ino in unnamed {
+        tracing::info!(
+            ino,
+            "the record of a file removed while open before the stop is dropped"
+        );
+        dead.push(Mutation::DelInode(ino));
+    }
     db.submit(dead);
     let live = objects
         .iter()
