@@ -249,10 +249,13 @@ impl Fs {
                 return Outcome::Done;
             }
         }
-        let flush_lock = match read(&self.ns).inode(op.ino) {
-            Ok(n) => n.flush_lock.clone(),
+        // A push of the file cut short before this one (its record says what it sent) may have changed home,
+        // whichever op it was: home holding what it sent is ours, not a conflict.
+        let (flush_lock, cut_short) = match read(&self.ns).inode(op.ino) {
+            Ok(n) => (n.flush_lock.clone(), n.unconfirmed.is_some()),
             Err(_) => return Outcome::Done,
         };
+        let repeated = repeated || cut_short;
         let _f = lock(&flush_lock);
         let path = os(&op.path);
         match self.push_data(op.ino, Some(path.clone()), false) {
