@@ -895,30 +895,55 @@ fn a_removed_file_leaves_no_record_behind_once_its_changes_are_pushed() {
     db.close().unwrap();
 }
 
-/// Write-back: a small file cached whole (its content kept once, shared, by dedup) is extended by a
-/// truncation without a write. Its push extends the file at home (the tail reads as zeros), instead of
-/// failing on the shared, read-only cache file again and again until it is set aside as a conflict.
+/// Write-back: a small file never read is extended by a truncation without a write; after a restart it is
+/// prefetched: its bytes from home are cached whole, kept once (shared, read-only) with another file of
+/// the same bytes by dedup. Its push extends the file at home (the tail reads as zeros), instead of failing
+/// on the shared cache file again and again until it is set aside as a conflict.
 #[test]
 fn a_whole_cached_file_extended_by_truncation_reaches_home() {
     let s = Setup::new();
     std::fs::write(s.home("f"), b"0123456789").unwrap();
     std::fs::write(s.home("g"), b"0123456789").unwrap();
-    let faults = Arc::new(FaultLayer::default());
-    let fs = s.write_back(faults);
-    for name in ["f", "g"] {
-        let ino = resolve(&fs, name).unwrap();
-        assert_eq!(read_file(&fs, ino), b"0123456789");
-    }
-    let f = resolve(&fs, "f").unwrap();
-    let grow = SetAttr {
-        size: Some(3 * BS + 5),
-        ..SetAttr::default()
-    };
-    fs.setattr(f, &grow).unwrap();
-    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
-    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
     let mut want = b"0123456789".to_vec();
     want.resize(3 * BS as usize + 5, 0);
+    {
+        let (fs, _) = s.fs_configured(
+            Arc::new(FaultLayer::default()),
+            FsConfig {
+                validity_lag: Duration::from_secs(3600),
+                write_mode: larder_fs::WriteMode::WriteBack,
+                sync_lag: Duration::from_secs(3600),
+                ..FsConfig::default()
+            },
+        );
+        let f = resolve(&fs, "f").unwrap();
+        let grow = SetAttr {
+            size: Some(3 * BS + 5),
+            ..SetAttr::default()
+        };
+        fs.setattr(f, &grow).unwrap();
+        fs.shutdown().unwrap();
+    }
+    let faults = Arc::new(FaultLayer::default());
+    // Not pushed until both files are cached.
+    faults.inject(Fault {
+        op: OpKind::Write,
+        error: HomeError::NoSpace,
+        count: usize::MAX,
+        landed: false,
+    });
+    let fs = s.write_back(faults.clone());
+    let g = resolve(&fs, "g").unwrap();
+    assert_eq!(read_file(&fs, g), b"0123456789");
+    let f = resolve(&fs, "f").unwrap();
+    // Brought into the cache (`larder prefetch`), then read.
+    for r in fs.prefetch(&[f]) {
+        r.unwrap();
+    }
+    assert!(read_file(&fs, f) == want, "read after the restart");
+    faults.clear();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
     assert!(
         std::fs::read(s.home("f")).unwrap() == want,
         "home's file is not the extended one"
@@ -928,8 +953,6 @@ fn a_whole_cached_file_extended_by_truncation_reaches_home() {
     fs.stop_flushers();
 }
 
-/// A mount started while home is away (allowed with changes queued) lists a directory it listed in an
-/// earlier run from the index: the cache's view, with the change made here, instead of an error.
 #[test]
 fn a_start_while_home_is_away_lists_directories_from_the_cache() {
     let s = Setup::new();

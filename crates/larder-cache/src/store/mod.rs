@@ -583,6 +583,14 @@ impl Store {
         self.file_at(object, content)
     }
 
+    /// The cache file of `object`, its own (a content it shares is copied out first): for a caller that
+    /// changes its length.
+    pub fn writable_file(&self, object: u64) -> CacheResult<Arc<File>> {
+        let mut st = self.state(object);
+        self.unshare_locked(&mut st, object)?;
+        self.file_locked(&st, object)
+    }
+
     fn file_locked(&self, st: &ShardState, object: u64) -> CacheResult<Arc<File>> {
         self.file_at(object, st.meta(object).content)
     }

@@ -76,10 +76,14 @@ impl Fs {
             // The cache file holds `size` bytes at least (a file extended by truncation may end in a hole
             // the file system does not store); extended here, under the write lock, so that no write can
             // land between the length check and the extension.
+            // (A file cached whole from home since, kept once for every file of the same bytes by dedup,
+            // is read-only: its own copy is made first.)
             let file = self.core.store.file(object).map_err(FsError::from).and_then(|file| {
                 if file.metadata().map(|m| m.len()).unwrap_or(0) < size {
+                    let file = self.core.store.writable_file(object)?;
                     file.set_len(size)
                         .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
+                    return Ok(file);
                 }
                 Ok(file)
             });
