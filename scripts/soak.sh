@@ -31,6 +31,9 @@
 #   FSX_OPS           fsx operations in one run (default 1000000; 0 skips fsx)
 #   FSX_SEED          fsx seed (default 1)
 #   FSX_MINUTES       time budget of the fsx run, minutes (default 120)
+#   FSX_RUNS          split FSX_OPS into this many fsx runs one after the other on the same mount, each on a
+#                     file of its own with the next seed (default 1): fsx's bookkeeping grows faster than
+#                     linearly, so 20 runs of 50,000 take minutes where one of 1,000,000 takes hours
 #   SOAK_OUT          where results and logs go (default /var/tmp/larder-soak-DATE); kept in full on failure
 #   SOAK_TOLERATE_STALE_MODE=1  on the mount (never at home), count instead of failing a file or directory
 #                     showing a mode it had before a chmod; SOAK_S3_NO_DIR_RENAMES=1: no directory renames
@@ -55,6 +58,7 @@ minutes=${SOAK_MINUTES:-600}
 fsx_ops=${FSX_OPS:-1000000}
 fsx_seed=${FSX_SEED:-1}
 fsx_minutes=${FSX_MINUTES:-120}
+fsx_runs=${FSX_RUNS:-1}
 out=${SOAK_OUT:-/var/tmp/larder-soak-$(date +%Y%m%d-%H%M%S)}
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
@@ -129,31 +133,41 @@ fsx_run() {
   local work=$out/fsx
   mkdir -p "$work/work/home" "$work/mnt"
   "$LARDER_BIN" mount "$work/work/home" "$work/mnt" --cache-dir "$work/work/cache" >/dev/null || { say "fsx: cannot mount"; return 2; }
-  say "fsx: $fsx_ops operations, seed $fsx_seed, on a default mount"
-  local t0=$SECONDS rc
-  timeout $((fsx_minutes * 60)) fsx -N "$fsx_ops" -S "$fsx_seed" -P "$work" "$work/mnt/fsx.bin" >"$work/fsx.log" 2>&1
-  rc=$?
+  local per=$((fsx_ops / fsx_runs)) t0=$SECONDS rc=0 k
+  say "fsx: $fsx_ops operations in $fsx_runs run(s) of $per, seeds from $fsx_seed, on a default mount"
+  for ((k = 0; k < fsx_runs; k++)); do
+    local left=$((fsx_minutes * 60 - (SECONDS - t0)))
+    if [ "$left" -le 0 ]; then rc=124; break; fi
+    mkdir -p "$work/run$k"
+    timeout "$left" fsx -N "$per" -S $((fsx_seed + k)) -P "$work/run$k" "$work/mnt/fsx-$k.bin" >"$work/run$k/fsx.log" 2>&1
+    rc=$?
+    cp "$work/mnt/fsx-$k.bin" "$work/run$k/final.bin" 2>/dev/null
+    [ "$rc" = 0 ] || break
+  done
+  local runs_done=$k
+  [ "$rc" = 0 ] && runs_done=$fsx_runs
   local secs=$((SECONDS - t0))
-  cp "$work/mnt/fsx.bin" "$work/final.bin" 2>/dev/null
   cp "$work/work/cache/larder.log" "$work/larder.log" 2>/dev/null
   local home_ok=1
   timeout 600 "$LARDER_BIN" unmount "$work/mnt" --drain --timeout 300s >/dev/null || { say "fsx: unmount --drain failed"; home_ok=0; }
-  # fsx checked every read against its model; home must end with the file it left.
-  cmp -s "$work/final.bin" "$work/work/home/fsx.bin" || { say "fsx: home's file differs from the one fsx left"; home_ok=0; }
-  python3 - "$work/results.json" "$fsx_ops" "$fsx_seed" "$rc" "$secs" "$home_ok" <<'EOF'
+  # fsx checked every read against its model; home must end with the files it left.
+  for ((k = 0; k < runs_done; k++)); do
+    cmp -s "$work/run$k/final.bin" "$work/work/home/fsx-$k.bin" || { say "fsx: home's fsx-$k.bin differs from the one fsx left"; home_ok=0; }
+  done
+  python3 - "$work/results.json" "$fsx_ops" "$fsx_seed" "$rc" "$secs" "$home_ok" "$fsx_runs" "$runs_done" <<'EOF'
 import json, sys
-path, ops, seed, rc, secs, home_ok = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
-res = {"ops": ops, "seed": seed, "exit": rc, "seconds": secs, "timed_out": rc == 124, "home_matches": home_ok,
-       "ok": rc == 0 and home_ok}
+path, ops, seed, rc, secs, home_ok, runs, done = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1", int(sys.argv[7]), int(sys.argv[8])
+res = {"ops": ops, "seed": seed, "runs": runs, "runs_done": done, "ops_done": ops // runs * done, "exit": rc,
+       "seconds": secs, "timed_out": rc == 124, "home_matches": home_ok, "ok": rc == 0 and home_ok}
 if rc == 0:
     res["ops_per_second"] = round(ops / max(secs, 1))
 json.dump(res, open(path, "w"), indent=1)
 EOF
   if [ "$rc" = 124 ]; then
-    say "fsx cut short by FSX_MINUTES ($fsx_minutes) before $fsx_ops operations; home $([ $home_ok = 1 ] && echo matches || echo DIFFERS)"
+    say "fsx cut short by FSX_MINUTES ($fsx_minutes) after $runs_done of $fsx_runs runs; home $([ $home_ok = 1 ] && echo matches || echo DIFFERS)"
     return 1
   fi
-  [ "$rc" = 0 ] && [ "$home_ok" = 1 ] || { say "fsx failed (exit $rc): $(tail -5 "$work/fsx.log")"; return 1; }
+  [ "$rc" = 0 ] && [ "$home_ok" = 1 ] || { say "fsx failed (exit $rc): $(tail -5 "$work/run$runs_done/fsx.log" 2>/dev/null)"; return 1; }
 }
 
 started=$SECONDS
@@ -186,7 +200,7 @@ for h in ("posix", "s3"):
 f = res.get("fsx")
 if f:
     how = "cut short by FSX_MINUTES" if f["timed_out"] else ("passed" if f["ok"] else f"FAILED (exit {f['exit']})")
-    print(f"fsx: {f['ops']} ops, seed {f['seed']}, {how}, {f['seconds']} s; home {'matches' if f['home_matches'] else 'DIFFERS'}")
+    print(f"fsx: {f['ops']} ops in {f.get('runs', 1)} run(s), seeds from {f['seed']}, {how}, {f['seconds']} s; home {'matches' if f['home_matches'] else 'DIFFERS'}")
 print(f"results: {out}/results.json ({secs} s in all)")
 EOF
 [ "$failed" = 0 ]
