@@ -236,7 +236,7 @@ fn restored_listings(kept: &[(u64, u64)], lag: Duration) -> HashMap<u64, Instant
     out
 }
 
-/// Byte ranges of cache objects written here and not pushed yet.
+/// Byte ranges of cache objects written here and not confirmed at home yet.
 type DirtyRanges = Vec<(u64, Vec<(u64, u64)>)>;
 
 /// The cache objects referred to by persisted inodes reachable from the root, each with its inode, and
@@ -268,8 +268,14 @@ fn collect_live(db: &larder_cache::Db, unclean: bool) -> FsResult<(HashMap<u64, 
             names.insert(ino, rec.name);
             if rec.object != 0 {
                 objects.insert(ino, rec.object);
-                if !rec.dirty.is_empty() {
-                    dirty.insert(ino, (rec.object, rec.dirty));
+                // A push under way when the daemon stopped holds what it sent in its attempt, out of the
+                // dirty ranges: not confirmed at home, those bytes are as much the only copy.
+                let mut ranges = rec.dirty;
+                if let Some((sent, _)) = rec.attempt {
+                    ranges.extend(sent);
+                }
+                if !ranges.is_empty() {
+                    dirty.insert(ino, (rec.object, ranges));
                 }
             }
         }
