@@ -115,18 +115,8 @@ impl Fs {
                     self.load_cached(&mut ns, ino)?;
                     return self.snapshot(&ns, ino);
                 }
-                match self.moved_meanwhile(&ns, ino, None, &path)? {
-                    Some(crate::namespace::Found::Moved) => {
-                        // Moved at home while home was asked (a queued rename landed): ask again.
-                        drop(ns);
-                        return self.list_now(ino);
-                    }
-                    Some(_) => {
-                        // A rename above it is landing or was tried: what the cache holds stands.
-                        self.load_cached(&mut ns, ino)?;
-                        return self.snapshot(&ns, ino);
-                    }
-                    None => {}
+                if let Some(found) = self.moved_meanwhile(&ns, ino, None, &path)? {
+                    return self.overtaken_listing(ns, ino, found);
                 }
                 if ino != ROOT {
                     self.gone_at_home(&mut ns, parent, &name);
@@ -138,18 +128,9 @@ impl Fs {
         };
         let mut ns = write(&self.ns);
         // A rename of it or above it reached home while home listed it, or is landing: on a home that
-        // renames by copy, then delete, the listing may lack entries the rename was moving. It is asked
-        // again at its new place, or the cache's entries stand.
-        match self.moved_meanwhile(&ns, ino, None, &path)? {
-            Some(crate::namespace::Found::Moved) => {
-                drop(ns);
-                return self.list_now(ino);
-            }
-            Some(_) => {
-                self.load_cached(&mut ns, ino)?;
-                return self.snapshot(&ns, ino);
-            }
-            None => {}
+        // renames by copy, then delete, the listing may lack entries the rename was moving.
+        if let Some(found) = self.moved_meanwhile(&ns, ino, None, &path)? {
+            return self.overtaken_listing(ns, ino, found);
         }
         // The entries the index has of the directory, read once for all the names of the listing.
         let persisted: std::collections::HashMap<Vec<u8>, u64> =
@@ -288,6 +269,23 @@ impl Fs {
     }
 
     /// Home is away: a directory listed before is served as cached.
+    /// The listing of `ino` when home's answer was overtaken by a rename of it or above it
+    /// ([`Fs::moved_meanwhile`]): asked again at its new place if the rename landed (`Moved`), else
+    /// (landing, or tried and unsettled) the cache's entries.
+    fn overtaken_listing(
+        &self,
+        mut ns: std::sync::RwLockWriteGuard<'_, crate::namespace::Namespace>,
+        ino: u64,
+        found: crate::namespace::Found,
+    ) -> FsResult<Vec<DirItem>> {
+        if matches!(found, crate::namespace::Found::Moved) {
+            drop(ns);
+            return self.list_now(ino);
+        }
+        self.load_cached(&mut ns, ino)?;
+        self.snapshot(&ns, ino)
+    }
+
     fn offline_listing(&self, ino: u64, e: HomeError) -> FsResult<Vec<DirItem>> {
         let mut ns = write(&self.ns);
         if ns.inode(ino)?.d().listed.is_none() {
