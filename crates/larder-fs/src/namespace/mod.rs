@@ -594,15 +594,7 @@ impl Fs {
     /// and keep of an interrupted push only what the cache file still shows of it
     /// ([`Fs::unconfirmed_as_pushed`]).
     pub(crate) fn reclaim_dirty(&self, node: &mut Inode) {
-        let bs = self.core.store.block_size();
-        for r in &node.dirty {
-            if r.is_empty() {
-                continue;
-            }
-            for index in r.start / bs..=(r.end - 1) / bs {
-                self.core.store.claim((node.object, index as u32));
-            }
-        }
+        claim_ranges(&self.core.store, node.object, node.dirty.iter().cloned());
         self.unconfirmed_as_pushed(node);
     }
 
@@ -1074,4 +1066,15 @@ fn pages_of(ranges: &[Range<u64>]) -> u64 {
         }
     }
     pages * (PAGE / 512)
+}
+
+/// Mark the blocks of `object` under `ranges` dirty in the store (those it holds): written here and not
+/// confirmed at home, they are the only copy and are not evicted.
+pub(crate) fn claim_ranges(store: &Store, object: u64, ranges: impl IntoIterator<Item = Range<u64>>) {
+    let bs = store.block_size();
+    for r in ranges.into_iter().filter(|r| !r.is_empty()) {
+        for index in r.start / bs..=(r.end - 1) / bs {
+            store.claim((object, index as u32));
+        }
+    }
 }

@@ -41,13 +41,8 @@ impl Fs {
         // Blocks written here and not at home yet are the only copy of those bytes: the store learns they
         // are dirty now, before anything fills it (a fill over its limit evicts), not when their inode is
         // first looked up.
-        let bs = store.block_size();
         for (object, ranges) in dirty {
-            for r in ranges.into_iter().filter(|(start, end)| end > start) {
-                for index in r.0 / bs..=(r.1 - 1) / bs {
-                    store.claim((object, index as u32));
-                }
-            }
+            super::claim_ranges(&store, object, ranges.into_iter().map(|(start, end)| start..end));
         }
         let mut ops = Vec::new();
         db.for_each_op(|seq, bytes| match Op::decode(bytes) {
