@@ -41,6 +41,14 @@ impl Setup {
         }
     }
 
+    /// Whether the index in the cache dir holds a record of `ino` (no file system open on it).
+    fn index_has_record(&self, ino: u64) -> bool {
+        let db = larder_cache::Db::open(&self.cache_dir.join("index.redb")).unwrap();
+        let found = db.inode(ino).unwrap().is_some();
+        db.close().unwrap();
+        found
+    }
+
     fn home(&self, rel: &str) -> PathBuf {
         self.home_dir.join(rel)
     }
@@ -105,6 +113,17 @@ impl Setup {
     }
 }
 
+/// Write-back that pushes nothing within an hour and trusts what it knows as long: changes wait in the
+/// cache.
+fn held_back() -> FsConfig {
+    FsConfig {
+        validity_lag: Duration::from_secs(3600),
+        write_mode: larder_fs::WriteMode::WriteBack,
+        sync_lag: Duration::from_secs(3600),
+        ..FsConfig::default()
+    }
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -143,13 +162,8 @@ fn a_miss_in_a_directory_nobody_listed_lists_it_once_and_creates_there_ask_home_
     }
     let (fs, c) = s.fs_configured(
         Arc::new(FaultLayer::default()),
-        FsConfig {
-            validity_lag: Duration::from_secs(3600),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            // Nothing pushed while the test counts home calls.
-            sync_lag: Duration::from_secs(3600),
-            ..FsConfig::default()
-        },
+        // Nothing pushed while the test counts home calls.
+        held_back(),
     );
     let d = resolve(&fs, "d").unwrap();
     let before = (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat));
@@ -180,13 +194,8 @@ fn inodes_the_kernel_forgot_leave_memory_and_come_back_from_the_index_asking_hom
     }
     let (fs, c) = s.fs_configured(
         Arc::new(FaultLayer::default()),
-        FsConfig {
-            validity_lag: Duration::from_secs(3600),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            // Nothing pushed: a file written here keeps a change queued.
-            sync_lag: Duration::from_secs(3600),
-            ..FsConfig::default()
-        },
+        // Nothing pushed: a file written here keeps a change queued.
+        held_back(),
     );
     let d = resolve(&fs, "d").unwrap();
     let mut inos = Vec::new();
@@ -885,14 +894,12 @@ fn a_removed_file_leaves_no_record_behind_once_its_changes_are_pushed() {
     assert!(!s.home("d/f").exists() && !s.home("d/g").exists());
     fs.shutdown().unwrap();
     drop(fs);
-    let db = larder_cache::Db::open(&s.cache_dir.join("index.redb")).unwrap();
     for (name, ino) in [("f", f), ("g", g)] {
         assert!(
-            db.inode(ino).unwrap().is_none(),
+            !s.index_has_record(ino),
             "the index holds a record of {name}, removed and pushed"
         );
     }
-    db.close().unwrap();
 }
 
 /// Write-back: a small file never read is extended by a truncation without a write; after a restart it is
@@ -907,15 +914,7 @@ fn a_whole_cached_file_extended_by_truncation_reaches_home() {
     let mut want = b"0123456789".to_vec();
     want.resize(3 * BS as usize + 5, 0);
     {
-        let (fs, _) = s.fs_configured(
-            Arc::new(FaultLayer::default()),
-            FsConfig {
-                validity_lag: Duration::from_secs(3600),
-                write_mode: larder_fs::WriteMode::WriteBack,
-                sync_lag: Duration::from_secs(3600),
-                ..FsConfig::default()
-            },
-        );
+        let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
         let f = resolve(&fs, "f").unwrap();
         let grow = SetAttr {
             size: Some(3 * BS + 5),
@@ -959,9 +958,7 @@ fn a_start_while_home_is_away_lists_directories_from_the_cache() {
     s.home_dir_of_files("d", 3, b"x");
     let write_back = |lag| FsConfig {
         validity_lag: lag,
-        write_mode: larder_fs::WriteMode::WriteBack,
-        sync_lag: Duration::from_secs(3600),
-        ..FsConfig::default()
+        ..held_back()
     };
     {
         let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), write_back(Duration::from_secs(3600)));
@@ -1003,27 +1000,17 @@ fn a_start_while_home_is_away_lists_directories_from_the_cache() {
 fn a_directory_made_and_removed_before_home_saw_it_leaves_no_record() {
     let s = Setup::new();
     std::fs::create_dir(s.home("d")).unwrap();
-    let (fs, _) = s.fs_configured(
-        Arc::new(FaultLayer::default()),
-        FsConfig {
-            validity_lag: Duration::from_secs(3600),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::from_secs(3600),
-            ..FsConfig::default()
-        },
-    );
+    let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
     let d = resolve(&fs, "d").unwrap();
     let x = fs.mkdir(d, OsStr::new("x"), 0o755, 0, 0).unwrap().attr.ino;
     fs.rmdir(d, OsStr::new("x")).unwrap();
     assert_eq!(fs.journal_stats().pending_ops, 0, "the mkdir and the rmdir cancel out");
     fs.shutdown().unwrap();
     drop(fs);
-    let db = larder_cache::Db::open(&s.cache_dir.join("index.redb")).unwrap();
     assert!(
-        db.inode(x).unwrap().is_none(),
+        !s.index_has_record(x),
         "the index holds a record of the removed directory"
     );
-    db.close().unwrap();
 }
 
 /// Write-back: data written here waits for home across a restart with a cache too small for everything it
@@ -1039,11 +1026,9 @@ fn written_blocks_waiting_for_home_are_not_evicted_after_a_restart_before_their_
         std::fs::write(s.home(&format!("g{i}")), pattern(4 * BS as usize, 10 + i as u8)).unwrap();
     }
     let write_back = |sync_lag| FsConfig {
-        validity_lag: Duration::from_secs(3600),
-        write_mode: larder_fs::WriteMode::WriteBack,
         sync_lag,
         flush_threads: 1,
-        ..FsConfig::default()
+        ..held_back()
     };
     {
         // Nothing is pushed within an hour: the write waits in the cache.
