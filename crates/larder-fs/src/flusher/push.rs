@@ -102,8 +102,12 @@ impl Fs {
                 };
                 // On a home where a rename makes a new version of a file (an object store's copy), the
                 // version the next push of it is based on is the target's now, whichever way it got there.
+                // (A directory has no version to settle: not asked.)
+                let file = read(&self.ns)
+                    .inode(op.ino)
+                    .is_ok_and(|n| n.kind != larder_home::FileKind::Dir);
                 match renamed {
-                    Ok(None) if !home.limits().rename_keeps_version => match home.stat(&os(to)) {
+                    Ok(None) if file && !home.limits().rename_keeps_version => match home.stat(&os(to)) {
                         Ok(a) if a.kind != larder_home::FileKind::Dir => Ok(Some(a)),
                         _ => Ok(None),
                     },
