@@ -375,6 +375,11 @@ class Soak:
     def files(self):
         return [k for k, v in self.model.items() if v.kind == "file"]
 
+    def any_file(self):
+        """A file of the model drawn at random, or None if there is none."""
+        files = self.files()
+        return self.rng.choice(files) if files else None
+
     def dirs(self):
         return [""] + [k for k, v in self.model.items() if v.kind == "dir"]
 
@@ -438,10 +443,9 @@ class Soak:
         return f"create {rel} {len(data)} bytes mode {mode:o}"
 
     def op_rewrite(self):
-        files = self.files()
-        if not files:
+        rel = self.any_file()
+        if rel is None:
             return None
-        rel = self.rng.choice(files)
         data = self.rng.randbytes(self.size())
         self.write_closed(self.path(rel), os.O_WRONLY | os.O_TRUNC, lambda fd: self.write_all(fd, data, 0))
         f = self.model[rel]
@@ -449,10 +453,9 @@ class Soak:
         return f"rewrite {rel} with {len(data)} bytes (O_TRUNC)"
 
     def op_overwrite(self):
-        files = self.files()
-        if not files:
+        rel = self.any_file()
+        if rel is None:
             return None
-        rel = self.rng.choice(files)
         f = self.model[rel]
         off = self.rng.randint(0, len(f.data) + 70_000)
         data = self.rng.randbytes(self.rng.choice([1, self.rng.randint(1, 5000), self.rng.randint(1, 200_000)]))
@@ -464,10 +467,9 @@ class Soak:
         return f"overwrite {rel} [{off}, +{len(data)})"
 
     def op_append(self):
-        files = self.files()
-        if not files:
+        rel = self.any_file()
+        if rel is None:
             return None
-        rel = self.rng.choice(files)
         data = self.rng.randbytes(self.rng.randint(1, 100_000))
         def write(fd):
             i = 0
@@ -481,10 +483,9 @@ class Soak:
         return f"append {len(data)} bytes to {rel}"
 
     def op_truncate(self):
-        files = self.files()
-        if not files:
+        rel = self.any_file()
+        if rel is None:
             return None
-        rel = self.rng.choice(files)
         f = self.model[rel]
         n = len(f.data)
         new = self.rng.randint(0, n) if (n and self.rng.random() < 0.6) else n + self.rng.randint(1, 300_000)
@@ -618,10 +619,9 @@ class Soak:
         return f"chmod {rel} {mode:o}"
 
     def op_utime(self):
-        files = self.files()
-        if not files:
+        rel = self.any_file()
+        if rel is None:
             return None
-        rel = self.rng.choice(files)
         # Times with nanoseconds, from 2001 to 2033.
         mtime = self.rng.randint(10**18, 2 * 10**18)
         atime = self.rng.randint(10**18, 2 * 10**18)
@@ -630,10 +630,9 @@ class Soak:
         return f"utime {rel} mtime {mtime}"
 
     def op_read(self):
-        files = self.files()
-        if not files:
+        rel = self.any_file()
+        if rel is None:
             return None
-        rel = self.rng.choice(files)
         with open(self.path(rel), "rb") as f:
             got = f.read()
         want = self.model[rel].data
