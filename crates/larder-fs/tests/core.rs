@@ -8,7 +8,8 @@ use std::time::Duration;
 use larder_fs::tier::{FaultTier, Faults, MemoryTier, Tier};
 use larder_fs::{Drained, Fs, FsConfig, FsError};
 use larder_home::{
-    Fault, FaultLayer, FileKind, Home, HomeCounters, HomeError, Layered, MetricsLayer, OpKind, PosixHome, SetAttr,
+    Fault, FaultLayer, FileKind, Home, HomeCounters, HomeError, HomeResult, Layer, Layered, MetricsLayer, OpKind,
+    PosixHome, SetAttr,
 };
 
 mod common;
@@ -90,6 +91,18 @@ impl Setup {
 
     fn fs_configured(&self, faults: Arc<FaultLayer>, cfg: FsConfig) -> (Fs, Arc<HomeCounters>) {
         self.fs_tiered(faults, cfg, &self.cache_dir, Vec::new())
+    }
+
+    /// A file system whose home is seen through `layer` as well (nearest home), then `faults`.
+    fn fs_layered<L: Layer>(&self, layer: L, faults: Arc<FaultLayer>, cfg: FsConfig) -> Fs {
+        let posix: Arc<dyn Home> = Arc::new(PosixHome::new(&self.home_dir, Some(Duration::from_secs(10))).unwrap());
+        let held: Arc<dyn Home> = Arc::new(Layered::new(posix, layer));
+        let home: Arc<dyn Home> = Arc::new(Layered::new(held, faults));
+        let mut cfg = cfg;
+        cfg.conflicts_dir = self.cache_dir.join("conflicts");
+        std::fs::create_dir_all(&self.cache_dir).unwrap();
+        let store = common::open_store_of(&self.cache_dir, self.store_limit.get()).unwrap();
+        Fs::with_tiers(home, store, cfg, larder_home::Health::new(), Vec::new()).unwrap()
     }
 
     /// A file system caching in `cache_dir`, reading through `between` after its store and before home.
@@ -861,6 +874,123 @@ fn a_chmod_queued_behind_a_data_push_shows_until_it_lands() {
     assert_eq!(
         std::fs::metadata(s.home("f")).unwrap().permissions().mode() & 0o7777,
         0o600
+    );
+    fs.stop_flushers();
+}
+
+/// Holds the answer of the next listing home gives, once home gave it, until released: a listing asked
+/// before something lands at home and taken in after.
+#[derive(Default)]
+struct HoldListing {
+    /// (armed, held, released)
+    state: std::sync::Mutex<(bool, bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl HoldListing {
+    fn arm(&self) {
+        *self.state.lock().unwrap() = (true, false, false);
+    }
+
+    fn wait_held(&self) {
+        let s = self.state.lock().unwrap();
+        let (s, timeout) = self
+            .changed
+            .wait_timeout_while(s, Duration::from_secs(20), |s| !s.1)
+            .unwrap();
+        assert!(!timeout.timed_out() && s.1, "no listing reached home");
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().2 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl Layer for HoldListing {
+    fn answer(&self, op: OpKind) -> HomeResult<()> {
+        if op != OpKind::List {
+            return Ok(());
+        }
+        let mut s = self.state.lock().unwrap();
+        if !s.0 {
+            return Ok(());
+        }
+        s.0 = false;
+        s.1 = true;
+        self.changed.notify_all();
+        let _released = self
+            .changed
+            .wait_timeout_while(s, Duration::from_secs(20), |s| !s.2)
+            .unwrap();
+        Ok(())
+    }
+}
+
+/// Write-back: a listing home answered before a queued chmod of one of its entries landed, taken in after
+/// the chmod's push concluded, leaves the chmod's mode: home's answer predates our own change. (Seen after a
+/// `kill -9`: the queue pushed at the start while a walk listed the directory above, and the directory
+/// showed its mode from before the chmod until the validity lag ran out.)
+#[test]
+fn a_listing_answered_before_a_queued_chmod_landed_does_not_undo_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    std::fs::set_permissions(s.home("d"), PermissionsExt::from_mode(0o755)).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let hold = Arc::new(HoldListing::default());
+    let lag = Duration::from_millis(300);
+    let fs = Arc::new(s.fs_layered(
+        hold.clone(),
+        faults.clone(),
+        FsConfig {
+            validity_lag: lag,
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::ZERO,
+            flush_threads: 1,
+            ..FsConfig::default()
+        },
+    ));
+    fs.start();
+    let d = resolve(&fs, "d").unwrap();
+    // The chmod waits in the queue: home refuses it for now.
+    faults.inject(Fault {
+        op: OpKind::SetAttr,
+        error: HomeError::NoSpace,
+        count: usize::MAX,
+        landed: false,
+    });
+    let chmod = SetAttr {
+        perm: Some(0o700),
+        ..SetAttr::default()
+    };
+    fs.setattr(d, &chmod).unwrap();
+    // Past the lag, the root is listed again: home answers (d at 755), and the answer is held.
+    std::thread::sleep(lag + Duration::from_millis(100));
+    hold.arm();
+    let lister = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let fh = fs.opendir(1).unwrap();
+            let names = fs.readdir(fh, 0).unwrap().len();
+            fs.releasedir(fh);
+            names
+        })
+    };
+    hold.wait_held();
+    // Meanwhile the chmod lands and its push concludes.
+    faults.clear();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the chmod is pushed");
+    assert_eq!(
+        std::fs::metadata(s.home("d")).unwrap().permissions().mode() & 0o7777,
+        0o700
+    );
+    hold.release();
+    assert!(lister.join().unwrap() >= 3, "the listing came back (., .., d)");
+    assert_eq!(
+        fs.getattr(d).unwrap().attr.perm & 0o7777,
+        0o700,
+        "home's listing, asked before the chmod landed, undid it"
     );
     fs.stop_flushers();
 }

@@ -18,9 +18,12 @@ impl Fs {
         }
         {
             let Some(node) = ns.inodes.get(&ino) else { return };
-            // An answer home gave before our own latest change of this object must not undo it: the
-            // version it carries is older than the one we adopted.
-            if node.checked.is_some_and(|c| c > asked) && node.attr.as_ref().is_some_and(|a| a.version != attr.version)
+            // An answer home gave before our own latest change of this object must not undo it: a change of
+            // its attributes alone (a chmod, a chown, a time) leaves its version as it was, so an answer
+            // asked before one of ours concluded is older whatever version it carries. One asked before a
+            // later answer was taken in is older too when its version is another.
+            if node.checked.is_some_and(|c| c > asked)
+                && (node.own || node.attr.as_ref().is_some_and(|a| a.version != attr.version))
             {
                 return;
             }
