@@ -1253,6 +1253,71 @@ fn a_small_file_push_cut_short_leaves_a_prefix_the_retry_recognises() {
     fs.stop_flushers();
 }
 
+/// Write-back: a small file's push (sent whole, home cutting the file to nothing first) is cut short, and
+/// the daemon stops without a shutdown twice before the retry. The second start must still know the push
+/// was of the whole file, so that the retry takes the prefix home holds for its own: the first start
+/// rewrote the file's record with the bytes it could still compare (none: all were queued again), and the
+/// whole-ness was read back from those.
+#[test]
+fn a_small_file_push_cut_short_is_recognised_after_two_unclean_stops() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new();
+    let old = pattern(2 * BS as usize + 100, 1);
+    std::fs::write(s.home("f"), &old).unwrap();
+    let mut want = old.clone();
+    want[BS as usize + 10..BS as usize + 17].copy_from_slice(b"changed");
+    {
+        let faults = Arc::new(FaultLayer::default());
+        let fs = s.write_back(faults.clone());
+        let f = resolve(&fs, "f").unwrap();
+        let r = fs.open(f, libc::O_RDWR).unwrap();
+        assert_eq!(fs.read(r.fh, 0, 4 * BS as u32).unwrap(), old);
+        fs.write(r.fh, BS + 10, b"changed").unwrap();
+        faults.inject(Fault {
+            op: OpKind::Write,
+            error: HomeError::NoSpace,
+            count: usize::MAX,
+            landed: false,
+        });
+        fs.flush(r.fh).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while fs.journal_stats().failed_ops == 0 {
+            assert!(std::time::Instant::now() < deadline, "the push never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fs.release(r.fh).unwrap();
+        // Stopped without a shutdown, as by a kill: the index keeps what was written to it.
+        fs.stop_flushers();
+        fs.store().db().close().unwrap();
+    }
+    // What the push cut short left at home: the start of our bytes.
+    std::fs::write(s.home("f"), &want[..BS as usize / 2]).unwrap();
+    {
+        // A start that pushes nothing, in which the file's record is written again (a chmod of it).
+        let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
+        let f = resolve(&fs, "f").unwrap();
+        let chmod = SetAttr {
+            perm: Some(0o600),
+            ..SetAttr::default()
+        };
+        fs.setattr(f, &chmod).unwrap();
+        fs.stop_flushers();
+        fs.store().db().close().unwrap();
+    }
+    let fs = s.write_back(Arc::new(FaultLayer::default()));
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    assert!(
+        std::fs::read(s.home("f")).unwrap() == want,
+        "the retry finished the push"
+    );
+    assert_eq!(
+        std::fs::metadata(s.home("f")).unwrap().permissions().mode() & 0o7777,
+        0o600
+    );
+    fs.stop_flushers();
+}
+
 /// Write-back over a home that renames by copying, then deleting (an object store): an attempt cut short
 /// leaves a copy at the target. The retry must see that copy as its own and finish the rename, for a file
 /// and for a directory part-copied, rather than set the copy aside as a conflict.

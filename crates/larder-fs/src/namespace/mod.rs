@@ -229,11 +229,17 @@ impl Inode {
             home_size: self.home_size,
             dirty: self.dirty.iter().map(|r| (r.start, r.end)).collect(),
             conflict: self.conflict,
-            attempt: self
-                .attempt
-                .as_ref()
-                .or(self.unconfirmed.as_ref())
-                .map(|a| (a.ranges.iter().map(|r| (r.start, r.end)).collect(), a.size)),
+            // A push of the whole content is recorded as such (`0..size`: the record keeps no flag, and
+            // reading it back derives whole-ness from the ranges), whatever part of it is still comparable:
+            // reading the record back takes the ranges written since out again.
+            attempt: self.attempt.as_ref().or(self.unconfirmed.as_ref()).map(|a| {
+                let ranges = if a.whole {
+                    vec![(0, a.size)]
+                } else {
+                    a.ranges.iter().map(|r| (r.start, r.end)).collect()
+                };
+                (ranges, a.size)
+            }),
             xattrs: self
                 .xattrs
                 .as_ref()
