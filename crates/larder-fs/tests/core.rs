@@ -1253,6 +1253,99 @@ fn a_small_file_push_cut_short_leaves_a_prefix_the_retry_recognises() {
     fs.stop_flushers();
 }
 
+/// Keeps every write to home waiting before it reaches home, as a daemon killed mid-push never sends it;
+/// after `limit` the write fails as unreachable.
+struct HoldWrites {
+    limit: Duration,
+    reached: std::sync::Mutex<bool>,
+    changed: std::sync::Condvar,
+}
+
+impl Layer for HoldWrites {
+    fn before(&self, op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        if op != OpKind::Write {
+            return Ok(());
+        }
+        *self.reached.lock().unwrap() = true;
+        self.changed.notify_all();
+        std::thread::sleep(self.limit);
+        Err(HomeError::Unavailable("held".into()))
+    }
+}
+
+/// Write-back: the daemon is killed while a push of a file is under way. A push moves what it sends from
+/// the file's dirty ranges to its record of the attempt, so the next start must keep those blocks too: a
+/// start with a smaller cache that fills it with other reads must not evict them (home never got them).
+#[test]
+fn blocks_of_a_push_under_way_at_a_kill_are_not_evicted_after_the_restart() {
+    let s = Setup::new();
+    let ours = pattern(4 * BS as usize, 3);
+    // In a directory of its own, which nothing lists before the cache fills.
+    std::fs::create_dir(s.home("p")).unwrap();
+    std::fs::write(s.home("p/f"), vec![b'x'; 4 * BS as usize]).unwrap();
+    for i in 0..4 {
+        std::fs::write(s.home(&format!("g{i}")), pattern(4 * BS as usize, 10 + i as u8)).unwrap();
+    }
+    {
+        let hold = Arc::new(HoldWrites {
+            limit: Duration::from_secs(120),
+            reached: Default::default(),
+            changed: Default::default(),
+        });
+        let fs = Arc::new(s.fs_layered(
+            hold.clone(),
+            Arc::new(FaultLayer::default()),
+            FsConfig {
+                validity_lag: Duration::from_secs(3600),
+                write_mode: larder_fs::WriteMode::WriteBack,
+                sync_lag: Duration::ZERO,
+                flush_threads: 1,
+                ..FsConfig::default()
+            },
+        ));
+        fs.start();
+        let f = resolve(&fs, "p/f").unwrap();
+        let r = fs.open(f, libc::O_RDWR).unwrap();
+        fs.write(r.fh, 0, &ours).unwrap();
+        fs.flush(r.fh).unwrap();
+        fs.release(r.fh).unwrap();
+        // The push has recorded its attempt and waits at home's door: the daemon dies there (the index
+        // keeps what was written to it; the held push never reaches home).
+        let reached = hold.reached.lock().unwrap();
+        let (reached, _) = hold
+            .changed
+            .wait_timeout_while(reached, Duration::from_secs(20), |r| !*r)
+            .unwrap();
+        assert!(*reached, "the push never started");
+        drop(reached);
+        fs.store().db().close().unwrap();
+    }
+    // Room for 6 blocks: the 4 written ones and 2 others.
+    s.store_limit.set(6 * BS);
+    let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
+    let fs = Arc::new(fs);
+    // Other reads fill the cache before anything looks the file up, the flusher included (started after
+    // them here; in a daemon it is busy with the other queued changes): only what the start claimed
+    // stays.
+    for i in 0..4 {
+        let g = resolve(&fs, &format!("g{i}")).unwrap();
+        assert!(read_file(&fs, g) == pattern(4 * BS as usize, 10 + i as u8));
+    }
+    fs.start();
+    let f = resolve(&fs, "p/f").unwrap();
+    assert!(
+        read_file(&fs, f) == ours,
+        "the file whose push was under way lost its bytes in the cache"
+    );
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(
+        std::fs::read(s.home("p/f")).unwrap() == ours,
+        "home lacks the written bytes"
+    );
+    fs.shutdown().unwrap();
+    fs.stop_flushers();
+}
+
 /// Write-back: a small file's push (sent whole, home cutting the file to nothing first) is cut short, and
 /// the daemon stops without a shutdown twice before the retry. The second start must still know the push
 /// was of the whole file, so that the retry takes the prefix home holds for its own: the first start
