@@ -232,7 +232,7 @@ impl Home for S3Home {
                     self.op.copy(key, &target).await.map_err(|e| classify(e, false))?;
                 }
             }
-            for key in &keys {
+            for key in &deletion_order(keys) {
                 match self.op.delete(key).await {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -436,4 +436,16 @@ impl S3Home {
         }
         all
     }
+}
+
+/// The order the source keys of a moved directory are deleted in, once all are copied: every key below a
+/// directory's marker before that marker, so the moved directory's own marker goes last. A move cut short
+/// anywhere then leaves no directory at the source that still holds entries without its marker, which
+/// carries its mode, owner, time and extended attributes: a repeat finishing the move (see the flusher)
+/// gives each directory at the target the attributes of a real marker, not a bare prefix's defaults.
+pub(super) fn deletion_order(mut keys: Vec<String>) -> Vec<String> {
+    // A key sorts after every key it is a prefix of (a marker "a/b/" before "a/b/c"): reversed, after.
+    keys.sort_unstable();
+    keys.reverse();
+    keys
 }

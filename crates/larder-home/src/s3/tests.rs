@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::check::{s3_answer, unreachable_endpoint};
+use super::home::deletion_order;
 use super::{S3Home, S3Spec, valid_bucket_name};
 use crate::{Home, HomeError};
 
@@ -116,4 +117,40 @@ fn xattrs_are_kept_only_with_metadata_and_checked_against_2_kib() {
         bare.set_xattr(Path::new("f"), b"user.a", Some(b"1")),
         Err(HomeError::Unsupported(_))
     ));
+}
+
+#[test]
+fn a_moved_directorys_keys_are_deleted_below_each_marker_first_and_its_own_marker_last() {
+    let keys: Vec<String> = [
+        "d/z",
+        "d/a/s/x",
+        "d/a-b/g",
+        "d/a/",
+        "d/a/f",
+        "d/a-b/",
+        "d/a/s/",
+        "d/",
+        "d/a/s/t/",
+        "d/a/s/t/y",
+    ]
+    .iter()
+    .map(|k| k.to_string())
+    .collect();
+    let order = deletion_order(keys.clone());
+    assert_eq!(order.len(), keys.len());
+    assert_eq!(
+        order.last().map(String::as_str),
+        Some("d/"),
+        "the moved directory's marker goes last"
+    );
+    for (i, marker) in order.iter().enumerate().filter(|(_, k)| k.ends_with('/')) {
+        for (j, key) in order.iter().enumerate() {
+            if key != marker && key.starts_with(marker.as_str()) {
+                assert!(
+                    j < i,
+                    "{key} is deleted after its directory's marker {marker}: {order:?}"
+                );
+            }
+        }
+    }
 }
