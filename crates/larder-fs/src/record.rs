@@ -45,6 +45,26 @@ pub(crate) struct InodeRecord {
     pub attempt: Option<(Vec<(u64, u64)>, u64)>,
     /// Its extended attributes, where known (names with values).
     pub xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// The push in `attempt` sent the whole content (home cut the file to nothing first): the ranges kept
+    /// are only those still comparable, so they cannot tell.
+    pub attempt_whole: bool,
+}
+
+/// An inode record as index format 5 wrote it, before a push attempt said whether it was of the whole
+/// content: the format-4 record and its extended attributes.
+#[derive(Deserialize)]
+struct RecordV5 {
+    v4: RecordV4,
+    xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+}
+
+impl RecordV5 {
+    fn upgrade(self) -> InodeRecord {
+        InodeRecord {
+            xattrs: self.xattrs,
+            ..self.v4.upgrade()
+        }
+    }
 }
 
 /// An inode record as index format 4 wrote it before extended attributes were kept: the format-3 record and
@@ -58,8 +78,14 @@ struct RecordV4 {
 
 impl RecordV4 {
     fn upgrade(self) -> InodeRecord {
+        // Its ranges were all the push sent, or what was comparable of them: whole as far as they tell.
+        let attempt_whole = self
+            .attempt
+            .as_ref()
+            .is_some_and(|(ranges, size)| *size > 0 && ranges.first().is_some_and(|r| r.0 == 0 && r.1 >= *size));
         InodeRecord {
             attempt: self.attempt,
+            attempt_whole,
             ..self.v3.upgrade()
         }
     }
@@ -97,6 +123,7 @@ impl RecordV3 {
             conflict: self.conflict,
             attempt: None,
             xattrs: None,
+            attempt_whole: false,
         }
     }
 }
@@ -171,6 +198,7 @@ impl InodeRecord {
                 .map(|(r, _)| r)
         }
         whole::<InodeRecord>(bytes)
+            .or_else(|| whole::<RecordV5>(bytes).map(RecordV5::upgrade))
             .or_else(|| whole::<RecordV4>(bytes).map(RecordV4::upgrade))
             .or_else(|| whole::<RecordV3>(bytes).map(RecordV3::upgrade))
     }
@@ -211,6 +239,7 @@ mod tests {
             conflict: false,
             attempt: Some((vec![(3, 5)], 5)),
             xattrs: Some(vec![(b"user.a".to_vec(), b"\0bin".to_vec())]),
+            attempt_whole: true,
         };
         let back = InodeRecord::decode(&rec.encode()).unwrap();
         assert_eq!(back.attr.unwrap().to_attr(), attr);
@@ -218,6 +247,7 @@ mod tests {
         assert_eq!(back.dirty, vec![(0, 3)]);
         assert_eq!(back.attempt, Some((vec![(3, 5)], 5)));
         assert_eq!(back.xattrs, Some(vec![(b"user.a".to_vec(), b"\0bin".to_vec())]));
+        assert!(back.attempt_whole);
     }
 
     #[test]
@@ -236,10 +266,11 @@ mod tests {
             conflict: false,
             attempt: Some((vec![(3, 5)], 5)),
             xattrs: None,
+            attempt_whole: false,
         };
-        // The older form is this one without its last field (`None`: one byte).
+        // The older form is this one without its last two fields (`None` and `false`: one byte each).
         let mut old = rec.encode();
-        assert_eq!(old.pop(), Some(0));
+        assert_eq!((old.pop(), old.pop()), (Some(0), Some(0)));
         let back = InodeRecord::decode(&old).expect("an older record decodes");
         assert_eq!(
             back.attempt,
@@ -247,5 +278,34 @@ mod tests {
             "read as the older form, not the oldest"
         );
         assert_eq!((back.dirty, back.xattrs), (vec![(0, 3)], None));
+    }
+
+    #[test]
+    fn a_record_from_before_attempts_said_whether_they_were_whole_reads_it_from_the_ranges() {
+        let rec = |ranges: Vec<(u64, u64)>| InodeRecord {
+            parent: 1,
+            name: b"f".to_vec(),
+            kind: FileKind::File,
+            attr: None,
+            object: 9,
+            symlink: None,
+            aliases: Vec::new(),
+            home_loc: Some((1, b"f".to_vec())),
+            home_size: Some(5),
+            dirty: Vec::new(),
+            conflict: false,
+            attempt: Some((ranges, 5)),
+            xattrs: Some(vec![(b"user.a".to_vec(), b"1".to_vec())]),
+            attempt_whole: false,
+        };
+        for (ranges, whole) in [(vec![(0, 5)], true), (vec![(3, 5)], false)] {
+            // The older form is this one without its last field (`false`: one byte).
+            let mut old = rec(ranges.clone()).encode();
+            assert_eq!(old.pop(), Some(0));
+            let back = InodeRecord::decode(&old).expect("an older record decodes");
+            assert_eq!(back.attempt, Some((ranges, 5)));
+            assert_eq!(back.xattrs, Some(vec![(b"user.a".to_vec(), b"1".to_vec())]));
+            assert_eq!(back.attempt_whole, whole);
+        }
     }
 }

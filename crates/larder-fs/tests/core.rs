@@ -1411,6 +1411,72 @@ fn a_small_file_push_cut_short_is_recognised_after_two_unclean_stops() {
     fs.stop_flushers();
 }
 
+/// Write-back: a small file's push lands at home whole but its answer is lost (a kill), then the file is
+/// rewritten shorter (`O_TRUNC`) and the daemon killed again. The retry must not compare home's bytes past
+/// the new end with bytes the cache no longer has: the rewrite is pushed, no conflict.
+#[test]
+fn a_file_rewritten_shorter_after_its_whole_push_was_cut_short_is_pushed_after_a_kill() {
+    let s = Setup::new();
+    let first = pattern(3 * BS as usize / 2, 5);
+    let second = pattern(1156, 6);
+    std::fs::write(s.home("f"), pattern(3000, 4)).unwrap();
+    {
+        let faults = Arc::new(FaultLayer::default());
+        let fs = s.write_back(faults.clone());
+        let f = resolve(&fs, "f").unwrap();
+        // The push reaches home, its answer does not.
+        faults.inject(Fault {
+            op: OpKind::Write,
+            error: HomeError::Unavailable("answer lost".into()),
+            count: usize::MAX,
+            landed: true,
+        });
+        let r = fs.open(f, libc::O_RDWR | libc::O_TRUNC).unwrap();
+        fs.setattr(
+            f,
+            &SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+        fs.write(r.fh, 0, &first).unwrap();
+        fs.flush(r.fh).unwrap();
+        fs.release(r.fh).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::fs::read(s.home("f")).unwrap() != first {
+            assert!(std::time::Instant::now() < deadline, "the push never reached home");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fs.stop_flushers();
+        fs.store().db().close().unwrap();
+    }
+    {
+        // Rewritten shorter in a start that pushes nothing, then killed.
+        let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
+        let f = resolve(&fs, "f").unwrap();
+        let r = fs.open(f, libc::O_RDWR).unwrap();
+        fs.setattr(
+            f,
+            &SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+        fs.write(r.fh, 0, &second).unwrap();
+        fs.flush(r.fh).unwrap();
+        fs.release(r.fh).unwrap();
+        fs.stop_flushers();
+        fs.store().db().close().unwrap();
+    }
+    let fs = s.write_back(Arc::new(FaultLayer::default()));
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    assert!(std::fs::read(s.home("f")).unwrap() == second, "home has the rewrite");
+    fs.stop_flushers();
+}
+
 /// Write-back over a home that renames by copying, then deleting (an object store): an attempt cut short
 /// leaves a copy at the target. The retry must see that copy as its own and finish the rename, for a file
 /// and for a directory part-copied, rather than set the copy aside as a conflict.

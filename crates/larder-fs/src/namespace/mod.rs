@@ -229,17 +229,18 @@ impl Inode {
             home_size: self.home_size,
             dirty: self.dirty.iter().map(|r| (r.start, r.end)).collect(),
             conflict: self.conflict,
-            // A push of the whole content is recorded as such (`0..size`: the record keeps no flag, and
-            // reading it back derives whole-ness from the ranges), whatever part of it is still comparable:
-            // reading the record back takes the ranges written since out again.
-            attempt: self.attempt.as_ref().or(self.unconfirmed.as_ref()).map(|a| {
-                let ranges = if a.whole {
-                    vec![(0, a.size)]
-                } else {
-                    a.ranges.iter().map(|r| (r.start, r.end)).collect()
-                };
-                (ranges, a.size)
-            }),
+            attempt: self
+                .attempt
+                .as_ref()
+                .or(self.unconfirmed.as_ref())
+                .map(|a| (a.ranges.iter().map(|r| (r.start, r.end)).collect(), a.size)),
+            // Said apart from the ranges: those of a push cut short are only what is still comparable of
+            // what it sent (none, once written again), and cannot tell whether it was of the whole file.
+            attempt_whole: self
+                .attempt
+                .as_ref()
+                .or(self.unconfirmed.as_ref())
+                .is_some_and(|a| a.whole),
             xattrs: self
                 .xattrs
                 .as_ref()
@@ -278,12 +279,11 @@ impl Inode {
             // Whether it reached home or not, its ranges are pushed again; only the bytes not written
             // since can tell whether it did.
             let unchanged = crate::data::subtract(&sent, &node.dirty);
-            let sent_whole = sent.clone();
             for r in sent {
                 crate::data::add_range(&mut node.dirty, r);
             }
             node.unconfirmed = Some(Box::new(Attempt {
-                whole: crate::data::whole(&sent_whole, size),
+                whole: rec.attempt_whole,
                 ranges: unchanged,
                 size,
             }));
