@@ -878,16 +878,25 @@ fn a_chmod_queued_behind_a_data_push_shows_until_it_lands() {
     fs.stop_flushers();
 }
 
-/// Holds the answer of the next listing home gives, once home gave it, until released: a listing asked
-/// before something lands at home and taken in after.
-#[derive(Default)]
-struct HoldListing {
+/// Holds the answer of the next operation of a kind home carries out, once home carried it out, until
+/// released: an answer asked before something lands at home and taken in after, or a change that landed
+/// at home and is not yet known to have.
+struct HoldAnswer {
+    op: OpKind,
     /// (armed, held, released)
     state: std::sync::Mutex<(bool, bool, bool)>,
     changed: std::sync::Condvar,
 }
 
-impl HoldListing {
+impl HoldAnswer {
+    fn new(op: OpKind) -> HoldAnswer {
+        HoldAnswer {
+            op,
+            state: Default::default(),
+            changed: Default::default(),
+        }
+    }
+
     fn arm(&self) {
         *self.state.lock().unwrap() = (true, false, false);
     }
@@ -898,7 +907,7 @@ impl HoldListing {
             .changed
             .wait_timeout_while(s, Duration::from_secs(20), |s| !s.1)
             .unwrap();
-        assert!(!timeout.timed_out() && s.1, "no listing reached home");
+        assert!(!timeout.timed_out() && s.1, "no {:?} reached home", self.op);
     }
 
     fn release(&self) {
@@ -907,9 +916,9 @@ impl HoldListing {
     }
 }
 
-impl Layer for HoldListing {
+impl Layer for HoldAnswer {
     fn answer(&self, op: OpKind) -> HomeResult<()> {
-        if op != OpKind::List {
+        if op != self.op {
             return Ok(());
         }
         let mut s = self.state.lock().unwrap();
@@ -927,6 +936,46 @@ impl Layer for HoldListing {
     }
 }
 
+/// Write-back: a symlink whose directory's rename lands at home meanwhile reads its target from the cache.
+/// A symlink's target never changes in place (a new target is a new object, which a lookup finds), so
+/// once cached it is the answer: asking home again at the old path while a rename above it lands would
+/// find nothing there. (Seen after `kill -9`s: a walk listed a symlink, then `readlink` said ENOENT.)
+#[test]
+fn a_symlink_reads_its_cached_target_while_a_rename_of_its_directory_lands() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("p")).unwrap();
+    std::os::unix::fs::symlink("tgt", s.home("p/l")).unwrap();
+    let hold = Arc::new(HoldAnswer::new(OpKind::Rename));
+    let lag = Duration::from_millis(200);
+    let fs = Arc::new(s.fs_layered(
+        hold.clone(),
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: lag,
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::ZERO,
+            flush_threads: 1,
+            ..FsConfig::default()
+        },
+    ));
+    fs.start();
+    let l = resolve(&fs, "p/l").unwrap();
+    assert_eq!(fs.readlink(l).unwrap(), b"tgt");
+    // The rename reaches home; its answer is held, so the cache does not know yet.
+    hold.arm();
+    fs.rename(1, OsStr::new("p"), 1, OsStr::new("q"), Default::default())
+        .unwrap();
+    hold.wait_held();
+    assert!(s.home("q/l").symlink_metadata().is_ok() && s.home("p").symlink_metadata().is_err());
+    // Past the lag: nothing about the symlink is fresh.
+    std::thread::sleep(lag + Duration::from_millis(100));
+    let target = fs.readlink(l);
+    hold.release();
+    assert_eq!(target.unwrap(), b"tgt", "readlink while the rename above it lands");
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    fs.stop_flushers();
+}
+
 /// Write-back: a listing home answered before a queued chmod of one of its entries landed, taken in after
 /// the chmod's push concluded, leaves the chmod's mode: home's answer predates our own change. (Seen after a
 /// `kill -9`: the queue pushed at the start while a walk listed the directory above, and the directory
@@ -938,7 +987,7 @@ fn a_listing_answered_before_a_queued_chmod_landed_does_not_undo_it() {
     std::fs::create_dir(s.home("d")).unwrap();
     std::fs::set_permissions(s.home("d"), PermissionsExt::from_mode(0o755)).unwrap();
     let faults = Arc::new(FaultLayer::default());
-    let hold = Arc::new(HoldListing::default());
+    let hold = Arc::new(HoldAnswer::new(OpKind::List));
     let lag = Duration::from_millis(300);
     let fs = Arc::new(s.fs_layered(
         hold.clone(),

@@ -376,31 +376,44 @@ impl Fs {
     }
 
     /// Read the target of a symlink.
+    /// A symlink's target never changes in place: another target is another object, which the lookup or
+    /// revalidation that reached this inode found (and which then holds no cached target). So a cached
+    /// target is the answer, fresh or not; home is asked only for one never read.
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
-        let path = {
-            let ns = read(&self.ns);
-            let node = ns.inode(ino)?;
-            if node.kind != FileKind::Symlink {
-                return Err(FsError::Invalid);
+        let deadline = Instant::now() + MOVE_WAIT;
+        loop {
+            let path = {
+                let ns = read(&self.ns);
+                let node = ns.inode(ino)?;
+                if node.kind != FileKind::Symlink {
+                    return Err(FsError::Invalid);
+                }
+                if let Some(t) = &node.symlink {
+                    return Ok(t.clone());
+                }
+                match ns.home_path(ino)? {
+                    Some(p) => p,
+                    None => return Err(FsError::NotFound),
+                }
+            };
+            match self.core.home.readlink(&path) {
+                Ok(target) => {
+                    let mut ns = write(&self.ns);
+                    if let Ok(node) = ns.inode_mut(ino) {
+                        node.symlink = Some(target.clone());
+                    }
+                    self.persist(&ns, ino);
+                    return Ok(target);
+                }
+                // A rename above it landed, or is landing, while home was asked: ask again at its place.
+                Err(HomeError::NotFound) => match self.moved_meanwhile(&read(&self.ns), ino, None, &path)? {
+                    Some(Found::Moved) => {}
+                    Some(Found::Moving) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                    _ => return Err(FsError::NotFound),
+                },
+                Err(e) => return Err(e.into()),
             }
-            if let Some(t) = &node.symlink
-                && (self.fresh(node.checked) || self.queued(ino) || !self.health.online())
-            {
-                return Ok(t.clone());
-            }
-            match ns.home_path(ino)? {
-                Some(p) => p,
-                None => return node.symlink.clone().ok_or(FsError::NotFound),
-            }
-        };
-        self.revalidate(ino, &path)?;
-        let target = self.core.home.readlink(&path)?;
-        let mut ns = write(&self.ns);
-        if let Ok(node) = ns.inode_mut(ino) {
-            node.symlink = Some(target.clone());
         }
-        self.persist(&ns, ino);
-        Ok(target)
     }
 }
 
