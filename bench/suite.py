@@ -153,6 +153,31 @@ class Larder(System):
             shutil.rmtree(cache, ignore_errors=True)
 
 
+class PassthroughHp(System):
+    """libfuse's passthrough_hp over the home: a FUSE file system that adds nothing to the kernel's path
+    (kernel caches on, long timeouts), so the least any FUSE file system pays on this machine. Built by
+    `scripts/bench-setup.sh`; used where a scenario asks for it, not among the peers."""
+    name = "passthrough_hp"
+
+    def available(self, ctx):
+        return None if ctx.setup.get("PASSTHROUGH_HP") else (ctx.setup.get("PASSTHROUGH_HP_ERROR") or "not built")
+
+    @contextlib.contextmanager
+    def mount(self, ctx, tag, link=None, writable=False, flags=()):
+        mnt = ctx.scratch(f"mnt-passthrough-{tag}")
+        cmd = [ctx.setup["PASSTHROUGH_HP"], "--foreground", ctx.home, mnt]
+        p = H.spawn(cmd, os.path.join(ctx.work, f"passthrough-{tag}.log"), preexec_fn=H.raise_nofile)
+        H._mounts.append(("fuse", mnt))
+        try:
+            if not H.wait_mounted(mnt, 30, p):
+                raise RuntimeError("passthrough_hp did not mount")
+            yield Mount(self, mnt, {"passthrough_hp": p.pid}, None, cmd)
+        finally:
+            H.unmount("fuse", mnt)
+            H.forget_mount(mnt)
+            H.stop_proc(p)
+
+
 class Rclone(System):
     """`rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the home."""
     name = "rclone"
@@ -217,6 +242,16 @@ class Context:
 
     def system(self, name):
         return next((s for s in self.systems if s.name == name), None)
+
+    def fuse_limit(self):
+        """libfuse's passthrough_hp if it is built, else None (the reason noted)."""
+        s = PassthroughHp()
+        why = s.available(self)
+        if why:
+            self.skipped[s.name] = why
+            note(f"{s.name} skipped: {why}")
+            return None
+        return s
 
     def peers(self):
         return [s for s in self.systems if s.peer]
