@@ -259,6 +259,11 @@ impl Journal {
         self.by_ino.get(&ino).is_some_and(|s| s.len() > 1)
     }
 
+    /// Every inode with queued ops.
+    pub fn inos(&self) -> Vec<u64> {
+        self.by_ino.keys().copied().collect()
+    }
+
     /// Whether `ino` has queued ops.
     pub fn has(&self, ino: u64) -> bool {
         self.by_ino.get(&ino).is_some_and(|s| !s.is_empty())

@@ -607,6 +607,34 @@ fn a_large_file_renamed_then_appended_to_is_no_conflict() {
     m.unmount();
 }
 
+/// The same for a file in a directory that is renamed: the move copies every object below it, and the
+/// file's next push must be based on its copy's version.
+#[test]
+fn a_large_file_in_a_renamed_directory_then_appended_to_is_no_conflict() {
+    let st = S3Test::new("dir-rename-append", "home");
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    let mut rng = Rng::new(78);
+    std::fs::create_dir(m.path("d")).unwrap();
+    let mut want = rng.bytes(9 << 20);
+    std::fs::write(m.path("d/big"), &want).unwrap();
+    drain_ok(&m, 120);
+    std::fs::rename(m.path("d"), m.path("e")).unwrap();
+    let more = rng.bytes(50_000);
+    OpenOptions::new()
+        .append(true)
+        .open(m.path("e/big"))
+        .unwrap()
+        .write_all(&more)
+        .unwrap();
+    want.extend_from_slice(&more);
+    drain_ok(&m, 120);
+    let st_json = m.status();
+    assert_eq!(num(&st_json, "/journal/conflicts"), 0, "{}", st_json["journal"]);
+    assert_eq!(names(&m.path("e")), ["big"], "nothing set aside beside it");
+    assert_same_bytes(&st.get(&st.key("e/big")), &want, "the object after the append");
+    m.unmount();
+}
+
 // f ------------------------------------------------------------------------------------------------------
 
 #[test]

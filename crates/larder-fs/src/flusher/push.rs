@@ -144,9 +144,70 @@ impl Fs {
         match result {
             Ok(attr) => {
                 self.settle_namespace(op, attr);
+                if matches!(op.kind, OpKind::Rename { .. }) && !home.limits().rename_keeps_version {
+                    self.settle_moved_versions(op.ino);
+                }
                 Outcome::Done
             }
             Err(e) => self.classify(e),
+        }
+    }
+
+    /// A directory `dir` moved on a home that moves by copying (an object store): every object below it
+    /// is a copy, and a copy of an object uploaded in parts has a new version. The files below it with
+    /// changes still queued have their push based on the version home has now, or it would be refused as
+    /// a conflict with itself. Only the version (and identity) is taken: their queued changes stand.
+    /// Files with nothing queued are revalidated as any file is.
+    fn settle_moved_versions(&self, dir: u64) {
+        let below: Vec<(u64, std::path::PathBuf)> = {
+            let mut ns = write(&self.ns);
+            if ns.inode(dir).map_or(true, |n| n.kind != larder_home::FileKind::Dir) {
+                return;
+            }
+            let inos = self.pipeline.journal().inos();
+            let mut out = Vec::new();
+            for ino in inos {
+                if self.load_inode(&mut ns, ino).is_err() {
+                    continue;
+                }
+                let Ok(node) = ns.inode(ino) else { continue };
+                if node.kind != larder_home::FileKind::File || node.attr.is_none() {
+                    continue;
+                }
+                // Below `dir` at home: its chain of home locations passes through it.
+                let mut cur = node.home_loc.as_ref().map(|(p, _)| *p);
+                let mut depth = 0;
+                let mut under = false;
+                while let Some(d) = cur
+                    && depth < 4096
+                {
+                    if d == dir {
+                        under = true;
+                        break;
+                    }
+                    cur = ns.inodes.get(&d).and_then(|n| n.home_loc.as_ref().map(|(p, _)| *p));
+                    depth += 1;
+                }
+                if under && let Ok(Some(path)) = ns.home_path(ino) {
+                    out.push((ino, path));
+                }
+            }
+            out
+        };
+        for (ino, path) in below {
+            let Ok(attr) = self.core.home.stat(&path) else { continue };
+            if attr.kind != larder_home::FileKind::File {
+                continue;
+            }
+            let mut ns = write(&self.ns);
+            let Ok(node) = ns.inode_mut(ino) else { continue };
+            if let Some(a) = node.attr.as_mut()
+                && a.version != attr.version
+            {
+                a.version = attr.version;
+                a.id = attr.id;
+                self.persist(&ns, ino);
+            }
         }
     }
 
