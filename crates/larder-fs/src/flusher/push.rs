@@ -164,6 +164,7 @@ impl Fs {
             if ns.inode(dir).map_or(true, |n| n.kind != larder_home::FileKind::Dir) {
                 return;
             }
+            let Ok(Some(top)) = ns.home_path(dir) else { return };
             let inos = self.pipeline.journal().inos();
             let mut out = Vec::new();
             for ino in inos {
@@ -174,21 +175,10 @@ impl Fs {
                 if node.kind != larder_home::FileKind::File || node.attr.is_none() {
                     continue;
                 }
-                // Below `dir` at home: its chain of home locations passes through it.
-                let mut cur = node.home_loc.as_ref().map(|(p, _)| *p);
-                let mut depth = 0;
-                let mut under = false;
-                while let Some(d) = cur
-                    && depth < 4096
+                // Below `dir` at home (paths compare by component).
+                if let Ok(Some(path)) = ns.home_path(ino)
+                    && path.starts_with(&top)
                 {
-                    if d == dir {
-                        under = true;
-                        break;
-                    }
-                    cur = ns.inodes.get(&d).and_then(|n| n.home_loc.as_ref().map(|(p, _)| *p));
-                    depth += 1;
-                }
-                if under && let Ok(Some(path)) = ns.home_path(ino) {
                     out.push((ino, path));
                 }
             }
