@@ -250,9 +250,9 @@ mod tests {
         assert!(back.attempt_whole);
     }
 
-    #[test]
-    fn a_record_from_before_extended_attributes_keeps_its_push_attempt() {
-        let rec = InodeRecord {
+    /// A file's record with a push attempt of `ranges` of its 5 bytes, nothing else of note.
+    fn with_attempt(ranges: Vec<(u64, u64)>) -> InodeRecord {
+        InodeRecord {
             parent: 1,
             name: b"f".to_vec(),
             kind: FileKind::File,
@@ -262,11 +262,19 @@ mod tests {
             aliases: Vec::new(),
             home_loc: Some((1, b"f".to_vec())),
             home_size: Some(5),
-            dirty: vec![(0, 3)],
+            dirty: Vec::new(),
             conflict: false,
-            attempt: Some((vec![(3, 5)], 5)),
+            attempt: Some((ranges, 5)),
             xattrs: None,
             attempt_whole: false,
+        }
+    }
+
+    #[test]
+    fn a_record_from_before_extended_attributes_keeps_its_push_attempt() {
+        let rec = InodeRecord {
+            dirty: vec![(0, 3)],
+            ..with_attempt(vec![(3, 5)])
         };
         // The older form is this one without its last two fields (`None` and `false`: one byte each).
         let mut old = rec.encode();
@@ -283,20 +291,8 @@ mod tests {
     #[test]
     fn a_record_from_before_attempts_said_whether_they_were_whole_reads_it_from_the_ranges() {
         let rec = |ranges: Vec<(u64, u64)>| InodeRecord {
-            parent: 1,
-            name: b"f".to_vec(),
-            kind: FileKind::File,
-            attr: None,
-            object: 9,
-            symlink: None,
-            aliases: Vec::new(),
-            home_loc: Some((1, b"f".to_vec())),
-            home_size: Some(5),
-            dirty: Vec::new(),
-            conflict: false,
-            attempt: Some((ranges, 5)),
             xattrs: Some(vec![(b"user.a".to_vec(), b"1".to_vec())]),
-            attempt_whole: false,
+            ..with_attempt(ranges)
         };
         for (ranges, whole) in [(vec![(0, 5)], true), (vec![(3, 5)], false)] {
             // The older form is this one without its last field (`false`: one byte).

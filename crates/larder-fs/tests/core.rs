@@ -105,6 +105,30 @@ impl Setup {
         Fs::with_tiers(home, store, cfg, larder_home::Health::new(), Vec::new()).unwrap()
     }
 
+    /// Four files `g0`..`g3` of 4 blocks each at home: reads that fill a small cache.
+    fn others_at_home(&self) {
+        for i in 0..4 {
+            std::fs::write(self.home(&format!("g{i}")), pattern(4 * BS as usize, 10 + i as u8)).unwrap();
+        }
+    }
+
+    /// `rel`, written here as `ours` and waiting for home when the cache filled, still reads `ours` from
+    /// the cache, and home has it after a drain. Shuts `fs` down.
+    fn kept_then_pushed(&self, fs: &Fs, rel: &str, ours: &[u8]) {
+        let f = resolve(fs, rel).unwrap();
+        assert!(
+            read_file(fs, f) == ours,
+            "{rel}, waiting for home, lost its bytes in the cache"
+        );
+        assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+        assert!(
+            std::fs::read(self.home(rel)).unwrap() == ours,
+            "home lacks {rel}'s written bytes"
+        );
+        fs.shutdown().unwrap();
+        fs.stop_flushers();
+    }
+
     /// A file system caching in `cache_dir`, reading through `between` after its store and before home.
     fn fs_tiered(
         &self,
@@ -150,6 +174,36 @@ fn resolve(fs: &Fs, path: &str) -> Result<u64, FsError> {
         ino = fs.lookup(ino, part)?.attr.ino;
     }
     Ok(ino)
+}
+
+/// Read the files of [`Setup::others_at_home`] whole, each checked.
+fn fill_with_others(fs: &Fs) {
+    for i in 0..4 {
+        let g = resolve(fs, &format!("g{i}")).unwrap();
+        assert!(read_file(fs, g) == pattern(4 * BS as usize, 10 + i as u8));
+    }
+}
+
+/// Rewrite `ino` with `bytes` as `O_TRUNC` then a write do, and close it.
+fn rewrite(fs: &Fs, ino: u64, bytes: &[u8]) {
+    let r = fs.open(ino, libc::O_RDWR).unwrap();
+    fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    fs.write(r.fh, 0, bytes).unwrap();
+    fs.flush(r.fh).unwrap();
+    fs.release(r.fh).unwrap();
+}
+
+/// Stop `fs` without a shutdown, as a kill does: the index keeps what was written to it.
+fn killed(fs: &Fs) {
+    fs.stop_flushers();
+    fs.store().db().close().unwrap();
 }
 
 fn read_file(fs: &Fs, ino: u64) -> Vec<u8> {
@@ -1201,9 +1255,7 @@ fn written_blocks_waiting_for_home_are_not_evicted_after_a_restart_before_their_
     let s = Setup::new();
     let ours = pattern(4 * BS as usize, 3);
     std::fs::write(s.home("f"), vec![b'x'; 4 * BS as usize]).unwrap();
-    for i in 0..4 {
-        std::fs::write(s.home(&format!("g{i}")), pattern(4 * BS as usize, 10 + i as u8)).unwrap();
-    }
+    s.others_at_home();
     let write_back = |sync_lag| FsConfig {
         sync_lag,
         flush_threads: 1,
@@ -1224,22 +1276,8 @@ fn written_blocks_waiting_for_home_are_not_evicted_after_a_restart_before_their_
     let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), write_back(Duration::from_secs(3600)));
     let fs = Arc::new(fs);
     fs.start();
-    for i in 0..4 {
-        let g = resolve(&fs, &format!("g{i}")).unwrap();
-        assert!(read_file(&fs, g) == pattern(4 * BS as usize, 10 + i as u8));
-    }
-    let f = resolve(&fs, "f").unwrap();
-    assert!(
-        read_file(&fs, f) == ours,
-        "the written file in the cache lost its bytes"
-    );
-    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
-    assert!(
-        std::fs::read(s.home("f")).unwrap() == ours,
-        "home after the push lacks the written bytes"
-    );
-    fs.shutdown().unwrap();
-    fs.stop_flushers();
+    fill_with_others(&fs);
+    s.kept_then_pushed(&fs, "f", &ours);
 }
 
 /// Write-back: a push of a small file is cut short part way (the daemon killed, home gone mid-write). A
@@ -1332,9 +1370,7 @@ fn blocks_of_a_push_under_way_at_a_kill_are_not_evicted_after_the_restart() {
     // In a directory of its own, which nothing lists before the cache fills.
     std::fs::create_dir(s.home("p")).unwrap();
     std::fs::write(s.home("p/f"), vec![b'x'; 4 * BS as usize]).unwrap();
-    for i in 0..4 {
-        std::fs::write(s.home(&format!("g{i}")), pattern(4 * BS as usize, 10 + i as u8)).unwrap();
-    }
+    s.others_at_home();
     {
         let hold = Arc::new(HoldWrites {
             limit: Duration::from_secs(120),
@@ -1376,23 +1412,9 @@ fn blocks_of_a_push_under_way_at_a_kill_are_not_evicted_after_the_restart() {
     // Other reads fill the cache before anything looks the file up, the flusher included (started after
     // them here; in a daemon it is busy with the other queued changes): only what the start claimed
     // stays.
-    for i in 0..4 {
-        let g = resolve(&fs, &format!("g{i}")).unwrap();
-        assert!(read_file(&fs, g) == pattern(4 * BS as usize, 10 + i as u8));
-    }
+    fill_with_others(&fs);
     fs.start();
-    let f = resolve(&fs, "p/f").unwrap();
-    assert!(
-        read_file(&fs, f) == ours,
-        "the file whose push was under way lost its bytes in the cache"
-    );
-    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
-    assert!(
-        std::fs::read(s.home("p/f")).unwrap() == ours,
-        "home lacks the written bytes"
-    );
-    fs.shutdown().unwrap();
-    fs.stop_flushers();
+    s.kept_then_pushed(&fs, "p/f", &ours);
 }
 
 /// Write-back: a small file's push (sent whole, home cutting the file to nothing first) is cut short, and
@@ -1428,9 +1450,7 @@ fn a_small_file_push_cut_short_is_recognised_after_two_unclean_stops() {
             std::thread::sleep(Duration::from_millis(5));
         }
         fs.release(r.fh).unwrap();
-        // Stopped without a shutdown, as by a kill: the index keeps what was written to it.
-        fs.stop_flushers();
-        fs.store().db().close().unwrap();
+        killed(&fs);
     }
     // What the push cut short left at home: the start of our bytes.
     std::fs::write(s.home("f"), &want[..BS as usize / 2]).unwrap();
@@ -1443,8 +1463,7 @@ fn a_small_file_push_cut_short_is_recognised_after_two_unclean_stops() {
             ..SetAttr::default()
         };
         fs.setattr(f, &chmod).unwrap();
-        fs.stop_flushers();
-        fs.store().db().close().unwrap();
+        killed(&fs);
     }
     let fs = s.write_back(Arc::new(FaultLayer::default()));
     assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
@@ -1480,44 +1499,20 @@ fn a_file_rewritten_shorter_after_its_whole_push_was_cut_short_is_pushed_after_a
             count: usize::MAX,
             landed: true,
         });
-        let r = fs.open(f, libc::O_RDWR | libc::O_TRUNC).unwrap();
-        fs.setattr(
-            f,
-            &SetAttr {
-                size: Some(0),
-                ..SetAttr::default()
-            },
-        )
-        .unwrap();
-        fs.write(r.fh, 0, &first).unwrap();
-        fs.flush(r.fh).unwrap();
-        fs.release(r.fh).unwrap();
+        rewrite(&fs, f, &first);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while std::fs::read(s.home("f")).unwrap() != first {
             assert!(std::time::Instant::now() < deadline, "the push never reached home");
             std::thread::sleep(Duration::from_millis(5));
         }
-        fs.stop_flushers();
-        fs.store().db().close().unwrap();
+        killed(&fs);
     }
     {
         // Rewritten shorter in a start that pushes nothing, then killed.
         let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
         let f = resolve(&fs, "f").unwrap();
-        let r = fs.open(f, libc::O_RDWR).unwrap();
-        fs.setattr(
-            f,
-            &SetAttr {
-                size: Some(0),
-                ..SetAttr::default()
-            },
-        )
-        .unwrap();
-        fs.write(r.fh, 0, &second).unwrap();
-        fs.flush(r.fh).unwrap();
-        fs.release(r.fh).unwrap();
-        fs.stop_flushers();
-        fs.store().db().close().unwrap();
+        rewrite(&fs, f, &second);
+        killed(&fs);
     }
     let fs = s.write_back(Arc::new(FaultLayer::default()));
     assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");

@@ -572,6 +572,39 @@ fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
     m.unmount();
 }
 
+/// Write 9 MiB to `file`, push it, rename `from` to `to` (the file or a directory above it), append to the
+/// file at its new place `moved` and push again: no conflict, nothing beside it, home has every byte.
+/// Returns the file's bytes.
+fn written_renamed_appended(
+    st: &S3Test,
+    m: &Mount,
+    seed: u64,
+    file: &str,
+    (from, to): (&str, &str),
+    moved: &str,
+) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let mut want = rng.bytes(9 << 20);
+    std::fs::write(m.path(file), &want).unwrap();
+    drain_ok(m, 120);
+    std::fs::rename(m.path(from), m.path(to)).unwrap();
+    let more = rng.bytes(50_000);
+    OpenOptions::new()
+        .append(true)
+        .open(m.path(moved))
+        .unwrap()
+        .write_all(&more)
+        .unwrap();
+    want.extend_from_slice(&more);
+    drain_ok(m, 120);
+    let st_json = m.status();
+    assert_eq!(num(&st_json, "/journal/conflicts"), 0, "{}", st_json["journal"]);
+    let (dir, name) = moved.rsplit_once('/').unwrap_or(("", moved));
+    assert_eq!(names(&m.path(dir)), [name], "nothing set aside beside it");
+    assert_same_bytes(&st.get(&st.key(moved)), &want, "the object after the append");
+    want
+}
+
 /// An object uploaded in parts (over 8 MiB) gets a new ETag when S3 copies it, and a rename is a copy: a
 /// file renamed, then written again, is pushed on the renamed object's version, not refused as a
 /// conflict with itself.
@@ -579,24 +612,7 @@ fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
 fn a_large_file_renamed_then_appended_to_is_no_conflict() {
     let st = S3Test::new("rename-append", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
-    let mut rng = Rng::new(77);
-    let mut want = rng.bytes(9 << 20);
-    std::fs::write(m.path("big"), &want).unwrap();
-    drain_ok(&m, 120);
-    std::fs::rename(m.path("big"), m.path("moved")).unwrap();
-    let more = rng.bytes(50_000);
-    OpenOptions::new()
-        .append(true)
-        .open(m.path("moved"))
-        .unwrap()
-        .write_all(&more)
-        .unwrap();
-    want.extend_from_slice(&more);
-    drain_ok(&m, 120);
-    let st_json = m.status();
-    assert_eq!(num(&st_json, "/journal/conflicts"), 0, "{}", st_json["journal"]);
-    assert_eq!(names(&m.mnt), ["moved"], "nothing set aside beside it");
-    assert_same_bytes(&st.get(&st.key("moved")), &want, "the object after the append");
+    let want = written_renamed_appended(&st, &m, 77, "big", ("big", "moved"), "moved");
     // Renamed once more and read back from home (its cached blocks dropped): at the version home has
     // now, not the one the copy replaced.
     std::fs::rename(m.path("moved"), m.path("again")).unwrap();
@@ -613,25 +629,8 @@ fn a_large_file_renamed_then_appended_to_is_no_conflict() {
 fn a_large_file_in_a_renamed_directory_then_appended_to_is_no_conflict() {
     let st = S3Test::new("dir-rename-append", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
-    let mut rng = Rng::new(78);
     std::fs::create_dir(m.path("d")).unwrap();
-    let mut want = rng.bytes(9 << 20);
-    std::fs::write(m.path("d/big"), &want).unwrap();
-    drain_ok(&m, 120);
-    std::fs::rename(m.path("d"), m.path("e")).unwrap();
-    let more = rng.bytes(50_000);
-    OpenOptions::new()
-        .append(true)
-        .open(m.path("e/big"))
-        .unwrap()
-        .write_all(&more)
-        .unwrap();
-    want.extend_from_slice(&more);
-    drain_ok(&m, 120);
-    let st_json = m.status();
-    assert_eq!(num(&st_json, "/journal/conflicts"), 0, "{}", st_json["journal"]);
-    assert_eq!(names(&m.path("e")), ["big"], "nothing set aside beside it");
-    assert_same_bytes(&st.get(&st.key("e/big")), &want, "the object after the append");
+    written_renamed_appended(&st, &m, 78, "d/big", ("d", "e"), "e/big");
     m.unmount();
 }
 
