@@ -400,8 +400,10 @@ impl Home for S3Home {
 
     fn limits(&self) -> HomeLimits {
         let mut limits = HomeLimits::object_store(MAX_KEY, self.spec.prefix.trim_matches('/').len());
+        // Kept in object metadata, where metadata is kept at all.
         limits.symlinks = self.spec.keep_metadata;
         limits.xattrs = self.spec.keep_metadata;
+        limits.times = self.spec.keep_metadata;
         limits
     }
 

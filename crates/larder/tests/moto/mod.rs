@@ -291,11 +291,13 @@ impl S3Test {
             .collect()
     }
 
-    /// Keys and sizes under this test's prefix, relative to it (`PREFIX/a/b` is `a/b`).
+    /// Keys and sizes under this test's prefix, relative to it (`PREFIX/a/b` is `a/b`). The prefix's own
+    /// marker (`PREFIX/`, where the mount keeps its root directory's time) is left out.
     pub fn objects(&self) -> BTreeMap<String, u64> {
         let p = format!("{}/", self.prefix);
         self.ls(&p)
             .into_iter()
+            .filter(|(k, _)| k.len() > p.len())
             .map(|(k, (size, _))| (k[p.len()..].to_string(), size))
             .collect()
     }
