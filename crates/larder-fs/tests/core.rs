@@ -1030,6 +1030,58 @@ fn a_symlink_reads_its_cached_target_while_a_rename_of_its_directory_lands() {
     fs.stop_flushers();
 }
 
+/// Write-back: a block of a file fetched from home while a rename of the file's directory lands (home has
+/// moved it; the cache has not heard so yet) is fetched at the new place once the rename concludes, rather
+/// than answering `ENOENT`. An object store leaves that window open while it copies and deletes.
+#[test]
+fn a_block_read_while_a_rename_of_its_directory_lands_is_fetched_at_the_new_place() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("p")).unwrap();
+    let data = pattern(4 * BS as usize, 19);
+    std::fs::write(s.home("p/f"), &data).unwrap();
+    let hold = Arc::new(HoldAnswer::new(OpKind::Rename));
+    let fs = Arc::new(s.fs_layered(
+        hold.clone(),
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: Duration::from_secs(60),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::ZERO,
+            flush_threads: 1,
+            // Block by block, nothing brought in ahead of the reader.
+            small_file_threshold: 0,
+            readahead_max: 0,
+            ..FsConfig::default()
+        },
+    ));
+    fs.start();
+    let f = resolve(&fs, "p/f").unwrap();
+    let r = fs.open(f, libc::O_RDONLY).unwrap();
+    assert_eq!(fs.read(r.fh, 0, BS as u32).unwrap(), &data[..BS as usize]);
+    // The rename reaches home; its answer is held, so the cache still has the file at p/f.
+    hold.arm();
+    fs.rename(1, OsStr::new("p"), 1, OsStr::new("q"), Default::default())
+        .unwrap();
+    hold.wait_held();
+    assert!(s.home("q/f").exists() && !s.home("p").exists());
+    let release = {
+        let hold = hold.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            hold.release();
+        })
+    };
+    let tail = fs.read(r.fh, 3 * BS, BS as u32);
+    release.join().unwrap();
+    assert_eq!(
+        tail.expect("a block read while the rename above it lands"),
+        &data[3 * BS as usize..]
+    );
+    fs.release(r.fh).unwrap();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    fs.stop_flushers();
+}
+
 /// Write-back: a listing home answered before a queued chmod of one of its entries landed, taken in after
 /// the chmod's push concluded, leaves the chmod's mode: home's answer predates our own change. (Seen after a
 /// `kill -9`: the queue pushed at the start while a walk listed the directory above, and the directory

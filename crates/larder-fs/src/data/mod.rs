@@ -643,7 +643,8 @@ impl Fs {
     /// Fetch block `index` of `ino`'s current object. Our own push changes the version at home under a
     /// fetch already in flight (any `close` of any descriptor pushes); the blocks it fetches are not the
     /// ones pushed (those are cached, dirty), so once that push has been adopted the fetch is retried at
-    /// the new version. A version that moved behind our back is `ESTALE`. `epoch` is the object's change
+    /// the new version. A version that moved behind our back is `ESTALE`; nothing at the file's path, unless
+    /// a rename landing meanwhile moved it (the fetch is then asked again at its new place), `ENOENT`. `epoch` is the object's change
     /// epoch taken with the file's state that said to fetch: a local change since keeps the block out of
     /// the cache.
     #[allow(clippy::too_many_arguments)]
@@ -660,11 +661,13 @@ impl Fs {
         let (mut path, mut version, mut home_end) = (path.to_path_buf(), version.clone(), home_end);
         for _ in 0..4 {
             match self.core.fetch(object, index, &path, &version, home_end, epoch) {
-                Err(HomeError::Stale) => {
+                Err(e @ (HomeError::Stale | HomeError::NotFound)) => {
                     // Wait for a push of this file under way to be adopted, or a rename of it (or above it)
                     // landing to conclude (on an object store a renamed file is a copy, a new version), then
                     // see whether it explains the change. (Polling, not the flush lock: a writer calls this
-                    // holding its write lock, which a push takes after the flush lock.)
+                    // holding its write lock, which a push takes after the flush lock.) Nothing at the path
+                    // is the same question: home may have moved the file already, and the cache not heard.
+                    let gone = matches!(e, HomeError::NotFound);
                     let deadline = std::time::Instant::now() + PUSH_WAIT;
                     loop {
                         let mut ns = write(&self.ns);
@@ -678,6 +681,11 @@ impl Fs {
                         let now_at = ns.home_path(ino)?;
                         let node = ns.inode(ino)?;
                         match node.attr.as_ref().map(|a| a.version.clone()) {
+                            // Not moved: nothing there is home's answer.
+                            _ if gone && (node.object != object || now_at.as_ref().is_none_or(|p| *p == path)) => {
+                                ns.inode_mut(ino)?.checked = None;
+                                return Err(FsError::Home(HomeError::NotFound));
+                            }
                             Some(v) if node.object == object && v != version => {
                                 (version, home_end) = (v, node.home_end());
                                 path = now_at.ok_or(FsError::Home(HomeError::Stale))?;
