@@ -51,7 +51,8 @@ fn main() {
     let n: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(100_000);
     let dedup = !args.iter().any(|a| a == "--no-dedup");
     let dir = tempfile::tempdir().expect("scratch directory");
-    {
+    let filled = {
+        let before = LIVE.load(Relaxed);
         let store = open(dir.path(), dedup);
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for object in 1..=n {
@@ -64,8 +65,10 @@ fn main() {
             store.fill_whole(object, &data, store.epoch(object)).expect("fill");
         }
         store.db().sync().expect("sync");
+        let held = LIVE.load(Relaxed) - before;
         store.db().close().expect("close");
-    }
+        held
+    };
     // The index alone, read through as the store's open reads it: its page cache.
     let index = {
         let before = LIVE.load(Relaxed);
@@ -83,11 +86,13 @@ fn main() {
     let stats = store.stats();
     println!(
         "{{\"files\": {n}, \"dedup\": {dedup}, \"objects\": {}, \"blocks\": {}, \"dedup_files\": {}, \"heap_bytes\": {held}, \
-         \"bytes_per_file\": {:.1}, \"index_cache_bytes\": {index}, \"store_bytes_per_file\": {:.1}}}",
+         \"bytes_per_file\": {:.1}, \"index_cache_bytes\": {index}, \"store_bytes_per_file\": {:.1}, \
+         \"filled_heap_bytes\": {filled}, \"filled_bytes_per_file\": {:.1}}}",
         stats.objects,
         stats.blocks,
         stats.dedup_files,
         held as f64 / n as f64,
-        (held - index) as f64 / n as f64
+        (held - index) as f64 / n as f64,
+        filled as f64 / n as f64
     );
 }

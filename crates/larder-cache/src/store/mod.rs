@@ -235,10 +235,16 @@ fn shard_of(object: u64) -> usize {
 /// Hits a shard buffers before the one that fills the buffer passes them to the policy.
 const TOUCH_BATCH: usize = 64;
 
+/// A shard's block map is built again, its nodes full, once it has grown by an eighth since it was last
+/// built (and holds at least this many blocks).
+const REBUILD_MIN: usize = 4096;
+
 /// The state of the objects of one shard.
 struct ShardState {
     /// Ordered by key, so the blocks of one object are one range.
     blocks: BTreeMap<BlockKey, BlockEntry>,
+    /// The size of `blocks` when it was last built in one go ([`ShardState::block_added`]).
+    blocks_built: usize,
     /// Bumped by every local change of an object (write, truncate, removal): a fill fetched before the
     /// change must not land after it.
     epochs: HashMap<u64, u64>,
@@ -269,6 +275,7 @@ impl ShardState {
     fn new() -> ShardState {
         ShardState {
             blocks: BTreeMap::new(),
+            blocks_built: 0,
             epochs: HashMap::new(),
             objects: HashMap::new(),
             holds: HashMap::new(),
@@ -278,6 +285,21 @@ impl ShardState {
             changing: HashMap::new(),
             waiting: 0,
             touched: Vec::with_capacity(TOUCH_BATCH),
+        }
+    }
+
+    /// A block was added to `blocks`. Blocks come in by ascending key (new objects take higher ids), and a
+    /// B-tree filled that way splits each full node in two and never fills the left half again: its nodes
+    /// stay a little over half full, nearly twice the memory of a map built in one go (78 against 42 bytes
+    /// a block). So once the map has grown by an eighth since it was last built, it is built again from its
+    /// own entries in order, which fills every node: a copy of each entry per eight added, and at most an
+    /// eighth of the map in half-full nodes. (Under the shard's lock: a few milliseconds at 60,000 blocks a
+    /// shard, a million in the store.)
+    fn block_added(&mut self) {
+        let n = self.blocks.len();
+        if n >= REBUILD_MIN && n >= self.blocks_built + self.blocks_built / 8 {
+            self.blocks = std::mem::take(&mut self.blocks).into_iter().collect();
+            self.blocks_built = n;
         }
     }
 
@@ -817,6 +839,7 @@ impl Store {
                 self.object_count.fetch_add(1, Ordering::Relaxed);
             }
             self.block_count.fetch_add(1, Ordering::Relaxed);
+            st.block_added();
         }
         self.account(&meta, len, dirty, true);
         // The policy holds present, clean, evictable blocks only: a block that was not one and is not one

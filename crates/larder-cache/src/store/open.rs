@@ -67,6 +67,7 @@ impl Store {
         })?;
         for (st, blocks) in shards.iter_mut().zip(gathered) {
             st.blocks = blocks.into_iter().collect();
+            st.blocks_built = st.blocks.len();
             let objects: Vec<u64> = st.objects.keys().copied().collect();
             for object in objects {
                 st.compact_meta(object);
