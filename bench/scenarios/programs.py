@@ -5,10 +5,14 @@ path outside the mount into it), `cp -a` of the extracted tree within the mount 
 each timed on larder and on the local disk (`direct`) in the same run; the target is 10 × the local disk
 at most. libfuse's passthrough_hp (when `scripts/bench-setup.sh` built it) runs them too, over the same
 disk without the link: what a FUSE file system that adds nothing pays for the same calls here. Then, with
-the tree pushed home and the validity lag (2 s) passed, `find | xargs cat` over it: home calls per
-directory (target: at most one), from larder's status: the directories walked are the tree's and, for the
-walk's `cd`, the ones above it; the status command's own call for home's capacity (statfs) is not
-counted.
+the tree pushed home and the validity lag (the default, 15 s) passed, `find | xargs cat` over it: home
+calls per directory (target: at most one), from larder's status: the directories walked are the tree's
+and, for the walk's `cd`, the ones above it; the status command's own call for home's capacity (statfs)
+is not counted.
+
+Where `perf` can count the kernel's `fuse:fuse_request_send` tracepoint (root), each program's FUSE
+requests are counted too (system-wide, while it runs; nothing else uses FUSE during the scenario): requests
+per file of the tree, and the time per request, tell what FUSE itself costs from what a file system adds.
 """
 import contextlib
 import os
@@ -16,6 +20,7 @@ import random
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 
 import harness as H
@@ -25,7 +30,8 @@ TITLE = "Real programs at 10 ms (tar x, git clone, cp -a, rm -rf, find | xargs c
 LATENCY = "10ms"
 DIRS, FILES_PER_DIR = 50, 99   # 50 directories + 4,950 files
 REPO_FILES = 900
-LAG = 2.0
+# The default validity lag (`larder mount --validity-lag`): the programs run on the default mount.
+LAG = 15.0
 DISK_BYTES = 8 << 30
 
 
@@ -86,15 +92,41 @@ def make_sources(work):
     return tar, repo
 
 
-def timed(cmd, cwd=None, failures=None):
-    """Seconds `cmd` took. With a list `failures`, a failing exit is recorded there rather than raised."""
+EVENT = "fuse:fuse_request_send"
+
+
+def can_count_requests():
+    """Whether `perf stat` can count FUSE requests here (root, perf installed, the tracepoint present)."""
+    if os.geteuid() != 0 or not shutil.which("perf"):
+        return False
+    r = H.run(["perf", "stat", "-e", EVENT, "-a", "-x", ",", "--", "true"], check=False, timeout=60)
+    return r.returncode == 0
+
+
+def timed(cmd, cwd=None, failures=None, requests=None, key=None):
+    """Seconds `cmd` took. With a list `failures`, a failing exit is recorded there rather than raised. With a
+    dict `requests`, the FUSE requests sent while it ran are counted (`perf stat`) into `requests[key]`."""
+    counted = None
+    if requests is not None:
+        fd, counted = tempfile.mkstemp(prefix=f"larder-requests-{key}-", suffix=".csv")
+        os.close(fd)
+        cmd = ["perf", "stat", "-e", EVENT, "-a", "-x", ",", "-o", counted, "--"] + cmd
     t0 = time.monotonic()
     r = H.run(cmd, timeout=1800, cwd=cwd, check=False)
+    secs = round(time.monotonic() - t0, 3)
+    name = cmd[cmd.index("--") + 1:] if counted else cmd
     if r.returncode != 0 and failures is not None:
-        failures.append(f"{cmd[0]} {cmd[1]}: exit {r.returncode}: {(r.stderr or r.stdout).strip().splitlines()[-1][:200]}")
+        failures.append(f"{name[0]} {name[1]}: exit {r.returncode}: {(r.stderr or r.stdout).strip().splitlines()[-1][:200]}")
     elif r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-500:]}")
-    return round(time.monotonic() - t0, 3)
+        raise RuntimeError(f"{' '.join(name)}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-500:]}")
+    if counted:
+        with open(counted) as f:
+            for line in f:
+                fields = line.strip().split(",")
+                if len(fields) > 2 and fields[2] == EVENT and fields[0].isdigit():
+                    requests[key] = int(fields[0])
+        os.remove(counted)
+    return secs
 
 
 def files_below(path, skip=()):
@@ -122,7 +154,10 @@ def run(ctx):
     link = ctx.link(LATENCY)
     res = {"link": link.describe(), "entries": DIRS * (FILES_PER_DIR + 1), "repo_files": REPO_FILES,
            "systems": {}}
-    systems = [ctx.system("direct"), ctx.larder("larder", ["--validity-lag", f"{LAG}s"]), ctx.fuse_limit()]
+    # (Named: the suite's mounts otherwise trust what they cached for an hour.)
+    systems = [ctx.system("direct"), ctx.larder("larder", ["--validity-lag", f"{LAG:g}s"]), ctx.fuse_limit()]
+    count = can_count_requests()
+    res["requests_counted"] = count
     for s in filter(None, systems):
         with fresh_disk(ctx, f"programs-{s.name}"):
             sub = "programs"
@@ -131,22 +166,27 @@ def run(ctx):
             # libfuse 3.14's passthrough_hp cannot set times (utimensat answers EOPNOTSUPP): `tar x` and
             # `cp -a` report that and exit 1, having made the same calls; its failures are recorded, not fatal.
             failures = r.setdefault("failures", []) if s.name == "passthrough_hp" else None
+            reqs = r.setdefault("fuse_requests", {}) if count and s.name != "direct" else None
             with s.mount(ctx, "programs", link=link if s.name == "larder" else None, writable=True) as m:
                 base = m.path(sub)
                 log(f"programs: {s.name}, tar x")
                 os.makedirs(os.path.join(base, "t"))
-                r["tar_x"] = timed(["tar", "xf", tar, "-C", os.path.join(base, "t")], failures=failures)
+                r["tar_x"] = timed(["tar", "xf", tar, "-C", os.path.join(base, "t")], failures=failures,
+                                   requests=reqs, key="tar_x")
                 tree_files = DIRS * FILES_PER_DIR
                 complete(r, "tar_x", failures, files_below(os.path.join(base, "t")), tree_files, "tar x")
                 log(f"programs: {s.name}, git clone")
-                r["git_clone"] = timed(["git", "clone", "-q", repo, os.path.join(base, "repo")], failures=failures)
+                r["git_clone"] = timed(["git", "clone", "-q", repo, os.path.join(base, "repo")], failures=failures,
+                                       requests=reqs, key="git_clone")
                 complete(r, "git_clone", failures, files_below(os.path.join(base, "repo"), skip=(".git",)),
                          REPO_FILES, "git clone")
                 log(f"programs: {s.name}, cp -a")
-                r["cp_a"] = timed(["cp", "-a", os.path.join(base, "t"), os.path.join(base, "t-copy")], failures=failures)
+                r["cp_a"] = timed(["cp", "-a", os.path.join(base, "t"), os.path.join(base, "t-copy")], failures=failures,
+                                  requests=reqs, key="cp_a")
                 complete(r, "cp_a", failures, files_below(os.path.join(base, "t-copy")), tree_files, "cp -a")
                 log(f"programs: {s.name}, rm -rf")
-                r["rm_rf"] = timed(["rm", "-rf", os.path.join(base, "t-copy")], failures=failures)
+                r["rm_rf"] = timed(["rm", "-rf", os.path.join(base, "t-copy")], failures=failures,
+                                   requests=reqs, key="rm_rf")
                 complete(r, "rm_rf", failures, files_below(os.path.join(base, "t-copy")), 0, "rm -rf")
                 st = m.status()
                 if st:
@@ -187,6 +227,20 @@ def report(r, ctx):
              "file that larder, which keeps extended attributes, answers.)", "",
              H.md_table(["program", "direct, s", "larder, s", "larder ÷ direct", "target", "passthrough_hp, s",
                          "passthrough_hp ÷ direct", "larder ÷ passthrough_hp"], rows)]
+    if r.get("requests_counted"):
+        files = {"tar_x": r["entries"], "git_clone": r["repo_files"], "cp_a": r["entries"], "rm_rf": r["entries"]}
+        counts = []
+        for k, label in [("tar_x", "tar x"), ("git_clone", "git clone"), ("cp_a", "cp -a"), ("rm_rf", "rm -rf")]:
+            row = [label]
+            for name in ("larder", "passthrough_hp"):
+                n, secs = H.get(sy, name, "fuse_requests", k), H.get(sy, name, k)
+                row += [n, round(n / files[k], 1) if n else None,
+                        round(secs * 1e6 / n, 1) if n and secs else None]
+            counts.append(row)
+        lines += ["", "FUSE requests while each program ran (`perf stat -e fuse:fuse_request_send -a`), per entry "
+                  "of the tree (per file for git clone), and the program's time per request:", "",
+                  H.md_table(["program", "larder requests", "per entry", "µs per request", "passthrough_hp requests",
+                              "per entry", "µs per request"], counts)]
     failed = H.get(sy, "passthrough_hp", "failures")
     if failed:
         lines += [""] + [f"- passthrough_hp: {f}" for f in failed]
