@@ -92,8 +92,10 @@ class Link:
 class Mount:
     """A view of the home: `root` is the directory that shows home's tree."""
 
-    def __init__(self, system, root, pids=None, status=None, cmd=None):
+    def __init__(self, system, root, pids=None, status=None, cmd=None, cache_dir=None):
         self.system, self.root, self.pids, self._status, self.cmd = system, root, pids or {}, status, cmd
+        # A peer's own cache directory, where a scenario measures what the peer keeps there.
+        self.cache_dir = cache_dir
 
     def path(self, rel):
         return os.path.join(self.root, rel)
@@ -196,7 +198,7 @@ class Rclone(System):
         fl = RCLONE_FLAGS + ([] if writable else ["--read-only"]) + list(flags)
         p, cmd = H.rclone_mount(cfg, mnt, cache, os.path.join(ctx.work, f"rclone-mount-{tag}.log"), fl)
         try:
-            yield Mount(self, mnt, {"rclone_mount": p.pid}, None, cmd)
+            yield Mount(self, mnt, {"rclone_mount": p.pid}, None, cmd, cache_dir=cache)
         finally:
             H.unmount("rclone", mnt)
             H.forget_mount(mnt)
