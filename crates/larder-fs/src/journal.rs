@@ -196,6 +196,8 @@ pub(crate) struct Failure {
     pub error: String,
     pub retry_at: Instant,
     pub attempts: u32,
+    /// When the attempt that failed began.
+    pub attempt_began: Instant,
 }
 
 /// The queue.
@@ -204,6 +206,8 @@ pub(crate) struct Journal {
     ops: BTreeMap<u64, Op>,
     next_seq: u64,
     inflight: HashSet<u64>,
+    /// When each op under way began its attempt.
+    began: HashMap<u64, Instant>,
     /// Queued seqs per subject inode.
     by_ino: HashMap<u64, BTreeSet<u64>>,
     failed: HashMap<u64, Failure>,
@@ -337,6 +341,7 @@ impl Journal {
             self.exchanges -= 1;
         }
         self.inflight.remove(&seq);
+        self.began.remove(&seq);
         self.held.remove(&seq);
         self.failed.remove(&seq);
         if let Some(s) = self.by_ino.get_mut(&op.ino) {
@@ -515,6 +520,7 @@ impl Journal {
     /// Mark `seq` under way; returns the mutation that records the attempt, if it is the first.
     pub fn begin(&mut self, seq: u64) -> Vec<Mutation> {
         self.inflight.insert(seq);
+        self.began.insert(seq, Instant::now());
         match self.ops.get_mut(&seq) {
             Some(op) if !op.attempted => {
                 op.attempted = true;
@@ -532,17 +538,29 @@ impl Journal {
     }
 
     /// Let every op home refused be tried again now (its count of refusals stays).
-    pub fn retry_refused_now(&mut self) {
+    /// Ops home refused in attempts that began before `since` may be tried again at once (a drain begun at
+    /// `since` asks home again about each, once). Returns whether any was waiting.
+    pub fn retry_refused_before(&mut self, since: Instant) -> bool {
         let now = Instant::now();
+        let mut moved = false;
         for f in self.failed.values_mut() {
-            f.retry_at = f.retry_at.min(now);
+            if f.attempt_began < since && f.retry_at > now {
+                f.retry_at = now;
+                moved = true;
+            }
         }
+        moved
     }
 
-    /// Whether what is queued waits only on ops home refused: some were refused, none is under way, and
-    /// none could be pushed now (the others wait behind the refused ones).
-    pub fn only_refused_left(&self) -> bool {
-        !self.failed.is_empty() && self.inflight.is_empty() && self.ready(Duration::ZERO, true, 1).is_empty()
+    /// Whether what is queued waits only on ops home refused in attempts begun at `since` or later: some
+    /// were refused, none is under way, and none could be pushed now (the others wait behind the refused
+    /// ones). A refusal from an attempt already under way at `since` does not count: home may have changed
+    /// its mind since (what a drain started for), and the op is asked again.
+    pub fn only_refused_left(&self, since: Instant) -> bool {
+        !self.failed.is_empty()
+            && self.inflight.is_empty()
+            && self.failed.values().all(|f| f.attempt_began >= since)
+            && self.ready(Duration::ZERO, true, 1).is_empty()
     }
 
     /// Times home refused `seq` so far.
@@ -554,6 +572,7 @@ impl Journal {
     /// Returns the refusals so far.
     pub fn fail(&mut self, seq: u64, error: String, backoff: Option<Duration>) -> u32 {
         self.inflight.remove(&seq);
+        let attempt_began = self.began.remove(&seq).unwrap_or_else(Instant::now);
         match backoff {
             Some(b) => {
                 let attempts = self.refusals(seq) + 1;
@@ -563,6 +582,7 @@ impl Journal {
                         error,
                         retry_at: Instant::now() + b,
                         attempts,
+                        attempt_began,
                     },
                 );
                 attempts
@@ -593,15 +613,38 @@ mod tests {
         };
         j.record(op(2, "d", mkdir));
         j.record(op(3, "d/f", OpKind::Data));
-        assert!(!j.only_refused_left(), "nothing was refused");
+        let start = Instant::now();
+        assert!(!j.only_refused_left(start), "nothing was refused");
         let seq = j.ready(Duration::ZERO, true, 1)[0];
         j.begin(seq);
-        assert!(!j.only_refused_left(), "the mkdir is under way");
+        assert!(!j.only_refused_left(start), "the mkdir is under way");
         j.fail(seq, "refused".into(), Some(Duration::from_secs(60)));
-        assert!(j.only_refused_left(), "the data op waits behind the refused mkdir");
-        j.retry_refused_now();
-        assert!(!j.only_refused_left(), "the mkdir may be tried again");
+        assert!(j.only_refused_left(start), "the data op waits behind the refused mkdir");
+        let drain = Instant::now();
+        j.retry_refused_before(drain);
+        assert!(!j.only_refused_left(drain), "the mkdir may be tried again");
         assert_eq!(j.ready(Duration::ZERO, true, 1), vec![seq]);
+    }
+
+    /// A refusal from an attempt under way when a drain began is not the drain's answer: the op is asked
+    /// again (home may have changed its mind since), and only a refusal of that attempt counts.
+    #[test]
+    fn a_refusal_of_an_attempt_begun_before_a_drain_is_asked_again() {
+        let mut j = Journal::default();
+        j.record(op(2, "f", OpKind::Data));
+        let seq = j.ready(Duration::ZERO, true, 1)[0];
+        j.begin(seq);
+        std::thread::sleep(Duration::from_millis(2));
+        let drain = Instant::now();
+        j.retry_refused_before(drain);
+        // The attempt under way when the drain began is refused after it.
+        j.fail(seq, "refused".into(), Some(Duration::from_secs(60)));
+        assert!(!j.only_refused_left(drain), "refused before the drain asked");
+        j.retry_refused_before(drain);
+        assert_eq!(j.ready(Duration::ZERO, true, 1), vec![seq], "asked again at once");
+        j.begin(seq);
+        j.fail(seq, "refused".into(), Some(Duration::from_secs(60)));
+        assert!(j.only_refused_left(drain), "refused in an attempt of the drain's");
     }
 
     #[test]

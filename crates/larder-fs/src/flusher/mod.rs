@@ -198,11 +198,16 @@ impl Fs {
     /// wait up to `timeout`, or until only refused ops (and those queued behind them) are left.
     pub fn drain(&self, timeout: Duration) -> Drained {
         let _hurry = self.pipeline.hurry();
-        self.pipeline.journal().retry_refused_now();
+        let began = Instant::now();
+        self.pipeline.journal().retry_refused_before(began);
         self.pipeline.notify();
-        let deadline = Instant::now() + timeout;
+        let deadline = began + timeout;
         let mut j = self.pipeline.journal();
         loop {
+            // An attempt under way when the drain began, refused since, is asked again.
+            if j.retry_refused_before(began) {
+                self.pipeline.notify_one();
+            }
             if j.is_empty() {
                 // Empty once the last ops' directories have their times at home too.
                 if self.pipeline.settling.load(Ordering::SeqCst) == 0 {
@@ -212,7 +217,7 @@ impl Fs {
                 if self.cfg.write_mode == WriteMode::Local {
                     break Drained::Waiting;
                 }
-                if self.health.online() && j.only_refused_left() {
+                if self.health.online() && j.only_refused_left(began) {
                     break Drained::Refused;
                 }
             }
