@@ -105,6 +105,13 @@ impl Setup {
         Fs::with_tiers(home, store, cfg, larder_home::Health::new(), Vec::new()).unwrap()
     }
 
+    /// The file system started again over this cache with room for 6 blocks only (a 4-block file written
+    /// here and 2 others): not started, so that the caller orders its flushers and its reads.
+    fn reopened_with_room_for_six(&self, cfg: FsConfig) -> Arc<Fs> {
+        self.store_limit.set(6 * BS);
+        Arc::new(self.fs_configured(Arc::new(FaultLayer::default()), cfg).0)
+    }
+
     /// Four files `g0`..`g3` of 4 blocks each at home: reads that fill a small cache.
     fn others_at_home(&self) {
         for i in 0..4 {
@@ -182,6 +189,14 @@ fn fill_with_others(fs: &Fs) {
         let g = resolve(fs, &format!("g{i}")).unwrap();
         assert!(read_file(fs, g) == pattern(4 * BS as usize, 10 + i as u8));
     }
+}
+
+/// Open `ino` for writing, write `bytes` at `offset`, and close it (flush, release).
+fn write_closed(fs: &Fs, ino: u64, offset: u64, bytes: &[u8]) {
+    let r = fs.open(ino, libc::O_RDWR).unwrap();
+    fs.write(r.fh, offset, bytes).unwrap();
+    fs.flush(r.fh).unwrap();
+    fs.release(r.fh).unwrap();
 }
 
 /// Rewrite `ino` with `bytes` as `O_TRUNC` then a write do, and close it.
@@ -896,10 +911,7 @@ fn a_chmod_queued_behind_a_data_push_shows_until_it_lands() {
         count: usize::MAX,
         landed: false,
     });
-    let r = fs.open(ino, libc::O_RDWR).unwrap();
-    fs.write(r.fh, 2, b"ab").unwrap();
-    fs.flush(r.fh).unwrap();
-    fs.release(r.fh).unwrap();
+    write_closed(&fs, ino, 2, b"ab");
     let chmod = SetAttr {
         perm: Some(0o600),
         ..SetAttr::default()
@@ -1164,10 +1176,7 @@ fn a_removed_file_leaves_no_record_behind_once_its_changes_are_pushed() {
     let fs = s.write_back(faults.clone());
     let (f, g) = (resolve(&fs, "d/f").unwrap(), resolve(&fs, "d/g").unwrap());
     let d = resolve(&fs, "d").unwrap();
-    let r = fs.open(f, libc::O_RDWR).unwrap();
-    fs.write(r.fh, 2, b"ab").unwrap();
-    fs.flush(r.fh).unwrap();
-    fs.release(r.fh).unwrap();
+    write_closed(&fs, f, 2, b"ab");
     let chmod = SetAttr {
         perm: Some(0o600),
         ..SetAttr::default()
@@ -1317,16 +1326,10 @@ fn written_blocks_waiting_for_home_are_not_evicted_after_a_restart_before_their_
         // Nothing is pushed within an hour: the write waits in the cache.
         let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), write_back(Duration::from_secs(3600)));
         let f = resolve(&fs, "f").unwrap();
-        let r = fs.open(f, libc::O_RDWR).unwrap();
-        fs.write(r.fh, 0, &ours).unwrap();
-        fs.flush(r.fh).unwrap();
-        fs.release(r.fh).unwrap();
+        write_closed(&fs, f, 0, &ours);
         fs.shutdown().unwrap();
     }
-    // Room for 6 blocks: the 4 written ones and 2 others.
-    s.store_limit.set(6 * BS);
-    let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), write_back(Duration::from_secs(3600)));
-    let fs = Arc::new(fs);
+    let fs = s.reopened_with_room_for_six(write_back(Duration::from_secs(3600)));
     fs.start();
     fill_with_others(&fs);
     s.kept_then_pushed(&fs, "f", &ours);
@@ -1442,10 +1445,7 @@ fn blocks_of_a_push_under_way_at_a_kill_are_not_evicted_after_the_restart() {
         ));
         fs.start();
         let f = resolve(&fs, "p/f").unwrap();
-        let r = fs.open(f, libc::O_RDWR).unwrap();
-        fs.write(r.fh, 0, &ours).unwrap();
-        fs.flush(r.fh).unwrap();
-        fs.release(r.fh).unwrap();
+        write_closed(&fs, f, 0, &ours);
         // The push has recorded its attempt and waits at home's door: the daemon dies there (the index
         // keeps what was written to it; the held push never reaches home).
         let reached = hold.reached.lock().unwrap();
@@ -1457,10 +1457,7 @@ fn blocks_of_a_push_under_way_at_a_kill_are_not_evicted_after_the_restart() {
         drop(reached);
         fs.store().db().close().unwrap();
     }
-    // Room for 6 blocks: the 4 written ones and 2 others.
-    s.store_limit.set(6 * BS);
-    let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
-    let fs = Arc::new(fs);
+    let fs = s.reopened_with_room_for_six(held_back());
     // Other reads fill the cache before anything looks the file up, the flusher included (started after
     // them here; in a daemon it is busy with the other queued changes): only what the start claimed
     // stays.
