@@ -205,9 +205,8 @@ pub(crate) struct Failure {
 pub(crate) struct Journal {
     ops: BTreeMap<u64, Op>,
     next_seq: u64,
-    inflight: HashSet<u64>,
-    /// When each op under way began its attempt.
-    began: HashMap<u64, Instant>,
+    /// Ops under way, with when their attempt began.
+    inflight: HashMap<u64, Instant>,
     /// Queued seqs per subject inode.
     by_ino: HashMap<u64, BTreeSet<u64>>,
     failed: HashMap<u64, Failure>,
@@ -341,7 +340,6 @@ impl Journal {
             self.exchanges -= 1;
         }
         self.inflight.remove(&seq);
-        self.began.remove(&seq);
         self.held.remove(&seq);
         self.failed.remove(&seq);
         if let Some(s) = self.by_ino.get_mut(&op.ino) {
@@ -384,12 +382,12 @@ impl Journal {
         let mut out = Vec::new();
         let last = self
             .last_of(op.ino)
-            .filter(|s| !self.inflight.contains(s) && !self.held.contains(s));
+            .filter(|s| !self.inflight.contains_key(s) && !self.held.contains(s));
         match &op.kind {
             OpKind::Data => {
                 let queued = self.by_ino.get(&op.ino).and_then(|s| {
                     s.iter().copied().find(|q| {
-                        !self.inflight.contains(q) && !self.held.contains(q) && self.ops[q].kind == OpKind::Data
+                        !self.inflight.contains_key(q) && !self.held.contains(q) && self.ops[q].kind == OpKind::Data
                     })
                 });
                 if let Some(q) = queued {
@@ -446,7 +444,7 @@ impl Journal {
         };
         let untouched = seqs
             .iter()
-            .all(|s| !self.inflight.contains(s) && !self.ops[s].attempted);
+            .all(|s| !self.inflight.contains_key(s) && !self.ops[s].attempted);
         let created_here = seqs.first().is_some_and(|s| self.ops[s].kind.creates());
         let no_side_effects = seqs.iter().all(|s| match &self.ops[s].kind {
             OpKind::Rename { replaced, exchange, .. } => !replaced && !exchange,
@@ -468,7 +466,7 @@ impl Journal {
         for s in seqs {
             let op = &self.ops[&s];
             if matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. } | OpKind::SetXattr { .. })
-                && !self.inflight.contains(&s)
+                && !self.inflight.contains_key(&s)
             {
                 self.remove(s, &mut out);
             }
@@ -494,7 +492,7 @@ impl Journal {
             }
             let blocked = earlier.block(op);
             let waiting = self.failed.get(seq).is_some_and(|f| f.retry_at > instant);
-            if !blocked && !waiting && !self.inflight.contains(seq) && !self.held.contains(seq) {
+            if !blocked && !waiting && !self.inflight.contains_key(seq) && !self.held.contains(seq) {
                 picked.push(*seq);
                 if picked.len() >= limit {
                     break;
@@ -511,7 +509,7 @@ impl Journal {
         for (s, op) in self.ops.range(..=seq) {
             let blocked = earlier.block(op);
             if *s == seq {
-                return !blocked && !self.inflight.contains(s);
+                return !blocked && !self.inflight.contains_key(s);
             }
         }
         false
@@ -519,8 +517,7 @@ impl Journal {
 
     /// Mark `seq` under way; returns the mutation that records the attempt, if it is the first.
     pub fn begin(&mut self, seq: u64) -> Vec<Mutation> {
-        self.inflight.insert(seq);
-        self.began.insert(seq, Instant::now());
+        self.inflight.insert(seq, Instant::now());
         match self.ops.get_mut(&seq) {
             Some(op) if !op.attempted => {
                 op.attempted = true;
@@ -571,8 +568,7 @@ impl Journal {
     /// `seq` could not be pushed; it waits `backoff` (or goes back to the queue at once when `None`).
     /// Returns the refusals so far.
     pub fn fail(&mut self, seq: u64, error: String, backoff: Option<Duration>) -> u32 {
-        self.inflight.remove(&seq);
-        let attempt_began = self.began.remove(&seq).unwrap_or_else(Instant::now);
+        let attempt_began = self.inflight.remove(&seq).unwrap_or_else(Instant::now);
         match backoff {
             Some(b) => {
                 let attempts = self.refusals(seq) + 1;

@@ -644,9 +644,9 @@ impl Fs {
     /// fetch already in flight (any `close` of any descriptor pushes); the blocks it fetches are not the
     /// ones pushed (those are cached, dirty), so once that push has been adopted the fetch is retried at
     /// the new version. A version that moved behind our back is `ESTALE`; nothing at the file's path, unless
-    /// a rename landing meanwhile moved it (the fetch is then asked again at its new place), `ENOENT`. `epoch` is the object's change
-    /// epoch taken with the file's state that said to fetch: a local change since keeps the block out of
-    /// the cache.
+    /// a rename landing meanwhile moved it (the fetch is then asked again at its new place), `ENOENT`.
+    /// `epoch` is the object's change epoch taken with the file's state that said to fetch: a local change
+    /// since keeps the block out of the cache.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn fetch_block(
         &self,
