@@ -931,9 +931,7 @@ fn changes_through_mount_reach_s3() {
 
     // A second mount with a cache of its own sees it all from S3.
     {
-        let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
-        std::fs::create_dir(&mnt2).unwrap();
-        let m2 = st.mount_at(&mnt2, &cache2, &[]);
+        let m2 = st.mount_fresh(2, &[]);
         assert_eq!(
             names(&m2.mnt),
             ["empty.txt", "emptydir", "m1", "new.txt"],
@@ -1100,9 +1098,7 @@ fn modes_owners_times_and_symlinks_survive_a_remount_with_an_empty_cache() {
     m.unmount();
 
     // A new cache: everything comes from the bucket.
-    let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
-    std::fs::create_dir(&mnt2).unwrap();
-    let m = st.mount_at(&mnt2, &cache2, &[]);
+    let m = st.mount_fresh(2, &[]);
     assert_eq!(owned(&m.path("f")), want_f, "f after a remount with an empty cache");
     assert_eq!(std::fs::read_link(m.path("link")).unwrap(), Path::new("f"));
     assert_eq!(std::fs::read(m.path("link")).unwrap(), b"kept with its mode");
@@ -1125,9 +1121,7 @@ fn modes_owners_times_and_symlinks_survive_a_remount_with_an_empty_cache() {
     std::fs::set_permissions(m.path("tree"), std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::rename(m.path("tree"), m.path("moved")).unwrap();
     m.unmount();
-    let (mnt3, cache3) = (st.t.root().join("mnt3"), st.t.root().join("cache3"));
-    std::fs::create_dir(&mnt3).unwrap();
-    let m = st.mount_at(&mnt3, &cache3, &[]);
+    let m = st.mount_fresh(3, &[]);
     assert_eq!(owned(&m.path("moved")).0, 0o700, "a renamed directory's mode");
     assert_eq!(
         owned(&m.path("moved/sub")).0,
@@ -1160,9 +1154,7 @@ fn times_of_what_the_mount_made_survive_a_remount_with_an_empty_cache() {
     };
     let made = times(&m);
     m.unmount();
-    let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
-    std::fs::create_dir(&mnt2).unwrap();
-    let m = st.mount_at(&mnt2, &cache2, &[]);
+    let m = st.mount_fresh(2, &[]);
     assert_eq!(times(&m), made, "times after a remount with an empty cache");
     m.unmount();
 }
@@ -1202,9 +1194,7 @@ fn rsync_a_twice_onto_an_s3_home_copies_nothing_the_second_time_even_from_an_emp
     assert!(first.len() >= 6, "the first rsync copied {first:?}");
     assert_eq!(rsync(&m.mnt), Vec::<String>::new(), "the second rsync, same mount");
     m.unmount();
-    let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
-    std::fs::create_dir(&mnt2).unwrap();
-    let m = st.mount_at(&mnt2, &cache2, &[]);
+    let m = st.mount_fresh(2, &[]);
     assert_eq!(
         rsync(&m.mnt),
         Vec::<String>::new(),

@@ -195,9 +195,7 @@ fn extended_attributes_cross_between_larder_and_s3fs() {
         st.tool_ok(&["meta", &st.bucket, &key])
     );
     drop(fs);
-    let (mnt2, cache2) = (st.t.root().join("mnt2"), st.t.root().join("cache2"));
-    std::fs::create_dir(&mnt2).unwrap();
-    let m = st.mount_at(&mnt2, &cache2, &[]);
+    let m = st.mount_fresh(2, &[]);
     assert_eq!(
         list(&m.path("f")),
         format!(

@@ -331,6 +331,17 @@ impl S3Test {
     pub fn mount(&self, extra: &[&str]) -> Mount {
         self.mount_at(&self.t.mnt, &self.t.cache, extra)
     }
+
+    /// Another mount of the same home at `mntN` over an empty cache `cacheN`: what a node that never
+    /// cached it, or a remount after the cache was lost, sees.
+    pub fn mount_fresh(&self, n: u32, extra: &[&str]) -> Mount {
+        let (mnt, cache) = (
+            self.t.root().join(format!("mnt{n}")),
+            self.t.root().join(format!("cache{n}")),
+        );
+        std::fs::create_dir(&mnt).unwrap();
+        self.mount_at(&mnt, &cache, extra)
+    }
 }
 
 impl S3Test {
