@@ -110,29 +110,34 @@ impl Store {
         Ok(())
     }
 
-    /// Forget every block of `object` and delete its file. Fills of its blocks under way are waited for
-    /// first (their blocks are then dropped with the rest); fills fetched before fail the epoch check.
-    /// Until its file is closed and unlinked, the object stays marked changing: a fill fetched after the
-    /// epoch moved must not write into the file about to be unlinked (its block would be indexed with its
-    /// bytes gone), nor index a block before the object's removal is recorded.
+    /// Forget every block of `object` and delete its file (or keep it, emptied, as a spare: `spare.rs`).
+    /// Fills of its blocks under way are waited for first (their blocks are then dropped with the rest);
+    /// fills fetched before fail the epoch check. Until its file is emptied or unlinked, the object stays
+    /// marked changing: a fill fetched after the epoch moved must not write into the file about to go
+    /// (its block would be indexed with its bytes gone), nor index a block before the object's removal is
+    /// recorded.
     pub fn remove_object(&self, object: u64) {
-        {
+        let held = {
             let mut st = self.await_fills(self.state(object), object, 0..=u32::MAX);
+            // A file the kernel reads keeps its bytes for it (unlinked, not emptied); a shared content's
+            // file is not the object's to empty.
+            let keep_bytes = st.holds.contains_key(&object) || st.meta(object).content.is_some();
             // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
             Self::bump_epoch(&mut st, object);
             if st.has_blocks(object) {
                 let keys: Vec<BlockKey> = st.blocks_of(object).map(|(k, _)| *k).collect();
-                // No holes punched: the file is unlinked below.
+                // No holes punched: the file is emptied or unlinked below.
                 for key in keys {
                     self.forget_locked(&mut st, key);
                 }
             }
             st.objects.remove(&object);
             st.mark_changing(object);
-        }
-        self.fds_of(object).files.remove(&object);
+            keep_bytes
+        };
+        let file = self.fds_of(object).files.remove(&object).map(|(f, _)| f);
         self.db.submit(vec![Mutation::DelObject(object)]);
-        let _ = std::fs::remove_file(self.path_of(object));
+        self.retire_file(object, file.filter(|_| !held), held);
         self.state(object).unmark_changing(object);
     }
 

@@ -49,7 +49,7 @@
 //! shared content; a new content's file is written (or compared) under `contents`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::RangeInclusive;
 use std::os::unix::fs::FileExt;
@@ -486,6 +486,8 @@ pub struct Store {
     inserted: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
+    /// Emptied files of removed objects, kept for new ones (see `spare.rs`).
+    spares: Mutex<spare::Spares>,
     /// Called by a fill between its reservation and its write, by indexing between its reads and its
     /// records, by a read between its look and its `pread`, and by eviction between choosing a victim and
     /// locking its shard (tests pause them there).
@@ -629,19 +631,29 @@ impl Store {
             Some(key) => self.content_path(key),
             None => self.path_of(object),
         };
-        let open = |p: &Path| {
+        let own = content.is_none();
+        let open = |p: &Path, create: bool| {
             crate::private::options()
                 .read(true)
-                .write(content.is_none())
-                .create(content.is_none())
+                .write(own)
+                .create(create)
                 .truncate(false)
                 .open(p)
         };
-        let file = match open(&path) {
+        // An object without a file yet gets a spare one where there is one (see `spare.rs`).
+        let found = if own && lock(&self.spares).has_ready() {
+            match open(&path, false) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && self.take_spare(&path) => open(&path, false),
+                other => other,
+            }
+        } else {
+            Err(io::ErrorKind::NotFound.into())
+        };
+        let file = match found.or_else(|_| open(&path, own)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
-                open(&path).map_err(io_err)?
+                open(&path, own).map_err(io_err)?
             }
             Err(e) => return Err(io_err(e)),
         };
@@ -941,5 +953,6 @@ mod local;
 mod open;
 mod passthrough;
 mod punch;
+mod spare;
 #[cfg(test)]
 mod tests;

@@ -75,7 +75,7 @@ impl Store {
             st.objects.shrink_to_fit();
         }
         let objects: u64 = shards.iter().map(|st| st.objects_with_blocks().count() as u64).sum();
-        Ok(Store {
+        let store = Store {
             cfg,
             db,
             shards: shards.into_iter().map(Shard::new).collect(),
@@ -99,9 +99,12 @@ impl Store {
             corrupt: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             abd: Mutex::new(None),
+            spares: Mutex::new(spare::Spares::default()),
             #[cfg(test)]
             hook: Mutex::new(None),
-        })
+        };
+        store.load_spares();
+        Ok(store)
     }
 
     /// Drop every object not in `live` (left behind by a crash or an old version), files included.
@@ -125,6 +128,10 @@ impl Store {
         let contents = lock(&self.contents);
         let mut files = 0;
         for dir in dirs.flatten() {
+            if dir.file_name() == "spare" {
+                // Spare files, found at the open (`spare.rs`).
+                continue;
+            }
             if dir.file_name() == "cas" {
                 // Contents no file shares any more (a crash between a fill and its commit).
                 files += remove_unkept(&dir.path(), |name| {

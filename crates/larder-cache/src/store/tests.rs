@@ -1328,3 +1328,72 @@ fn a_punch_that_unwinds_still_punches_and_releases_its_block() {
     s.fill((1, 0), &[2u8; BS], epoch).unwrap();
     assert_eq!(s.read((1, 0), 0, BS).unwrap(), Some(vec![2u8; BS]));
 }
+
+fn inode_of(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().ino()
+}
+
+#[test]
+fn a_removed_objects_file_is_emptied_and_given_to_the_next_new_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 1 << 20);
+    s.write(1, 0, &[1u8; 6000]).unwrap();
+    let first = inode_of(&s.path_of(1));
+    s.remove_object(1);
+    assert!(!s.path_of(1).exists());
+    assert_eq!(s.spare_files(), 1);
+    // The new object gets the same inode, empty: none of the old bytes show, in the file or in reads.
+    s.write(2, 4096, b"new").unwrap();
+    assert_eq!(inode_of(&s.path_of(2)), first, "the spare was taken, not a new file made");
+    assert_eq!(s.spare_files(), 0);
+    assert_eq!(file_bytes(dir.path(), 2), [&[0u8; 4096][..], b"new"].concat());
+    assert!(s.read((2, 0), 0, 4096).unwrap().is_none(), "block 0 was never written to object 2");
+    // With no spare left, a new object gets a file of its own.
+    s.write(3, 0, b"three").unwrap();
+    assert_eq!(file_bytes(dir.path(), 3), b"three");
+    check_figures(&s);
+}
+
+#[test]
+fn spares_survive_a_restart_and_files_the_kernel_reads_or_shared_contents_are_not_emptied() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = store(dir.path(), 1 << 20);
+        for object in 1..=3 {
+            s.write(object, 0, &[object as u8; 100]).unwrap();
+        }
+        s.remove_object(1);
+        s.remove_object(2);
+        // A held object (a passthrough reader has its file): unlinked, its bytes left to the reader.
+        let held = s.file(3).unwrap();
+        s.hold(3);
+        s.remove_object(3);
+        s.unhold(3);
+        let mut bytes = vec![0u8; 100];
+        held.read_exact_at(&mut bytes, 0).unwrap();
+        assert_eq!(bytes, [3u8; 100], "the reader's bytes stayed");
+        assert_eq!(s.spare_files(), 2);
+        // A shared content (two identical clean files): removing one leaves the other's bytes.
+        s.fill_whole(10, &content(9, 700), 0).unwrap();
+        s.fill_whole(11, &content(9, 700), 0).unwrap();
+        assert_eq!(s.stats().dedup_files, 2);
+        s.remove_object(10);
+        assert_eq!(s.read((11, 0), 0, 700).unwrap().unwrap(), content(9, 700));
+        assert_eq!(s.spare_files(), 2);
+        s.db().sync().unwrap();
+    }
+    // A stray non-empty file in `spare/` (not one the store made) is not kept.
+    std::fs::write(dir.path().join("objects/spare/999"), b"junk").unwrap();
+    let s = store(dir.path(), 1 << 20);
+    assert_eq!(s.spare_files(), 2);
+    assert!(!dir.path().join("objects/spare/999").exists());
+    s.retain_objects(&[11u64].into_iter().collect());
+    assert_eq!(s.spare_files(), 2, "retain_objects leaves the spares alone");
+    s.write(20, 0, b"x").unwrap();
+    s.write(21, 0, b"y").unwrap();
+    assert_eq!(s.spare_files(), 0);
+    assert_eq!(file_bytes(dir.path(), 20), b"x");
+    assert_eq!(file_bytes(dir.path(), 21), b"y");
+    assert_eq!(s.read((11, 0), 0, 700).unwrap().unwrap(), content(9, 700));
+}
