@@ -95,14 +95,15 @@ impl Fs {
         let asked = Instant::now();
         // One call: listed even when the directory's version is unchanged, since the listing carries its
         // entries' attributes and revalidates them all (a file written in place leaves its directory's
-        // version alone). The directory's own attributes come from its parent's listing, or a stat.
+        // version alone). The directory's own attributes come from its parent's listing, or a stat, and
+        // from this listing where home reads them in the same call.
         // Names with changes queued before home lists and after: an op that lands meanwhile is in the
         // first set if home's answer predates it, so either way its entry is the cache's.
         let mut pinned = self.pipeline.journal().pinned_in(ino);
         self.meta_counters
             .listings
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let listed = match self.core.home.list(&path) {
+        let (own, listed) = match self.core.home.list_with_own(&path) {
             Ok(l) => l,
             Err(HomeError::NotFound) => {
                 let mut ns = write(&self.ns);
@@ -131,6 +132,19 @@ impl Fs {
         // renames by copy, then delete, the listing may lack entries the rename was moving.
         if let Some(found) = self.moved_meanwhile(&ns, ino, None, &path)? {
             return self.overtaken_listing(ns, ino, found);
+        }
+        if let Some(own) = own {
+            self.listings_carry_own
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            // As a stat's answer (changes of it queued here stand: `update_attr`), unless entries of it
+            // changed here and not all at home yet: its times are then the cache's.
+            let quiet = pinned.is_empty() && {
+                let j = self.pipeline.journal();
+                j.pinned_in(ino).is_empty() && j.changed_while_watched(ino).is_empty()
+            };
+            if quiet && own.kind == FileKind::Dir && !ns.inode(ino)?.removed {
+                self.update_attr(&mut ns, ino, own, asked);
+            }
         }
         // The entries the index has of the directory, read once for all the names of the listing.
         let persisted: std::collections::HashMap<Vec<u8>, u64> =

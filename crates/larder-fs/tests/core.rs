@@ -523,6 +523,40 @@ fn past_the_lag_one_listing_revalidates_a_directory_and_finds_what_changed() {
 }
 
 #[test]
+fn past_the_lag_the_root_and_a_listed_directory_are_revalidated_by_their_own_listings() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new();
+    s.home_dir_of_files("d", 3, b"x");
+    let lag = Duration::from_millis(400);
+    let (fs, c) = s.fs(lag);
+    let d = resolve(&fs, "d").unwrap();
+    let listing = |ino: u64| {
+        let fh = fs.opendir(ino).unwrap();
+        let n = fs.readdir(fh, 0).unwrap().len();
+        fs.releasedir(fh);
+        n
+    };
+    assert_eq!(listing(1), 3);
+    assert_eq!(listing(d), 5);
+    std::thread::sleep(lag + Duration::from_millis(100));
+    std::fs::set_permissions(&s.home_dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::set_permissions(s.home("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let before = (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat));
+    // A walk past the lag: the root's stat lists it (its own attributes come with the listing, as no
+    // parent's listing carries them), and its listing is then fresh; the same for `d`, listed before
+    // its stat.
+    assert_eq!(fs.getattr(1).unwrap().attr.perm, 0o750);
+    assert_eq!(listing(1), 3);
+    assert_eq!(listing(d), 5);
+    assert_eq!(fs.getattr(d).unwrap().attr.perm, 0o700);
+    assert_eq!(
+        (c.ops_of(OpKind::List), c.ops_of(OpKind::Stat)),
+        (before.0 + 2, before.1),
+        "one listing of each directory and no stat"
+    );
+}
+
+#[test]
 fn one_listing_gives_every_child_its_attributes_and_answers_every_lookup() {
     let s = Setup::new();
     s.home_dir_of_files("d", 50, b"x");

@@ -143,6 +143,9 @@ impl<L: Layer> Home for Layered<L> {
     fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
         self.call(OpKind::List, 0, |h| h.list(path), none)
     }
+    fn list_with_own(&self, path: &Path) -> HomeResult<(Option<HomeAttr>, Vec<DirEntry>)> {
+        self.call(OpKind::List, 0, |h| h.list_with_own(path), none)
+    }
     fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
         self.call(
             OpKind::Read,

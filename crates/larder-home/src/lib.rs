@@ -67,6 +67,12 @@ pub trait Home: Send + Sync + 'static {
     /// side): one listing then answers every lookup and stat in the directory.
     fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>>;
 
+    /// [`Home::list`], with the directory's own attributes where the backend reads them in the same call
+    /// (a POSIX home, from the directory it lists); `None` where it does not.
+    fn list_with_own(&self, path: &Path) -> HomeResult<(Option<HomeAttr>, Vec<DirEntry>)> {
+        Ok((None, self.list(path)?))
+    }
+
     /// Up to `len` bytes at `offset` of the object at `version`. Short only at end of file. Fails with
     /// [`HomeError::Stale`] when the object is no longer at `version`, so a cached copy is never stitched
     /// together from two versions.

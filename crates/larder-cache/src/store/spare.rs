@@ -48,7 +48,9 @@ impl Store {
     /// Find the spares a previous run left (at the open): empty ones are kept, up to [`SPARE_MAX`]; any
     /// other file there goes.
     pub(super) fn load_spares(&self) {
-        let Ok(files) = std::fs::read_dir(self.spare_dir()) else { return };
+        let Ok(files) = std::fs::read_dir(self.spare_dir()) else {
+            return;
+        };
         let mut spares = lock(&self.spares);
         for f in files.flatten() {
             let n = f.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
@@ -112,7 +114,9 @@ impl Store {
     /// Give `path` (the file of an object that has none yet) a spare file: whether it now exists. The
     /// rename does not replace a file made there meanwhile (that one is kept, and the spare too).
     pub(super) fn take_spare(&self, path: &Path) -> bool {
-        let Some(n) = lock(&self.spares).ready.pop() else { return false };
+        let Some(n) = lock(&self.spares).ready.pop() else {
+            return false;
+        };
         let from = self.spare_path(n);
         let mut moved = rename_noreplace(&from, path);
         if matches!(&moved, Err(e) if e.kind() == io::ErrorKind::NotFound)
@@ -149,5 +153,9 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
             libc::RENAME_NOREPLACE,
         )
     };
-    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }

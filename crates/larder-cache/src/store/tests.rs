@@ -1345,10 +1345,17 @@ fn a_removed_objects_file_is_emptied_and_given_to_the_next_new_object() {
     assert_eq!(s.spare_files(), 1);
     // The new object gets the same inode, empty: none of the old bytes show, in the file or in reads.
     s.write(2, 4096, b"new").unwrap();
-    assert_eq!(inode_of(&s.path_of(2)), first, "the spare was taken, not a new file made");
+    assert_eq!(
+        inode_of(&s.path_of(2)),
+        first,
+        "the spare was taken, not a new file made"
+    );
     assert_eq!(s.spare_files(), 0);
     assert_eq!(file_bytes(dir.path(), 2), [&[0u8; 4096][..], b"new"].concat());
-    assert!(s.read((2, 0), 0, 4096).unwrap().is_none(), "block 0 was never written to object 2");
+    assert!(
+        s.read((2, 0), 0, 4096).unwrap().is_none(),
+        "block 0 was never written to object 2"
+    );
     // With no spare left, a new object gets a file of its own.
     s.write(3, 0, b"three").unwrap();
     assert_eq!(file_bytes(dir.path(), 3), b"three");

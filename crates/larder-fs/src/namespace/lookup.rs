@@ -347,28 +347,39 @@ impl Fs {
 
     /// Revalidate `ino` by listing its directory, if that is not listed within the validity lag: its
     /// entry then if the listing made it fresh, else `None` (and the caller stats it).
+    ///
+    /// The root, which no parent's listing carries, is revalidated by its own listing where home gives a
+    /// directory's own attributes with it (a POSIX home): a walk of the tree lists it anyway.
     fn revalidate_by_listing(&self, ino: u64) -> FsResult<Option<Entry>> {
-        if ino == ROOT || self.cfg.validity_lag.is_zero() || !self.health.online() {
+        if self.cfg.validity_lag.is_zero() || !self.health.online() {
             return Ok(None);
         }
-        let parent = {
+        let listed = {
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;
-            let Some(p) = ns.inodes.get(&node.parent) else {
-                return Ok(None);
+            let dir = if ino == ROOT {
+                if !self.listings_carry_own.load(Relaxed) {
+                    return Ok(None);
+                }
+                node
+            } else {
+                match ns.inodes.get(&node.parent) {
+                    Some(p) => p,
+                    None => return Ok(None),
+                }
             };
-            if node.removed || self.fresh(p.d().listed) {
+            if node.removed || self.fresh(dir.d().listed) {
                 return Ok(None);
             }
-            node.parent
+            if ino == ROOT { ROOT } else { node.parent }
         };
-        if self.listing(parent).is_err() {
+        if self.listing(listed).is_err() {
             return Ok(None);
         }
         self.meta_counters.listings_for_revalidation.fetch_add(1, Relaxed);
         let ns = read(&self.ns);
         let node = ns.inode(ino)?;
-        let bound = ns.inodes.get(&parent).and_then(|p| p.d().children.get(&node.name)) == Some(&ino);
+        let bound = ino == ROOT || ns.inodes.get(&listed).and_then(|p| p.d().children.get(&node.name)) == Some(&ino);
         if node.attr.is_some() && !node.removed && self.fresh(node.checked) && bound {
             return self.entry(&ns, ino).map(Some);
         }

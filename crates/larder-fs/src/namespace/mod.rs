@@ -403,6 +403,9 @@ pub struct Fs {
     pub(crate) dir_clock: AtomicU64,
     /// Directories to revalidate ahead of a walk (see `Fs::walk_ahead`).
     pub(crate) walk_ahead: Arc<crate::dirs::WalkAhead>,
+    /// Home has given a directory's own attributes with its listing ([`Home::list_with_own`]): the root,
+    /// which no parent's listing carries, is then revalidated by its own listing.
+    pub(crate) listings_carry_own: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) use larder_cache::contention::{lock, read, write};

@@ -137,6 +137,7 @@ impl Fs {
             listing_flight: Default::default(),
             walk_ahead: Default::default(),
             dir_clock: AtomicU64::new(1),
+            listings_carry_own: Default::default(),
         };
         let taken = fs.take_in_unseen_writes(&owners);
         if taken > 0 {

@@ -13,8 +13,8 @@ use std::time::SystemTime;
 
 use super::PosixHome;
 use super::sys::{
-    check, chown_at, cpath, identity, is_mount_root, last_error, list_at, open_at, open_root, posix_content_id,
-    stat_at, stat_fd, timespec,
+    check, chown_at, cpath, identity, is_mount_root, last_error, list_at, list_with_own_at, open_at, open_root,
+    posix_content_id, stat_at, stat_fd, timespec,
 };
 use super::write::write_at;
 use super::xattr::{check_xattrs, set_xattr_at, xattrs_at};
@@ -73,6 +73,11 @@ impl Home for PosixHome {
     fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
         let (root, p) = self.at(path)?;
         self.run(move || list_at(root.as_raw_fd(), &p))
+    }
+
+    fn list_with_own(&self, path: &Path) -> HomeResult<(Option<HomeAttr>, Vec<DirEntry>)> {
+        let (root, p) = self.at(path)?;
+        self.run(move || list_with_own_at(root.as_raw_fd(), &p).map(|(own, entries)| (Some(own), entries)))
     }
 
     fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {

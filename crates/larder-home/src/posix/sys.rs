@@ -171,7 +171,14 @@ pub(super) fn timespec(t: Option<TimeSet>) -> libc::timespec {
 }
 
 pub(super) fn list_at(dir: RawFd, path: &CStr) -> HomeResult<Vec<DirEntry>> {
+    list_with_own_at(dir, path).map(|(_, entries)| entries)
+}
+
+/// [`list_at`], with the attributes of the directory itself (read from the descriptor it is listed by,
+/// before its entries).
+pub(super) fn list_with_own_at(dir: RawFd, path: &CStr) -> HomeResult<(HomeAttr, Vec<DirEntry>)> {
     let file = open_at(dir, path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    let own = stat_fd(&file)?;
     let fd = file.into_raw_fd();
     // SAFETY: `fd` is an open directory descriptor; on success the DIR stream owns it.
     let stream = unsafe { libc::fdopendir(fd) };
@@ -215,5 +222,5 @@ pub(super) fn list_at(dir: RawFd, path: &CStr) -> HomeResult<Vec<DirEntry>> {
     };
     // SAFETY: `stream` is valid and closed exactly once.
     unsafe { libc::closedir(stream) };
-    result.map(|()| out)
+    result.map(|()| (own, out))
 }
