@@ -13,6 +13,10 @@ fill wrote it, and for `direct` a copy of the file written just before. A disk s
 writeback of a file just written reads it slower (measured here: 1.2-2.6 GB/s against 3.5-4.0 GB/s a few
 seconds later, for the cache file read with `dd` and for a file written with `head`), so both sides pay
 it. The second warm read comes 5 s later on both sides.
+
+Each figure is taken ROUNDS times, in turns (direct, then larder; larder's copy evicted and filled again
+over the link before each of its first warm reads), and the median is reported with every sample: single
+readings of this disk varied by half between runs a minute apart.
 """
 import os
 import random
@@ -54,51 +58,79 @@ def daemon_reads(m):
     return H.get(st, "efficiency", "reads") if st else None
 
 
+ROUNDS = 3
+
+
+def median_of(samples, key):
+    vals = sorted(x[key] for x in samples)
+    return vals[len(vals) // 2]
+
+
 def run(ctx):
     size, rsize = ctx.args.local_read_size, ctx.args.local_rewrite_size
     home = ctx.subhome("local")
     big, small = os.path.join(home, "big"), os.path.join(home, "rewrite")
-    for path, n in [(big, size), (small, rsize)]:
+    # direct reads and rewrites copies of its own: larder's mount of the same home must not find its
+    # cached files changed at home behind it.
+    for path, n in [(big, size), (small, rsize), (big + "-direct", size), (small + "-direct", rsize)]:
         if not os.path.exists(path) or os.path.getsize(path) != n:
             log(f"local_speed: writing a {n / MiB:.0f} MiB file at home")
             H.write_random(path, n)
     rng = random.Random(7)
     offsets = [rng.randrange(0, size // 4096) * 4096 for _ in range(RAND_OPS)]
-    res = {"size": size, "rewrite_size": rsize, "link": ctx.wan.describe(), "systems": {}}
-    for s in [ctx.system("direct"), ctx.system("larder")]:
-        r = res["systems"].setdefault(s.name, {})
-        link = None if s.name == "direct" else ctx.wan
-        with s.mount(ctx, "local", link=link, writable=True) as m:
-            path, rpath = m.path("local/big"), m.path("local/rewrite")
-            if s.name != "direct":
+    res = {"size": size, "rewrite_size": rsize, "link": ctx.wan.describe(), "rounds": ROUNDS, "systems": {}}
+    direct, larder = ctx.system("direct"), ctx.system("larder")
+    # Both mounted at once, and each figure taken in turns, direct then larder, ROUNDS times: this disk's
+    # speed moves by half between runs a minute apart, and turns let both sides meet the same moments.
+    with direct.mount(ctx, "local", writable=True) as dm, larder.mount(ctx, "local", link=ctx.wan, writable=True) as lm:
+        mounts = {"direct": dm, "larder": lm}
+        samples = {name: {k: [] for k in ("warm1", "warm2", "random", "rewrite", "rewrite_again", "cold")}
+                   for name in mounts}
+        reads = daemon_reads(lm)
+        served = 0
+        for i in range(ROUNDS):
+            for name, m in mounts.items():
+                mine = "-direct" if name == "direct" else ""
+                path, rpath = m.path(f"local/big{mine}"), m.path(f"local/rewrite{mine}")
+                sm = samples[name]
+                if name == "direct":
+                    # A file just written, as larder's cache file is just after its cold fill.
+                    first = m.path("local/big-fresh")
+                    H.write_random(first, size)
+                else:
+                    # The cached copy dropped, then filled again over the link.
+                    first = path
+                    if i > 0:
+                        H.run([H.LARDER, "evict", path, rpath], timeout=120)
+                    ctx.drop_caches()
+                    log(f"local_speed: larder, cold fill over the link (round {i + 1})")
+                    sm["cold"].append(H.seq_read(path, 600))
+                    H.seq_read(rpath, 600)
+                    before = daemon_reads(m)
                 ctx.drop_caches()
-                log("local_speed: larder, cold fill over the link")
-                r["cold"] = H.seq_read(path, 600)
-                H.seq_read(rpath, 600)
-            reads = daemon_reads(m)
-            first = path
-            if s.name == "direct":
-                # A file just written, as larder's cache file is just after its cold fill.
-                first = m.path("local/big-fresh")
-                H.write_random(first, size)
-            ctx.drop_caches()
-            log(f"local_speed: {s.name}, first warm sequential read")
-            r["warm1"] = H.seq_read(first, 600)
-            if first != path:
-                os.unlink(first)
-            time.sleep(5)
-            ctx.drop_caches()
-            log(f"local_speed: {s.name}, second warm sequential read")
-            r["warm2"] = H.seq_read(path, 600)
-            ctx.drop_caches()
-            log(f"local_speed: {s.name}, 4 KiB random reads")
-            r["random"] = H.rand_read(path, offsets, RAND_SECONDS)
-            if reads is not None:
-                r["daemon_reads_while_warm"] = daemon_reads(m) - reads
-            ctx.drop_caches()
-            log(f"local_speed: {s.name}, rewrite in place and fsync")
-            r["rewrite"] = rewrite(rpath, rsize)
-            r["rewrite_again"] = rewrite(rpath, rsize)
+                log(f"local_speed: {name}, first warm sequential read (round {i + 1})")
+                sm["warm1"].append(H.seq_read(first, 600))
+                if first != path:
+                    os.unlink(first)
+                time.sleep(5)
+                ctx.drop_caches()
+                sm["warm2"].append(H.seq_read(path, 600))
+                ctx.drop_caches()
+                sm["random"].append(H.rand_read(path, offsets, RAND_SECONDS))
+                if name == "larder" and before is not None:
+                    served += daemon_reads(m) - before
+                ctx.drop_caches()
+                sm["rewrite"].append(rewrite(rpath, rsize))
+                sm["rewrite_again"].append(rewrite(rpath, rsize))
+        for name, sm in samples.items():
+            r = res["systems"].setdefault(name, {})
+            for k, xs in sm.items():
+                if not xs:
+                    continue
+                unit = "ops_s" if k == "random" else "MiB_s"
+                r[k] = {unit: median_of(xs, unit), "samples": [x[unit] for x in xs]}
+        if reads is not None:
+            res["systems"]["larder"]["daemon_reads_while_warm"] = served
     return res
 
 
@@ -122,6 +154,10 @@ def report(r, ctx):
              f"{r['size'] / MiB:.0f} MiB read, {r['rewrite_size'] / MiB:.0f} MiB rewritten; page cache dropped "
              "before each read. direct: the same files on the local disk, in the same run.", "",
              H.md_table(["figure", "direct", "larder", "larder ÷ direct", "target"], rows), "",
-             f"Cold fill over the link: {g('larder', 'cold', 'MiB_s')} MiB/s. Reads the daemon served during "
-             f"the warm reads: {g('larder', 'daemon_reads_while_warm')} (0: the kernel read the cache file)."]
+             f"Medians of {r.get('rounds', 1)} rounds taken in turns; every sample, direct / larder:", ""]
+    for k, label in [("warm1", "first warm read"), ("warm2", "5 s later"), ("random", "random reads"),
+                     ("rewrite", "rewrite"), ("rewrite_again", "rewrite again")]:
+        lines.append(f"- {label}: {g('direct', k, 'samples')} / {g('larder', k, 'samples')}")
+    lines += ["", f"Cold fill over the link: {g('larder', 'cold', 'MiB_s')} MiB/s. Reads the daemon served during "
+              f"the warm reads: {g('larder', 'daemon_reads_while_warm')} (0: the kernel read the cache file)."]
     return "\n".join(lines)
