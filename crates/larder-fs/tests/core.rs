@@ -1036,6 +1036,98 @@ impl Layer for HoldAnswer {
     }
 }
 
+/// Holds the next write to home before it starts, until released, and records what home held at the
+/// written path once it ended.
+struct HoldWrite {
+    path: PathBuf,
+    /// (armed, held, released)
+    state: std::sync::Mutex<(bool, bool, bool)>,
+    changed: std::sync::Condvar,
+    written: std::sync::Mutex<Option<HomeResult<Vec<u8>>>>,
+}
+
+impl Layer for HoldWrite {
+    fn before(&self, op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        if op != OpKind::Write {
+            return Ok(());
+        }
+        let mut s = self.state.lock().unwrap();
+        if !s.0 {
+            return Ok(());
+        }
+        s.0 = false;
+        s.1 = true;
+        self.changed.notify_all();
+        let _released = self
+            .changed
+            .wait_timeout_while(s, Duration::from_secs(20), |s| !s.2)
+            .unwrap();
+        Ok(())
+    }
+
+    fn after(&self, op: OpKind, _bytes_in: u64, error: Option<&HomeError>) {
+        if op == OpKind::Write && self.written.lock().unwrap().is_none() {
+            *self.written.lock().unwrap() = Some(match error {
+                Some(e) => Err(e.clone()),
+                None => Ok(std::fs::read(&self.path).unwrap_or_default()),
+            });
+        }
+    }
+}
+
+/// Write-back: a file removed while a push of its data is under way (the push has its cache file open)
+/// still sends home the bytes it had: its cache file is unlinked, not emptied and kept as a spare.
+#[test]
+fn a_file_removed_while_its_push_is_under_way_sends_home_its_bytes() {
+    let s = Setup::new();
+    let hold = Arc::new(HoldWrite {
+        path: s.home("f"),
+        state: Default::default(),
+        changed: Default::default(),
+        written: Default::default(),
+    });
+    let fs = Arc::new(s.fs_layered(
+        hold.clone(),
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: Duration::from_secs(60),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::ZERO,
+            flush_threads: 1,
+            ..FsConfig::default()
+        },
+    ));
+    let data = pattern(3 * BS as usize, 23);
+    hold.state.lock().unwrap().0 = true;
+    let (_, r) = fs.create(1, OsStr::new("f"), 0o644, libc::O_RDWR, 0, 0).unwrap();
+    fs.write(r.fh, 0, &data).unwrap();
+    fs.flush(r.fh).unwrap();
+    fs.release(r.fh).unwrap();
+    fs.start();
+    {
+        let st = hold.state.lock().unwrap();
+        let (st, timeout) = hold
+            .changed
+            .wait_timeout_while(st, Duration::from_secs(20), |st| !st.1)
+            .unwrap();
+        assert!(!timeout.timed_out() && st.1, "no push of f began");
+    }
+    fs.unlink(1, OsStr::new("f")).unwrap();
+    hold.state.lock().unwrap().2 = true;
+    hold.changed.notify_all();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    let written = hold.written.lock().unwrap().take().expect("the push ended");
+    let written = written.expect("the push succeeded");
+    assert!(
+        written == data,
+        "home got {} bytes, not the file's {}: an emptied cache file",
+        written.len(),
+        data.len()
+    );
+    assert!(!s.home("f").exists(), "then its removal");
+    fs.stop_flushers();
+}
+
 /// Write-back: a symlink whose directory's rename lands at home meanwhile reads its target from the cache.
 /// A symlink's target never changes in place (a new target is a new object, which a lookup finds), so
 /// once cached it is the answer: asking home again at the old path while a rename above it lands would

@@ -117,11 +117,21 @@ impl Store {
     /// (its block would be indexed with its bytes gone), nor index a block before the object's removal is
     /// recorded.
     pub fn remove_object(&self, object: u64) {
+        self.remove_object_with(object, false);
+    }
+
+    /// [`Store::remove_object`] for an object whose file a reader outside the store may still be reading
+    /// (a push to home under way): the file is unlinked, never emptied, so that reader keeps its bytes.
+    pub fn remove_object_in_use(&self, object: u64) {
+        self.remove_object_with(object, true);
+    }
+
+    fn remove_object_with(&self, object: u64, in_use: bool) {
         let held = {
             let mut st = self.await_fills(self.state(object), object, 0..=u32::MAX);
             // A file the kernel reads keeps its bytes for it (unlinked, not emptied); a shared content's
             // file is not the object's to empty.
-            let keep_bytes = st.holds.contains_key(&object) || st.meta(object).content.is_some();
+            let keep_bytes = in_use || st.holds.contains_key(&object) || st.meta(object).content.is_some();
             // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
             Self::bump_epoch(&mut st, object);
             if st.has_blocks(object) {
@@ -141,13 +151,14 @@ impl Store {
         self.state(object).unmark_changing(object);
     }
 
-    /// `new` replaces `object` as the same file's content (a new version): the old one is removed, and a
-    /// pin, which belongs to the file, moves to the new one. Whether it did. The removal waits for fills
+    /// `new` replaces `object` as the same file's content (a new version): the old one is removed (its file
+    /// unlinked, not made a spare, if `in_use`: see [`Store::remove_object_in_use`]), and a pin, which
+    /// belongs to the file, moves to the new one. Whether it did. The removal waits for fills
     /// of the old object under way ([`Store::remove_object`]). The two objects may lie in different shards:
     /// the removal lets its shard lock go before the pin takes the other.
-    pub fn replace_object(&self, object: u64, new: u64) -> bool {
+    pub fn replace_object(&self, object: u64, new: u64, in_use: bool) -> bool {
         let pinned = self.pinned(object);
-        self.remove_object(object);
+        self.remove_object_with(object, in_use);
         if pinned {
             self.set_pinned(new, true);
         }

@@ -8,7 +8,8 @@
 //!
 //! A spare is emptied (`set_len(0)`, its blocks given back) before it is renamed into `spare/`, so a
 //! spare never holds bytes: taken, it is an empty file like a new one. The file of an object the kernel
-//! holds open (passthrough) is unlinked as before: its reader keeps the bytes.
+//! holds open (passthrough), or that a push to home is reading ([`Store::remove_object_in_use`]), is
+//! unlinked as before: its reader keeps the bytes.
 
 use super::*;
 

@@ -814,10 +814,15 @@ impl Fs {
             && node.removed
             && node.opens() == 0
         {
-            let (object, lookups) = (node.object, node.lookups());
+            let (object, lookups, pushing) = (node.object, node.lookups(), node.pushing);
             node.dirty.clear();
             if object != 0 {
-                self.core.store.remove_object(object);
+                // A push of it under way reads its cache file still: unlinked, not made a spare.
+                if pushing > 0 {
+                    self.core.store.remove_object_in_use(object);
+                } else {
+                    self.core.store.remove_object(object);
+                }
             }
             self.core
                 .store

@@ -221,9 +221,9 @@ impl Fs {
             // No version home could have: the next revalidation takes home's as new.
             a.version = Version("discarded".into());
         }
-        let old = node.object;
+        let (old, pushing) = (node.object, node.pushing);
         let object = self.alloc_object(&mut ns);
-        self.core.store.replace_object(old, object);
+        self.core.store.replace_object(old, object, pushing > 0);
         if let Some(node) = ns.inodes.get_mut(&ino) {
             node.object = object;
             self.core

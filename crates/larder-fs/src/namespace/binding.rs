@@ -40,7 +40,8 @@ impl Fs {
         if let Some(old) = new_object {
             let object = self.alloc_object(ns);
             // A pinned file's new version is pinned too, and fetched now.
-            if self.core.store.replace_object(old, object) {
+            // (No push of it is under way: it has no changes queued, or `update_attr` would not be here.)
+            if self.core.store.replace_object(old, object, false) {
                 refetch = Some(object);
             }
             if let Some(node) = ns.inodes.get_mut(&ino) {
@@ -275,7 +276,7 @@ impl Fs {
             .as_mut()
             .map(|d| d.children.drain().collect())
             .unwrap_or_default();
-        let (opens, lookups, object) = (node.opens(), node.lookups(), node.object);
+        let (opens, lookups, object, pushing) = (node.opens(), node.lookups(), node.object, node.pushing);
         let id = node.attr.as_ref().map_or(0, |a| a.id);
         if ns.by_id.get(&id) == Some(&ino) {
             ns.by_id.remove(&id);
@@ -290,7 +291,12 @@ impl Fs {
         }
         if opens == 0 && !kept {
             if object != 0 {
-                self.core.store.remove_object(object);
+                // A push of it under way reads its cache file still: unlinked, not made a spare.
+                if pushing > 0 {
+                    self.core.store.remove_object_in_use(object);
+                } else {
+                    self.core.store.remove_object(object);
+                }
             }
             db.submit(vec![Mutation::DelInode(ino)]);
             if lookups == 0 {
