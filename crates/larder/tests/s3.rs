@@ -582,12 +582,17 @@ fn written_renamed_appended(
     file: &str,
     (from, to): (&str, &str),
     moved: &str,
+    move_lands_first: bool,
 ) -> Vec<u8> {
     let mut rng = Rng::new(seed);
     let mut want = rng.bytes(9 << 20);
     std::fs::write(m.path(file), &want).unwrap();
     drain_ok(m, 120);
     std::fs::rename(m.path(from), m.path(to)).unwrap();
+    if move_lands_first {
+        // The move reaches home while the file has no change queued.
+        drain_ok(m, 120);
+    }
     let more = rng.bytes(50_000);
     OpenOptions::new()
         .append(true)
@@ -612,7 +617,7 @@ fn written_renamed_appended(
 fn a_large_file_renamed_then_appended_to_is_no_conflict() {
     let st = S3Test::new("rename-append", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
-    let want = written_renamed_appended(&st, &m, 77, "big", ("big", "moved"), "moved");
+    let want = written_renamed_appended(&st, &m, 77, "big", ("big", "moved"), "moved", false);
     // Renamed once more and read back from home (its cached blocks dropped): at the version home has
     // now, not the one the copy replaced.
     std::fs::rename(m.path("moved"), m.path("again")).unwrap();
@@ -630,7 +635,18 @@ fn a_large_file_in_a_renamed_directory_then_appended_to_is_no_conflict() {
     let st = S3Test::new("dir-rename-append", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
     std::fs::create_dir(m.path("d")).unwrap();
-    written_renamed_appended(&st, &m, 78, "d/big", ("d", "e"), "e/big");
+    written_renamed_appended(&st, &m, 78, "d/big", ("d", "e"), "e/big", false);
+    m.unmount();
+}
+
+/// The same when the move reached home before the append was made: every file below the moved directory
+/// takes its copy's version, not only those with changes queued when the move lands.
+#[test]
+fn a_large_file_appended_to_after_its_directorys_move_landed_is_no_conflict() {
+    let st = S3Test::new("dir-rename-landed-append", "home");
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    std::fs::create_dir(m.path("d")).unwrap();
+    written_renamed_appended(&st, &m, 79, "d/big", ("d", "e"), "e/big", true);
     m.unmount();
 }
 

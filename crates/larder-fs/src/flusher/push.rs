@@ -154,10 +154,12 @@ impl Fs {
     }
 
     /// A directory `dir` moved on a home that moves by copying (an object store): every object below it
-    /// is a copy, and a copy of an object uploaded in parts has a new version. The files below it with
-    /// changes still queued have their push based on the version home has now, or it would be refused as
-    /// a conflict with itself. Only the version (and identity) is taken: their queued changes stand.
-    /// Files with nothing queued are revalidated as any file is.
+    /// is a copy, and a copy of an object uploaded in parts has a new version. The files below it the
+    /// cache knows take the version home has now (one stat each), so that a push of theirs, queued or
+    /// made later within the validity lag, is based on it, or it would be refused as a conflict with
+    /// itself. Only the version (and identity) is taken: their queued changes stand. Those with changes
+    /// queued are loaded if they left memory; a file neither in memory nor with changes queued is
+    /// revalidated when it is next looked up, as any file is.
     fn settle_moved_versions(&self, dir: u64) {
         let below: Vec<(u64, std::path::PathBuf)> = {
             let mut ns = write(&self.ns);
@@ -165,7 +167,23 @@ impl Fs {
                 return;
             }
             let Ok(Some(top)) = ns.home_path(dir) else { return };
-            let inos = self.pipeline.journal().inos();
+            let mut inos: std::collections::BTreeSet<u64> = self.pipeline.journal().inos().into_iter().collect();
+            // The files below it in memory.
+            let mut dirs = vec![dir];
+            while let Some(d) = dirs.pop() {
+                let Some(children) = ns.inodes.get(&d).and_then(|n| n.dir.as_ref()).map(|x| &x.children) else {
+                    continue;
+                };
+                for &child in children.values() {
+                    match ns.inodes.get(&child).map(|c| c.kind) {
+                        Some(larder_home::FileKind::Dir) => dirs.push(child),
+                        Some(larder_home::FileKind::File) => {
+                            inos.insert(child);
+                        }
+                        _ => {}
+                    }
+                }
+            }
             let mut out = Vec::new();
             for ino in inos {
                 if self.load_inode(&mut ns, ino).is_err() {
