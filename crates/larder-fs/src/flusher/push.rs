@@ -157,36 +157,24 @@ impl Fs {
     /// is a copy, and a copy of an object uploaded in parts has a new version. The files below it the
     /// cache knows take the version home has now (one stat each), so that a push of theirs, queued or
     /// made later within the validity lag, is based on it, or it would be refused as a conflict with
-    /// itself. Only the version (and identity) is taken: their queued changes stand. Files that left
-    /// memory are loaded from the index for it.
+    /// itself. Only the version (and identity) is taken: their queued changes stand. Those with changes
+    /// queued are loaded if they left memory; a file neither in memory nor with changes queued is
+    /// revalidated when it is next looked up, as any file is.
     fn settle_moved_versions(&self, dir: u64) {
         let below: Vec<(u64, std::path::PathBuf)> = {
             let mut ns = write(&self.ns);
-            let _ = self.load_inode(&mut ns, dir);
             if ns.inode(dir).map_or(true, |n| n.kind != larder_home::FileKind::Dir) {
                 return;
             }
             let Ok(Some(top)) = ns.home_path(dir) else { return };
             let mut inos: std::collections::BTreeSet<u64> = self.pipeline.journal().inos().into_iter().collect();
-            // The files below it the cache knows: in memory, or in the index only (left memory, past
-            // `--max-inodes`), loaded.
+            // The files below it in memory.
             let mut dirs = vec![dir];
             while let Some(d) = dirs.pop() {
-                let mut children: Vec<u64> = ns
-                    .inodes
-                    .get(&d)
-                    .and_then(|n| n.dir.as_ref())
-                    .map(|x| x.children.values().copied().collect())
-                    .unwrap_or_default();
-                if let Ok(persisted) = self.core.store.db().dentries_of(d) {
-                    children.extend(persisted.into_iter().map(|(_, ino)| ino));
-                }
-                children.sort_unstable();
-                children.dedup();
-                for child in children {
-                    if self.load_inode(&mut ns, child).is_err() {
-                        continue;
-                    }
+                let Some(children) = ns.inodes.get(&d).and_then(|n| n.dir.as_ref()).map(|x| &x.children) else {
+                    continue;
+                };
+                for &child in children.values() {
                     match ns.inodes.get(&child).map(|c| c.kind) {
                         Some(larder_home::FileKind::Dir) => dirs.push(child),
                         Some(larder_home::FileKind::File) => {
