@@ -120,14 +120,11 @@ impl Store {
         self.remove_object_with(object, false);
     }
 
-    /// [`Store::remove_object`] for an object whose file a reader outside the store may still be reading
-    /// (a push to home under way): the file is unlinked, never emptied, so that reader keeps its bytes.
-    pub fn remove_object_in_use(&self, object: u64) {
-        self.remove_object_with(object, true);
-    }
-
-    fn remove_object_with(&self, object: u64, in_use: bool) {
-        let held = {
+    /// [`Store::remove_object`]; with `in_use`, for an object whose file a reader outside the store may
+    /// still be reading (a push to home under way): the file is unlinked, never emptied, so that reader
+    /// keeps its bytes.
+    pub fn remove_object_with(&self, object: u64, in_use: bool) {
+        let keep_bytes = {
             let mut st = self.await_fills(self.state(object), object, 0..=u32::MAX);
             // A file the kernel reads keeps its bytes for it (unlinked, not emptied); a shared content's
             // file is not the object's to empty.
@@ -147,12 +144,12 @@ impl Store {
         };
         let file = self.fds_of(object).files.remove(&object).map(|(f, _)| f);
         self.db.submit(vec![Mutation::DelObject(object)]);
-        self.retire_file(object, file.filter(|_| !held), held);
+        self.retire_file(object, file, keep_bytes);
         self.state(object).unmark_changing(object);
     }
 
     /// `new` replaces `object` as the same file's content (a new version): the old one is removed (its file
-    /// unlinked, not made a spare, if `in_use`: see [`Store::remove_object_in_use`]), and a pin, which
+    /// unlinked, not made a spare, if `in_use`: see [`Store::remove_object_with`]), and a pin, which
     /// belongs to the file, moves to the new one. Whether it did. The removal waits for fills
     /// of the old object under way ([`Store::remove_object`]). The two objects may lie in different shards:
     /// the removal lets its shard lock go before the pin takes the other.

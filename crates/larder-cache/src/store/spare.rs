@@ -8,7 +8,7 @@
 //!
 //! A spare is emptied (`set_len(0)`, its blocks given back) before it is renamed into `spare/`, so a
 //! spare never holds bytes: taken, it is an empty file like a new one. The file of an object the kernel
-//! holds open (passthrough), or that a push to home is reading ([`Store::remove_object_in_use`]), is
+//! holds open (passthrough), or that a push to home is reading (`in_use` of [`Store::remove_object_with`]), is
 //! unlinked as before: its reader keeps the bytes.
 
 use super::*;
@@ -69,13 +69,14 @@ impl Store {
     }
 
     /// Put `object`'s file (being removed; `file` its open descriptor if the store had one) aside as a
-    /// spare, emptied, or unlink it if there are enough spares or its object is held. Called while the
-    /// object is marked changing and has no blocks left, with no lock held.
-    pub(super) fn retire_file(&self, object: u64, file: Option<Arc<File>>, held: bool) {
+    /// spare, emptied, or unlink it if there are enough spares or its bytes must stay (`keep_bytes`: a
+    /// reader outside the store has it). Called while the object is marked changing and has no blocks
+    /// left, with no lock held.
+    pub(super) fn retire_file(&self, object: u64, file: Option<Arc<File>>, keep_bytes: bool) {
         let path = self.path_of(object);
         let n = {
             let mut spares = lock(&self.spares);
-            if held || spares.ready.len() + spares.arriving >= SPARE_MAX {
+            if keep_bytes || spares.ready.len() + spares.arriving >= SPARE_MAX {
                 None
             } else {
                 spares.arriving += 1;

@@ -818,11 +818,7 @@ impl Fs {
             node.dirty.clear();
             if object != 0 {
                 // A push of it under way reads its cache file still: unlinked, not made a spare.
-                if pushing > 0 {
-                    self.core.store.remove_object_in_use(object);
-                } else {
-                    self.core.store.remove_object(object);
-                }
+                self.core.store.remove_object_with(object, pushing > 0);
             }
             self.core
                 .store

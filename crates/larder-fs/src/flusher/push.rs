@@ -154,12 +154,12 @@ impl Fs {
     }
 
     /// A directory `dir` moved on a home that moves by copying (an object store): every object below it
-    /// is a copy, and a copy of an object uploaded in parts has a new version. The files below it the
-    /// cache knows take the version home has now (one stat each), so that a push of theirs, queued or
-    /// made later within the validity lag, is based on it, or it would be refused as a conflict with
-    /// itself. Only the version (and identity) is taken: their queued changes stand. Those with changes
-    /// queued are loaded if they left memory; a file neither in memory nor with changes queued is
-    /// revalidated when it is next looked up, as any file is.
+    /// is a copy, and a copy of an object uploaded in parts has a new version. The files below it in
+    /// memory or with changes queued (loaded if they left memory) take the version home has now (one
+    /// stat each), so that a push of theirs, queued or made later within the validity lag, is based on
+    /// it, or it would be refused as a conflict with itself. Only the version (and identity) is taken:
+    /// their queued changes stand. A file below it that is neither keeps the version from before the
+    /// copy in its record (`docs/reliability.md`, fault 21).
     fn settle_moved_versions(&self, dir: u64) {
         let below: Vec<(u64, std::path::PathBuf)> = {
             let mut ns = write(&self.ns);

@@ -292,11 +292,7 @@ impl Fs {
         if opens == 0 && !kept {
             if object != 0 {
                 // A push of it under way reads its cache file still: unlinked, not made a spare.
-                if pushing > 0 {
-                    self.core.store.remove_object_in_use(object);
-                } else {
-                    self.core.store.remove_object(object);
-                }
+                self.core.store.remove_object_with(object, pushing > 0);
             }
             db.submit(vec![Mutation::DelInode(ino)]);
             if lookups == 0 {

@@ -354,24 +354,20 @@ impl Fs {
         if self.cfg.validity_lag.is_zero() || !self.health.online() {
             return Ok(None);
         }
+        if ino == ROOT && !self.listings_carry_own.load(Relaxed) {
+            return Ok(None);
+        }
         let listed = {
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;
-            let dir = if ino == ROOT {
-                if !self.listings_carry_own.load(Relaxed) {
-                    return Ok(None);
-                }
-                node
-            } else {
-                match ns.inodes.get(&node.parent) {
-                    Some(p) => p,
-                    None => return Ok(None),
-                }
+            let listed = if ino == ROOT { ROOT } else { node.parent };
+            let Some(dir) = ns.inodes.get(&listed) else {
+                return Ok(None);
             };
             if node.removed || self.fresh(dir.d().listed) {
                 return Ok(None);
             }
-            if ino == ROOT { ROOT } else { node.parent }
+            listed
         };
         if self.listing(listed).is_err() {
             return Ok(None);
