@@ -1016,14 +1016,15 @@ impl HoldAnswer {
     }
 }
 
-impl Layer for HoldAnswer {
-    fn answer(&self, op: OpKind) -> HomeResult<()> {
+impl HoldAnswer {
+    /// If armed and `op` is its kind: held here until released.
+    fn hold(&self, op: OpKind) {
         if op != self.op {
-            return Ok(());
+            return;
         }
         let mut s = self.state.lock().unwrap();
         if !s.0 {
-            return Ok(());
+            return;
         }
         s.0 = false;
         s.1 = true;
@@ -1032,36 +1033,27 @@ impl Layer for HoldAnswer {
             .changed
             .wait_timeout_while(s, Duration::from_secs(20), |s| !s.2)
             .unwrap();
+    }
+}
+
+impl Layer for HoldAnswer {
+    fn answer(&self, op: OpKind) -> HomeResult<()> {
+        self.hold(op);
         Ok(())
     }
 }
 
-/// Holds the next write to home before it starts, until released, and records what home held at the
-/// written path once it ended.
+/// Holds the next write to home before it starts (not its answer), until released, and records what home
+/// held at the written path once it ended.
 struct HoldWrite {
     path: PathBuf,
-    /// (armed, held, released)
-    state: std::sync::Mutex<(bool, bool, bool)>,
-    changed: std::sync::Condvar,
+    gate: HoldAnswer,
     written: std::sync::Mutex<Option<HomeResult<Vec<u8>>>>,
 }
 
 impl Layer for HoldWrite {
     fn before(&self, op: OpKind, _bytes_out: u64) -> HomeResult<()> {
-        if op != OpKind::Write {
-            return Ok(());
-        }
-        let mut s = self.state.lock().unwrap();
-        if !s.0 {
-            return Ok(());
-        }
-        s.0 = false;
-        s.1 = true;
-        self.changed.notify_all();
-        let _released = self
-            .changed
-            .wait_timeout_while(s, Duration::from_secs(20), |s| !s.2)
-            .unwrap();
+        self.gate.hold(op);
         Ok(())
     }
 
@@ -1082,8 +1074,7 @@ fn a_file_removed_while_its_push_is_under_way_sends_home_its_bytes() {
     let s = Setup::new();
     let hold = Arc::new(HoldWrite {
         path: s.home("f"),
-        state: Default::default(),
-        changed: Default::default(),
+        gate: HoldAnswer::new(OpKind::Write),
         written: Default::default(),
     });
     let fs = Arc::new(s.fs_layered(
@@ -1098,23 +1089,15 @@ fn a_file_removed_while_its_push_is_under_way_sends_home_its_bytes() {
         },
     ));
     let data = pattern(3 * BS as usize, 23);
-    hold.state.lock().unwrap().0 = true;
+    hold.gate.arm();
     let (_, r) = fs.create(1, OsStr::new("f"), 0o644, libc::O_RDWR, 0, 0).unwrap();
     fs.write(r.fh, 0, &data).unwrap();
     fs.flush(r.fh).unwrap();
     fs.release(r.fh).unwrap();
     fs.start();
-    {
-        let st = hold.state.lock().unwrap();
-        let (st, timeout) = hold
-            .changed
-            .wait_timeout_while(st, Duration::from_secs(20), |st| !st.1)
-            .unwrap();
-        assert!(!timeout.timed_out() && st.1, "no push of f began");
-    }
+    hold.gate.wait_held();
     fs.unlink(1, OsStr::new("f")).unwrap();
-    hold.state.lock().unwrap().2 = true;
-    hold.changed.notify_all();
+    hold.gate.release();
     assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
     let written = hold.written.lock().unwrap().take().expect("the push ended");
     let written = written.expect("the push succeeded");
