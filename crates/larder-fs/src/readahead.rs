@@ -38,37 +38,93 @@ pub(crate) const MIN_JOB: u64 = 1 << 20;
 const RUN_WAIT: Duration = Duration::from_secs(60);
 
 /// Runs of blocks being fetched from home in one request, so that a reader missing one of their blocks
-/// waits for it rather than fetching it again.
+/// waits for it rather than fetching it again; and the blocks readers are fetching one by one, so that a
+/// run stops short of them rather than fetching them a second time. Both are decided under one lock: a
+/// reader either claims its block before a run covering it is registered (the run then stops short of
+/// it), or finds the run registered and waits for it.
 #[derive(Default)]
 pub(crate) struct Runs {
-    under_way: Mutex<Vec<(u64, Range<u32>)>>,
+    state: Mutex<RunsState>,
     done: Condvar,
 }
 
+#[derive(Default)]
+struct RunsState {
+    under_way: Vec<(u64, Range<u32>)>,
+    /// Blocks readers are fetching, with how many readers fetch each.
+    claimed: HashMap<(u64, u32), u32>,
+}
+
+impl RunsState {
+    fn covered(&self, object: u64, index: u32) -> bool {
+        self.under_way.iter().any(|(o, b)| *o == object && b.contains(&index))
+    }
+}
+
+/// A reader's claim on a block it is fetching itself ([`Runs::claim`]); dropped when its fetch is over.
+pub(crate) struct Claim<'a> {
+    runs: &'a Runs,
+    block: (u64, u32),
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.runs.state);
+        if let Some(n) = state.claimed.get_mut(&self.block) {
+            *n -= 1;
+            if *n == 0 {
+                state.claimed.remove(&self.block);
+            }
+        }
+    }
+}
+
 impl Runs {
-    pub(crate) fn begin_run(&self, object: u64, blocks: Range<u32>) {
-        lock(&self.under_way).push((object, blocks));
+    /// Register a run of `blocks` of `object`, cut short at the first block that is not `missing`, that
+    /// a reader is fetching or that another run covers. Returns the blocks registered (perhaps none);
+    /// [`Runs::end_run`] takes them back.
+    pub(crate) fn begin_run(&self, object: u64, blocks: Range<u32>, missing: impl Fn(u32) -> bool) -> Range<u32> {
+        let mut state = lock(&self.state);
+        let mut end = blocks.start;
+        while end < blocks.end
+            && !state.claimed.contains_key(&(object, end))
+            && !state.covered(object, end)
+            && missing(end)
+        {
+            end += 1;
+        }
+        let run = blocks.start..end;
+        if !run.is_empty() {
+            state.under_way.push((object, run.clone()));
+        }
+        run
     }
 
     pub(crate) fn end_run(&self, object: u64, blocks: &Range<u32>) {
-        let mut runs = lock(&self.under_way);
-        if let Some(i) = runs.iter().position(|(o, b)| *o == object && b == blocks) {
-            runs.swap_remove(i);
+        let mut state = lock(&self.state);
+        if let Some(i) = state.under_way.iter().position(|(o, b)| *o == object && b == blocks) {
+            state.under_way.swap_remove(i);
         }
-        drop(runs);
+        drop(state);
         self.done.notify_all();
     }
 
-    /// Wait (bounded) until no run covering block `index` of `object` is under way.
-    pub(crate) fn wait(&self, object: u64, index: u32) {
+    /// Wait (bounded) until no run covering block `index` of `object` is under way, then claim the block
+    /// for the caller's own fetch of it: no run registered while the claim is held includes it.
+    pub(crate) fn claim(&self, object: u64, index: u32) -> Claim<'_> {
         let deadline = Instant::now() + RUN_WAIT;
-        let mut runs = lock(&self.under_way);
-        while runs.iter().any(|(o, b)| *o == object && b.contains(&index)) {
+        let mut state = lock(&self.state);
+        while state.covered(object, index) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return;
+                break;
             }
-            runs = self.done.wait_timeout(runs, left).unwrap_or_else(|p| p.into_inner()).0;
+            state = self.done.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        *state.claimed.entry((object, index)).or_insert(0) += 1;
+        Claim {
+            runs: self,
+            block: (object, index),
         }
     }
 }
@@ -250,4 +306,57 @@ fn drop_object(shared: &Shared, object: u64) {
     let mut q = lock(&shared.queue);
     q.jobs.retain(|j| j.object != object);
     q.queued_to.remove(&object);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_stops_short_of_a_block_a_reader_claimed_and_of_another_run() {
+        let runs = Runs::default();
+        let claim = runs.claim(1, 5);
+        assert_eq!(runs.begin_run(1, 2..10, |_| true), 2..5);
+        assert!(runs.begin_run(1, 5..10, |_| true).is_empty(), "block 5 is the reader's");
+        assert_eq!(
+            runs.begin_run(2, 5..7, |_| true),
+            5..7,
+            "another object's block 5 is free"
+        );
+        drop(claim);
+        assert!(
+            runs.begin_run(1, 4..8, |_| true).is_empty(),
+            "block 4 is the first run's"
+        );
+        assert_eq!(runs.begin_run(1, 5..8, |i| i != 7), 5..7);
+        runs.end_run(1, &(2..5));
+        runs.end_run(1, &(5..7));
+        runs.end_run(2, &(5..7));
+        assert_eq!(
+            runs.begin_run(1, 0..8, |_| true),
+            0..8,
+            "every run ended, every claim dropped"
+        );
+    }
+
+    #[test]
+    fn a_reader_missing_a_block_of_a_run_waits_for_the_run_to_end() {
+        let runs = Arc::new(Runs::default());
+        assert_eq!(runs.begin_run(1, 0..4, |_| true), 0..4);
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (runs, ended) = (runs.clone(), ended.clone());
+            std::thread::spawn(move || {
+                let _claim = runs.claim(1, 2);
+                ended.load(Ordering::SeqCst)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        ended.store(true, Ordering::SeqCst);
+        runs.end_run(1, &(0..4));
+        assert!(
+            reader.join().unwrap(),
+            "the reader claimed block 2 while the run covering it was under way"
+        );
+    }
 }

@@ -66,8 +66,9 @@ impl Core {
         home_end: u64,
         epoch: u64,
     ) -> FetchResult {
-        // A coalesced fetch bringing this block in is waited for: the store has it then.
-        self.runs.wait(object, index);
+        // A coalesced fetch bringing this block in is waited for: the store has it then. Otherwise the
+        // block is claimed, and no run started meanwhile fetches it a second time.
+        let _claim = self.runs.claim(object, index);
         let (key, range) = self.unit_of(index, path, version, home_end);
         let local = Local {
             object,
@@ -88,21 +89,20 @@ impl Core {
     /// Blocks `run` of `job`'s object from home in one request, each kept in the store (a block changed
     /// here meanwhile is not: the epoch moved). Readers missing one of them wait for it meanwhile.
     ///
-    /// The run is registered first and its blocks looked at again after: a reader that missed one of
-    /// them before is fetching it itself by then (its fetch is in flight), and the run stops short of it
-    /// rather than bringing it in a second time; a reader missing one after waits for the run.
+    /// The run stops short of the first block that is cached, being fetched by a reader or another run,
+    /// or in flight through the tiers ([`crate::readahead::Runs::begin_run`]): what it leaves is someone's already.
     pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<(), HomeError> {
-        self.runs.begin_run(job.object, run.clone());
         let missing = |index: u32| {
             !self.store.contains((job.object, index))
                 && !self
                     .tiers
                     .in_flight(&self.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
         };
-        let mut last = run.start;
-        while last < run.end && missing(last) {
-            last += 1;
+        let run = self.runs.begin_run(job.object, run, missing);
+        if run.is_empty() {
+            return Ok(());
         }
+        let last = run.end;
         let bs = self.store.block_size();
         let start = run.start as u64 * bs;
         let end = (last as u64 * bs).min(job.home_end);
