@@ -1679,6 +1679,54 @@ fn a_file_rewritten_shorter_after_its_whole_push_was_cut_short_is_pushed_after_a
     fs.stop_flushers();
 }
 
+/// Write-back: a rename whose push landed at home but whose answer was lost (as after a stop that cut it
+/// short) waits for its retry. Meanwhile a read of the file's data the cache does not hold must find it
+/// where home has it now, not fail with `ENOENT` at its old path; in a directory moved the same way too.
+#[test]
+fn a_file_whose_rename_landed_unanswered_is_read_at_its_new_place_before_the_retry() {
+    let s = Setup::new();
+    let data = pattern(3 * BS as usize + 5, 8);
+    std::fs::write(s.home("f"), &data).unwrap();
+    std::fs::create_dir(s.home("d")).unwrap();
+    std::fs::write(s.home("d/x"), &data[..1000]).unwrap();
+    let faults = Arc::new(FaultLayer::default());
+    let fs = s.write_back(faults.clone());
+    let d = resolve(&fs, "d").unwrap();
+    for (dir, name) in [(1, "f"), (d, "x")] {
+        fs.lookup(dir, OsStr::new(name)).unwrap();
+    }
+    for (from, to) in [("f", "g"), ("d", "e")] {
+        let failed = fs.journal_stats().failed_ops;
+        faults.inject(Fault {
+            op: OpKind::Rename,
+            error: HomeError::NoSpace,
+            count: 1,
+            landed: true,
+        });
+        fs.rename(1, OsStr::new(from), 1, OsStr::new(to), Default::default())
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while fs.journal_stats().failed_ops == failed {
+            assert!(std::time::Instant::now() < deadline, "the push never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!s.home(from).exists(), "the rename landed at home");
+    }
+    let g = resolve(&fs, "g").unwrap();
+    let x = resolve(&fs, "e/x").unwrap();
+    assert!(read_file(&fs, g) == data, "the renamed file's bytes");
+    assert_eq!(read_file(&fs, x), data[..1000]);
+    assert_eq!(
+        fs.journal_stats().failed_ops,
+        2,
+        "the reads came before the renames' retries (1 s later)"
+    );
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty);
+    assert!(fs.conflicts().is_empty(), "{:?}", fs.conflicts());
+    assert!(read_file(&fs, g) == data);
+    fs.stop_flushers();
+}
+
 /// Write-back over a home that renames by copying, then deleting (an object store): an attempt cut short
 /// leaves a copy at the target. The retry must see that copy as its own and finish the rename, for a file
 /// and for a directory part-copied, rather than set the copy aside as a conflict.

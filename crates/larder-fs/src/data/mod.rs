@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::ops::Range;
-use std::path::Path;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
@@ -659,8 +660,13 @@ impl Fs {
         epoch: u64,
     ) -> FsResult<Arc<Vec<u8>>> {
         let (mut path, mut version, mut home_end) = (path.to_path_buf(), version.clone(), home_end);
+        // Where a rename waiting for a retry would have put the file, once asked there.
+        let mut asked_moved: Option<PathBuf> = None;
         for _ in 0..4 {
             match self.core.fetch(object, index, &path, &version, home_end, epoch) {
+                // Not there either (or another version there): the rename did not land, or this is not
+                // the copy the cache knows.
+                Err(e) if asked_moved.as_ref() == Some(&path) => return Err(FsError::Home(e)),
                 Err(e @ (HomeError::Stale | HomeError::NotFound)) => {
                     // Wait for a push of this file under way to be adopted, or a rename of it (or above it)
                     // landing to conclude (on an object store a renamed file is a copy, a new version), then
@@ -680,6 +686,18 @@ impl Fs {
                         }
                         let now_at = ns.home_path(ino)?;
                         let node = ns.inode(ino)?;
+                        // A rename of it (or above it) tried and waiting for a retry may have landed: a
+                        // stop cut its push short, or its answer was lost. Home has the file there then.
+                        if gone
+                            && asked_moved.is_none()
+                            && node.object == object
+                            && now_at.as_ref() == Some(&path)
+                            && let Some(moved) = ns.moved_path(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+                        {
+                            path = PathBuf::from(std::ffi::OsString::from_vec(moved));
+                            asked_moved = Some(path.clone());
+                            break;
+                        }
                         match node.attr.as_ref().map(|a| a.version.clone()) {
                             // Not moved: nothing there is home's answer.
                             _ if gone && (node.object != object || now_at.as_ref().is_none_or(|p| *p == path)) => {

@@ -410,14 +410,16 @@ impl Fs {
     /// source may be either side of it ([`Namespace::moving`]).
     pub(super) fn pushing_rename(&self, op: &Op) {
         if matches!(op.kind, OpKind::Rename { .. }) {
-            write(&self.ns).renames.insert(op.ino, (op.path.clone(), true));
+            write(&self.ns)
+                .renames
+                .insert(op.ino, crate::namespace::Unsettled::of(op, true));
         }
     }
 
     /// A rename's push failed: home may or may not have made it; it waits for a retry.
     pub(super) fn rename_unsettled(&self, op: &Op) {
         if let Some(r) = write(&self.ns).renames.get_mut(&op.ino) {
-            r.1 = false;
+            r.under_way = false;
         }
     }
 

@@ -137,6 +137,38 @@ pub(crate) struct DirState {
     pub listed_tick: u64,
 }
 
+/// A rename home may have made without the cache knowing yet ([`Namespace::renames`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsettled {
+    /// The home path it renames.
+    pub from: Vec<u8>,
+    /// The home path it renames to; `None` for an exchange (both paths move).
+    pub to: Option<Vec<u8>>,
+    /// Its push is under way; `false`: tried, cut short or failed, waiting for a retry.
+    pub under_way: bool,
+}
+
+impl Unsettled {
+    pub(crate) fn of(op: &crate::journal::Op, under_way: bool) -> Unsettled {
+        let to = match &op.kind {
+            crate::journal::OpKind::Rename {
+                to, exchange: false, ..
+            } => Some(to.clone()),
+            _ => None,
+        };
+        Unsettled {
+            from: op.path.clone(),
+            to,
+            under_way,
+        }
+    }
+}
+
+/// Whether `path` is `from` or below it (by component); an empty `from` (the root) covers every path.
+fn covers(from: &[u8], path: &[u8]) -> bool {
+    path == from || (path.len() > from.len() && path.starts_with(from) && path[from.len()] == b'/') || from.is_empty()
+}
+
 /// The state of a directory nothing is known of: what [`Inode::d`] shows of any other inode.
 static NO_DIR: std::sync::LazyLock<DirState> = std::sync::LazyLock::new(DirState::default);
 
@@ -332,11 +364,10 @@ pub(crate) struct Namespace {
     pub by_id: HashMap<u64, u64>,
     pub next_ino: u64,
     pub next_object: u64,
-    /// Renames home may have made without the cache knowing yet: per renamed inode, the home path it was
-    /// renamed from and whether the push is under way (`false`: tried, failed, waiting for a retry). Kept
-    /// beside the home locations, under the same lock, and changed together with them when a rename lands
+    /// Renames home may have made without the cache knowing yet, per renamed inode. Kept beside the home
+    /// locations, under the same lock, and changed together with them when a rename lands
     /// (`Fs::settle_namespace`): one look tells where home has a name and whether that may be changing.
-    pub renames: HashMap<u64, (Vec<u8>, bool)>,
+    pub renames: HashMap<u64, Unsettled>,
     /// Inodes loaded by listings that nothing else refers to, oldest first: past [`IDLE_MAX`] of them,
     /// the oldest leave memory (see `reclaim.rs`). May name inodes gone or referred to since.
     pub idle: std::collections::VecDeque<u64>,
@@ -469,18 +500,28 @@ impl Namespace {
     /// `Some(false)` if one was tried and failed and waits for a retry.
     pub fn moving(&self, path: &[u8]) -> Option<bool> {
         let mut found = None;
-        for (from, under_way) in self.renames.values() {
-            let under = path == from.as_slice()
-                || (path.len() > from.len() && path.starts_with(from) && path[from.len()] == b'/')
-                || from.is_empty();
-            if under {
-                if *under_way {
+        for r in self.renames.values() {
+            if covers(&r.from, path) {
+                if r.under_way {
                     return Some(true);
                 }
                 found = Some(false);
             }
         }
         found
+    }
+
+    /// Where home has `path` if a rename of it (or of a directory above it) that is tried and waiting for
+    /// a retry did land: after a stop that cut its push short, or an answer lost, home may have made it.
+    pub fn moved_path(&self, path: &[u8]) -> Option<Vec<u8>> {
+        self.renames.values().find_map(|r| {
+            let to = r.to.as_ref()?;
+            (!r.under_way && !r.from.is_empty() && covers(&r.from, path)).then(|| {
+                let mut moved = to.clone();
+                moved.extend_from_slice(&path[r.from.len()..]);
+                moved
+            })
+        })
     }
 
     pub fn inode(&self, ino: u64) -> FsResult<&Inode> {
@@ -939,14 +980,27 @@ mod tests {
     fn a_rename_under_way_covers_the_paths_below_its_source() {
         let mut ns = Namespace::default();
         assert_eq!(ns.moving(b"a/b/c"), None, "nothing renamed");
-        ns.renames.insert(7, (b"a/b".to_vec(), true));
+        let unsettled = |from: &[u8], under_way| Unsettled {
+            from: from.to_vec(),
+            to: Some(b"x/y".to_vec()),
+            under_way,
+        };
+        ns.renames.insert(7, unsettled(b"a/b", true));
         assert_eq!(ns.moving(b"a/b"), Some(true));
         assert_eq!(ns.moving(b"a/b/c"), Some(true));
         assert_eq!(ns.moving(b"a/bc"), None, "a sibling whose name starts the same");
         assert_eq!(ns.moving(b"a"), None, "the directory above it stays");
-        ns.renames.insert(7, (b"a/b".to_vec(), false));
+        assert_eq!(ns.moved_path(b"a/b/c"), None, "under way: no answer to trust yet");
+        ns.renames.insert(7, unsettled(b"a/b", false));
         assert_eq!(ns.moving(b"a/b/c"), Some(false), "tried, failed, waiting");
-        ns.renames.insert(8, (b"a".to_vec(), true));
+        assert_eq!(
+            ns.moved_path(b"a/b/c").as_deref(),
+            Some(&b"x/y/c"[..]),
+            "where it is if it landed"
+        );
+        assert_eq!(ns.moved_path(b"a/b").as_deref(), Some(&b"x/y"[..]));
+        assert_eq!(ns.moved_path(b"a/bc"), None);
+        ns.renames.insert(8, unsettled(b"a", true));
         assert_eq!(ns.moving(b"a/b/c"), Some(true), "one under way above wins");
         ns.renames.clear();
         assert_eq!(ns.moving(b"a/b/c"), None);

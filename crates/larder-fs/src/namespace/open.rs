@@ -54,7 +54,7 @@ impl Fs {
         for (_, op) in &ops {
             if op.attempted && matches!(op.kind, OpKind::Rename { .. }) {
                 // Cut short by the stop: home may have made it or not.
-                ns.renames.insert(op.ino, (op.path.clone(), false));
+                ns.renames.insert(op.ino, Unsettled::of(op, false));
             }
         }
         let journal = Journal::load(ops);
