@@ -584,10 +584,25 @@ fn written_renamed_appended(
     moved: &str,
     move_lands_first: bool,
 ) -> Vec<u8> {
+    written_renamed_appended_with(st, m, seed, file, (from, to), moved, move_lands_first, || {})
+}
+
+#[allow(clippy::too_many_arguments)]
+fn written_renamed_appended_with(
+    st: &S3Test,
+    m: &Mount,
+    seed: u64,
+    file: &str,
+    (from, to): (&str, &str),
+    moved: &str,
+    move_lands_first: bool,
+    pushed: impl Fn(),
+) -> Vec<u8> {
     let mut rng = Rng::new(seed);
     let mut want = rng.bytes(9 << 20);
     std::fs::write(m.path(file), &want).unwrap();
     drain_ok(m, 120);
+    pushed();
     std::fs::rename(m.path(from), m.path(to)).unwrap();
     if move_lands_first {
         // The move reaches home while the file has no change queued.
@@ -647,6 +662,27 @@ fn a_large_file_appended_to_after_its_directorys_move_landed_is_no_conflict() {
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
     std::fs::create_dir(m.path("d")).unwrap();
     written_renamed_appended(&st, &m, 79, "d/big", ("d", "e"), "e/big", true);
+    m.unmount();
+}
+
+/// The same for a file that left the daemon's memory before the move (the kernel forgot it): it is loaded
+/// from the index and takes its copy's version too.
+#[test]
+fn a_large_file_out_of_memory_appended_to_after_its_directorys_move_landed_is_no_conflict() {
+    let st = S3Test::new("dir-rename-landed-append-forgotten", "home");
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    std::fs::create_dir(m.path("d")).unwrap();
+    written_renamed_appended_with(&st, &m, 80, "d/big", ("d", "e"), "e/big", true, || {
+        let before = num(&m.status(), "/fs/inodes_reclaimed");
+        // The kernel forgets every inode it can; the daemon lets the forgotten ones go.
+        std::fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
+        assert!(
+            wait_until(Duration::from_secs(20), || num(&m.status(), "/fs/inodes_reclaimed")
+                > before),
+            "no inode left the daemon's memory: {}",
+            m.status()["fs"]
+        );
+    });
     m.unmount();
 }
 

@@ -154,68 +154,135 @@ impl Fs {
     }
 
     /// A directory `dir` moved on a home that moves by copying (an object store): every object below it
-    /// is a copy, and a copy of an object uploaded in parts has a new version. The files below it in
-    /// memory or with changes queued (loaded if they left memory) take the version home has now (one
-    /// stat each), so that a push of theirs, queued or made later within the validity lag, is based on
-    /// it, or it would be refused as a conflict with itself. Only the version (and identity) is taken:
-    /// their queued changes stand. A file below it that is neither keeps the version from before the
-    /// copy in its record (`docs/reliability.md`, fault 21).
+    /// is a copy, and a copy of an object uploaded in parts has a new version. Every file below it the
+    /// cache knows takes the version home has now (one stat each), so that a push of theirs, queued or
+    /// made later within the validity lag, is based on it, or it would be refused as a conflict with
+    /// itself (`docs/reliability.md`, fault 21). Only the version (and identity) is taken: their queued
+    /// changes stand. Files in memory (or with changes queued, loaded for it) are changed there; files
+    /// that left memory are changed in their index records, without loading them.
     fn settle_moved_versions(&self, dir: u64) {
-        let below: Vec<(u64, std::path::PathBuf)> = {
+        use larder_home::FileKind;
+        let (in_memory, stored) = {
             let mut ns = write(&self.ns);
-            if ns.inode(dir).map_or(true, |n| n.kind != larder_home::FileKind::Dir) {
+            if ns.inode(dir).map_or(true, |n| n.kind != FileKind::Dir) {
                 return;
             }
             let Ok(Some(top)) = ns.home_path(dir) else { return };
-            let mut inos: std::collections::BTreeSet<u64> = self.pipeline.journal().inos().into_iter().collect();
-            // The files below it in memory.
-            let mut dirs = vec![dir];
-            while let Some(d) = dirs.pop() {
-                let Some(children) = ns.inodes.get(&d).and_then(|n| n.dir.as_ref()).map(|x| &x.children) else {
-                    continue;
-                };
-                for &child in children.values() {
-                    match ns.inodes.get(&child).map(|c| c.kind) {
-                        Some(larder_home::FileKind::Dir) => dirs.push(child),
-                        Some(larder_home::FileKind::File) => {
-                            inos.insert(child);
+            // Files with changes queued, in memory from here on: their home paths are in memory.
+            let mut files = std::collections::BTreeSet::new();
+            for ino in self.pipeline.journal().inos() {
+                if self.load_inode(&mut ns, ino).is_ok() && ns.inode(ino).is_ok_and(|n| n.kind == FileKind::File) {
+                    files.insert(ino);
+                }
+            }
+            // The directories below it, in memory or in the index only, with their home paths. A file
+            // or directory in the index only has no change queued: its record's home location is where
+            // home has it below its parent.
+            let mut stored = Vec::new();
+            let mut dirs = vec![(dir, top.clone())];
+            let mut seen = std::collections::HashSet::from([dir]);
+            while let Some((d, path)) = dirs.pop() {
+                let bound: Vec<u64> = ns
+                    .inodes
+                    .get(&d)
+                    .and_then(|n| n.dir.as_ref())
+                    .map(|x| x.children.values().copied().collect())
+                    .unwrap_or_default();
+                let entries = self.core.store.db().children_of(d).unwrap_or_default();
+                // In memory (bound here, or named here by the index only): its home path is in memory.
+                let mut in_memory = |child: u64, dirs: &mut Vec<(u64, std::path::PathBuf)>| {
+                    let Some(node) = ns.inodes.get(&child) else {
+                        return false;
+                    };
+                    match node.kind {
+                        FileKind::Dir if seen.insert(child) => {
+                            if let Ok(Some(p)) = ns.home_path(child) {
+                                dirs.push((child, p));
+                            }
                         }
+                        FileKind::File => {
+                            files.insert(child);
+                        }
+                        _ => {}
+                    }
+                    true
+                };
+                for child in bound {
+                    in_memory(child, &mut dirs);
+                }
+                for (name, child, rec) in entries {
+                    if in_memory(child, &mut dirs) {
+                        continue;
+                    }
+                    let Some(rec) = rec.as_deref().and_then(crate::record::InodeRecord::decode) else {
+                        continue;
+                    };
+                    if rec.home_loc.as_ref() != Some(&(d, name.clone())) {
+                        continue;
+                    }
+                    let at = path.join(std::ffi::OsStr::from_bytes(&name));
+                    match rec.kind {
+                        FileKind::Dir => dirs.push((child, at)),
+                        FileKind::File if rec.attr.is_some() => stored.push((child, at)),
                         _ => {}
                     }
                 }
             }
-            let mut out = Vec::new();
-            for ino in inos {
-                if self.load_inode(&mut ns, ino).is_err() {
-                    continue;
-                }
+            let mut in_memory = Vec::new();
+            for ino in files {
                 let Ok(node) = ns.inode(ino) else { continue };
-                if node.kind != larder_home::FileKind::File || node.attr.is_none() {
+                if node.attr.is_none() {
                     continue;
                 }
                 // Below `dir` at home (paths compare by component).
                 if let Ok(Some(path)) = ns.home_path(ino)
                     && path.starts_with(&top)
                 {
-                    out.push((ino, path));
+                    in_memory.push((ino, path));
                 }
             }
-            out
+            (in_memory, stored)
         };
-        for (ino, path) in below {
+        for (ino, path) in in_memory.into_iter().chain(stored) {
             let Ok(attr) = self.core.home.stat(&path) else { continue };
-            if attr.kind != larder_home::FileKind::File {
+            if attr.kind != FileKind::File {
                 continue;
             }
-            let mut ns = write(&self.ns);
-            let Ok(node) = ns.inode_mut(ino) else { continue };
-            if let Some(a) = node.attr.as_mut()
+            let ns = write(&self.ns);
+            if ns.inodes.contains_key(&ino) {
+                let mut ns = ns;
+                let Ok(node) = ns.inode_mut(ino) else { continue };
+                if let Some(a) = node.attr.as_mut()
+                    && a.version != attr.version
+                {
+                    a.version = attr.version;
+                    a.id = attr.id;
+                    self.persist(&ns, ino);
+                }
+                continue;
+            }
+            // Still in the index only (loading it takes this lock): its record changes there.
+            let db = self.core.store.db();
+            let Some(mut rec) = db
+                .inode(ino)
+                .ok()
+                .flatten()
+                .and_then(|b| crate::record::InodeRecord::decode(&b))
+            else {
+                continue;
+            };
+            if let Some(a) = rec.attr.as_ref().map(|a| a.to_attr())
                 && a.version != attr.version
             {
-                a.version = attr.version;
-                a.id = attr.id;
-                self.persist(&ns, ino);
+                let a = HomeAttr {
+                    version: attr.version,
+                    id: attr.id,
+                    ..a
+                };
+                rec.attr = Some(crate::record::AttrRecord::from_attr(&a));
+                db.submit(vec![larder_cache::Mutation::PutInode(ino, rec.encode())]);
             }
+            drop(ns);
         }
     }
 
