@@ -159,6 +159,7 @@ pub(crate) struct Readahead {
     core: Arc<Core>,
     shared: Arc<Shared>,
     submitted: AtomicU64,
+    share: Share,
 }
 
 impl Readahead {
@@ -168,14 +169,17 @@ impl Readahead {
             ready: Condvar::new(),
         });
         let streams = streams.max(1);
-        let max_run = (MAX_RUN / core.store.block_size()).max(1) as u32;
-        let min_run = (MIN_JOB / core.store.block_size()).max(1) as u32;
+        let share = Share {
+            streams: streams as u32,
+            min_run: (MIN_JOB / core.store.block_size()).max(1) as u32,
+            max_run: (MAX_RUN / core.store.block_size()).max(1) as u32,
+        };
         for i in 0..streams {
             let (shared, core) = (shared.clone(), core.clone());
             let _ = std::thread::Builder::new()
                 .name(format!("larder-ingest-{i}"))
                 .spawn(move || {
-                    while let Some((job, run)) = next(&shared, streams as u32, min_run, max_run) {
+                    while let Some((job, run)) = next(&shared, share) {
                         if let Err(e) = ingest(&core, &job, run) {
                             tracing::debug!(error = %e, path = %job.path.display(), "readahead fetch failed");
                             // The rest of this file's range would most likely fail the same way.
@@ -188,6 +192,7 @@ impl Readahead {
             core,
             shared,
             submitted: AtomicU64::new(0),
+            share,
         }
     }
 
@@ -219,6 +224,25 @@ impl Readahead {
         self.shared.ready.notify_all();
     }
 
+    /// A reader missing block `index` of `object` that a queued job starts with, and no stream has taken
+    /// yet, takes the job's next run and brings it in itself ([`Readahead::ingest`]), as a stream would
+    /// have: a reader that catches up with busy (or not yet scheduled) streams then asks home for the run
+    /// in one request, not for its blocks one by one. `false` if no queued job starts there.
+    pub fn take_and_ingest(&self, object: u64, index: u32) -> Result<bool, larder_home::HomeError> {
+        let (job, run) = {
+            let mut q = lock(&self.shared.queue);
+            let Some(at) = q
+                .jobs
+                .iter()
+                .position(|j| j.object == object && j.blocks.start == index && !j.blocks.is_empty())
+            else {
+                return Ok(false);
+            };
+            q.take_run(at, self.share)
+        };
+        ingest(&self.core, &job, run).map(|()| true)
+    }
+
     /// Blocks queued so far.
     pub fn submitted(&self) -> u64 {
         self.submitted.load(Ordering::Relaxed)
@@ -237,26 +261,44 @@ impl Drop for Readahead {
     }
 }
 
-/// The next blocks to bring in: the first of the job at the head of the queue, this stream's share of
-/// what the job has left (at least `min_run` blocks or what is left, at most `max_run`).
-fn next(shared: &Shared, streams: u32, min_run: u32, max_run: u32) -> Option<(Job, Range<u32>)> {
+/// Sizes of the runs taken from jobs: the streams sharing a job, the least and most blocks of a run.
+#[derive(Clone, Copy)]
+struct Share {
+    streams: u32,
+    min_run: u32,
+    max_run: u32,
+}
+
+impl Queue {
+    /// The first blocks of job `at`: a stream's share of what the job has left (at least `min_run`
+    /// blocks or what is left, at most `max_run`). The job leaves the queue with its last run.
+    fn take_run(&mut self, at: usize, share: Share) -> (Job, Range<u32>) {
+        let job = &mut self.jobs[at];
+        let left = job.blocks.len() as u32;
+        let take = left
+            .div_ceil(share.streams)
+            .max(share.min_run)
+            .min(left)
+            .clamp(1, share.max_run);
+        let run = job.blocks.start..job.blocks.start + take;
+        job.blocks.start = run.end;
+        if !job.blocks.is_empty() {
+            return (job.clone(), run);
+        }
+        let job = self.jobs.remove(at).expect("indexed above");
+        if self.queued_to.get(&job.object) == Some(&job.blocks.end) {
+            self.queued_to.remove(&job.object);
+        }
+        (job, run)
+    }
+}
+
+/// The next blocks to bring in: the first run of the job at the head of the queue.
+fn next(shared: &Shared, share: Share) -> Option<(Job, Range<u32>)> {
     let mut q = lock(&shared.queue);
     loop {
-        if let Some(job) = q.jobs.front_mut() {
-            let left = job.blocks.len() as u32;
-            let take = left.div_ceil(streams).max(min_run).min(left).clamp(1, max_run);
-            let run = job.blocks.start..job.blocks.start + take;
-            job.blocks.start = run.end;
-            let job = if job.blocks.is_empty() {
-                let job = q.jobs.pop_front()?;
-                if q.queued_to.get(&job.object) == Some(&job.blocks.end) {
-                    q.queued_to.remove(&job.object);
-                }
-                job
-            } else {
-                job.clone()
-            };
-            return Some((job, run));
+        if !q.jobs.is_empty() {
+            return Some(q.take_run(0, share));
         }
         if q.closed {
             return None;

@@ -465,6 +465,9 @@ impl Fs {
                         None => Vec::new(),
                         Some(_) if index as u64 * bs >= f.home_size => Vec::new(),
                         Some(path) => {
+                            // Caught up with readahead that no stream has taken yet: the run it would have
+                            // fetched comes in one request now. (Any failure is the block fetch's to answer.)
+                            let _ = self.readahead.take_and_ingest(object, index);
                             let block = self.fetch_block(ino, object, index, path, &f.version, f.home_size, f.epoch)?;
                             let from = (within as usize).min(block.len());
                             let to = (within as usize + want).min(block.len());
