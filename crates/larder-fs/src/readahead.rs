@@ -109,6 +109,12 @@ impl Runs {
         self.done.notify_all();
     }
 
+    /// Whether a reader is fetching block `index` of `object`, or a run under way covers it.
+    pub(crate) fn busy(&self, object: u64, index: u32) -> bool {
+        let state = lock(&self.state);
+        state.claimed.contains_key(&(object, index)) || state.covered(object, index)
+    }
+
     /// Wait (bounded) until no run covering block `index` of `object` is under way, then claim the block
     /// for the caller's own fetch of it: no run registered while the claim is held includes it.
     pub(crate) fn claim(&self, object: u64, index: u32) -> Claim<'_> {
@@ -313,6 +319,7 @@ fn next(shared: &Shared, share: Share) -> Option<(Job, Range<u32>)> {
 fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::HomeError> {
     let missing = |index: u32| {
         !core.store.contains((job.object, index))
+            && !core.runs.busy(job.object, index)
             && !core
                 .tiers
                 .in_flight(&core.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
@@ -334,11 +341,13 @@ fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::Ho
         }
         if end - index == 1 {
             core.fetch(job.object, index, &job.path, &job.version, job.home_end, job.epoch)?;
+            index = end;
         } else {
-            // (It may stop short: see `Core::fetch_run`; what it left is a reader's already.)
-            core.fetch_run(job, index..end)?;
+            // It may stop short, at a block a reader or another run fetches meanwhile (see
+            // `Core::fetch_run`): the blocks after that one are looked at again.
+            let reached = core.fetch_run(job, index..end)?;
+            index = reached.max(index + 1);
         }
-        index = end;
     }
     Ok(())
 }
@@ -358,7 +367,9 @@ mod tests {
     fn a_run_stops_short_of_a_block_a_reader_claimed_and_of_another_run() {
         let runs = Runs::default();
         let claim = runs.claim(1, 5);
+        assert!(runs.busy(1, 5) && !runs.busy(1, 4));
         assert_eq!(runs.begin_run(1, 2..10, |_| true), 2..5);
+        assert!(runs.busy(1, 4), "the run covers it");
         assert!(runs.begin_run(1, 5..10, |_| true).is_empty(), "block 5 is the reader's");
         assert_eq!(
             runs.begin_run(2, 5..7, |_| true),

@@ -91,8 +91,9 @@ impl Core {
     /// here meanwhile is not: the epoch moved). Readers missing one of them wait for it meanwhile.
     ///
     /// The run stops short of the first block that is cached, being fetched by a reader or another run,
-    /// or in flight through the tiers ([`crate::readahead::Runs::begin_run`]): what it leaves is someone's already.
-    pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<(), HomeError> {
+    /// or in flight through the tiers ([`crate::readahead::Runs::begin_run`]): what it leaves is someone's
+    /// already. Returns where it stopped.
+    pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<u32, HomeError> {
         let missing = |index: u32| {
             !self.store.contains((job.object, index))
                 && !self
@@ -101,7 +102,7 @@ impl Core {
         };
         let run = self.runs.begin_run(job.object, run, missing);
         if run.is_empty() {
-            return Ok(());
+            return Ok(run.end);
         }
         let last = run.end;
         let bs = self.store.block_size();
@@ -109,7 +110,7 @@ impl Core {
         let end = (last as u64 * bs).min(job.home_end);
         if end <= start {
             self.runs.end_run(job.object, &run);
-            return Ok(());
+            return Ok(run.end);
         }
         let started = std::time::Instant::now();
         let result = self.home.read(&job.path, &job.version, start, (end - start) as usize);
@@ -127,7 +128,7 @@ impl Core {
             );
         });
         self.runs.end_run(job.object, &run);
-        outcome
+        outcome.map(|()| run.end)
     }
 }
 
