@@ -1111,6 +1111,60 @@ fn a_file_removed_while_its_push_is_under_way_sends_home_its_bytes() {
     fs.stop_flushers();
 }
 
+/// Write-back: a writer the kernel serves from the cache file (passthrough) opens while a push of the file
+/// is under way, after the push read the file, and writes a byte; the push ends before the writer closes.
+/// That byte must reach home: the push's end must not index the cache file's bytes, the writer's among
+/// them, as the ones home has, or the writer's close finds nothing changed.
+#[test]
+fn a_byte_written_directly_during_a_push_reaches_home() {
+    let s = Setup::new();
+    let hold = Arc::new(HoldAnswer::new(OpKind::Write));
+    let fs = Arc::new(s.fs_layered(
+        hold.clone(),
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            validity_lag: Duration::from_secs(60),
+            write_mode: larder_fs::WriteMode::WriteBack,
+            sync_lag: Duration::ZERO,
+            flush_threads: 1,
+            passthrough: true,
+            ..FsConfig::default()
+        },
+    ));
+    let mut want = pattern(3 * BS as usize, 31);
+    hold.arm();
+    let (e, r) = fs.create(1, OsStr::new("f"), 0o644, libc::O_RDWR, 0, 0).unwrap();
+    fs.write(r.fh, 0, &want).unwrap();
+    fs.flush(r.fh).unwrap();
+    fs.release(r.fh).unwrap();
+    fs.start();
+    // The push wrote home; its answer waits.
+    hold.wait_held();
+    let w = fs.open(e.attr.ino, libc::O_RDWR).unwrap();
+    assert!(w.passthrough, "whole in the cache: the kernel may serve the writer");
+    let file = fs.passthrough(w.fh, false).expect("the cache file");
+    // As the kernel writes for the writer: into the cache file, no request to the daemon.
+    std::os::unix::fs::FileExt::write_all_at(&*file, b"!", BS + 5).unwrap();
+    want[BS as usize + 5] = b'!';
+    hold.release();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fs.journal_stats().pending_ops > 0 {
+        assert!(std::time::Instant::now() < deadline, "the push never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    fs.flush(w.fh).unwrap();
+    fs.release(w.fh).unwrap();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    let home = std::fs::read(s.home("f")).unwrap();
+    assert!(
+        home == want,
+        "home's byte at {}: {:?}",
+        BS + 5,
+        home.get(BS as usize + 5).map(|b| *b as char)
+    );
+    fs.stop_flushers();
+}
+
 /// Write-back: a symlink whose directory's rename lands at home meanwhile reads its target from the cache.
 /// A symlink's target never changes in place (a new target is a new object, which a lookup finds), so
 /// once cached it is the answer: asking home again at the old path while a rename above it lands would

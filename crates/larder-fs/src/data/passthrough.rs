@@ -137,9 +137,10 @@ impl Fs {
             self.core.store.unseen_writer_ended(object);
             return false;
         };
-        let first = read(&self.ns)
-            .inode(ino)
-            .is_ok_and(|node| node.pt_writers.fetch_add(1, Relaxed) == 0);
+        let first = read(&self.ns).inode(ino).is_ok_and(|node| {
+            node.pt_begun.fetch_add(1, Relaxed);
+            node.pt_writers.fetch_add(1, Relaxed) == 0
+        });
         if first {
             self.seen(ino, &m);
         }

@@ -103,10 +103,12 @@ impl Fs {
                             .submit(vec![larder_cache::Mutation::PutInode(ino, node.record().encode())]);
                     }
                     // With writers the kernel serves, the cache file can change under the push: its stamp
-                    // now tells afterwards whether it did.
+                    // now tells afterwards whether it did. A writer beginning during the push is told by
+                    // the count of writers begun.
                     let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)
                         .then(|| super::passthrough::stamp(&file, self.fine_times()));
-                    (ranges, size, object, path, base, file, mtime, direct)
+                    let begun = node.pt_begun.load(std::sync::atomic::Ordering::Relaxed);
+                    (ranges, size, object, path, base, file, mtime, (direct, begun))
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -138,12 +140,17 @@ impl Fs {
         ns.inode_mut(ino)?.pushing -= 1;
         match result {
             Ok(attr) => {
-                // Written by the kernel meanwhile (or too recently to tell): home may hold a mix of the
-                // bytes before and after, so all of it stays dirty and goes again, after the next
-                // adoption. Home's new version is ours all the same.
-                if let Some(before) = direct
-                    && (before.is_none() || super::passthrough::stamp(&file, self.fine_times()) != before)
-                {
+                // Written by the kernel meanwhile (or too recently to tell), or a writer the kernel serves
+                // began meanwhile: home may hold a mix of the bytes before and after, so all of it stays
+                // dirty and goes again, after the next adoption. Home's new version is ours all the same.
+                // (Marked clean, the blocks would be indexed with the cache file's bytes now, which the
+                // adoption would then find unchanged.)
+                let (direct, begun) = direct;
+                let unchanged = |before: &Option<super::passthrough::Stamp>| {
+                    before.is_some() && super::passthrough::stamp(&file, self.fine_times()) == *before
+                };
+                let began = ns.inode(ino)?.pt_begun.load(std::sync::atomic::Ordering::Relaxed) != begun;
+                if began || direct.as_ref().is_some_and(|before| !unchanged(before)) {
                     let node = ns.inode_mut(ino)?;
                     for r in &ranges {
                         add_range(&mut node.dirty, r.clone());
@@ -169,14 +176,31 @@ impl Fs {
                 // Home holds `size` bytes of these blocks now. (A write extending the file may be under way:
                 // the file's size is ahead of its cache file then, but the blocks it writes are dirty again.)
                 // Home has the data whatever happens here: a block that cannot be indexed is dropped.
-                self.core.store.mark_clean(object, clean, size);
+                self.core.store.mark_clean(object, clean.iter().copied(), size);
                 let node = ns.inode_mut(ino)?;
+                if let Some(before) = &direct
+                    && !unchanged(before)
+                {
+                    // Written by the kernel while the blocks were indexed: indexed again as dirty (the
+                    // writer's open handle holds the object, so none was evicted meanwhile), and they go
+                    // again.
+                    for &b in &clean {
+                        add_range(&mut node.dirty, b as u64 * bs..((b as u64 + 1) * bs).min(size));
+                    }
+                    if let Err(e) = self.core.store.commit(object, clean.iter().copied(), size) {
+                        tracing::warn!(ino, error = %e, "indexing blocks the kernel wrote during a push failed");
+                    }
+                }
                 node.conflict = false;
                 node.attempt = None;
                 node.unconfirmed = None;
                 // Truncations take the flush lock, so none happened during the push: home has `size` bytes
                 // of ours now.
-                node.home_size = if settled { None } else { Some(size) };
+                node.home_size = if settled && node.dirty.is_empty() {
+                    None
+                } else {
+                    Some(size)
+                };
                 // (Changes of it queued after this push, a chmod say, stand until theirs.)
                 self.settle_attr(&mut ns, ino, attr);
                 Ok(())

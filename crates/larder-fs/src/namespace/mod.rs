@@ -82,6 +82,8 @@ pub(crate) struct Inode {
     /// Handles open for writing that the kernel serves from the cache file (passthrough): while there are
     /// any, the cache file may hold writes not adopted yet (see `data/passthrough.rs`).
     pub pt_writers: AtomicU32,
+    /// How many such writers began, wrapping: a push that sees it move began without knowing of one.
+    pub pt_begun: AtomicU32,
     /// The cache file's modification time (ns since the epoch) when such writers' writes were last taken
     /// in: a later one shows writes not taken in yet.
     pub pt_seen: AtomicU64,
@@ -223,6 +225,7 @@ impl Inode {
             lookups: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             pt_writers: AtomicU32::new(0),
+            pt_begun: AtomicU32::new(0),
             pt_seen: AtomicU64::new(0),
             dirty: Vec::new(),
             removed: false,
