@@ -1162,6 +1162,32 @@ fn a_byte_written_directly_during_a_push_reaches_home() {
         BS + 5,
         home.get(BS as usize + 5).map(|b| *b as char)
     );
+    assert_eq!(fs.journal_stats().dirty_bytes, 0, "all of it at home");
+    // A writer that opens and closes during a push without writing leaves nothing dirty behind it (with
+    // no close to come, nothing would push it).
+    hold.arm();
+    let r = fs.open(e.attr.ino, libc::O_RDWR).unwrap();
+    fs.write(r.fh, 0, b"?").unwrap();
+    want[0] = b'?';
+    fs.flush(r.fh).unwrap();
+    fs.release(r.fh).unwrap();
+    hold.wait_held();
+    let w = fs.open(e.attr.ino, libc::O_RDWR).unwrap();
+    fs.passthrough(w.fh, false).expect("the cache file");
+    fs.flush(w.fh).unwrap();
+    fs.release(w.fh).unwrap();
+    hold.release();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fs.journal_stats().pending_ops > 0 {
+        assert!(std::time::Instant::now() < deadline, "the push never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        fs.journal_stats().dirty_bytes,
+        0,
+        "nothing left dirty, with nothing queued"
+    );
+    assert!(std::fs::read(s.home("f")).unwrap() == want);
     fs.stop_flushers();
 }
 

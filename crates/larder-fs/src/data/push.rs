@@ -140,17 +140,21 @@ impl Fs {
         ns.inode_mut(ino)?.pushing -= 1;
         match result {
             Ok(attr) => {
-                // Written by the kernel meanwhile (or too recently to tell), or a writer the kernel serves
-                // began meanwhile: home may hold a mix of the bytes before and after, so all of it stays
-                // dirty and goes again, after the next adoption. Home's new version is ours all the same.
-                // (Marked clean, the blocks would be indexed with the cache file's bytes now, which the
-                // adoption would then find unchanged.)
+                // With a writer the kernel serves still open, written by the kernel meanwhile (or too
+                // recently to tell), or a writer began meanwhile: home may hold a mix of the bytes before
+                // and after, so all of it stays dirty and goes again, after the writers' next adoption (a
+                // close queues it). Home's new version is ours all the same. (Marked clean, the blocks
+                // would be indexed with the cache file's bytes now, the writer's among them, which its
+                // adoption would then find unchanged.) Writers closed since have adopted all they wrote:
+                // those blocks are dirty again already, and the rest are as pushed.
                 let (direct, begun) = direct;
                 let unchanged = |before: &Option<super::passthrough::Stamp>| {
                     before.is_some() && super::passthrough::stamp(&file, self.fine_times()) == *before
                 };
-                let began = ns.inode(ino)?.pt_begun.load(std::sync::atomic::Ordering::Relaxed) != begun;
-                if began || direct.as_ref().is_some_and(|before| !unchanged(before)) {
+                let node = ns.inode(ino)?;
+                let writing = node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0;
+                let began = node.pt_begun.load(std::sync::atomic::Ordering::Relaxed) != begun;
+                if writing && (began || direct.as_ref().is_some_and(|before| !unchanged(before))) {
                     let node = ns.inode_mut(ino)?;
                     for r in &ranges {
                         add_range(&mut node.dirty, r.clone());
@@ -178,7 +182,8 @@ impl Fs {
                 // Home has the data whatever happens here: a block that cannot be indexed is dropped.
                 self.core.store.mark_clean(object, clean.iter().copied(), size);
                 let node = ns.inode_mut(ino)?;
-                if let Some(before) = &direct
+                if writing
+                    && let Some(before) = &direct
                     && !unchanged(before)
                 {
                     // Written by the kernel while the blocks were indexed: indexed again as dirty (the
