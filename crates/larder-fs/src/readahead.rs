@@ -231,10 +231,11 @@ impl Readahead {
     }
 
     /// A reader missing block `index` of `object` that a queued job starts with, and no stream has taken
-    /// yet, takes the job's next run and brings it in itself ([`Readahead::ingest`]), as a stream would
+    /// yet, takes the job's next run and brings it in itself (`ingest`), as a stream would
     /// have: a reader that catches up with busy (or not yet scheduled) streams then asks home for the run
-    /// in one request, not for its blocks one by one. `false` if no queued job starts there.
-    pub fn take_and_ingest(&self, object: u64, index: u32) -> Result<bool, larder_home::HomeError> {
+    /// in one request, not for its blocks one by one. Nothing if no queued job starts there. A failure is
+    /// left to the reader's own fetch of its block to answer.
+    pub fn take_and_ingest(&self, object: u64, index: u32) {
         let (job, run) = {
             let mut q = lock(&self.shared.queue);
             let Some(at) = q
@@ -242,11 +243,13 @@ impl Readahead {
                 .iter()
                 .position(|j| j.object == object && j.blocks.start == index && !j.blocks.is_empty())
             else {
-                return Ok(false);
+                return;
             };
             q.take_run(at, self.share)
         };
-        ingest(&self.core, &job, run).map(|()| true)
+        if let Err(e) = ingest(&self.core, &job, run) {
+            tracing::debug!(error = %e, path = %job.path.display(), "readahead fetch failed");
+        }
     }
 
     /// Blocks queued so far.
@@ -317,13 +320,7 @@ fn next(shared: &Shared, share: Share) -> Option<(Job, Range<u32>)> {
 /// come in one home request where home is the next tier (and the file is not a small one, whole in one
 /// unit), else one by one through the tiers.
 fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::HomeError> {
-    let missing = |index: u32| {
-        !core.store.contains((job.object, index))
-            && !core.runs.busy(job.object, index)
-            && !core
-                .tiers
-                .in_flight(&core.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
-    };
+    let missing = |index: u32| core.absent(job, index) && !core.runs.busy(job.object, index);
     let per_block = !core.tiers.home_next()
         || matches!(
             core.unit_of(run.start, &job.path, &job.version, job.home_end).0.part,

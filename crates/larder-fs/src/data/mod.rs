@@ -87,6 +87,14 @@ impl Core {
         Ok(unit)
     }
 
+    /// Whether block `index` of `job`'s object is neither in the store nor on its way through the tiers.
+    pub(crate) fn absent(&self, job: &Job, index: u32) -> bool {
+        !self.store.contains((job.object, index))
+            && !self
+                .tiers
+                .in_flight(&self.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
+    }
+
     /// Blocks `run` of `job`'s object from home in one request, each kept in the store (a block changed
     /// here meanwhile is not: the epoch moved). Readers missing one of them wait for it meanwhile.
     ///
@@ -94,20 +102,13 @@ impl Core {
     /// or in flight through the tiers ([`crate::readahead::Runs::begin_run`]): what it leaves is someone's
     /// already. Returns where it stopped.
     pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<u32, HomeError> {
-        let missing = |index: u32| {
-            !self.store.contains((job.object, index))
-                && !self
-                    .tiers
-                    .in_flight(&self.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
-        };
-        let run = self.runs.begin_run(job.object, run, missing);
+        let run = self.runs.begin_run(job.object, run, |index| self.absent(job, index));
         if run.is_empty() {
             return Ok(run.end);
         }
-        let last = run.end;
         let bs = self.store.block_size();
         let start = run.start as u64 * bs;
-        let end = (last as u64 * bs).min(job.home_end);
+        let end = (run.end as u64 * bs).min(job.home_end);
         if end <= start {
             self.runs.end_run(job.object, &run);
             return Ok(run.end);
@@ -468,7 +469,7 @@ impl Fs {
                         Some(path) => {
                             // Caught up with readahead that no stream has taken yet: the run it would have
                             // fetched comes in one request now. (Any failure is the block fetch's to answer.)
-                            let _ = self.readahead.take_and_ingest(object, index);
+                            self.readahead.take_and_ingest(object, index);
                             let block = self.fetch_block(ino, object, index, path, &f.version, f.home_size, f.epoch)?;
                             let from = (within as usize).min(block.len());
                             let to = (within as usize + want).min(block.len());
