@@ -17,7 +17,7 @@ impl Fs {
         // What writers the kernel serves from the cache file wrote so far goes too.
         self.adopt_all_direct_writes(ino);
         let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
-        let (ranges, size, object, path, base, file, mtime, direct) = {
+        let (ranges, size, object, path, base, file, mtime, direct, begun) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
             let mut ns = write(&self.ns);
@@ -108,7 +108,7 @@ impl Fs {
                     let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)
                         .then(|| super::passthrough::stamp(&file, self.fine_times()));
                     let begun = node.pt_begun.load(std::sync::atomic::Ordering::Relaxed);
-                    (ranges, size, object, path, base, file, mtime, (direct, begun))
+                    (ranges, size, object, path, base, file, mtime, direct, begun)
                 }
                 Err(e) => {
                     ns.inode_mut(ino)?.dirty = ranges;
@@ -147,7 +147,6 @@ impl Fs {
                 // would be indexed with the cache file's bytes now, the writer's among them, which its
                 // adoption would then find unchanged.) Writers closed since have adopted all they wrote:
                 // those blocks are dirty again already, and the rest are as pushed.
-                let (direct, begun) = direct;
                 let unchanged = |before: &Option<super::passthrough::Stamp>| {
                     before.is_some() && super::passthrough::stamp(&file, self.fine_times()) == *before
                 };

@@ -190,7 +190,7 @@ impl Fs {
                     .unwrap_or_default();
                 let entries = self.core.store.db().children_of(d).unwrap_or_default();
                 // In memory (bound here, or named here by the index only): its home path is in memory.
-                let mut in_memory = |child: u64, dirs: &mut Vec<(u64, std::path::PathBuf)>| {
+                let mut took_from_memory = |child: u64, dirs: &mut Vec<(u64, std::path::PathBuf)>| {
                     let Some(node) = ns.inodes.get(&child) else {
                         return false;
                     };
@@ -208,10 +208,10 @@ impl Fs {
                     true
                 };
                 for child in bound {
-                    in_memory(child, &mut dirs);
+                    took_from_memory(child, &mut dirs);
                 }
                 for (name, child, rec) in entries {
-                    if in_memory(child, &mut dirs) {
+                    if took_from_memory(child, &mut dirs) {
                         continue;
                     }
                     let Some(rec) = rec.as_deref().and_then(crate::record::InodeRecord::decode) else {
@@ -248,10 +248,8 @@ impl Fs {
             if attr.kind != FileKind::File {
                 continue;
             }
-            let ns = write(&self.ns);
-            if ns.inodes.contains_key(&ino) {
-                let mut ns = ns;
-                let Ok(node) = ns.inode_mut(ino) else { continue };
+            let mut ns = write(&self.ns);
+            if let Ok(node) = ns.inode_mut(ino) {
                 if let Some(a) = node.attr.as_mut()
                     && a.version != attr.version
                 {
