@@ -174,6 +174,11 @@ pub(crate) fn subtract(ranges: &[Range<u64>], minus: &[Range<u64>]) -> Vec<Range
     out
 }
 
+/// The bytes of block `index` of a file of `size` bytes, in blocks of `bs` (the last one may be short).
+pub(crate) fn bytes_of(index: u32, bs: u64, size: u64) -> Range<u64> {
+    index as u64 * bs..((index as u64 + 1) * bs).min(size)
+}
+
 pub(crate) fn blocks_of(r: &Range<u64>, bs: u64) -> Range<u32> {
     if r.is_empty() {
         return 0..0;

@@ -13,7 +13,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 
-use crate::data::{add_range, subtract};
+use crate::data::{add_range, bytes_of, subtract};
 use crate::namespace::{Fs, Inode, lock, read, write};
 use crate::{FsError, FsResult};
 
@@ -204,10 +204,7 @@ impl Fs {
         let mut ns = write(&self.ns);
         let node = ns.inode_mut(ino)?;
         let size = len.max(known_size);
-        let ranges: Vec<std::ops::Range<u64>> = changed
-            .iter()
-            .map(|&(i, _)| i as u64 * bs..((i as u64 + 1) * bs).min(size))
-            .collect();
+        let ranges: Vec<std::ops::Range<u64>> = changed.iter().map(|&(i, _)| bytes_of(i, bs, size)).collect();
         for r in &ranges {
             add_range(&mut node.dirty, r.clone());
         }

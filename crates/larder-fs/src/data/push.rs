@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use larder_home::HomeError;
 
-use super::{add_range, blocks_of, subtract, whole};
+use super::{add_range, blocks_of, bytes_of, subtract, whole};
 use crate::namespace::{Fs, lock, read, write};
 use crate::{FsError, FsResult};
 
@@ -63,9 +63,9 @@ impl Fs {
                 && self.core.store.whole_in_file(object, size)
             {
                 let bs = self.core.store.block_size();
-                for index in 0..size.div_ceil(bs) {
-                    if self.core.store.claim((object, index as u32)) {
-                        add_range(&mut ranges, index * bs..((index + 1) * bs).min(size));
+                for index in 0..size.div_ceil(bs) as u32 {
+                    if self.core.store.claim((object, index)) {
+                        add_range(&mut ranges, bytes_of(index, bs, size));
                     }
                 }
             }
@@ -189,7 +189,7 @@ impl Fs {
                     // writer's open handle holds the object, so none was evicted meanwhile), and they go
                     // again.
                     for &b in &clean {
-                        add_range(&mut node.dirty, b as u64 * bs..((b as u64 + 1) * bs).min(size));
+                        add_range(&mut node.dirty, bytes_of(b, bs, size));
                     }
                     if let Err(e) = self.core.store.commit(object, clean.iter().copied(), size) {
                         tracing::warn!(ino, error = %e, "indexing blocks the kernel wrote during a push failed");
