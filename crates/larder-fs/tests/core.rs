@@ -74,16 +74,7 @@ impl Setup {
 
     /// A started write-back file system that pushes at once, one op at a time, through `faults`.
     fn write_back(&self, faults: Arc<FaultLayer>) -> Arc<Fs> {
-        let (fs, _) = self.fs_configured(
-            faults,
-            FsConfig {
-                validity_lag: Duration::from_secs(3600),
-                write_mode: larder_fs::WriteMode::WriteBack,
-                sync_lag: Duration::ZERO,
-                flush_threads: 1,
-                ..FsConfig::default()
-            },
-        );
+        let (fs, _) = self.fs_configured(faults, pushing_at_once(Duration::from_secs(3600)));
         let fs = Arc::new(fs);
         fs.start();
         fs
@@ -157,6 +148,17 @@ impl Setup {
     }
 }
 
+/// Write-back that pushes each change at once, one at a time, and trusts what it knows for `lag`.
+fn pushing_at_once(lag: Duration) -> FsConfig {
+    FsConfig {
+        validity_lag: lag,
+        write_mode: larder_fs::WriteMode::WriteBack,
+        sync_lag: Duration::ZERO,
+        flush_threads: 1,
+        ..FsConfig::default()
+    }
+}
+
 /// Write-back that pushes nothing within an hour and trusts what it knows as long: changes wait in the
 /// cache.
 fn held_back() -> FsConfig {
@@ -197,6 +199,15 @@ fn write_closed(fs: &Fs, ino: u64, offset: u64, bytes: &[u8]) {
     fs.write(r.fh, offset, bytes).unwrap();
     fs.flush(r.fh).unwrap();
     fs.release(r.fh).unwrap();
+}
+
+/// Wait (at most 20 s) until `done` holds; `what` did not happen otherwise.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Rewrite `ino` with `bytes` as `O_TRUNC` then a write do, and close it.
@@ -893,11 +904,7 @@ fn a_push_whose_answer_was_lost_is_recognised_on_retry() {
     fs.write(r.fh, 10, b"first").unwrap();
     want[10..15].copy_from_slice(b"first");
     fs.flush(r.fh).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while fs.journal_stats().failed_ops == 0 {
-        assert!(std::time::Instant::now() < deadline, "the push never ran");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the push never ran", || fs.journal_stats().failed_ops > 0);
     assert_eq!(
         &std::fs::read(s.home("f")).unwrap()[10..15],
         b"first",
@@ -951,16 +958,11 @@ fn a_chmod_queued_behind_a_data_push_shows_until_it_lands() {
         ..SetAttr::default()
     };
     fs.setattr(ino, &chmod).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while std::fs::read(s.home("f")).unwrap() != b"01ab456789" {
-        assert!(std::time::Instant::now() < deadline, "the data push never landed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the data push never landed", || {
+        std::fs::read(s.home("f")).unwrap() == b"01ab456789"
+    });
     // The data push has concluded once the journal holds the chmod alone.
-    while fs.journal_stats().pending_ops > 1 {
-        assert!(std::time::Instant::now() < deadline, "the data push never concluded");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the data push never concluded", || fs.journal_stats().pending_ops <= 1);
     let mode = |fs: &Fs| fs.getattr(ino).unwrap().attr.perm & 0o7777;
     assert_eq!(
         mode(&fs),
@@ -1080,13 +1082,7 @@ fn a_file_removed_while_its_push_is_under_way_sends_home_its_bytes() {
     let fs = Arc::new(s.fs_layered(
         hold.clone(),
         Arc::new(FaultLayer::default()),
-        FsConfig {
-            validity_lag: Duration::from_secs(60),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::ZERO,
-            flush_threads: 1,
-            ..FsConfig::default()
-        },
+        pushing_at_once(Duration::from_secs(60)),
     ));
     let data = pattern(3 * BS as usize, 23);
     hold.gate.arm();
@@ -1123,12 +1119,8 @@ fn a_byte_written_directly_during_a_push_reaches_home() {
         hold.clone(),
         Arc::new(FaultLayer::default()),
         FsConfig {
-            validity_lag: Duration::from_secs(60),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::ZERO,
-            flush_threads: 1,
             passthrough: true,
-            ..FsConfig::default()
+            ..pushing_at_once(Duration::from_secs(60))
         },
     ));
     let mut want = pattern(3 * BS as usize, 31);
@@ -1147,11 +1139,7 @@ fn a_byte_written_directly_during_a_push_reaches_home() {
     std::os::unix::fs::FileExt::write_all_at(&*file, b"!", BS + 5).unwrap();
     want[BS as usize + 5] = b'!';
     hold.release();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while fs.journal_stats().pending_ops > 0 {
-        assert!(std::time::Instant::now() < deadline, "the push never ended");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the push never ended", || fs.journal_stats().pending_ops == 0);
     fs.flush(w.fh).unwrap();
     fs.release(w.fh).unwrap();
     assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
@@ -1177,11 +1165,7 @@ fn a_byte_written_directly_during_a_push_reaches_home() {
     fs.flush(w.fh).unwrap();
     fs.release(w.fh).unwrap();
     hold.release();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while fs.journal_stats().pending_ops > 0 {
-        assert!(std::time::Instant::now() < deadline, "the push never ended");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the push never ended", || fs.journal_stats().pending_ops == 0);
     assert_eq!(
         fs.journal_stats().dirty_bytes,
         0,
@@ -1202,17 +1186,7 @@ fn a_symlink_reads_its_cached_target_while_a_rename_of_its_directory_lands() {
     std::os::unix::fs::symlink("tgt", s.home("p/l")).unwrap();
     let hold = Arc::new(HoldAnswer::new(OpKind::Rename));
     let lag = Duration::from_millis(200);
-    let fs = Arc::new(s.fs_layered(
-        hold.clone(),
-        Arc::new(FaultLayer::default()),
-        FsConfig {
-            validity_lag: lag,
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::ZERO,
-            flush_threads: 1,
-            ..FsConfig::default()
-        },
-    ));
+    let fs = Arc::new(s.fs_layered(hold.clone(), Arc::new(FaultLayer::default()), pushing_at_once(lag)));
     fs.start();
     let l = resolve(&fs, "p/l").unwrap();
     assert_eq!(fs.readlink(l).unwrap(), b"tgt");
@@ -1245,14 +1219,10 @@ fn a_block_read_while_a_rename_of_its_directory_lands_is_fetched_at_the_new_plac
         hold.clone(),
         Arc::new(FaultLayer::default()),
         FsConfig {
-            validity_lag: Duration::from_secs(60),
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::ZERO,
-            flush_threads: 1,
             // Block by block, nothing brought in ahead of the reader.
             small_file_threshold: 0,
             readahead_max: 0,
-            ..FsConfig::default()
+            ..pushing_at_once(Duration::from_secs(60))
         },
     ));
     fs.start();
@@ -1296,17 +1266,7 @@ fn a_listing_answered_before_a_queued_chmod_landed_does_not_undo_it() {
     let faults = Arc::new(FaultLayer::default());
     let hold = Arc::new(HoldAnswer::new(OpKind::List));
     let lag = Duration::from_millis(300);
-    let fs = Arc::new(s.fs_layered(
-        hold.clone(),
-        faults.clone(),
-        FsConfig {
-            validity_lag: lag,
-            write_mode: larder_fs::WriteMode::WriteBack,
-            sync_lag: Duration::ZERO,
-            flush_threads: 1,
-            ..FsConfig::default()
-        },
-    ));
+    let fs = Arc::new(s.fs_layered(hold.clone(), faults.clone(), pushing_at_once(lag)));
     fs.start();
     let d = resolve(&fs, "d").unwrap();
     // The chmod waits in the queue: home refuses it for now.
@@ -1552,11 +1512,7 @@ fn a_small_file_push_cut_short_leaves_a_prefix_the_retry_recognises() {
             landed: false,
         });
         fs.flush(r.fh).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while fs.journal_stats().failed_ops == failed {
-            assert!(std::time::Instant::now() < deadline, "the push never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the push never ran", || fs.journal_stats().failed_ops != failed);
         // What the push cut short left at home.
         std::fs::write(s.home(name), left(&want)).unwrap();
         assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
@@ -1624,13 +1580,7 @@ fn blocks_of_a_push_under_way_at_a_kill_are_not_evicted_after_the_restart() {
         let fs = Arc::new(s.fs_layered(
             hold.clone(),
             Arc::new(FaultLayer::default()),
-            FsConfig {
-                validity_lag: Duration::from_secs(3600),
-                write_mode: larder_fs::WriteMode::WriteBack,
-                sync_lag: Duration::ZERO,
-                flush_threads: 1,
-                ..FsConfig::default()
-            },
+            pushing_at_once(Duration::from_secs(3600)),
         ));
         fs.start();
         let f = resolve(&fs, "p/f").unwrap();
@@ -1682,11 +1632,7 @@ fn a_small_file_push_cut_short_is_recognised_after_two_unclean_stops() {
             landed: false,
         });
         fs.flush(r.fh).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while fs.journal_stats().failed_ops == 0 {
-            assert!(std::time::Instant::now() < deadline, "the push never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the push never ran", || fs.journal_stats().failed_ops > 0);
         fs.release(r.fh).unwrap();
         killed(&fs);
     }
@@ -1738,11 +1684,9 @@ fn a_file_rewritten_shorter_after_its_whole_push_was_cut_short_is_pushed_after_a
             landed: true,
         });
         rewrite(&fs, f, &first);
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::fs::read(s.home("f")).unwrap() != first {
-            assert!(std::time::Instant::now() < deadline, "the push never reached home");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the push never reached home", || {
+            std::fs::read(s.home("f")).unwrap() == first
+        });
         killed(&fs);
     }
     {
@@ -1785,11 +1729,7 @@ fn a_file_whose_rename_landed_unanswered_is_read_at_its_new_place_before_the_ret
         });
         fs.rename(1, OsStr::new(from), 1, OsStr::new(to), Default::default())
             .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while fs.journal_stats().failed_ops == failed {
-            assert!(std::time::Instant::now() < deadline, "the push never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the push never ran", || fs.journal_stats().failed_ops != failed);
         assert!(!s.home(from).exists(), "the rename landed at home");
     }
     let g = resolve(&fs, "g").unwrap();
@@ -1837,11 +1777,7 @@ fn a_rename_cut_short_after_its_copy_is_finished_on_retry() {
         });
         fs.rename(1, OsStr::new(from), 1, OsStr::new(to), Default::default())
             .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while fs.journal_stats().failed_ops == failed {
-            assert!(std::time::Instant::now() < deadline, "the push never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the push never ran", || fs.journal_stats().failed_ops != failed);
         // What the cut-short attempt left at home.
         copy();
         assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
@@ -2104,14 +2040,9 @@ fn a_directory_under_two_renamed_parents_lists_and_finds_its_entries_while_unsur
         });
         fs.rename(1, OsStr::new("a"), 1, OsStr::new("a2"), Default::default())
             .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while fs.journal_stats().failed_ops == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the first rename was never pushed"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the first rename was never pushed", || {
+            fs.journal_stats().failed_ops > 0
+        });
         // From now on renames are refused: the journal keeps both.
         faults.inject(Fault {
             op: OpKind::Rename,
