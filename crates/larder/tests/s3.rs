@@ -572,23 +572,11 @@ fn a_directory_listed_while_its_rename_lands_keeps_every_entry() {
     m.unmount();
 }
 
-/// Write 9 MiB to `file`, push it, rename `from` to `to` (the file or a directory above it), append to the
-/// file at its new place `moved` and push again: no conflict, nothing beside it, home has every byte.
-/// Returns the file's bytes.
-fn written_renamed_appended(
-    st: &S3Test,
-    m: &Mount,
-    seed: u64,
-    file: &str,
-    (from, to): (&str, &str),
-    moved: &str,
-    move_lands_first: bool,
-) -> Vec<u8> {
-    written_renamed_appended_with(st, m, seed, file, (from, to), moved, move_lands_first, || {})
-}
-
+/// Write 9 MiB to `file`, push it, call `pushed`, rename `from` to `to` (the file or a directory above
+/// it), append to the file at its new place `moved` and push again: no conflict, nothing beside it, home
+/// has every byte. Returns the file's bytes.
 #[allow(clippy::too_many_arguments)]
-fn written_renamed_appended_with(
+fn written_renamed_appended(
     st: &S3Test,
     m: &Mount,
     seed: u64,
@@ -632,7 +620,7 @@ fn written_renamed_appended_with(
 fn a_large_file_renamed_then_appended_to_is_no_conflict() {
     let st = S3Test::new("rename-append", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
-    let want = written_renamed_appended(&st, &m, 77, "big", ("big", "moved"), "moved", false);
+    let want = written_renamed_appended(&st, &m, 77, "big", ("big", "moved"), "moved", false, || {});
     // Renamed once more and read back from home (its cached blocks dropped): at the version home has
     // now, not the one the copy replaced.
     std::fs::rename(m.path("moved"), m.path("again")).unwrap();
@@ -650,7 +638,7 @@ fn a_large_file_in_a_renamed_directory_then_appended_to_is_no_conflict() {
     let st = S3Test::new("dir-rename-append", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
     std::fs::create_dir(m.path("d")).unwrap();
-    written_renamed_appended(&st, &m, 78, "d/big", ("d", "e"), "e/big", false);
+    written_renamed_appended(&st, &m, 78, "d/big", ("d", "e"), "e/big", false, || {});
     m.unmount();
 }
 
@@ -661,7 +649,7 @@ fn a_large_file_appended_to_after_its_directorys_move_landed_is_no_conflict() {
     let st = S3Test::new("dir-rename-landed-append", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
     std::fs::create_dir(m.path("d")).unwrap();
-    written_renamed_appended(&st, &m, 79, "d/big", ("d", "e"), "e/big", true);
+    written_renamed_appended(&st, &m, 79, "d/big", ("d", "e"), "e/big", true, || {});
     m.unmount();
 }
 
@@ -672,7 +660,7 @@ fn a_large_file_out_of_memory_appended_to_after_its_directorys_move_landed_is_no
     let st = S3Test::new("dir-rename-landed-append-forgotten", "home");
     let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
     std::fs::create_dir(m.path("d")).unwrap();
-    written_renamed_appended_with(&st, &m, 80, "d/big", ("d", "e"), "e/big", true, || {
+    written_renamed_appended(&st, &m, 80, "d/big", ("d", "e"), "e/big", true, || {
         let before = num(&m.status(), "/fs/inodes_reclaimed");
         // The kernel forgets every inode it can; the daemon lets the forgotten ones go.
         std::fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
