@@ -401,9 +401,11 @@ impl Fs {
         check_name(name)?;
         // Checked without the namespace-change lock (home may be asked), then again under it from the cache
         // alone; only if something changed in between is home asked under it.
-        let found = self.removable(parent, name, dir)?;
+        let found = self.removable(parent, name, dir).map(Some).or_else(left_memory)?;
         let mutating = lock(&self.mutate);
-        let child = if self.still_bound(parent, name, Some(found), dir) {
+        let child = if let Some(found) = found
+            && self.still_bound(parent, name, Some(found), dir)
+        {
             found
         } else {
             self.removable(parent, name, dir)?
@@ -447,7 +449,7 @@ impl Fs {
         self.take_token_of_held_dir(new_parent)?;
         // As for a removal: checked without the lock, confirmed under it.
         let ends = ((parent, name), (new_parent, new_name));
-        let found = self.rename_ends(ends.0, ends.1, flags)?;
+        let found = self.rename_ends(ends.0, ends.1, flags).or_else(left_memory)?;
         let mutating = lock(&self.mutate);
         let unchanged = match found {
             Some((src, dst)) => {
@@ -834,4 +836,14 @@ fn set_id_dropped(perm: u32) -> u32 {
         p &= !libc::S_ISGID;
     }
     p
+}
+
+/// What a check made before the namespace-change lock is taken does when an object it found left memory
+/// before it was read (nothing referred to it: `Fs::reclaim`): no error, but a change like any other, and
+/// the check is made again under the lock (`None`).
+fn left_memory<T>(e: FsError) -> FsResult<Option<T>> {
+    match e {
+        FsError::BadHandle => Ok(None),
+        e => Err(e),
+    }
 }

@@ -1045,6 +1045,16 @@ impl Layer for HoldAnswer {
     }
 }
 
+/// Holds the next call of its kind before home is asked (whatever home answers), until released.
+struct HoldAsking(HoldAnswer);
+
+impl Layer for HoldAsking {
+    fn before(&self, op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        self.0.hold(op);
+        Ok(())
+    }
+}
+
 /// Holds the next write to home before it starts (not its answer), until released, and records what home
 /// held at the written path once it ended.
 struct HoldWrite {
@@ -1202,6 +1212,41 @@ fn a_symlink_reads_its_cached_target_while_a_rename_of_its_directory_lands() {
     hold.release();
     assert_eq!(target.unwrap(), b"tgt", "readlink while the rename above it lands");
     assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    fs.stop_flushers();
+}
+
+/// Write-back: a rename finds its source, a file the kernel forgot, then waits for home's answer about its
+/// target; meanwhile the source's create reaches home and the file leaves memory (nothing refers to it).
+/// The rename must still happen: the object it found is looked for again, not reported unknown.
+#[test]
+fn a_rename_whose_source_leaves_memory_while_home_is_asked_about_its_target_renames() {
+    let s = Setup::new();
+    std::fs::create_dir(s.home("d")).unwrap();
+    let hold = Arc::new(HoldAsking(HoldAnswer::new(OpKind::Stat)));
+    let fs = Arc::new(s.fs_layered(
+        hold.clone(),
+        Arc::new(FaultLayer::default()),
+        pushing_at_once(Duration::ZERO),
+    ));
+    let d = fs.lookup(1, OsStr::new("d")).unwrap().attr.ino;
+    let (e, r) = fs.create(1, OsStr::new("b"), 0o644, libc::O_WRONLY, 0, 0).unwrap();
+    fs.write(r.fh, 0, b"bee").unwrap();
+    fs.release(r.fh).unwrap();
+    fs.forget(e.attr.ino, 1);
+    hold.0.arm();
+    let renaming = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.rename(1, OsStr::new("b"), d, OsStr::new("a"), Default::default()))
+    };
+    hold.0.wait_held();
+    fs.start();
+    wait_for("the pushed file never left memory", || fs.stats().inodes_reclaimed > 0);
+    hold.0.release();
+    let got = renaming.join().unwrap();
+    assert!(got.is_ok(), "rename b -> d/a: {got:?}");
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert_eq!(std::fs::read(s.home("d/a")).unwrap(), b"bee");
+    assert!(!s.home("b").exists(), "b moved");
     fs.stop_flushers();
 }
 

@@ -374,6 +374,9 @@ pub(crate) struct Namespace {
     /// Inodes loaded by listings that nothing else refers to, oldest first: past [`IDLE_MAX`] of them,
     /// the oldest leave memory (see `reclaim.rs`). May name inodes gone or referred to since.
     pub idle: std::collections::VecDeque<u64>,
+    /// Inodes that could have left memory while a namespace change was being made (see `Fs::reclaim`):
+    /// the next reclaim lets them go.
+    pub deferred: Vec<u64>,
     /// Listings of directories the last run took within the validity lag of its clean stop, by when
     /// (see `Fs::restore_listing`).
     pub restored: HashMap<u64, Instant>,

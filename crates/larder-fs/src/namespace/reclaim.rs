@@ -53,8 +53,28 @@ impl Fs {
             .is_some_and(|node| node.lookups() == 0 && self.idle_file(ns, ino, node))
     }
 
-    /// Let `ino` go if it may: returns whether it left memory.
+    /// Let `ino` go if it may: returns whether it left memory. Not while a namespace change is being made
+    /// (under `mutate`): it found the objects it works on in memory, and they must stay there until it
+    /// commits. What could have gone meanwhile goes at the next reclaim.
     pub(crate) fn reclaim(&self, ns: &mut Namespace, ino: u64) -> bool {
+        let _no_change = match self.mutate.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if self.reclaimable(ns, ino) {
+                    ns.deferred.push(ino);
+                }
+                return false;
+            }
+        };
+        for ino in std::mem::take(&mut ns.deferred) {
+            self.let_go(ns, ino);
+        }
+        self.let_go(ns, ino)
+    }
+
+    /// [`Fs::reclaim`], no namespace change being made.
+    fn let_go(&self, ns: &mut Namespace, ino: u64) -> bool {
         if !self.reclaimable(ns, ino) {
             return false;
         }
@@ -112,6 +132,7 @@ impl Fs {
         ns.idle.extend(inos);
         while ns.idle.len() > IDLE_MAX {
             let Some(ino) = ns.idle.pop_front() else { break };
+            // (Kept by a change under way, it waits in `deferred`, not here again.)
             self.reclaim(ns, ino);
         }
     }
