@@ -27,6 +27,9 @@ use crate::store::{CacheError, CacheResult};
 /// Bytes of index pages redb keeps in memory.
 const INDEX_CACHE: usize = 32 << 20;
 
+/// Longest [`Db::close`] waits for reads under way to end.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DENTRIES: TableDefinition<(u64, &[u8]), u64> = TableDefinition::new("dentries");
@@ -420,22 +423,40 @@ impl Db {
         {
             let _ = wal.clear();
         }
-        self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Closed means the file is let go of, its lock with it, so that it can be opened again at once: a
+        // read under way (each holds the database, see `reading`) ends first.
+        let db = self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut db) = db {
+            let deadline = Instant::now() + CLOSE_WAIT;
+            while let Err(shared) = Arc::try_unwrap(db) {
+                if Instant::now() > deadline {
+                    tracing::warn!("a read of the index outlasted its close; the index is let go of after it");
+                    break;
+                }
+                db = shared;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         result
     }
 
-    fn database(&self) -> CacheResult<Arc<Database>> {
-        self.db
+    /// A read transaction, holding the database while it lives (a transaction alone would keep the file
+    /// open after [`Db::close`]).
+    fn reading(&self) -> CacheResult<Reading> {
+        let db = self
+            .db
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .ok_or_else(|| CacheError::Index("index is closed".into()))
+            .ok_or_else(|| CacheError::Index("index is closed".into()))?;
+        let tx = db.begin_read().map_err(idx_err)?;
+        Ok(Reading { tx, _db: db })
     }
 
     /// A counter or setting stored under `key`.
     pub fn meta(&self, key: &str) -> CacheResult<Option<u64>> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(META).map_err(idx_err)?;
         Ok(table.get(key).map_err(idx_err)?.map(|v| v.value()))
     }
@@ -443,7 +464,7 @@ impl Db {
     /// The stored record of inode `ino`.
     pub fn inode(&self, ino: u64) -> CacheResult<Option<Vec<u8>>> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(INODES).map_err(idx_err)?;
         Ok(table.get(ino).map_err(idx_err)?.map(|v| v.value().to_vec()))
     }
@@ -451,7 +472,7 @@ impl Db {
     /// The inode stored for `name` in directory `parent`.
     pub fn dentry(&self, parent: u64, name: &[u8]) -> CacheResult<Option<u64>> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         Ok(table.get((parent, name)).map_err(idx_err)?.map(|v| v.value()))
     }
@@ -459,7 +480,7 @@ impl Db {
     /// Every stored entry of directory `parent`: (name, inode).
     pub fn dentries_of(&self, parent: u64) -> CacheResult<Vec<(Vec<u8>, u64)>> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         let mut out = Vec::new();
         each_dentry(&table, parent, |name, ino| {
@@ -472,7 +493,7 @@ impl Db {
     /// Every stored entry of directory `parent` with the record of its inode, in one read.
     pub fn children_of(&self, parent: u64) -> CacheResult<Vec<StoredChild>> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let dentries = tx.open_table(DENTRIES).map_err(idx_err)?;
         let inodes = tx.open_table(INODES).map_err(idx_err)?;
         let mut out = Vec::new();
@@ -487,7 +508,7 @@ impl Db {
     /// The listing times kept at the last clean stop: (directory, ms since the epoch).
     pub fn listings(&self) -> CacheResult<Vec<(u64, u64)>> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(LISTINGS).map_err(idx_err)?;
         let mut out = Vec::new();
         for row in table.iter().map_err(idx_err)? {
@@ -509,7 +530,7 @@ impl Db {
 
     fn for_each_record(&self, def: TableDefinition<u64, &[u8]>, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(def).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;
@@ -521,7 +542,7 @@ impl Db {
     /// Visit every directory entry: the inode each names.
     pub fn for_each_dentry(&self, mut f: impl FnMut(u64)) -> CacheResult<()> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (_, v) = row.map_err(idx_err)?;
@@ -533,7 +554,7 @@ impl Db {
     /// Visit every object's stored state: (object, flags, content length, content crc).
     pub fn for_each_object(&self, mut f: impl FnMut(u64, u32, u64, u32)) -> CacheResult<()> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(OBJECTS).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;
@@ -546,7 +567,7 @@ impl Db {
     /// Visit every block: (object, index, length, crc).
     pub fn for_each_block(&self, mut f: impl FnMut(u64, u32, u32, u32)) -> CacheResult<()> {
         self.caught_up();
-        let tx = self.database()?.begin_read().map_err(idx_err)?;
+        let tx = self.reading()?;
         let table = tx.open_table(BLOCKS).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
             let (k, v) = row.map_err(idx_err)?;
@@ -554,6 +575,20 @@ impl Db {
             f(object, index, len, crc);
         }
         Ok(())
+    }
+}
+
+/// See [`Db::reading`]. (Fields drop in order: the transaction before the database.)
+struct Reading {
+    tx: redb::ReadTransaction,
+    _db: Arc<Database>,
+}
+
+impl std::ops::Deref for Reading {
+    type Target = redb::ReadTransaction;
+
+    fn deref(&self) -> &redb::ReadTransaction {
+        &self.tx
     }
 }
 
@@ -828,6 +863,30 @@ mod tests {
                 .0
                 .is_empty()
         );
+    }
+
+    /// Closed, the index can be opened again at once, also when a read was under way at the close (a
+    /// read transaction alone keeps the file, and its lock, open).
+    #[test]
+    fn a_closed_index_opens_again_at_once_after_a_read_under_way_at_its_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.redb");
+        let db = Db::open(&path).unwrap();
+        db.submit(vec![Mutation::PutInode(1, vec![1])]);
+        db.settle().unwrap();
+        let (began, ends) = (std::sync::Barrier::new(2), Duration::from_millis(200));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let tx = db.reading().unwrap();
+                began.wait();
+                std::thread::sleep(ends);
+                drop(tx);
+            });
+            began.wait();
+            db.close().unwrap();
+            let again = Db::open(&path).expect("opened again after its close");
+            assert_eq!(again.inode(1).unwrap(), Some(vec![1]));
+        });
     }
 
     #[test]
