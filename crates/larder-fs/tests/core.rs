@@ -1748,6 +1748,61 @@ fn a_file_rewritten_shorter_after_its_whole_push_was_cut_short_is_pushed_after_a
     fs.stop_flushers();
 }
 
+/// Write-back: as above, but the start after the first kill pushes the shorter rewrite, and that push is
+/// cut short before it reaches home (its record then replaces the first push's), and the daemon killed
+/// again. Home still holds what the first push sent: that is ours, and the rewrite must be pushed, not set
+/// aside as a conflict.
+#[test]
+fn a_push_cut_short_after_another_cut_short_one_landed_is_pushed_after_a_kill() {
+    let s = Setup::new();
+    let first = pattern(3 * BS as usize / 2, 5);
+    let second = pattern(1156, 6);
+    std::fs::write(s.home("f"), pattern(3000, 4)).unwrap();
+    {
+        let faults = Arc::new(FaultLayer::default());
+        let fs = s.write_back(faults.clone());
+        let f = resolve(&fs, "f").unwrap();
+        // The push reaches home, its answer does not.
+        faults.inject(Fault {
+            op: OpKind::Write,
+            error: HomeError::Unavailable("answer lost".into()),
+            count: usize::MAX,
+            landed: true,
+        });
+        rewrite(&fs, f, &first);
+        wait_for("the push never reached home", || {
+            std::fs::read(s.home("f")).unwrap() == first
+        });
+        killed(&fs);
+    }
+    {
+        // Rewritten shorter, then pushed: the push is on record, and refused before it reaches home.
+        let faults = Arc::new(FaultLayer::default());
+        let (fs, _) = s.fs_configured(faults.clone(), pushing_at_once(Duration::from_secs(3600)));
+        let fs = Arc::new(fs);
+        faults.inject(Fault {
+            op: OpKind::Write,
+            error: HomeError::NoSpace,
+            count: usize::MAX,
+            landed: false,
+        });
+        let f = resolve(&fs, "f").unwrap();
+        rewrite(&fs, f, &second);
+        fs.start();
+        wait_for("the push never ran", || fs.journal_stats().failed_ops > 0);
+        killed(&fs);
+    }
+    assert!(
+        std::fs::read(s.home("f")).unwrap() == first,
+        "home holds the first push's bytes"
+    );
+    let fs = s.write_back(Arc::new(FaultLayer::default()));
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    assert!(fs.conflicts().is_empty(), "no conflict: {:?}", fs.conflicts());
+    assert!(std::fs::read(s.home("f")).unwrap() == second, "home has the rewrite");
+    fs.stop_flushers();
+}
+
 /// Write-back: a rename whose push landed at home but whose answer was lost (as after a stop that cut it
 /// short) waits for its retry. Meanwhile a read of the file's data the cache does not hold must find it
 /// where home has it now, not fail with `ENOENT` at its old path; in a directory moved the same way too.

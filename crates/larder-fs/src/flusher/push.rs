@@ -396,6 +396,13 @@ impl Fs {
         let repeated = repeated || cut_short;
         let _f = lock(&flush_lock);
         let path = os(&op.path);
+        // Whether it did is settled before anything more is sent: this push's record replaces that one's,
+        // and after a crash during this push home holding what that one sent would be taken for someone
+        // else's change. Its version is then the one the changes are made on; its ranges are dirty still
+        // (made so when it was found cut short) and go again.
+        if cut_short && let Some(attr) = self.home_has_ours(op.ino, &path) {
+            self.settle_cut_short(op.ino, attr);
+        }
         match self.push_data(op.ino, Some(path.clone()), false) {
             Ok(()) => Outcome::Done,
             // Removed while the push ran (an unlink takes no flush lock): its data has nowhere to go.
@@ -414,6 +421,26 @@ impl Fs {
             }
             Err(FsError::Home(e)) => self.classify(e),
             Err(e) => Outcome::Refused(e),
+        }
+    }
+
+    /// Home holds what a push of `ino` cut short sent (`attr`, its attributes now): that version is the
+    /// base of the next push, and the attempt is settled, on record too.
+    fn settle_cut_short(&self, ino: u64, attr: HomeAttr) {
+        let mut ns = write(&self.ns);
+        let Ok(node) = ns.inode_mut(ino) else { return };
+        if let Some(a) = node.attr.as_mut() {
+            a.version = attr.version;
+            a.id = attr.id;
+        }
+        // (A push of the whole content cut short may have left a prefix of it: home's part ends there.)
+        node.home_size = Some(node.home_size.map_or(attr.size, |h| h.min(attr.size)));
+        node.unconfirmed = None;
+        if node.keeps_record() {
+            self.core
+                .store
+                .db()
+                .submit(vec![larder_cache::Mutation::PutInode(ino, node.record().encode())]);
         }
     }
 
