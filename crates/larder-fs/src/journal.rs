@@ -327,6 +327,7 @@ impl Journal {
     fn insert(&mut self, op: Op, out: &mut Vec<Mutation>) -> u64 {
         let seq = self.next_seq.max(1);
         self.next_seq = seq + 1;
+        tracing::debug!(seq, ino = op.ino, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), "queued");
         out.push(Mutation::PutOp(seq, op.encode()));
         self.index(seq, &op);
         self.ops.insert(seq, op);
@@ -335,6 +336,7 @@ impl Journal {
 
     fn remove(&mut self, seq: u64, out: &mut Vec<Mutation>) -> Option<Op> {
         let op = self.ops.remove(&seq)?;
+        tracing::debug!(seq, ino = op.ino, op = op.kind.name(), "left the queue");
         out.push(Mutation::DelOp(seq));
         if matches!(op.kind, OpKind::Rename { exchange: true, .. }) {
             self.exchanges -= 1;

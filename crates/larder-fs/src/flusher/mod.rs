@@ -310,6 +310,7 @@ impl Fs {
                 continue;
             }
             self.pushing_rename(&op);
+            tracing::debug!(seq, ino = op.ino, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), repeated = !first_attempt, "pushing");
             let outcome = self.push_op(&op, !first_attempt, false);
             self.conclude(seq, &op, outcome);
         }
