@@ -261,6 +261,12 @@ impl Db {
         }))
     }
 
+    /// Submissions made so far: each reaches the log as one record, applied after a crash whole or not at
+    /// all.
+    pub fn submissions(&self) -> u64 {
+        self.shared.submitted.load(Ordering::SeqCst)
+    }
+
     /// How durable a change is once [`Db::settle`] returns.
     pub fn durability(&self) -> Durability {
         self.durability

@@ -76,6 +76,14 @@ impl Fs {
         {
             let mut j = self.pipeline.journal();
             for op in ops {
+                // A file gone from all its names has nowhere for its data and attributes to go (its removal
+                // dropped those queued before it): one made after, by a write or close racing the removal,
+                // would push the gone file's bytes at its old path.
+                if matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. } | OpKind::SetXattr { .. })
+                    && ns.inodes.get(&op.ino).is_some_and(|n| n.removed)
+                {
+                    continue;
+                }
                 if through {
                     let mut op = op;
                     // See Fs::land: one a crash leaves queued is pushed as a repeat.
@@ -410,9 +418,33 @@ impl Fs {
         } else {
             self.removable(parent, name, dir)?
         };
+        // Its changes to the index (the entry and record removed, the op, the queued ops it cancels) reach
+        // it as one submission: a stop between them would leave a file no entry names with its create still
+        // queued, and home would get a file the cache no longer has. Its cache object goes after that
+        // submission, so that a stop before it finds the file whole.
+        let db = self.core.store.db().clone();
+        let retire = db.gathered(|| self.remove_bound(mutating, parent, name, child, dir))?;
+        for (object, in_use) in retire {
+            self.core.store.remove_object_with(object, in_use);
+        }
+        Ok(())
+    }
+
+    /// [`Fs::remove`] of `child`, found bound as `name` in `parent`, under the namespace-change lock: returns
+    /// the cache objects to remove once its changes are submitted.
+    fn remove_bound(
+        &self,
+        mutating: std::sync::MutexGuard<'_, ()>,
+        parent: u64,
+        name: &OsStr,
+        child: u64,
+        dir: bool,
+    ) -> FsResult<Vec<(u64, bool)>> {
         let mut ns = write(&self.ns);
         let path = path_bytes(&ns.child_path(parent, name)?);
+        ns.retire_later = Some(Vec::new());
         self.unbind(&mut ns, parent, name, false);
+        let retire = ns.retire_later.take().unwrap_or_default();
         let gone = ns.inodes.get(&child).is_none_or(|n| n.removed);
         if !gone && let Some(a) = ns.inodes.get_mut(&child).and_then(|n| n.attr.as_mut()) {
             a.nlink = a.nlink.saturating_sub(1).max(1);
@@ -429,7 +461,8 @@ impl Fs {
         let kind = if dir { OpKind::Rmdir } else { OpKind::Unlink };
         let op = Op::new(child, path, vec![(parent, name.as_bytes().to_vec())], kind);
         let removed = if gone { vec![child] } else { Vec::new() };
-        self.commit(Some(mutating), ns, vec![op], &removed, muts)
+        self.commit(Some(mutating), ns, vec![op], &removed, muts)?;
+        Ok(retire)
     }
 
     /// Rename `name` in `parent` to `new_name` in `new_parent`.

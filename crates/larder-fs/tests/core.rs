@@ -1803,6 +1803,75 @@ fn a_push_cut_short_after_another_cut_short_one_landed_is_pushed_after_a_kill() 
     fs.stop_flushers();
 }
 
+/// A removal reaches the index as one submission (one record of its log, applied after a kill whole or not
+/// at all): the entry and record removed, the op queued and the queued ops it cancels. Split, a kill
+/// between the parts left a file no entry names with its create still queued: home got a file the cache
+/// no longer had, and the next file made under that name was set aside as a conflict.
+#[test]
+fn a_removal_reaches_the_index_as_one_submission() {
+    let s = Setup::new();
+    std::fs::write(s.home("there"), b"at home").unwrap();
+    let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
+    let (_, r) = fs.create(1, OsStr::new("made"), 0o644, libc::O_RDWR, 0, 0).unwrap();
+    fs.write(r.fh, 0, &pattern(3 * BS as usize, 3)).unwrap();
+    fs.release(r.fh).unwrap();
+    let there = resolve(&fs, "there").unwrap();
+    assert_eq!(read_file(&fs, there), b"at home");
+    fs.mkdir(1, OsStr::new("d"), 0o755, 0, 0).unwrap();
+    // Each file is held open, as SQLite holds its log, so that its cache object stays until the last close
+    // (without a handle it goes right after, in a submission of its own).
+    let held: Vec<_> = ["made", "there"]
+        .iter()
+        .map(|n| fs.open(resolve(&fs, n).unwrap(), libc::O_RDONLY).unwrap())
+        .collect();
+    let db = fs.store().db().clone();
+    for (name, dir) in [("made", false), ("there", false), ("d", true)] {
+        let before = db.submissions();
+        if dir {
+            fs.rmdir(1, OsStr::new(name)).unwrap();
+        } else {
+            fs.unlink(1, OsStr::new(name)).unwrap();
+        }
+        assert_eq!(db.submissions() - before, 1, "removing {name}");
+    }
+    for h in held {
+        fs.release(h.fh).unwrap();
+    }
+    assert_eq!(
+        fs.journal_stats().pending_ops,
+        1,
+        "the removal of the file home has, alone"
+    );
+}
+
+/// Write-back: a file removed while open, then written, truncated and chmodded through its handle, queues
+/// nothing for home: it has no name there to take the changes, and a change queued at its old path would
+/// land on whatever takes that name next.
+#[test]
+fn changes_to_a_file_removed_while_open_queue_nothing() {
+    let s = Setup::new();
+    std::fs::write(s.home("there"), pattern(3 * BS as usize, 7)).unwrap();
+    let (fs, _) = s.fs_configured(Arc::new(FaultLayer::default()), held_back());
+    let f = resolve(&fs, "there").unwrap();
+    let h = fs.open(f, libc::O_RDWR).unwrap();
+    fs.unlink(1, OsStr::new("there")).unwrap();
+    assert_eq!(fs.journal_stats().pending_ops, 1, "the removal");
+    fs.write(h.fh, 5, b"after").unwrap();
+    fs.flush(h.fh).unwrap();
+    fs.fsync(h.fh).unwrap();
+    fs.setattr(
+        f,
+        &SetAttr {
+            size: Some(100),
+            perm: Some(0o600),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    fs.release(h.fh).unwrap();
+    assert_eq!(fs.journal_stats().pending_ops, 1, "the removal alone");
+}
+
 /// Write-back: a rename whose push landed at home but whose answer was lost (as after a stop that cut it
 /// short) waits for its retry. Meanwhile a read of the file's data the cache does not hold must find it
 /// where home has it now, not fail with `ENOENT` at its old path; in a directory moved the same way too.

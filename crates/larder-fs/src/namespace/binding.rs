@@ -292,7 +292,10 @@ impl Fs {
         if opens == 0 && !kept {
             if object != 0 {
                 // A push of it under way reads its cache file still: unlinked, not made a spare.
-                self.core.store.remove_object_with(object, pushing > 0);
+                match ns.retire_later.as_mut() {
+                    Some(later) => later.push((object, pushing > 0)),
+                    None => self.core.store.remove_object_with(object, pushing > 0),
+                }
             }
             db.submit(vec![Mutation::DelInode(ino)]);
             if lookups == 0 {

@@ -377,6 +377,10 @@ pub(crate) struct Namespace {
     /// Inodes that could have left memory while a namespace change was being made (see `Fs::reclaim`):
     /// the next reclaim lets them go.
     pub deferred: Vec<u64>,
+    /// While a removal gathers its changes to the index into one submission: the cache objects of what it
+    /// removed (and whether a push reads them still), removed once that submission is made, so that a
+    /// stop before it finds the removed file whole (see `Fs::remove`).
+    pub retire_later: Option<Vec<(u64, bool)>>,
     /// Listings of directories the last run took within the validity lag of its clean stop, by when
     /// (see `Fs::restore_listing`).
     pub restored: HashMap<u64, Instant>,
