@@ -422,16 +422,18 @@ impl Fs {
         // it as one submission: a stop between them would leave a file no entry names with its create still
         // queued, and home would get a file the cache no longer has. Its cache object goes after that
         // submission, so that a stop before it finds the file whole.
+        // (Write-through pushes it after that submission: the op is on record as a repeat first.)
         let db = self.core.store.db().clone();
-        let retire = db.gathered(|| self.remove_bound(mutating, parent, name, child, dir))?;
+        let (retire, held) = db.gathered(|| self.remove_bound(mutating, parent, name, child, dir))?;
         for (object, in_use) in retire {
             self.core.store.remove_object_with(object, in_use);
         }
-        Ok(())
+        self.land(&held)
     }
 
-    /// [`Fs::remove`] of `child`, found bound as `name` in `parent`, under the namespace-change lock: returns
-    /// the cache objects to remove once its changes are submitted.
+    /// [`Fs::remove`] of `child`, found bound as `name` in `parent`, under the namespace-change lock, up to
+    /// the push: returns the cache objects to remove once its changes are submitted, and the ops to
+    /// [`Fs::land`].
     fn remove_bound(
         &self,
         mutating: std::sync::MutexGuard<'_, ()>,
@@ -439,7 +441,7 @@ impl Fs {
         name: &OsStr,
         child: u64,
         dir: bool,
-    ) -> FsResult<Vec<(u64, bool)>> {
+    ) -> FsResult<(Retired, Vec<u64>)> {
         let mut ns = write(&self.ns);
         let path = path_bytes(&ns.child_path(parent, name)?);
         ns.retire_later = Some(Vec::new());
@@ -461,8 +463,8 @@ impl Fs {
         let kind = if dir { OpKind::Rmdir } else { OpKind::Unlink };
         let op = Op::new(child, path, vec![(parent, name.as_bytes().to_vec())], kind);
         let removed = if gone { vec![child] } else { Vec::new() };
-        self.commit(Some(mutating), ns, vec![op], &removed, muts)?;
-        Ok(retire)
+        let held = self.queue(Some(mutating), ns, vec![op], &removed, muts)?;
+        Ok((retire, held))
     }
 
     /// Rename `name` in `parent` to `new_name` in `new_parent`.
@@ -503,9 +505,9 @@ impl Fs {
         let src_kind = read(&self.ns).inode(src)?.kind;
         // Its changes to the index (entries removed, then made, records, the op) reach it as one
         // submission: a stop between them would leave a record no entry names, taken at the next start
-        // for a file removed while open.
+        // for a file removed while open. (Write-through pushes it after that submission, as a removal.)
         let db = self.core.store.db().clone();
-        db.gathered(move || {
+        let held = db.gathered(move || {
             let mut ns = write(&self.ns);
             // A directory may not move into its own subtree.
             let mut cur = new_parent;
@@ -556,8 +558,9 @@ impl Fs {
                 },
             );
             let removed: Vec<u64> = victim_gone.into_iter().collect();
-            self.commit(Some(mutating), ns, vec![op], &removed, muts)
-        })
+            self.queue(Some(mutating), ns, vec![op], &removed, muts)
+        })?;
+        self.land(&held)
     }
 
     /// Hard-link `ino` as `name` in `parent`.
@@ -870,6 +873,10 @@ fn set_id_dropped(perm: u32) -> u32 {
     }
     p
 }
+
+/// Cache objects a removal let go of, each with whether a push reads it still: removed once the removal's
+/// changes are submitted (see `Fs::remove`).
+type Retired = Vec<(u64, bool)>;
 
 /// What a check made before the namespace-change lock is taken does when an object it found left memory
 /// before it was read (nothing referred to it: `Fs::reclaim`): no error, but a change like any other, and

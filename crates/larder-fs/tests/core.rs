@@ -1844,6 +1844,40 @@ fn a_removal_reaches_the_index_as_one_submission() {
     );
 }
 
+/// Write-through: a removal's op, and a rename's, are on record (as repeats) before home is asked, so that a
+/// kill during the call finds them and pushes them again.
+#[test]
+fn write_through_removals_and_renames_are_on_record_before_home_is_asked() {
+    for (op, kind) in [("unlink", OpKind::Unlink), ("rename", OpKind::Rename)] {
+        let s = Setup::new();
+        std::fs::write(s.home("f"), b"x").unwrap();
+        let hold = Arc::new(HoldAsking(HoldAnswer::new(kind)));
+        let fs = Arc::new(s.fs_layered(
+            hold.clone(),
+            Arc::new(FaultLayer::default()),
+            FsConfig {
+                write_mode: larder_fs::WriteMode::WriteThrough,
+                ..FsConfig::default()
+            },
+        ));
+        resolve(&fs, "f").unwrap();
+        hold.0.arm();
+        let changing = {
+            let fs = fs.clone();
+            std::thread::spawn(move || match kind {
+                OpKind::Unlink => fs.unlink(1, OsStr::new("f")),
+                _ => fs.rename(1, OsStr::new("f"), 1, OsStr::new("g"), Default::default()),
+            })
+        };
+        hold.0.wait_held();
+        let mut recorded = 0;
+        fs.store().db().for_each_op(|_, _| recorded += 1).unwrap();
+        hold.0.release();
+        changing.join().unwrap().unwrap();
+        assert_eq!(recorded, 1, "the {op} on record while home was asked");
+    }
+}
+
 /// Write-back: a file removed while open, then written, truncated and chmodded through its handle, queues
 /// nothing for home: it has no name there to take the changes, and a change queued at its old path would
 /// land on whatever takes that name next.
