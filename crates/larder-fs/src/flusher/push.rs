@@ -436,12 +436,7 @@ impl Fs {
         // (A push of the whole content cut short may have left a prefix of it: home's part ends there.)
         node.home_size = Some(node.home_size.map_or(attr.size, |h| h.min(attr.size)));
         node.unconfirmed = None;
-        if node.keeps_record() {
-            self.core
-                .store
-                .db()
-                .submit(vec![larder_cache::Mutation::PutInode(ino, node.record().encode())]);
-        }
+        self.persist(&ns, ino);
     }
 
     /// Whether `ino` is gone from memory and from the index: removed, nothing of it left to push.
