@@ -446,9 +446,10 @@ impl Db {
         result
     }
 
-    /// A read transaction, holding the database while it lives (a transaction alone would keep the file
-    /// open after [`Db::close`]).
+    /// A read transaction that sees every change submitted before it, holding the database while it lives
+    /// (a transaction alone would keep the file open after [`Db::close`]).
     fn reading(&self) -> CacheResult<Reading> {
+        self.caught_up();
         let db = self
             .db
             .lock()
@@ -461,7 +462,6 @@ impl Db {
 
     /// A counter or setting stored under `key`.
     pub fn meta(&self, key: &str) -> CacheResult<Option<u64>> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(META).map_err(idx_err)?;
         Ok(table.get(key).map_err(idx_err)?.map(|v| v.value()))
@@ -469,7 +469,6 @@ impl Db {
 
     /// The stored record of inode `ino`.
     pub fn inode(&self, ino: u64) -> CacheResult<Option<Vec<u8>>> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(INODES).map_err(idx_err)?;
         Ok(table.get(ino).map_err(idx_err)?.map(|v| v.value().to_vec()))
@@ -477,7 +476,6 @@ impl Db {
 
     /// The inode stored for `name` in directory `parent`.
     pub fn dentry(&self, parent: u64, name: &[u8]) -> CacheResult<Option<u64>> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         Ok(table.get((parent, name)).map_err(idx_err)?.map(|v| v.value()))
@@ -485,7 +483,6 @@ impl Db {
 
     /// Every stored entry of directory `parent`: (name, inode).
     pub fn dentries_of(&self, parent: u64) -> CacheResult<Vec<(Vec<u8>, u64)>> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         let mut out = Vec::new();
@@ -498,7 +495,6 @@ impl Db {
 
     /// Every stored entry of directory `parent` with the record of its inode, in one read.
     pub fn children_of(&self, parent: u64) -> CacheResult<Vec<StoredChild>> {
-        self.caught_up();
         let tx = self.reading()?;
         let dentries = tx.open_table(DENTRIES).map_err(idx_err)?;
         let inodes = tx.open_table(INODES).map_err(idx_err)?;
@@ -513,7 +509,6 @@ impl Db {
 
     /// The listing times kept at the last clean stop: (directory, ms since the epoch).
     pub fn listings(&self) -> CacheResult<Vec<(u64, u64)>> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(LISTINGS).map_err(idx_err)?;
         let mut out = Vec::new();
@@ -535,7 +530,6 @@ impl Db {
     }
 
     fn for_each_record(&self, def: TableDefinition<u64, &[u8]>, mut f: impl FnMut(u64, &[u8])) -> CacheResult<()> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(def).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
@@ -547,7 +541,6 @@ impl Db {
 
     /// Visit every directory entry: the inode each names.
     pub fn for_each_dentry(&self, mut f: impl FnMut(u64)) -> CacheResult<()> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(DENTRIES).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
@@ -559,7 +552,6 @@ impl Db {
 
     /// Visit every object's stored state: (object, flags, content length, content crc).
     pub fn for_each_object(&self, mut f: impl FnMut(u64, u32, u64, u32)) -> CacheResult<()> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(OBJECTS).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
@@ -572,7 +564,6 @@ impl Db {
 
     /// Visit every block: (object, index, length, crc).
     pub fn for_each_block(&self, mut f: impl FnMut(u64, u32, u32, u32)) -> CacheResult<()> {
-        self.caught_up();
         let tx = self.reading()?;
         let table = tx.open_table(BLOCKS).map_err(idx_err)?;
         for row in table.iter().map_err(idx_err)? {
