@@ -27,6 +27,7 @@ mod data;
 mod dirs;
 mod error;
 mod flusher;
+mod integrity;
 mod journal;
 #[cfg(test)]
 mod journal_model;
@@ -43,6 +44,7 @@ mod xattr;
 pub use banked::BankedHome;
 pub use error::{FsError, FsResult};
 pub use flusher::release_freed_memory;
+pub use integrity::{DamagedFile, VERIFY_AT_OPEN};
 pub use namespace::Fs;
 pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};
 pub use types::{

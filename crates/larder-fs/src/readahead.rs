@@ -27,7 +27,7 @@ use crate::namespace::{Core, lock};
 const QUEUE: usize = 1024;
 
 /// Largest run of adjacent blocks fetched from home in one request.
-const MAX_RUN: u64 = 16 << 20;
+pub(crate) const MAX_RUN: u64 = 16 << 20;
 
 /// Smallest run a stream takes (when the job has that much left), and the step a reader's window is
 /// queued in: with small blocks, a share of a job per stream would otherwise be a block or two, and each

@@ -42,6 +42,10 @@ pub struct FsConfig {
     /// Most files (and links) kept in memory beside directories and what changes, opens or pushes hold:
     /// past it, the kernel is asked to forget some, and they leave memory for the index (0: no limit).
     pub max_inodes: usize,
+    /// Most bytes of a cache file not checked against their checksums since the start that an open checks
+    /// before the kernel may read the file directly (passthrough); past it the daemon serves that open,
+    /// and the file is checked in the background (`integrity.rs`).
+    pub verify_at_open: u64,
 }
 
 /// How changes reach home (per mount).
@@ -130,6 +134,7 @@ impl Default for FsConfig {
             passthrough: true,
             home_id: None,
             max_inodes: 131_072,
+            verify_at_open: crate::integrity::VERIFY_AT_OPEN,
         }
     }
 }

@@ -42,6 +42,7 @@ pub fn errno(e: &FsError) -> Errno {
             CacheError::NoSpace => libc::ENOSPC,
             CacheError::Io(_) => libc::EIO,
             CacheError::Index(_) => libc::EIO,
+            CacheError::Damaged { .. } => libc::EIO,
         },
         FsError::NotFound => libc::ENOENT,
         FsError::NotDir => libc::ENOTDIR,

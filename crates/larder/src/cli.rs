@@ -410,6 +410,11 @@ pub struct MountArgs {
     /// Testing aid: while this file exists, home is unreachable (every call fails).
     #[arg(long, hide = true)]
     pub fault_file: Option<PathBuf>,
+    /// Most bytes of a cache file not yet checked since the start that an open checks before the kernel
+    /// may read the file directly; past it the file is checked in the background (a testing aid for now:
+    /// the default suits every disk measured).
+    #[arg(long, hide = true, value_parser = parse_size, default_value = "256MiB")]
+    pub verify_at_open: u64,
     /// Threads serving FUSE requests [default: 4 per CPU, at least 8 and at most 64]. Each request waiting
     /// on home (a cold read, a listing) holds one; requests answered from the cache contend for the CPUs
     /// beyond a few per CPU. Raise it for more readers reading cold at once than this.

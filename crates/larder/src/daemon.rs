@@ -454,6 +454,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         passthrough: !args.no_passthrough,
         max_inodes: args.max_inodes,
         home_id: None,
+        verify_at_open: args.verify_at_open,
     };
     let home_url = p.home.describe();
     // Layers, inside out: the backend (with emulation, the tests' fault switch and counters), then the

@@ -36,6 +36,7 @@ pub const CACHE_BYTES_LIMIT: &str = "larder_cache_bytes_limit";
 pub const CACHE_BYTES_DIRTY: &str = "larder_cache_bytes_dirty";
 pub const CACHE_EVICTIONS: &str = "larder_cache_evictions";
 pub const CACHE_CORRUPT: &str = "larder_cache_corrupt_blocks";
+pub const CACHE_DAMAGED: &str = "larder_cache_damaged_blocks";
 pub const CACHE_INSERTED: &str = "larder_cache_inserted_bytes";
 pub const CACHE_LOGICAL: &str = "larder_cache_logical_bytes";
 pub const CACHE_PINNED: &str = "larder_cache_pinned_bytes";
@@ -242,6 +243,12 @@ impl Figures<'_> {
             CACHE_CORRUPT,
             "Cached blocks that failed their checksum.",
             store.corrupt_blocks,
+        )?;
+        gauge(
+            enc,
+            CACHE_DAMAGED,
+            "Cached blocks of changes not yet at home that failed their checksum (never served nor pushed).",
+            store.damaged_blocks,
         )?;
         counter(
             enc,

@@ -301,6 +301,10 @@ pub struct CacheStatus {
     #[serde(default)]
     pub evictions_by_fills: u64,
     pub corrupt_blocks: u64,
+    /// Files whose changes not yet at home were found damaged in the cache directory: their damaged
+    /// bytes are never served (EIO) nor pushed until the file is written again or removed.
+    #[serde(default)]
+    pub damaged_files: Vec<larder_fs::DamagedFile>,
     pub logical_bytes: u64,
     pub bytes_pinned: u64,
     pub eviction: String,
@@ -478,6 +482,7 @@ impl StatusSource {
                 evictions: store.evictions,
                 evictions_by_fills: store.evictions_by_fills,
                 corrupt_blocks: store.corrupt_blocks,
+                damaged_files: self.fs.damaged_files(),
                 logical_bytes: store.logical_bytes,
                 bytes_pinned: store.bytes_pinned,
                 eviction: store.eviction.as_str().to_string(),
@@ -760,6 +765,15 @@ pub fn run(args: StatusArgs) -> Result<()> {
     ];
     for (k, val) in rows {
         println!("{k:<14} {val}");
+    }
+    for d in &v.cache.damaged_files {
+        println!(
+            "{:<14} /{}: changes not yet at home were damaged in the cache ({} blocks); reads of them fail \
+             and it is not pushed until written again or removed",
+            "DAMAGED",
+            d.path,
+            d.blocks.len()
+        );
     }
     if let Some(p) = &v.peers {
         println!(

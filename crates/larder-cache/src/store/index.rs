@@ -8,8 +8,12 @@ impl Store {
     /// Mark blocks of `object` clean again after their data reached home; `size` is the size home has. A
     /// block that cannot be read back to be indexed is dropped instead: home has its data.
     pub fn mark_clean(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) {
-        if let Err(e) = self.index_blocks(object, indexes, size, false) {
-            tracing::warn!(object, error = %e, "could not index blocks pushed to home; dropping them from the cache");
+        let writes = self.writes_so_far(object);
+        match self.index_blocks(object, indexes, size, false) {
+            Ok(()) => self.indexed_since(object, writes),
+            Err(e) => {
+                tracing::warn!(object, error = %e, "could not index blocks pushed to home; dropping them from the cache")
+            }
         }
     }
 
@@ -32,7 +36,10 @@ impl Store {
                 })
                 .collect()
         };
-        self.index_blocks(object, pending, size, true)
+        let writes = self.writes_so_far(object);
+        self.index_blocks(object, pending, size, true)?;
+        self.indexed_since(object, writes);
+        Ok(())
     }
 
     /// Re-read blocks `indexes` of `object` (the first `size` bytes of it) from its cache file and record
@@ -78,14 +85,21 @@ impl Store {
                     self.remove_locked(&mut st, key, &mut punches);
                     continue;
                 }
-                plan.push((index, stamp, len));
+                if st.damaged.contains(&key) {
+                    // Its bytes are not the ones written: never taken in as good (see `verify.rs`).
+                    continue;
+                }
+                // A block not verified since the start must still hold the bytes its checksum was taken
+                // of, or indexing would take damaged bytes in as good: checked against it as it is read.
+                let unverified = (!entry.verified && entry.len as usize == len).then_some(entry.crc);
+                plan.push((index, stamp, len, unverified));
             }
             if plan.is_empty() {
                 break;
             }
-            let read_all = |plan: &[(u32, u32, usize)]| -> Vec<CacheResult<u32>> {
+            let read_all = |plan: &[(u32, u32, usize, Option<u32>)]| -> Vec<CacheResult<u32>> {
                 plan.iter()
-                    .map(|&(index, _, len)| {
+                    .map(|&(index, _, len, _)| {
                         // Past the cache file's end the content is a hole: zeros.
                         let mut buf = vec![0u8; len];
                         match &file {
@@ -110,13 +124,19 @@ impl Store {
             };
             let unmoved = st.epoch(object) == epoch;
             let mut mutations = Vec::new();
-            for ((index, stamp, len), read) in plan.into_iter().zip(reads) {
+            for ((index, stamp, len, unverified), read) in plan.into_iter().zip(reads) {
                 let key = (object, index);
                 if !unmoved || st.blocks.get(&key).map(|e| e.stamp) != Some(stamp) {
                     pending.push(index);
                     continue;
                 }
                 match read {
+                    Ok(crc) if unverified.is_some_and(|recorded| recorded != crc) => {
+                        // Dropped if clean; if dirty, marked damaged (logged, named by whoever reads or
+                        // pushes it) and left out, so that the rest of the commit stands.
+                        let dirty = st.blocks.get(&key).is_some_and(|e| e.dirty);
+                        let _ = self.fail_locked(&mut st, key, dirty, &mut punches);
+                    }
                     Ok(crc) => {
                         self.insert_locked(&mut st, key, len as u32, crc, dirty);
                         mutations.push(Mutation::PutBlock {

@@ -19,10 +19,27 @@ impl Store {
         let mut added = Vec::new();
         let file = {
             let touched = (offset / bs).min(u32::MAX as u64) as u32..=((end - 1) / bs).min(u32::MAX as u64) as u32;
-            let mut st = self.await_fills(self.state(object), object, touched);
+            let mut st = self.await_fills(self.state(object), object, touched.clone());
+            // A damaged block (see `verify.rs`) is replaced only by a write of all of it: its other bytes
+            // are not the ones written.
+            let damaged: Vec<BlockKey> = st
+                .damaged
+                .range((object, *touched.start())..=(object, *touched.end()))
+                .copied()
+                .collect();
+            for key in damaged {
+                let start = key.1 as u64 * bs;
+                let len = st.blocks.get(&key).map_or(0, |e| e.len as u64);
+                if offset > start || end < start + len {
+                    return Err(CacheError::Damaged { object, block: key.1 });
+                }
+                st.damaged.remove(&key);
+                self.damaged.fetch_sub(1, Ordering::Relaxed);
+            }
             self.unshare_locked(&mut st, object)?;
             let file = self.file_locked(&st, object)?;
             Self::bump_epoch(&mut st, object);
+            self.writing_locked(&mut st, object);
             for index in (offset / bs)..=((end - 1) / bs) {
                 let key = (object, index as u32);
                 let block_end = (end - index * bs).min(bs) as u32;
@@ -58,7 +75,14 @@ impl Store {
     /// kept.
     pub fn truncate(&self, object: u64, size: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
-        let file = {
+        if let Ok(kept) = u32::try_from(size / bs)
+            && !size.is_multiple_of(bs)
+        {
+            // The block that keeps a prefix is indexed again after the cut, with the prefix's checksum:
+            // its bytes are checked against the checksum they have now first (see `verify.rs`).
+            self.verify_range(object, kept..=kept)?;
+        }
+        let (file, writes) = {
             let mut st = self.state(object);
             if let Ok(first) = u32::try_from(size / bs) {
                 st = self.await_fills(st, object, first..=u32::MAX);
@@ -67,8 +91,9 @@ impl Store {
             // Fills fetched before this point must not write old bytes past the new end.
             Self::bump_epoch(&mut st, object);
             let file = self.file_locked(&st, object)?;
+            self.writing_locked(&mut st, object);
             st.mark_changing(object);
-            file
+            (file, st.unindexed.get(&object).copied())
         };
         let cut = file.set_len(size).map_err(io_err);
         let mut st = self.state(object);
@@ -105,8 +130,12 @@ impl Store {
                 } else {
                     self.mark_clean(object, [key.1], size);
                 }
+                self.indexed_since(object, writes);
+                return Ok(());
             }
         }
+        drop(st);
+        self.indexed_since(object, writes);
         Ok(())
     }
 
@@ -139,6 +168,7 @@ impl Store {
                 }
             }
             st.objects.remove(&object);
+            st.unindexed.remove(&object);
             st.mark_changing(object);
             keep_bytes
         };

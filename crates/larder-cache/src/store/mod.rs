@@ -79,6 +79,10 @@ pub enum CacheError {
     /// The persistent index failed.
     #[error("cache index error: {0}")]
     Index(String),
+    /// A block holding data not yet at home failed its checksum: the cache file was damaged (the disk,
+    /// or a hand outside larder), and home has no copy to fetch again. Never served.
+    #[error("cached data not yet at home is damaged (block {block} of cache object {object})")]
+    Damaged { object: u64, block: u32 },
 }
 
 fn io_err(e: io::Error) -> CacheError {
@@ -122,6 +126,9 @@ pub struct StoreStats {
     /// to the [`Departing`] hook).
     pub evictions_by_fills: u64,
     pub corrupt_blocks: u64,
+    /// Dirty blocks found damaged (failed their checksum) and not yet written again, cut off or removed:
+    /// their reads fail, and their files cannot be pushed.
+    pub damaged_blocks: u64,
     /// Bytes put into the cache (blocks fetched from home, and written here).
     pub inserted_bytes: u64,
     /// Bytes of file data the cache holds, counting each file once (`bytes_used` counts each stored
@@ -156,9 +163,11 @@ struct ObjectMeta {
     pinned: bool,
     /// Stored in the content store (no file of its own).
     content: Option<ContentKey>,
-    /// Writers the store does not see (the kernel, through passthrough) may have written its cache file
-    /// since the index last took its blocks in: set while they are open, so that after a crash what they
-    /// wrote is looked for ([`Store::unseen_writes`]).
+    /// Its cache file may hold bytes the index has not taken in: set while writers the store does not see
+    /// (the kernel, through passthrough) are open, and from a write through the store until the index has
+    /// its blocks again (a commit), so that after a crash what they wrote is looked for
+    /// ([`Store::unseen_writes`]) rather than taken for damage: a block whose bytes differ from their
+    /// checksum in an object not so marked was damaged after it was written (`verify.rs`).
     written_unseen: bool,
 }
 
@@ -254,6 +263,12 @@ struct ShardState {
     holds: HashMap<u64, u32>,
     /// Objects with writers the store does not see, with how many (see [`ObjectMeta::written_unseen`]).
     unseen_writers: HashMap<u64, u32>,
+    /// Objects written here whose cache file holds bytes the index has not taken in yet, with a count of
+    /// the writes made since they were marked (see [`ObjectMeta::written_unseen`], `verify.rs`).
+    unindexed: HashMap<u64, u64>,
+    /// Dirty blocks whose bytes failed their checksum: reads of them fail, and nothing re-indexes them,
+    /// until they are written whole again, cut off or removed (`verify.rs`).
+    damaged: BTreeSet<BlockKey>,
     /// Source of generations and stamps; they are only ever compared for one block, so per shard.
     tick: u32,
     /// Blocks reserved while their bytes change outside the lock: a fill's block until the fill ends, a
@@ -280,6 +295,8 @@ impl ShardState {
             objects: HashMap::new(),
             holds: HashMap::new(),
             unseen_writers: HashMap::new(),
+            unindexed: HashMap::new(),
+            damaged: BTreeSet::new(),
             tick: 0,
             filling: BTreeSet::new(),
             changing: HashMap::new(),
@@ -483,6 +500,8 @@ pub struct Store {
     evictions: AtomicU64,
     evictions_by_fills: AtomicU64,
     corrupt: AtomicU64,
+    /// Blocks in the shards' `damaged` sets.
+    damaged: AtomicU64,
     inserted: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
@@ -699,8 +718,16 @@ impl Store {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
                 };
+                if st.damaged.contains(&key) {
+                    return Err(CacheError::Damaged {
+                        object: key.0,
+                        block: key.1,
+                    });
+                }
                 let (blen, crc, generation) = (entry.len as usize, entry.crc, entry.generation);
-                let check = !(entry.verified || entry.dirty);
+                // Dirty blocks too: their checksum was taken when they were indexed, and their bytes are
+                // the only copy, so a damaged one must fail rather than be served.
+                let check = !entry.verified;
                 let file = self.file_locked(&st, key.0)?;
                 if !check {
                     self.touch_locked(&mut st, key);
@@ -713,22 +740,13 @@ impl Store {
                 // taken as the block's only if the block is still the one that was looked at.
                 let mut whole = vec![0u8; blen];
                 let ok = read_full(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
-                let mut punches = Punches::new(self);
                 let mut st = lock(&shard.state);
                 match st.blocks.get_mut(&key) {
-                    Some(e) if e.generation == generation && e.crc == crc && !e.dirty && !e.verified => {
+                    Some(e) if e.generation == generation && e.crc == crc && !e.verified => {
                         if !ok {
-                            tracing::warn!(
-                                object = key.0,
-                                block = key.1,
-                                "cached block failed its checksum; refetching"
-                            );
-                            self.corrupt.fetch_add(1, Ordering::Relaxed);
-                            self.remove_locked(&mut st, key, &mut punches);
-                            drop(st);
-                            punches.run();
-                            self.misses.fetch_add(1, Ordering::Relaxed);
-                            return Ok(None);
+                            // A clean block is a miss, fetched again; a dirty one is an error.
+                            let dirty = e.dirty;
+                            return self.failed_check(st, key, dirty).map(|()| None);
                         }
                         e.verified = true;
                         self.touch_locked(&mut st, key);
@@ -766,21 +784,51 @@ impl Store {
     }
 
     /// Mark block `key` dirty if it is present, so that eviction can no longer take it; the caller is about
-    /// to write part of it. `false`: not present (the caller must bring the block in first).
+    /// to write part of it. `false`: not present (the caller must bring the block in first). A block not
+    /// verified since the start is checked first (`verify.rs`): a clean one that fails is dropped (not
+    /// present), a dirty one is [`CacheError::Damaged`], since the bytes the write keeps of it are wrong.
     ///
     /// A block a fill is writing is not present (it is inserted when the fill ends), so a claim never
     /// changes a block under a fill: it fails, and the caller's own fetch fills the block after it.
-    pub fn claim(&self, key: BlockKey) -> bool {
+    pub fn claim(&self, key: BlockKey) -> CacheResult<bool> {
+        if self.state(key.0).blocks.get(&key).is_some_and(|e| !e.verified) {
+            self.verify_range(key.0, key.1..=key.1)?;
+        }
         let mut st = self.state(key.0);
-        let Some(e) = st.blocks.get(&key) else { return false };
+        if st.damaged.contains(&key) {
+            return Err(CacheError::Damaged {
+                object: key.0,
+                block: key.1,
+            });
+        }
+        let Some(e) = st.blocks.get(&key) else { return Ok(false) };
         if !e.dirty {
             let (len, crc) = (e.len, e.crc);
             if let Err(e) = self.unshare_locked(&mut st, key.0) {
                 tracing::warn!(object = key.0, error = %e, "could not copy a shared file to change it; fetching it again");
-                return false;
+                return Ok(false);
             }
             Self::bump_epoch(&mut st, key.0);
             self.insert_locked(&mut st, key, len, crc, true);
+        }
+        Ok(true)
+    }
+
+    /// Mark block `key` dirty if it is present, as the index says it is (a file's unpushed ranges, when
+    /// its record is loaded), without checking it: whether it was verified stays as it was, so that its
+    /// first read or push checks it. Whether it is present.
+    pub fn reclaim(&self, key: BlockKey) -> bool {
+        let mut st = self.state(key.0);
+        let Some(e) = st.blocks.get(&key) else { return false };
+        if !e.dirty {
+            let (len, crc, verified) = (e.len, e.crc, e.verified);
+            if self.unshare_locked(&mut st, key.0).is_err() {
+                return false;
+            }
+            self.insert_locked(&mut st, key, len, crc, true);
+            if let Some(e) = st.blocks.get_mut(&key) {
+                e.verified = verified;
+            }
         }
         true
     }
@@ -812,6 +860,7 @@ impl Store {
             evictions: self.evictions.load(Ordering::Relaxed),
             evictions_by_fills: self.evictions_by_fills.load(Ordering::Relaxed),
             corrupt_blocks: self.corrupt.load(Ordering::Relaxed),
+            damaged_blocks: self.damaged.load(Ordering::Relaxed),
             inserted_bytes: self.inserted.load(Ordering::Relaxed),
             logical_bytes: self.logical.load(Ordering::Relaxed),
             bytes_pinned: self.pinned.load(Ordering::Relaxed),
@@ -956,3 +1005,4 @@ mod punch;
 mod spare;
 #[cfg(test)]
 mod tests;
+mod verify;

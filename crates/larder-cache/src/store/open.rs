@@ -97,6 +97,7 @@ impl Store {
             evictions: AtomicU64::new(0),
             evictions_by_fills: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
+            damaged: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             abd: Mutex::new(None),
             spares: Mutex::new(spare::Spares::default()),

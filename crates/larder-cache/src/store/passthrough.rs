@@ -91,12 +91,15 @@ impl Store {
         *n -= 1;
         if *n == 0 {
             st.unseen_writers.remove(&object);
-            Self::mark_unseen(&mut st, &self.db, object, false);
+            // Writes through the store not indexed yet keep the mark (`verify.rs`).
+            if !st.unindexed.contains_key(&object) {
+                Self::mark_unseen(&mut st, &self.db, object, false);
+            }
         }
     }
 
-    /// Objects marked as written by writers the store did not see, none of which is open now: found so
-    /// when the store opens, they are what a crash cut short. Their blocks are to be compared with the
+    /// Objects marked as written by writers the store did not see (or through it, and not indexed since),
+    /// none of which is open now: found so when the store opens, they are what a crash cut short. Their blocks are to be compared with the
     /// index ([`Store::changed_blocks`]), then the mark cleared ([`Store::unseen_writes_settled`]).
     pub fn unseen_writes(&self) -> Vec<u64> {
         let mut out = Vec::new();
@@ -116,13 +119,13 @@ impl Store {
     /// What a crash left of `object`'s unseen writers is taken in: clear its mark (unless a writer is open).
     pub fn unseen_writes_settled(&self, object: u64) {
         let mut st = self.state(object);
-        if !st.unseen_writers.contains_key(&object) {
+        if !st.unseen_writers.contains_key(&object) && !st.unindexed.contains_key(&object) {
             Self::mark_unseen(&mut st, &self.db, object, false);
         }
     }
 
     /// Set or clear `object`'s mark; whether it changed.
-    fn mark_unseen(st: &mut ShardState, db: &Db, object: u64, on: bool) -> bool {
+    pub(super) fn mark_unseen(st: &mut ShardState, db: &Db, object: u64, on: bool) -> bool {
         let mut meta = st.meta(object);
         if meta.written_unseen == on {
             return false;

@@ -95,6 +95,9 @@ impl Store {
     fn drop_locked(&self, st: &mut ShardState, key: BlockKey, punches: Option<&mut Punches<'_>>) {
         st.materialize(key.0);
         let Some(old) = st.blocks.remove(&key) else { return };
+        if st.damaged.remove(&key) {
+            self.damaged.fetch_sub(1, Ordering::Relaxed);
+        }
         // Counted under the lock, before the punch: see `Shard::removals`.
         self.shard(key.0).removals.fetch_add(1, Ordering::SeqCst);
         if !old.dirty && st.evictable(key.0) {

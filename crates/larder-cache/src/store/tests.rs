@@ -626,7 +626,7 @@ fn fills_racing_local_changes_never_overwrite_them() {
                         70..=79 => {
                             // Change the start of a present block (claimed first, as a partial write is).
                             let mut mine = local[object as usize].lock().unwrap();
-                            if !s.claim(key) {
+                            if !s.claim(key).unwrap() {
                                 continue;
                             }
                             let mut bytes = match mine.get(&index) {
@@ -925,7 +925,7 @@ fn a_victim_that_changes_before_eviction_locks_its_shard_stays() {
         assert_eq!(victim.0, 1);
         match change {
             "write" => {
-                assert!(s.claim(victim));
+                assert!(s.claim(victim).unwrap());
                 s.write(1, victim.1 as u64 * BS as u64, &[9u8; 100]).unwrap();
             }
             "pin" => s.set_pinned(1, true),

@@ -305,8 +305,15 @@ impl Fs {
     /// is not taken in yet). From then until the handle is released, the store holds its object: no
     /// eviction, and no hole punched under the reader. `None` if the file is no longer whole.
     pub fn passthrough(&self, fh: u64, backed: bool) -> Option<Arc<std::fs::File>> {
-        let ns = read(&self.ns);
         let (ino, object, writable) = self.handles.with(fh, |h| (h.ino, h.object, h.writable))?;
+        // The kernel serves what it reads from the cache file as is: every block of it is checked against
+        // its checksum first, and the file holds no bytes past the file's end (`integrity.rs`). (An inode
+        // the kernel serves so already was checked at its first such open.)
+        let checked = backed || self.verified_for_kernel(ino, object) && self.cache_file_fits(ino, object);
+        if !checked {
+            return None;
+        }
+        let ns = read(&self.ns);
         let node = ns.inode(ino).ok()?;
         let size = node.attr.as_ref()?.size;
         if node.object != object {
@@ -451,6 +458,11 @@ impl Fs {
             let want = (bs - within).min(end - pos) as usize;
             let cached = match self.core.store.read((object, index), within, want) {
                 Ok(c) => c,
+                Err(e @ larder_cache::CacheError::Damaged { .. }) => {
+                    // Bytes not yet at home, damaged in the cache: never served, never fetched over.
+                    self.damaged_found(ino, &e);
+                    return Err(e.into());
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "reading a cached block failed; fetching it again");
                     None
@@ -618,11 +630,22 @@ impl Fs {
             let existing_end = (start + bs).min(size);
             // A partly written block that holds home data must be whole in the cache: claim it if present
             // (eviction can no longer take it), else bring its home bytes in with the new ones.
-            if start >= size
-                || (offset <= start && end >= existing_end)
-                || self.core.store.claim((object, index as u32))
-            {
+            let claimed = || -> FsResult<bool> {
+                self.core.store.claim((object, index as u32)).map_err(|e| {
+                    self.damaged_found(ino, &e);
+                    FsError::from(e)
+                })
+            };
+            if start >= size || (offset <= start && end >= existing_end) {
                 continue;
+            }
+            match claimed() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    restore(before)?;
+                    return Err(e);
+                }
             }
             let Some(path) = &path else { continue };
             match self.fetch_block(ino, object, index as u32, path, &version, size, epoch) {
@@ -645,10 +668,39 @@ impl Fs {
             .try_for_each(|(start, block)| self.core.store.write(object, *start, block))
             .and_then(|()| self.core.store.write(object, offset, data));
         if let Err(e) = landed {
-            restore(before)?;
+            self.write_cut_short(ino, object, before, offset..end)?;
             return Err(e.into());
         }
         Ok(data.len() as u32)
+    }
+
+    /// A write of `range` to `ino`'s cache `object` failed part way (a full cache disk): the file keeps
+    /// the size and times it had (`before`, with its dirty ranges), and the cache file is cut back to that
+    /// size, so that no reader (the kernel, reading the cache file to its end through passthrough,
+    /// included) reads the bytes that did land past it. Those it overwrote below that size may have landed:
+    /// the blocks it touched there stay dirty, so that what the cache file holds there goes home.
+    fn write_cut_short(
+        &self,
+        ino: u64,
+        object: u64,
+        before: (Vec<Range<u64>>, Option<larder_home::HomeAttr>),
+        range: Range<u64>,
+    ) -> FsResult<()> {
+        let bs = self.core.store.block_size();
+        let old_size = before.1.as_ref().map_or(0, |a| a.size);
+        {
+            let mut ns = write(&self.ns);
+            let node = ns.inode_mut(ino)?;
+            (node.dirty, node.attr) = before;
+            let touched = range.start / bs * bs..(range.end.div_ceil(bs) * bs).min(old_size);
+            if touched.start < touched.end {
+                add_range(&mut node.dirty, touched);
+            }
+        }
+        if range.end > old_size {
+            self.core.store.truncate(object, old_size)?;
+        }
+        Ok(())
     }
 
     /// Fetch block `index` of `ino`'s current object. Our own push changes the version at home under a
@@ -844,6 +896,9 @@ impl Fs {
         {
             let (object, lookups, pushing) = (node.object, node.lookups(), node.pushing);
             node.dirty.clear();
+            if std::mem::take(&mut node.kept_for_readers) {
+                self.core.store.unhold(object);
+            }
             if object != 0 {
                 // A push of it under way reads its cache file still: unlinked, not made a spare.
                 self.core.store.remove_object_with(object, pushing > 0);

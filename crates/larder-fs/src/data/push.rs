@@ -10,12 +10,34 @@ use crate::namespace::{Fs, lock, read, write};
 use crate::{FsError, FsResult};
 
 impl Fs {
+    /// What a push sends must be what was written: the dirty blocks of `ino` not checked against their
+    /// checksums since the start are checked now, and a damaged one keeps the file from home
+    /// (`integrity.rs`). (Blocks written since are the daemon's own bytes, checked by nothing.)
+    fn check_before_push(&self, ino: u64) -> FsResult<()> {
+        let bs = self.core.store.block_size();
+        let (object, blocks): (u64, Vec<std::ops::Range<u32>>) = {
+            let ns = read(&self.ns);
+            let node = ns.inode(ino)?;
+            (node.object, node.dirty.iter().map(|r| blocks_of(r, bs)).collect())
+        };
+        for b in blocks.into_iter().filter(|b| !b.is_empty()) {
+            let found = self.core.store.verify_range(object, b.start..=b.end - 1)?;
+            if let Some(&block) = found.damaged.first() {
+                let e = larder_cache::CacheError::Damaged { object, block };
+                self.damaged_found(ino, &e);
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
     /// Push the local content of `ino` (dirty ranges, and size) to `at` (default: where home has it now).
     /// With `force`, home's version is overwritten whatever it is; otherwise a version other than the one
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
         // What writers the kernel serves from the cache file wrote so far goes too.
         self.adopt_all_direct_writes(ino);
+        self.check_before_push(ino)?;
         let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
         let (ranges, size, object, path, base, file, mtime, direct, begun) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
@@ -64,7 +86,7 @@ impl Fs {
             {
                 let bs = self.core.store.block_size();
                 for index in 0..size.div_ceil(bs) as u32 {
-                    if self.core.store.claim((object, index)) {
+                    if self.core.store.claim((object, index)).unwrap_or(false) {
                         add_range(&mut ranges, bytes_of(index, bs, size));
                     }
                 }

@@ -82,6 +82,13 @@ fn refusal_backoff(refusals: u32) -> Duration {
     steps.into_iter().nth(capped as usize).unwrap_or(MAX_BACKOFF)
 }
 
+/// Whether a change refused with `e` stays queued however often it is refused, rather than being set aside
+/// after [`MAX_ATTEMPTS`]: its cache copy is damaged (pushing it would send wrong bytes, and setting it
+/// aside would let home's version stand in silence; the user rewrites or removes the file).
+fn never_set_aside(e: &FsError) -> bool {
+    matches!(e, FsError::Cache(larder_cache::CacheError::Damaged { .. }))
+}
+
 /// The conflicts recorded in `dir` by earlier runs.
 pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
     std::fs::read_to_string(dir.join("conflicts.jsonl"))
@@ -93,6 +100,7 @@ pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
 
 mod conflicts;
 mod push;
+mod readers;
 mod through;
 
 /// How often the inodes in memory are brought back within `--max-inodes`.
@@ -113,6 +121,7 @@ impl Fs {
     /// Start the flusher threads (write-back; in write-through they push only what a crash left queued,
     /// callers push their own changes).
     pub fn start(self: &Arc<Self>) {
+        self.start_verifier();
         let fs = Arc::downgrade(self);
         self.health
             .set_explainer(move |online| fs.upgrade().map(|fs| fs.explain_health(online)).unwrap_or_default());
@@ -186,6 +195,7 @@ impl Fs {
 
     /// Stop the flusher threads (what is queued stays queued).
     pub fn stop_flushers(&self) {
+        self.stop_verifier();
         self.pipeline.stopping.store(true, Ordering::SeqCst);
         self.pipeline.notify();
         let handles: Vec<_> = lock(&self.pipeline.flushers).drain(..).collect();
@@ -371,6 +381,7 @@ impl Fs {
             }
             Outcome::Refused(e) => {
                 self.rename_unsettled(op);
+                let kept_queued = never_set_aside(&e);
                 let e = e.to_string();
                 let attempts = {
                     let mut j = self.pipeline.journal();
@@ -378,7 +389,15 @@ impl Fs {
                     j.fail(seq, e.clone(), Some(backoff))
                 };
                 let path = String::from_utf8_lossy(&op.path);
-                if attempts == 1 {
+                if attempts == 1 && kept_queued {
+                    tracing::warn!(
+                        error = %e,
+                        op = op.kind.name(),
+                        path = %path,
+                        "a change cannot go to home now; it stays queued and is retried (after 1 s, then doubling \
+                         up to about a minute) until it can"
+                    );
+                } else if attempts == 1 {
                     tracing::warn!(
                         error = %e,
                         op = op.kind.name(),
@@ -389,7 +408,7 @@ impl Fs {
                 } else {
                     tracing::debug!(error = %e, op = op.kind.name(), path = %path, attempts, "home refused a change again");
                 }
-                if attempts >= MAX_ATTEMPTS {
+                if attempts >= MAX_ATTEMPTS && !kept_queued {
                     // Keep the cache's version where it cannot be lost, and let the queue move on.
                     self.set_aside(op, &e);
                     let mut ns = write(&self.ns);

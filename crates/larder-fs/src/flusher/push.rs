@@ -20,6 +20,13 @@ impl Fs {
         // After a restart the object may not be in memory yet; what the push settles (where home has it,
         // its version) must reach its record.
         let _ = self.load_inode(&mut write(&self.ns), op.ino);
+        // Descriptors open on a version this op takes from home read the rest of it from the cache.
+        if let Err(e) = self.keep_for_readers(op) {
+            return match e {
+                FsError::Home(e) => self.classify(e),
+                e => Outcome::Refused(e),
+            };
+        }
         let home = self.core.home.as_ref();
         let path = os(&op.path);
         let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {

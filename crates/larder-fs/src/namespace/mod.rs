@@ -91,6 +91,9 @@ pub(crate) struct Inode {
     pub dirty: Vec<Range<u64>>,
     /// Gone from home; kept while the kernel or a handle refers to it.
     pub removed: bool,
+    /// Its cache object is held (never evicted) for the descriptors still open on it, which read it from
+    /// the cache alone: home no longer has this version (`flusher/readers.rs`). Let go at the last close.
+    pub kept_for_readers: bool,
     /// Object whose pages the kernel's page cache holds for this inode.
     pub kernel_object: AtomicU64,
     /// Serialises pushes of this file to home. Taken before `write_lock`.
@@ -229,6 +232,7 @@ impl Inode {
             pt_seen: AtomicU64::new(0),
             dirty: Vec::new(),
             removed: false,
+            kept_for_readers: false,
             kernel_object: AtomicU64::new(0),
             flush_lock: Arc::new(Mutex::new(())),
             write_lock: Arc::new(Mutex::new(())),
@@ -447,6 +451,8 @@ pub struct Fs {
     /// Home has given a directory's own attributes with its listing ([`Home::list_with_own`]): the root,
     /// which no parent's listing carries, is then revalidated by its own listing.
     pub(crate) listings_carry_own: std::sync::atomic::AtomicBool,
+    /// Files found damaged in the cache, and the background check of cache files (`integrity.rs`).
+    pub(crate) integrity: crate::integrity::Integrity,
 }
 
 pub(crate) use larder_cache::contention::{lock, read, write};
@@ -1147,7 +1153,7 @@ pub(crate) fn claim_ranges(store: &Store, object: u64, ranges: impl IntoIterator
     let bs = store.block_size();
     for r in ranges.into_iter().filter(|r| !r.is_empty()) {
         for index in r.start / bs..=(r.end - 1) / bs {
-            store.claim((object, index as u32));
+            store.reclaim((object, index as u32));
         }
     }
 }

@@ -138,6 +138,7 @@ impl Fs {
             walk_ahead: Default::default(),
             dir_clock: AtomicU64::new(1),
             listings_carry_own: Default::default(),
+            integrity: Default::default(),
         };
         let taken = fs.take_in_unseen_writes(&owners);
         if taken > 0 {

@@ -1,0 +1,313 @@
+//! The cache's own integrity on real mounts: what the cache directory holds is never served wrong, and
+//! what a cut-short write or a full cache disk leaves never shows past a file's end.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+
+/// The cache files of objects (not spares nor shared contents) under `cache`, with their lengths.
+fn cache_files(cache: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    for dir in std::fs::read_dir(cache.join("objects")).unwrap().flatten() {
+        let name = dir.file_name();
+        if name == "spare" || name == "cas" || !dir.path().is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            out.push((f.path(), f.metadata().unwrap().len()));
+        }
+    }
+    out
+}
+
+/// The one cache file under `cache` at least `len` bytes long.
+fn cache_file_of(cache: &Path, len: u64) -> PathBuf {
+    let found: Vec<PathBuf> = cache_files(cache)
+        .into_iter()
+        .filter(|(_, l)| *l >= len)
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(found.len(), 1, "cache files of {len} bytes or more: {found:?}");
+    found.into_iter().next().unwrap()
+}
+
+/// Overwrite 16 bytes at `offset` of `file`, as a damaged disk or a hand outside larder would.
+fn damage(file: &Path, offset: u64) {
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.write_all_at(b"\xde\xad\xbe\xef damaged!!", offset).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn wb(extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["--write-mode", "write-back", "--validity-lag", "60s"];
+    args.extend_from_slice(extra);
+    args.into_iter().map(String::from).collect()
+}
+
+fn mount(t: &TestDir, extra: &[&str]) -> Mount {
+    let args = wb(extra);
+    t.mount(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// A clean cached file whose cache file was damaged between two mounts is read exactly as home has it,
+/// through passthrough too: the damaged block fails its check before the kernel is given the file, is
+/// counted, logged and fetched again, and the cache file holds home's bytes afterwards. With a check too
+/// large for the open (`--verify-at-open` below the file), the daemon serves the open and checks as it
+/// reads.
+#[test]
+fn a_damaged_cache_file_is_never_served_and_its_block_is_fetched_again() {
+    for verify_at_open in ["256MiB", "1MiB"] {
+        let t = TestDir::new("integrity-clean");
+        let mut rng = Rng::new(121);
+        let want = write_random(&t.home.join("f.bin"), 32 << 20, &mut rng);
+        let extra = ["--verify-at-open", verify_at_open];
+        let m = mount(&t, &extra);
+        assert_same_bytes(&read(&m.path("f.bin")), &want, "cold read");
+        m.wait_released();
+        m.unmount();
+        let file = cache_file_of(&t.cache, 32 << 20);
+        damage(&file, 16 << 20);
+
+        let m = mount(&t, &extra);
+        assert_same_bytes(&read(&m.path("f.bin")), &want, "the read after the damage");
+        m.wait_released();
+        // And again, from the kernel's side if it serves the file now.
+        assert_same_bytes(&read(&m.path("f.bin")), &want, "the second read");
+        let st = m.status();
+        assert!(
+            num(&st, "/cache/corrupt_blocks") >= 1,
+            "the damaged block was not counted ({verify_at_open}): {}",
+            st["cache"]
+        );
+        assert!(
+            m.log().contains("failed its checksum"),
+            "nothing in the log ({verify_at_open}):\n{}",
+            m.log()
+        );
+        assert_same_bytes(
+            &std::fs::read(&file).unwrap(),
+            &want,
+            "the cache file after the damaged block came again",
+        );
+        m.unmount();
+    }
+}
+
+/// A file written here whose changes are not at home yet, its cache file damaged between two mounts:
+/// its damaged bytes are an error (EIO), never served; the log and `larder status` name the file; it is
+/// not pushed (a drain says so at once); written again whole, it reads and goes home as written.
+#[test]
+fn damaged_changes_not_yet_at_home_are_an_error_named_by_status_and_never_pushed() {
+    let t = TestDir::new("integrity-dirty");
+    let mut rng = Rng::new(122);
+    let _ = write_random(&t.home.join("other.bin"), 1000, &mut rng);
+    let m = mount(&t, &["--sync-lag", "120s"]);
+    let ours = rng.bytes(3 << 20);
+    std::fs::write(m.path("ours.bin"), &ours).unwrap();
+    m.wait_released();
+    let out = larder(&["unmount", s(&m.mnt), "--leave-pending"]);
+    assert!(out.success(), "{out}");
+    m.disarm();
+    let file = cache_file_of(&t.cache, 3 << 20);
+    damage(&file, (1 << 20) + 5);
+
+    let m = mount(&t, &["--sync-lag", "0s"]);
+    let err = std::fs::read(m.path("ours.bin")).expect_err("damaged changes were served");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    // The bytes around them are still there.
+    let f = std::fs::File::open(m.path("ours.bin")).unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact_at(&mut head, 0).unwrap();
+    assert_same_bytes(&head, &ours[..4096], "the first block");
+    drop(f);
+    m.wait_released();
+    let st = m.status();
+    let damaged = st["cache"]["damaged_files"].as_array().cloned().unwrap_or_default();
+    assert!(
+        damaged.iter().any(|d| d["path"] == "ours.bin"),
+        "status does not name the damaged file: {}",
+        st["cache"]
+    );
+    let table = larder(&["status", s(&m.mnt)]);
+    assert!(
+        table.stdout.contains("DAMAGED") && table.stdout.contains("ours.bin"),
+        "{table}"
+    );
+    assert!(
+        m.log().contains("ours.bin"),
+        "the log does not name the file:\n{}",
+        m.log()
+    );
+    let drained = run_cmd(
+        LARDER,
+        &["drain", s(&m.mnt), "--timeout", "30s"],
+        Duration::from_secs(60),
+    );
+    assert!(
+        !drained.success(),
+        "a drain said a damaged file reached home:\n{drained}"
+    );
+    assert!(
+        std::fs::metadata(t.home.join("ours.bin")).map_or(true, |m| m.len() == 0),
+        "bytes of the damaged file reached home"
+    );
+    // Written again whole: its own bytes, which go home.
+    let again = rng.bytes(3 << 20);
+    std::fs::write(m.path("ours.bin"), &again).unwrap();
+    assert_same_bytes(&read(&m.path("ours.bin")), &again, "the file written again");
+    drain_ok(&m, 30);
+    assert_same_bytes(
+        &std::fs::read(t.home.join("ours.bin")).unwrap(),
+        &again,
+        "home after the drain",
+    );
+    assert!(
+        m.status()["cache"]["damaged_files"]
+            .as_array()
+            .is_none_or(|a| a.is_empty()),
+        "still named damaged after it was written again"
+    );
+    m.unmount();
+}
+
+/// A tmpfs of `mib` MiB mounted at `dir` for the length of a test.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(dir: &Path, mib: u64) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let size = format!("size={mib}m,mode=0700");
+        let out = run_cmd(
+            "mount",
+            &["-t", "tmpfs", "-o", &size, "tmpfs", s(dir)],
+            COMMAND_DEADLINE,
+        );
+        assert!(out.success(), "mount -t tmpfs: {out}");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = run_cmd("umount", &["-l", s(&self.0)], COMMAND_DEADLINE);
+    }
+}
+
+/// Bytes of `path` read to its end through a descriptor of its own, as `cat` reads.
+fn read_to_end_len(path: &Path) -> u64 {
+    std::fs::read(path).map(|d| d.len() as u64).unwrap()
+}
+
+/// A write cut short by a full cache disk leaves the file the size `stat` shows, and every reader (the
+/// kernel through passthrough, the daemon) reads exactly that many bytes: after the error, after a drain
+/// and after a remount. No cache file holds bytes past its file's end.
+#[test]
+fn a_write_cut_short_by_a_full_cache_disk_leaves_no_bytes_past_the_file_end() {
+    let t = TestDir::new("integrity-full");
+    let _tmpfs = Tmpfs::new(&t.cache, 64);
+    let m = mount(&t, &["--cache-size", "1GiB", "--sync-lag", "1s"]);
+    let out = run_cmd(
+        "dd",
+        &[
+            "if=/dev/urandom",
+            &format!("of={}", s(&m.path("big"))),
+            "bs=1M",
+            "count=200",
+        ],
+        Duration::from_secs(120),
+    );
+    assert!(!out.success(), "200 MiB fit a 64 MiB cache disk:\n{out}");
+    assert!(
+        out.stderr.contains("No space left"),
+        "dd did not end with ENOSPC:\n{out}"
+    );
+    m.wait_released();
+    let check = |when: &str| {
+        let size = std::fs::metadata(m_path(&t, "big")).unwrap().len();
+        assert!(size > 0, "{when}: nothing was kept");
+        assert_eq!(
+            read_to_end_len(&m_path(&t, "big")),
+            size,
+            "{when}: a reader read past the file's end"
+        );
+        for (file, len) in cache_files(&t.cache) {
+            assert!(
+                len <= size,
+                "{when}: cache file {} holds {len} bytes, the file {size}",
+                file.display()
+            );
+        }
+    };
+    check("after the error");
+    drain_ok(&m, 120);
+    check("after a drain");
+    let size = std::fs::metadata(m.path("big")).unwrap().len();
+    assert_eq!(
+        std::fs::metadata(t.home.join("big")).unwrap().len(),
+        size,
+        "home's size"
+    );
+    m.unmount();
+    let m = mount(&t, &["--cache-size", "1GiB"]);
+    check("after a remount");
+    m.unmount();
+}
+
+fn m_path(t: &TestDir, rel: &str) -> PathBuf {
+    t.mnt.join(rel)
+}
+
+/// A process reading a file that is replaced (written aside and renamed over it, as editors, deploy tools
+/// and `sed -i` do) or removed through the same mount reads the version it opened to its end, after the
+/// change reached home, as on a local file system: the rest of that version is brought into the cache
+/// before home loses it. Home ends with the new version (or none).
+#[test]
+fn a_reader_of_a_file_replaced_or_removed_through_the_mount_reads_its_version_to_the_end() {
+    let t = TestDir::new("integrity-reader");
+    let mut rng = Rng::new(123);
+    let old_f = write_random(&t.home.join("f"), 16 << 20, &mut rng);
+    let old_g = write_random(&t.home.join("g"), 16 << 20, &mut rng);
+    // A small readahead window, so that the readers are far from having the whole file when it goes.
+    let m = mount(
+        &t,
+        &["--sync-lag", "0s", "--readahead", "1MiB", "--ingest-streams", "1"],
+    );
+    let chunk = 1 << 20;
+    let reader = |name: &str| {
+        let f = std::fs::File::open(m.path(name)).unwrap();
+        let mut first = vec![0u8; chunk];
+        f.read_exact_at(&mut first, 0).unwrap();
+        (f, first)
+    };
+    let (f, first_f) = reader("f");
+    let (g, first_g) = reader("g");
+    assert_same_bytes(&first_f, &old_f[..chunk], "f's first MiB");
+    assert_same_bytes(&first_g, &old_g[..chunk], "g's first MiB");
+
+    let new_f = rng.bytes(3 << 20);
+    std::fs::write(m.path("f.tmp"), &new_f).unwrap();
+    std::fs::rename(m.path("f.tmp"), m.path("f")).unwrap();
+    std::fs::remove_file(m.path("g")).unwrap();
+    drain_ok(&m, 60);
+    assert_same_bytes(
+        &std::fs::read(t.home.join("f")).unwrap(),
+        &new_f,
+        "home's f after the drain",
+    );
+    assert!(!t.home.join("g").exists(), "g is still at home after the drain");
+
+    for (file, old, name) in [(&f, &old_f, "f"), (&g, &old_g, "g")] {
+        let mut rest = vec![0u8; old.len() - chunk];
+        file.read_exact_at(&mut rest, chunk as u64)
+            .unwrap_or_else(|e| panic!("the reader of {name} was cut off: {e}"));
+        assert_same_bytes(&rest, &old[chunk..], &format!("the rest of {name}'s old version"));
+    }
+    drop((f, g));
+    assert_same_bytes(&read(&m.path("f")), &new_f, "f opened anew");
+    m.wait_released();
+    m.unmount();
+}
