@@ -42,4 +42,7 @@ pub enum FsError {
     /// Extended attributes of that namespace (or any, where home keeps none) are not kept.
     #[error("extended attributes of this kind are not supported")]
     XattrUnsupported,
+    /// An operation, or a mode of one, larder does not give (`fallocate` collapsing a range, say).
+    #[error("operation not supported")]
+    Unsupported,
 }

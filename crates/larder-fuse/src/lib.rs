@@ -58,6 +58,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::HomeCannotHold(_) => libc::EPERM,
         FsError::NoXattr => libc::ENODATA,
         FsError::XattrUnsupported => libc::EOPNOTSUPP,
+        FsError::Unsupported => libc::EOPNOTSUPP,
     };
     Errno::from_i32(code)
 }
@@ -565,6 +566,20 @@ impl Filesystem for LarderFuse {
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let _s = span!("fsync", ino.0);
         reply_empty(reply, self.fs.fsync(fh.0));
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let _s = span!("fallocate", ino.0);
+        reply_empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

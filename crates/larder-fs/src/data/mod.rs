@@ -915,6 +915,7 @@ impl Fs {
     }
 }
 
+mod allocate;
 mod passthrough;
 mod push;
 

@@ -1,0 +1,144 @@
+//! `fallocate(2)`: the modes programs use to size a file or to clear part of it. Each is made by the path
+//! that already makes that change, a truncation or a write, so it reaches home as one of those does.
+//!
+//! * Allocating (mode 0) extends the file when the range passes its end, as [`Fs::setattr`]'s size
+//!   extension does: the new bytes read as zeros, home gets a truncate-extend and keeps the hole. Within
+//!   the file it changes nothing. The cache reserves no room for the range: a later write may still find
+//!   the cache full (`ENOSPC`), where a local file system would have set the blocks aside.
+//! * `FALLOC_FL_KEEP_SIZE` alone asks for blocks past the end without a new size: nothing changes.
+//! * Punching a hole (always with `KEEP_SIZE`) and zeroing a range make the range read as zeros: the
+//!   zeros go through [`Fs::write`], so they are dirty, committed at the next close or fsync and pushed as
+//!   written data. Zeroing without `KEEP_SIZE` then extends the file as allocating does.
+//!
+//! Every other mode (collapsing, inserting, unsharing, write-zeroes) is `EOPNOTSUPP`, as on a file system
+//! that lacks it. The size is read before the range is cleared: a writer changing the file's size at the
+//! same moment may see the range cleared up to the old size.
+
+use larder_home::SetAttr;
+
+use crate::namespace::{Fs, read};
+use crate::{FsError, FsResult};
+
+/// Bytes of zeros written in one go when a range is cleared: at least a block, and a whole number of
+/// blocks, so that every write but the first and last covers whole blocks and fetches nothing from home.
+const ZEROS_MAX: u64 = 1 << 20;
+
+impl Fs {
+    /// `fallocate(2)` of `length` bytes from `offset` on the file open as `fh` (open for writing: the
+    /// kernel checks), with Linux's `mode` flags. See the module's documentation for what each mode does.
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let clear = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => false,
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => true,
+            libc::FALLOC_FL_ZERO_RANGE => true,
+            _ => return Err(FsError::Unsupported),
+        };
+        self.writable()?;
+        let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+        let end = offset
+            .checked_add(length)
+            .filter(|_| length > 0)
+            .ok_or(FsError::Invalid)?;
+        // What the kernel wrote to the cache file counts: the size is taken after it.
+        self.adopt_all_direct_writes(ino);
+        let size = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
+        if clear && offset < size {
+            self.write_zeros(ino, offset..end.min(size))?;
+        }
+        if !keep_size && end > size {
+            self.setattr(
+                ino,
+                &SetAttr {
+                    size: Some(end),
+                    ..SetAttr::default()
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Write zeros over `range` of `ino` with [`Fs::write`], through a handle of its own: the caller's
+    /// may be an `O_APPEND` one, whose writes go at the end of the file whatever their offset.
+    fn write_zeros(&self, ino: u64, range: std::ops::Range<u64>) -> FsResult<()> {
+        let bs = self.core.store.block_size();
+        let step = (ZEROS_MAX / bs * bs).max(bs);
+        let zeros = vec![0u8; step as usize];
+        let fh = self.new_handle(&read(&self.ns), ino, None);
+        let mut result = Ok(());
+        let mut pos = range.start;
+        while pos < range.end && result.is_ok() {
+            // Up to the next multiple of the step: whole blocks in the middle of the range.
+            let to = ((pos / step + 1) * step).min(range.end);
+            result = self.write(fh, pos, &zeros[..(to - pos) as usize]).map(|_| ());
+            pos = to;
+        }
+        self.handles.remove(fh);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Drained;
+    use crate::namespace::hit_tests::dir_f;
+
+    /// The bytes of `fh` from 0, as many as `len`.
+    fn content(fs: &Fs, fh: u64, len: u32) -> Vec<u8> {
+        fs.read(fh, 0, len).unwrap()
+    }
+
+    #[test]
+    fn each_fallocate_mode_leaves_what_a_local_file_system_would_in_the_cache_and_at_home() {
+        // `dir/f` is 10 KiB of 7s at home, in blocks of 4 KiB, none cached yet.
+        let (tmp, fs, _dir, ino) = dir_f();
+        fs.start();
+        let fh = fs.open(ino, libc::O_RDWR | libc::O_APPEND).unwrap().fh;
+        let mut want = vec![7u8; 10 << 10];
+
+        fs.fallocate(fh, 0, 64 << 10, libc::FALLOC_FL_KEEP_SIZE).unwrap();
+        assert_eq!(content(&fs, fh, 1 << 20), want, "keep size alone changes nothing");
+
+        // Across a block boundary: both edge blocks come from home, the rest is zeros.
+        fs.fallocate(fh, 1000, 5000, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+            .unwrap();
+        want[1000..6000].fill(0);
+        assert_eq!(content(&fs, fh, 1 << 20), want, "a punched hole reads as zeros");
+
+        // Past the end, keeping the size: only the part within the file is cleared.
+        fs.fallocate(fh, 9000, 4000, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
+            .unwrap();
+        want[9000..].fill(0);
+        assert_eq!(content(&fs, fh, 1 << 20), want);
+
+        fs.fallocate(fh, 8000, 6000, libc::FALLOC_FL_ZERO_RANGE).unwrap();
+        want[8000..].fill(0);
+        want.resize(14000, 0);
+        assert_eq!(content(&fs, fh, 1 << 20), want, "zeroing past the end extends");
+
+        fs.fallocate(fh, 20000, 100, 0).unwrap();
+        fs.fallocate(fh, 0, 100, 0).unwrap();
+        want.resize(20100, 0);
+        assert_eq!(content(&fs, fh, 1 << 20), want, "allocating past the end extends");
+
+        for mode in [
+            libc::FALLOC_FL_PUNCH_HOLE,
+            libc::FALLOC_FL_COLLAPSE_RANGE,
+            libc::FALLOC_FL_INSERT_RANGE,
+        ] {
+            assert!(
+                matches!(fs.fallocate(fh, 0, 4096, mode), Err(FsError::Unsupported)),
+                "mode {mode:#x}"
+            );
+        }
+        assert_eq!(content(&fs, fh, 1 << 20), want);
+
+        fs.release(fh).unwrap();
+        assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty);
+        let home = std::fs::read(tmp.path().join("home/dir/f")).unwrap();
+        assert!(home == want, "home's file differs from the cache's");
+    }
+}
