@@ -69,6 +69,9 @@ pub fn mount(args: MountArgs) -> Result<()> {
     if let Some(note) = &prepared.note {
         eprintln!("larder: note: {note}");
     }
+    if let Some(warning) = args.metrics_addr.and_then(metrics::exposure_warning) {
+        eprintln!("larder: warning: {warning}");
+    }
     let log_path = prepared.cache_dir.join("larder.log");
     let log = larder_cache::private::options()
         .create(true)

@@ -514,9 +514,28 @@ fn answer(registry: &Registry, method: &tiny_http::Method, url: &str) -> (u16, &
     }
 }
 
-/// Serve `GET /metrics` at `addr` from a thread of its own.
+/// What to tell whoever serves the metrics at `addr` when others can read them there: at any address
+/// but a loopback one (IPv4 127.0.0.0/8, IPv6 ::1), the server answers anyone who reaches it, and asks
+/// for no credentials.
+pub fn exposure_warning(addr: SocketAddr) -> Option<String> {
+    if addr.ip().to_canonical().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "the metrics at http://{addr}/metrics can be read by anyone who can reach that address (this mount's \
+         activity: home operations and bytes, cache use, changes waiting for home; no file names); serve them at \
+         a loopback address, e.g. --metrics-addr 127.0.0.1:{}, to keep them on this host",
+        addr.port()
+    ))
+}
+
+/// Serve `GET /metrics` at `addr` from a thread of its own; at an address others can reach, with a
+/// warning in the log.
 pub fn serve(addr: SocketAddr, source: Arc<StatusSource>) -> Result<()> {
     let server = tiny_http::Server::http(addr).map_err(|e| anyhow!("cannot serve metrics at {addr}: {e}"))?;
+    if let Some(warning) = exposure_warning(addr) {
+        tracing::warn!("{warning}");
+    }
     let mut registry = Registry::default();
     registry.register_collector(Box::new(LarderCollector(source)));
     std::thread::Builder::new()
@@ -784,5 +803,24 @@ mod tests {
         assert_eq!(answer(&registry, &tiny_http::Method::Get, "/metricsx").0, 404);
         assert_eq!(answer(&registry, &tiny_http::Method::Post, "/metrics").0, 405);
         assert_eq!(answer(&registry, &tiny_http::Method::Get, "/metrics?x=1").0, 200);
+    }
+
+    #[test]
+    fn only_a_loopback_address_keeps_the_metrics_from_a_warning() {
+        for addr in [
+            "127.0.0.1:9464",
+            "127.3.2.1:9464",
+            "[::1]:9464",
+            "[::ffff:127.0.0.1]:9464",
+        ] {
+            assert_eq!(exposure_warning(addr.parse().unwrap()), None, "{addr}");
+        }
+        for addr in ["0.0.0.0:9464", "10.0.0.5:9464", "[::]:9464", "[fe80::1]:9464"] {
+            let warning = exposure_warning(addr.parse().unwrap()).unwrap_or_default();
+            assert!(
+                warning.contains("anyone") && warning.contains("127.0.0.1:9464"),
+                "{addr}: {warning}"
+            );
+        }
     }
 }

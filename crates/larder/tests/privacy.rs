@@ -7,7 +7,8 @@
 //! * `larder status` counts home failures, not home's "no" answers;
 //! * `listxattr` gives an empty list;
 //! * `larder.log` tells of an outage and the return, a refused change and its setting aside, and a
-//!   recovery after `kill -9`, once each, with what was done.
+//!   recovery after `kill -9`, once each, with what was done;
+//! * metrics served at an address others can reach come with a warning, on the terminal and in the log.
 
 mod common;
 
@@ -754,4 +755,63 @@ fn the_log_tells_of_recovery_after_kill_9() {
     let m = t.mount(&["--write-mode", "write-back"]);
     m.unmount();
     assert_eq!(log_lines(&t.cache, "unclean stop").len(), 1);
+}
+
+/// A TCP port where nothing listens now (bound on every address, then released).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("0.0.0.0:0").expect("bind a port");
+    l.local_addr().expect("local addr").port()
+}
+
+#[test]
+fn metrics_served_beyond_loopback_come_with_a_warning_on_the_terminal_and_in_the_log() {
+    let t = TestDir::new("privacy-metrics");
+    let warning = "can be read by anyone who can reach that address";
+    // `larder mount` itself, to see what it prints before the daemon detaches.
+    let mount = |addr: &str| -> (Output, Mount) {
+        let out = larder(&[
+            "mount",
+            s(&t.home),
+            s(&t.mnt),
+            "--cache-dir",
+            s(&t.cache),
+            "--metrics-addr",
+            addr,
+        ]);
+        assert!(
+            out.success(),
+            "larder mount --metrics-addr {addr} failed:\n{out}\n--- daemon log ---\n{}",
+            log_tail(&t.cache, 40)
+        );
+        (out, Mount::adopt(&t.mnt, &t.cache, None))
+    };
+    let public = format!("0.0.0.0:{}", free_port());
+    let (out, m) = mount(&public);
+    let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains(warning)).collect();
+    assert_eq!(said.len(), 1, "want one warning on the terminal:\n{out}");
+    assert!(
+        said[0].starts_with("larder: warning: ") && said[0].contains(&public) && said[0].contains("127.0.0.1:"),
+        "the warning names neither the address nor a loopback one: {}",
+        said[0]
+    );
+    let logged = log_lines(&t.cache, warning);
+    assert_eq!(logged.len(), 1, "want one warning in the log:\n{}", m.log());
+    assert!(
+        logged[0].contains("WARN") && logged[0].contains(&public),
+        "{}",
+        logged[0]
+    );
+    m.unmount();
+
+    let (out, m) = mount(&format!("127.0.0.1:{}", free_port()));
+    assert!(
+        !out.stderr.contains(warning),
+        "a loopback address was warned of:\n{out}"
+    );
+    assert_eq!(
+        log_lines(&t.cache, warning).len(),
+        1,
+        "a loopback address was warned of in the log"
+    );
+    m.unmount();
 }
