@@ -19,7 +19,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
 
 fn leave(args: ClusterLeaveArgs) -> anyhow::Result<()> {
     let mnt = &args.unmount.mountpoint;
-    let socket = crate::mounts::socket_path(&crate::mounts::absolute(mnt)?);
+    let socket = crate::mounts::daemon_socket(&crate::mounts::absolute(mnt)?)?;
     let request = Request::Leave {
         within_ms: args.hand_over_for.as_millis() as u64,
     };

@@ -12,7 +12,7 @@ use crate::{control, mounts, progress, status};
 
 /// Push everything queued at `mnt` to home, waiting up to `timeout`; a progress line on a terminal.
 pub fn drain_mount(mnt: &Path, timeout: Duration) -> Result<()> {
-    let socket = mounts::socket_path(mnt);
+    let socket = mounts::daemon_socket(mnt)?;
     let deadline = Instant::now() + timeout;
     // Changes waiting at the start, or since, whichever is more: the bar's length.
     let mut total = status::fetch(mnt)?.journal.pending_ops;
@@ -73,7 +73,7 @@ pub fn conflicts(args: ConflictsArgs) -> Result<()> {
         bail!("{} is not a larder mount", mnt.display());
     }
     let (conflicts, failed_ops) = match control::send(
-        &mounts::socket_path(&mnt),
+        &mounts::daemon_socket(&mnt)?,
         &Request::Conflicts,
         Some(Duration::from_secs(10)),
     )? {

@@ -2,10 +2,11 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
 use crate::cli::UnmountArgs;
 use crate::control;
@@ -61,34 +62,150 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// What is mounted at `mountpoint` (the topmost mount, if several).
-pub fn mounted_at(mountpoint: &Path) -> Mounted {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Mounted::Nothing;
-    };
+/// One line of /proc/self/mountinfo, the parts larder reads.
+struct MountEntry {
+    fstype: String,
+    source: String,
+    /// The file system's own options (for FUSE: `rw,user_id=1000,group_id=1000,...`).
+    options: String,
+}
+
+/// The topmost mount at `mountpoint`, if any.
+fn topmost(mountpoint: &Path) -> Option<MountEntry> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = mountpoint.to_string_lossy();
-    let mut found = Mounted::Nothing;
+    let mut found = None;
     for line in info.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let Some(sep) = fields.iter().position(|f| *f == "-") else {
             continue;
         };
         if fields.len() > 4 && sep + 2 < fields.len() && unescape(fields[4]) == want {
-            let (fstype, source) = (fields[sep + 1], unescape(fields[sep + 2]));
-            found = if fstype.starts_with("fuse") && source.starts_with(SOURCE_PREFIX) {
-                Mounted::Larder
-            } else {
-                Mounted::Other(fstype.to_string())
-            };
+            found = Some(MountEntry {
+                fstype: fields[sep + 1].to_string(),
+                source: unescape(fields[sep + 2]),
+                options: fields.get(sep + 3).map_or_else(String::new, |o| o.to_string()),
+            });
         }
     }
     found
 }
 
-/// Where the daemon for `mountpoint` listens.
+impl MountEntry {
+    fn is_larder(&self) -> bool {
+        self.fstype.starts_with("fuse") && self.source.starts_with(SOURCE_PREFIX)
+    }
+}
+
+/// What is mounted at `mountpoint` (the topmost mount, if several).
+pub fn mounted_at(mountpoint: &Path) -> Mounted {
+    match topmost(mountpoint) {
+        None => Mounted::Nothing,
+        Some(m) if m.is_larder() => Mounted::Larder,
+        Some(m) => Mounted::Other(m.fstype),
+    }
+}
+
+/// The user who mounted the larder mount at `mountpoint`, whose daemon serves it: the FUSE mount's
+/// `user_id`. `None` if no larder mount is there.
+fn owner_of(mountpoint: &Path) -> Option<u32> {
+    let m = topmost(mountpoint).filter(MountEntry::is_larder)?;
+    m.options
+        .split(',')
+        .find_map(|o| o.strip_prefix("user_id="))
+        .and_then(|uid| uid.parse().ok())
+}
+
+/// Where the daemon for `mountpoint` listens, if this user started it.
 pub fn socket_path(mountpoint: &Path) -> PathBuf {
-    let dir = runtime_dir();
-    dir.join(format!("{:016x}.sock", fnv64(mountpoint.as_os_str().as_bytes())))
+    runtime_dir().join(socket_name(mountpoint))
+}
+
+/// The name of the control socket of the daemon for `mountpoint`, in its owner's [`runtime_dir`].
+fn socket_name(mountpoint: &Path) -> String {
+    format!("{:016x}.sock", fnv64(mountpoint.as_os_str().as_bytes()))
+}
+
+/// Where to ask the daemon serving the larder mount at `mountpoint`. Its control socket is in the
+/// directory of the user who mounted it, which only that user can enter: this user's own for a mount of
+/// their own; for root, the owner's, found as [`owners_socket`] says. Anyone else is told whose mount it
+/// is rather than that nothing answers.
+pub fn daemon_socket(mountpoint: &Path) -> Result<PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let Some(owner) = owner_of(mountpoint).filter(|owner| *owner != me) else {
+        return Ok(socket_path(mountpoint));
+    };
+    if me != 0 {
+        bail!(
+            "{} is a larder mount of user {}: only that user (or root) can ask its daemon; run the command as \
+             that user",
+            mountpoint.display(),
+            user_name(owner)
+        );
+    }
+    let dirs = owners_dirs(owner);
+    owners_socket(owner, &socket_name(mountpoint), &dirs).ok_or_else(|| {
+        let looked: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        anyhow!(
+            "{} is a larder mount of user {}, and no control socket of its daemon was found (in {} or among \
+             the sockets this host has bound); run the command as that user",
+            mountpoint.display(),
+            user_name(owner),
+            looked.join(", ")
+        )
+    })
+}
+
+/// The directories user `uid`'s daemons keep their control sockets in, as [`runtime_dir`] chooses them
+/// for that user: `$XDG_RUNTIME_DIR/larder` where it is the usual `/run/user/UID`, else `larder-UID` in
+/// the temporary directory.
+fn owners_dirs(uid: u32) -> Vec<PathBuf> {
+    let mut dirs = vec![
+        PathBuf::from(format!("/run/user/{uid}/larder")),
+        PathBuf::from(format!("/tmp/larder-{uid}")),
+    ];
+    let tmp = std::env::temp_dir().join(format!("larder-{uid}"));
+    if !dirs.contains(&tmp) {
+        dirs.push(tmp);
+    }
+    dirs
+}
+
+/// The control socket called `name` of a daemon of user `uid`: in one of `dirs`, or wherever else a
+/// socket of that name is bound on this host (a daemon started with another `XDG_RUNTIME_DIR` or
+/// `TMPDIR`; /proc/net/unix lists them). Only a socket `uid` owns counts: another user could bind one
+/// of that name anywhere.
+fn owners_socket(uid: u32, name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    let bound: Vec<PathBuf> = std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .map(PathBuf::from)
+        .filter(|p| p.file_name().is_some_and(|n| n.as_bytes() == name.as_bytes()))
+        .collect();
+    dirs.iter()
+        .map(|d| d.join(name))
+        .chain(bound)
+        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket() && m.uid() == uid))
+}
+
+/// The name of user `uid`, or its number if it has none.
+fn user_name(uid: u32) -> String {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    // SAFETY: a passwd of null pointers and zeros is a valid value for getpwuid_r to fill.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is to a live local of the size given; getpwuid_r writes nothing past them.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
+        return uid.to_string();
+    }
+    // SAFETY: on success pw_name points to a NUL-terminated string in `buf`, which is still alive.
+    unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The directory of control sockets: owner-only.
@@ -153,7 +270,9 @@ pub fn unmount(args: UnmountArgs) -> Result<()> {
         Mounted::Other(t) => bail!("{} is a {t} mount, not a larder mount", mnt.display()),
         Mounted::Nothing => bail!("{} is not mounted", mnt.display()),
     }
-    let status = control::status(&socket_path(&mnt)).ok();
+    let status = daemon_socket(&mnt)
+        .ok()
+        .and_then(|socket| control::status(&socket).ok());
     let pending = status.as_ref().map_or(0, |v| v.journal.pending_ops);
     let local = status.as_ref().is_some_and(|v| v.write_mode == "local");
     if pending > 0 && !local {
@@ -198,6 +317,27 @@ pub fn unmount(args: UnmountArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_socket_is_one_of_that_user_bound_where_their_daemon_put_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (elsewhere, there) = (tmp.path().join("elsewhere"), tmp.path().join("there"));
+        for d in [&elsewhere, &there] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let name = format!("{:016x}.sock", fnv64(tmp.path().as_os_str().as_bytes()));
+        // Not a socket: passed over.
+        std::fs::write(elsewhere.join(&name), b"").unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(there.join(&name)).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let dirs = [elsewhere.clone(), tmp.path().join("missing"), there.clone()];
+        assert_eq!(owners_socket(me, &name, &dirs), Some(there.join(&name)));
+        // Found among the sockets bound, in a directory not named.
+        assert_eq!(owners_socket(me, &name, &dirs[..1]), Some(there.join(&name)));
+        // Another user's socket of that name is not theirs.
+        assert_eq!(owners_socket(me + 1, &name, &dirs), None);
+    }
 
     #[test]
     fn paths_are_cleaned() {

@@ -112,7 +112,7 @@ pub fn run(action: ResidencyAction, args: ResidencyArgs) -> Result<()> {
     let cmd = action.as_str();
     let started = Instant::now();
     let mount = mount_of(&args.paths[0])?;
-    let socket = mounts::socket_path(&mount);
+    let socket = mounts::daemon_socket(&mount)?;
     let mut targets = Vec::new();
     let mut dirs = 0;
     walk(&args, &mount, &mut targets, &mut dirs)?;

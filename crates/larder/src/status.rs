@@ -649,7 +649,7 @@ pub fn fetch(mountpoint: &std::path::Path) -> Result<Status> {
     if mounts::mounted_at(&mnt) != mounts::Mounted::Larder {
         bail!("{} is not a larder mount", mnt.display());
     }
-    control::status(&mounts::socket_path(&mnt))
+    control::status(&mounts::daemon_socket(&mnt)?)
 }
 
 /// `larder status`.
@@ -866,7 +866,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
 
 /// `larder cluster members MNT`: the members of the cluster the mount is in, as its node sees them.
 pub fn members(mountpoint: &std::path::Path, json: bool) -> Result<()> {
-    let socket = mounts::socket_path(&mounts::absolute(mountpoint)?);
+    let socket = mounts::daemon_socket(&mounts::absolute(mountpoint)?)?;
     let status = control::status(&socket)?;
     let Some(c) = status.cluster else {
         bail!(

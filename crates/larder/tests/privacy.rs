@@ -8,7 +8,8 @@
 //! * `listxattr` gives an empty list;
 //! * `larder.log` tells of an outage and the return, a refused change and its setting aside, and a
 //!   recovery after `kill -9`, once each, with what was done;
-//! * metrics served at an address others can reach come with a warning, on the terminal and in the log.
+//! * metrics served at an address others can reach come with a warning, on the terminal and in the log;
+//! * a user asking about another user's mount is told whose it is; root asks that user's daemon.
 
 mod common;
 
@@ -814,4 +815,130 @@ fn metrics_served_beyond_loopback_come_with_a_warning_on_the_terminal_and_in_the
         "a loopback address was warned of in the log"
     );
     m.unmount();
+}
+
+/// `larder ARGS` run as the user `uid` (its group too, no supplementary groups).
+fn larder_as(uid: u32, args: &[&str]) -> Output {
+    let (reuid, regid) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+    let mut argv = vec![reuid.as_str(), regid.as_str(), "--clear-groups", LARDER];
+    argv.extend_from_slice(args);
+    run_cmd("setpriv", &argv, COMMAND_DEADLINE)
+}
+
+#[test]
+fn another_users_larder_commands_are_told_whose_mount_it_is() {
+    let t = TestDir::new("privacy-owner");
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "600s"]);
+    let whose = format!("{} is a larder mount of user root", m.mnt.display());
+    let commands: [&[&str]; 7] = [
+        &["status"],
+        &["status", "--json"],
+        &["drain"],
+        &["conflicts"],
+        &["evict", "-r"],
+        &["prefetch"],
+        &["pin"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push(s(&m.mnt));
+        let out = larder_as(NOBODY, &args);
+        assert_cli_error(
+            &out,
+            &[
+                &whose,
+                "only that user (or root) can ask its daemon",
+                "run the command as that user",
+            ],
+        );
+    }
+    assert!(larder(&["status", s(&m.mnt)]).success(), "its owner can no longer ask");
+    m.unmount();
+}
+
+/// What `root_asks_the_daemon_of_another_users_mount` runs in a mount namespace of its own: there
+/// /dev/fuse is a node open to every user (on the host it may be root's alone), so `nobody` can mount.
+/// Its daemon keeps its control socket under the test's own `run/` (its `XDG_RUNTIME_DIR`), where root
+/// finds it among the sockets bound. `run NAME CMD...` prints `== NAME EXIT` and the command's output.
+const USERS_MOUNT_SCRIPT: &str = r#"
+set -u
+L=$1 R=$2
+run() { name=$1; shift; out=$("$@" 2>&1); echo "== $name $?"; echo "$out"; }
+as() { uid=$1; shift; setpriv --reuid="$uid" --regid="$uid" --clear-groups "$@"; }
+trap '"$L" unmount "$R/mnt" --leave-pending >/dev/null 2>&1 || umount -l "$R/mnt" 2>/dev/null' EXIT
+mknod "$R/fuse" c 10 229 && chmod 666 "$R/fuse" && mount --bind "$R/fuse" /dev/fuse || exit 97
+run mount as 65534 env XDG_RUNTIME_DIR="$R/run" "$L" mount "$R/home" "$R/mnt" --cache-dir "$R/cache" \
+    --write-mode write-back --sync-lag 600s
+run write as 65534 sh -c "echo written-by-nobody > '$R/mnt/f'"
+run root-status "$L" status "$R/mnt" --json
+run daemon-status as 1 "$L" status "$R/mnt"
+run root-drain "$L" drain "$R/mnt"
+run root-unmount "$L" unmount "$R/mnt"
+"#;
+
+#[test]
+fn root_asks_the_daemon_of_another_users_mount_and_a_third_user_is_told_whose_it_is() {
+    let t = TestDir::new("privacy-users-mount");
+    open_to_all(&t);
+    let run = t.root().join("run");
+    for d in [&t.cache, &run] {
+        std::fs::create_dir(d).unwrap();
+    }
+    for d in [&t.home, &t.mnt, &t.cache, &run] {
+        std::os::unix::fs::chown(d, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let out = run_cmd(
+        "unshare",
+        &[
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            USERS_MOUNT_SCRIPT,
+            "sh",
+            LARDER,
+            s(t.root()),
+        ],
+        Duration::from_secs(120),
+    );
+    assert!(out.success(), "the script failed:\n{out}");
+    // Each step's exit status and output, by name.
+    let steps: std::collections::HashMap<&str, (i32, String)> = out
+        .stdout
+        .split("== ")
+        .skip(1)
+        .filter_map(|step| {
+            let (head, output) = step.split_once('\n').unwrap_or((step, ""));
+            let (name, code) = head.split_once(' ')?;
+            Some((name, (code.trim().parse().ok()?, output.to_string())))
+        })
+        .collect();
+    let step = |name: &str| {
+        steps
+            .get(name)
+            .unwrap_or_else(|| panic!("the script ran no step {name}:\n{out}"))
+    };
+    for name in ["mount", "write"] {
+        assert_eq!(step(name).0, 0, "{name} as nobody failed:\n{out}");
+    }
+    let (code, status) = step("root-status");
+    assert_eq!(*code, 0, "root could not ask nobody's daemon:\n{out}");
+    let status: serde_json::Value =
+        serde_json::from_str(status).unwrap_or_else(|e| panic!("root's status is not JSON ({e}):\n{out}"));
+    assert!(status["pid"].as_u64().is_some_and(|p| p > 0), "{status}");
+    let (code, said) = step("daemon-status");
+    assert_ne!(*code, 0, "a third user was answered:\n{out}");
+    let mnt = t.mnt.display().to_string();
+    assert!(
+        said.contains(&format!("{mnt} is a larder mount of user nobody")),
+        "a third user was not told whose mount it is:\n{out}"
+    );
+    assert_eq!(step("root-drain").0, 0, "root could not drain nobody's mount:\n{out}");
+    assert_eq!(read(&t.home.join("f")), b"written-by-nobody\n");
+    assert_eq!(
+        step("root-unmount").0,
+        0,
+        "root could not unmount nobody's mount:\n{out}"
+    );
 }
