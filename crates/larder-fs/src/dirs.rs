@@ -109,7 +109,7 @@ impl Fs {
                 let mut ns = write(&self.ns);
                 let node = ns.inode(ino)?;
                 let (parent, name) = (node.parent, node.name.clone());
-                if self.queued(ino) || self.local_name(&ns, parent, &name)? {
+                if self.queued(ino) || self.holds_queued_changes(&ns, parent, &name)? {
                     // Home lacks it where the cache says home has it, and changes of it (a rename of it,
                     // perhaps one that landed before a crash could record it) are queued: the cache's
                     // entries, all of them, are the answer.
@@ -183,7 +183,7 @@ impl Fs {
             .filter(|n| !seen.contains(n) && !pinned.contains(n.as_bytes()))
             .collect();
         for name in gone {
-            if self.load_child(&mut ns, ino, &name)?.is_some() {
+            if self.load_child(&mut ns, ino, &name)?.is_some() && !self.holds_queued_changes(&ns, ino, &name)? {
                 self.gone_at_home(&mut ns, ino, &name);
             }
         }

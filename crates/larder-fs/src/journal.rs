@@ -316,6 +316,37 @@ impl Journal {
         self.watched.get(&dir).map(|w| w.1.clone()).unwrap_or_default()
     }
 
+    /// Whether a queued op touches a path below the directory at `dir` ("" is the root): home losing that
+    /// directory (removed or renamed by others) must not take those changes with it.
+    pub fn queued_below(&self, dir: &[u8]) -> bool {
+        let below = |p: &[u8]| {
+            dir.is_empty() && !p.is_empty() || p.len() > dir.len() && p.starts_with(dir) && p[dir.len()] == b'/'
+        };
+        self.ops.values().any(|op| op.paths().any(below))
+    }
+
+    /// The queued ops of `ino` that change its content or attributes (data, attributes, extended
+    /// attributes) and are not under way, dropped: its changes were set aside whole (a copy of the file is
+    /// in the conflicts area).
+    pub fn drop_content_ops(&mut self, ino: u64) -> Vec<Mutation> {
+        let mut out = Vec::new();
+        let seqs: Vec<u64> = self
+            .by_ino
+            .get(&ino)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        for s in seqs {
+            let content = matches!(
+                self.ops[&s].kind,
+                OpKind::Data | OpKind::SetAttr { .. } | OpKind::SetXattr { .. }
+            );
+            if content && !self.inflight.contains_key(&s) {
+                self.remove(s, &mut out);
+            }
+        }
+        out
+    }
+
     /// Names of `dir` with queued changes.
     pub fn pinned_in(&self, dir: u64) -> HashSet<Vec<u8>> {
         self.names

@@ -311,3 +311,157 @@ fn a_reader_of_a_file_replaced_or_removed_through_the_mount_reads_its_version_to
     m.wait_released();
     m.unmount();
 }
+
+/// The conflicts `larder conflicts --json` lists.
+fn conflicts(m: &Mount) -> Vec<serde_json::Value> {
+    let out = larder(&["conflicts", s(&m.mnt), "--json"]);
+    assert!(out.success(), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    v["conflicts"].as_array().cloned().unwrap_or_default()
+}
+
+/// A file made here and an edit of a file there, in a directory that home then loses (renamed or removed
+/// by others) while the changes wait: the mount keeps showing them with their bytes, and when they
+/// cannot land where they were made they are set aside as conflicts whose copies hold those bytes, listed
+/// by `larder conflicts`. Nothing is dropped in silence.
+#[test]
+fn changes_in_a_directory_home_loses_meanwhile_are_kept_as_conflicts_with_their_bytes() {
+    for what in ["renamed", "removed"] {
+        let t = TestDir::new("integrity-lost-dir");
+        let mut rng = Rng::new(124);
+        std::fs::create_dir(t.home.join("d")).unwrap();
+        let mut edited = write_random(&t.home.join("d/existing"), 5000, &mut rng);
+        let m = mount(&t, &["--sync-lag", "120s", "--validity-lag", "1s"]);
+        assert_same_bytes(&read(&m.path("d/existing")), &edited, "cold read");
+        let ours = rng.bytes(200 << 10);
+        std::fs::write(m.path("d/new"), &ours).unwrap();
+        let tail = rng.bytes(3000);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.path("d/existing"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, &tail).unwrap();
+        drop(f);
+        edited.extend_from_slice(&tail);
+        m.wait_released();
+        match what {
+            "renamed" => std::fs::rename(t.home.join("d"), t.home.join("d2")).unwrap(),
+            _ => std::fs::remove_dir_all(t.home.join("d")).unwrap(),
+        }
+        // Past the validity lag, the directories are listed again: the changes made in `d` stay shown.
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = names(&m.mnt);
+        let _ = std::fs::read_dir(m.path("d")).map(|d| d.count());
+        assert_same_bytes(&read(&m.path("d/new")), &ours, &format!("{what}: d/new on the mount"));
+        assert_same_bytes(
+            &read(&m.path("d/existing")),
+            &edited,
+            &format!("{what}: d/existing on the mount"),
+        );
+        // Each drain tries the refused changes once more; past the refusals allowed they are set aside.
+        let mut drained = false;
+        for _ in 0..12 {
+            let out = run_cmd(
+                LARDER,
+                &["drain", s(&m.mnt), "--timeout", "5s"],
+                Duration::from_secs(30),
+            );
+            if out.success() {
+                drained = true;
+                break;
+            }
+        }
+        assert!(
+            drained,
+            "{what}: the changes were never set aside: {}",
+            m.status()["journal"]
+        );
+        let listed = conflicts(&m);
+        for (name, want) in [("d/new", &ours), ("d/existing", &edited)] {
+            let c = listed
+                .iter()
+                .find(|c| c["path"] == name)
+                .unwrap_or_else(|| panic!("{what}: {name} is not listed as a conflict: {listed:?}"));
+            let kept = c["kept_at"].as_str().unwrap();
+            let copy = std::fs::read(kept).unwrap_or_else(|e| panic!("{what}: {name}'s copy {kept}: {e}"));
+            assert_same_bytes(&copy, want, &format!("{what}: the copy of {name}"));
+        }
+        m.unmount();
+    }
+}
+
+/// Fill the file system at `dir` with a file `dir/filler` until it has no room left.
+fn fill_up(dir: &Path) {
+    let out = run_cmd(
+        "dd",
+        &["if=/dev/zero", &format!("of={}", s(&dir.join("filler"))), "bs=64k"],
+        Duration::from_secs(60),
+    );
+    assert!(out.stderr.contains("No space left"), "{out}");
+}
+
+/// Home's disk full while changes are pushed, for longer than the refusals a change is allowed: every
+/// push fails before it changes home (home keeps its previous versions, never a fragment), nothing is set
+/// aside (a full disk is temporary), the mount keeps showing what was written, and once there is room
+/// again the changes land whole.
+#[test]
+fn a_full_home_keeps_its_previous_versions_and_takes_the_changes_once_there_is_room() {
+    let t = TestDir::new("integrity-home-full");
+    let _tmpfs = Tmpfs::new(&t.home, 24);
+    let mut rng = Rng::new(125);
+    let big_before = write_random(&t.home.join("big"), 1 << 20, &mut rng);
+    std::fs::write(t.home.join("small"), b"abcdef").unwrap();
+    let m = mount(&t, &["--sync-lag", "120s"]);
+    assert_same_bytes(&read(&m.path("big")), &big_before, "cold read");
+    fill_up(&t.home);
+    let big = rng.bytes(20 << 20);
+    std::fs::write(m.path("big"), &big).unwrap();
+    std::fs::write(m.path("small"), b"123456").unwrap();
+    std::fs::write(m.path("fresh"), b"fresh!").unwrap();
+    m.wait_released();
+    // More attempts than a refused change is allowed before it is set aside.
+    for _ in 0..8 {
+        let out = run_cmd(
+            LARDER,
+            &["drain", s(&m.mnt), "--timeout", "5s"],
+            Duration::from_secs(30),
+        );
+        assert!(!out.success(), "a drain succeeded onto a full home:\n{out}");
+    }
+    let st = m.status();
+    assert_eq!(
+        num(&st, "/journal/conflicts"),
+        0,
+        "a change was set aside: {}",
+        st["journal"]
+    );
+    assert!(
+        st["journal"]["refused"].to_string().contains("no space"),
+        "the refusals do not say why: {}",
+        st["journal"]
+    );
+    assert_same_bytes(
+        &std::fs::read(t.home.join("big")).unwrap(),
+        &big_before,
+        "home's big while full",
+    );
+    // (Written in place, a file no larger than before may find the room it had: ours whole, then.)
+    let small = std::fs::read(t.home.join("small")).unwrap();
+    assert!(
+        small == b"abcdef" || small == b"123456",
+        "home's small while full: {small:?}"
+    );
+    assert!(
+        std::fs::metadata(t.home.join("fresh")).map_or(true, |m| m.len() == 0),
+        "a fragment of fresh at home"
+    );
+    assert_same_bytes(&read(&m.path("big")), &big, "the mount's big while home is full");
+    assert_eq!(read(&m.path("small")), b"123456");
+    assert_eq!(read(&m.path("fresh")), b"fresh!");
+    std::fs::remove_file(t.home.join("filler")).unwrap();
+    drain_ok(&m, 60);
+    assert_same_bytes(&std::fs::read(t.home.join("big")).unwrap(), &big, "home's big at last");
+    assert_eq!(std::fs::read(t.home.join("small")).unwrap(), b"123456");
+    assert_eq!(std::fs::read(t.home.join("fresh")).unwrap(), b"fresh!");
+    m.unmount();
+}

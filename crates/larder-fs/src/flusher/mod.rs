@@ -83,10 +83,16 @@ fn refusal_backoff(refusals: u32) -> Duration {
 }
 
 /// Whether a change refused with `e` stays queued however often it is refused, rather than being set aside
-/// after [`MAX_ATTEMPTS`]: its cache copy is damaged (pushing it would send wrong bytes, and setting it
-/// aside would let home's version stand in silence; the user rewrites or removes the file).
+/// after [`MAX_ATTEMPTS`]:
+/// - home is full (or over quota): a full disk is temporary, and a change set aside would leave home's
+///   version, or what a cut-short push left of it, as the truth; it lands once there is room;
+/// - its cache copy is damaged: pushing it would send wrong bytes, and setting it aside would let home's
+///   version stand in silence; the user writes the file again or removes it.
 fn never_set_aside(e: &FsError) -> bool {
-    matches!(e, FsError::Cache(larder_cache::CacheError::Damaged { .. }))
+    matches!(
+        e,
+        FsError::Home(HomeError::NoSpace) | FsError::Cache(larder_cache::CacheError::Damaged { .. })
+    )
 }
 
 /// The conflicts recorded in `dir` by earlier runs.
@@ -532,11 +538,24 @@ impl Fs {
         }
     }
 
-    /// An op home keeps refusing: its data (if any) is copied to the conflicts area and listed.
+    /// An op home keeps refusing: its data (if any) is copied to the conflicts area and listed. The data of
+    /// a file made here, or written here, is copied whatever the op that could not land (its creation, as
+    /// when the directory it was made in was removed or renamed at home meanwhile, or its data), and the
+    /// file's other content changes go with the copy: they could land no better.
     fn set_aside(&self, op: &Op, error: &str) {
-        let kept = if op.kind == OpKind::Data {
-            self.keep_locally(op.ino, &op.path)
-                .unwrap_or_else(|e| format!("(copy failed: {e})"))
+        let file = read(&self.ns)
+            .inode(op.ino)
+            .is_ok_and(|n| n.kind == FileKind::File && n.object != 0);
+        let kept = if file && matches!(op.kind, OpKind::Data | OpKind::Create { .. }) {
+            let kept = self
+                .keep_locally(op.ino, &op.path)
+                .unwrap_or_else(|e| format!("(copy failed: {e})"));
+            let ns = write(&self.ns);
+            let muts = self.pipeline.journal().drop_content_ops(op.ino);
+            // Under the namespace's lock, as every record (`Fs::queue`).
+            self.core.store.db().submit(muts);
+            drop(ns);
+            kept
         } else {
             format!("{:?}", op.kind)
         };

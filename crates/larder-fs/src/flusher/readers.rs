@@ -83,6 +83,17 @@ impl Fs {
         if before == 0 {
             return Ok(());
         }
+        let bytes = before * self.core.store.block_size();
+        if bytes > self.core.store.stats().bytes_limit / 4 {
+            // Too much of the cache to hold for readers: they read what the cache has, and the rest is
+            // ESTALE once home has lost it, as for a change made at home.
+            tracing::warn!(
+                ino,
+                bytes,
+                "a file still open was removed or replaced here; too large to keep for its readers"
+            );
+            return Ok(());
+        }
         tracing::debug!(
             ino,
             blocks = before,
@@ -105,11 +116,14 @@ impl Fs {
                 self.fetch_block(ino, object, index, &job.path, &job.version, job.home_end, job.epoch)?;
             }
         }
-        if missing(&job).is_empty() {
-            Ok(())
-        } else {
-            // Not kept (the cache is full of what cannot be evicted): the removal waits and is tried again.
-            Err(FsError::Cache(larder_cache::CacheError::NoSpace))
+        if !missing(&job).is_empty() {
+            // Not all kept (the cache had no room for it): the change goes on all the same, and its readers
+            // find the rest ESTALE.
+            tracing::warn!(
+                ino,
+                "not all of a file removed or replaced here could be kept for its readers"
+            );
         }
+        Ok(())
     }
 }

@@ -13,6 +13,29 @@ impl Fs {
         Ok(!ns.at_home(parent)?)
     }
 
+    /// Whether the entry `name` of `parent` stays as the cache has it when home lacks it: [`Fs::local_name`],
+    /// or a directory with changes queued below it. Home losing a directory (removed or renamed there by
+    /// others) must not take the changes made in it here with it: they stay, with their bytes, until they
+    /// land or are set aside as conflicts, with a copy kept (`flusher::set_aside`).
+    pub(crate) fn holds_queued_changes(&self, ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<bool> {
+        if self.local_name(ns, parent, name)? {
+            return Ok(true);
+        }
+        let Some(&child) = ns.inode(parent)?.d().children.get(name) else {
+            return Ok(false);
+        };
+        self.queued_below(ns, child)
+    }
+
+    /// Whether changes are queued below directory `ino`.
+    pub(crate) fn queued_below(&self, ns: &Namespace, ino: u64) -> FsResult<bool> {
+        if ns.inode(ino)?.kind != FileKind::Dir {
+            return Ok(false);
+        }
+        let path = ns.path_of(ino)?;
+        Ok(self.pipeline.journal().queued_below(path.as_os_str().as_bytes()))
+    }
+
     /// Whether `ino`'s attributes are the cache's to say: changes of it are queued.
     pub(crate) fn queued(&self, ino: u64) -> bool {
         self.pipeline.journal().has(ino)
@@ -208,7 +231,7 @@ impl Fs {
             }
             Err(HomeError::NotFound) => {
                 let mut ns = write(&self.ns);
-                if self.local_name(&ns, parent, name)? {
+                if self.holds_queued_changes(&ns, parent, name)? {
                     return cached_child(&ns, parent, name);
                 }
                 if let Some(found) = self.moved_meanwhile(&ns, parent, Some(name), &path)? {
@@ -324,7 +347,7 @@ impl Fs {
                 let (parent, name) = (node.parent, node.name.clone());
                 // Changed here, or moved at home while home was asked (a queued rename landed).
                 if self.queued(ino)
-                    || self.local_name(&ns, parent, &name)?
+                    || self.holds_queued_changes(&ns, parent, &name)?
                     || self.moved_meanwhile(&ns, ino, None, path)?.is_some()
                 {
                     return self.entry(&ns, ino);

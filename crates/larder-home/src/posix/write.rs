@@ -1,6 +1,7 @@
 //! Pushing a file's data: the dirty ranges of the cache copy written over home's file, holes kept as holes
-//! (punched, or written as zeros where the file system cannot punch), the size and time set last. A push
-//! of the whole content first cuts the file to nothing.
+//! (punched, or written as zeros where the file system cannot punch), the size and time set last. The room
+//! the push needs is allocated first, so that a full home fails it before anything changed. A push of the
+//! whole content first cuts the file to nothing.
 
 use std::ffi::CStr;
 use std::fs::File;
@@ -37,6 +38,9 @@ pub(super) fn write_at(
     // nothing, so that until it ends home holds a prefix of the new content, never a mix of old and new
     // bytes: a pusher cut short can tell its own partial work from someone else's change.
     let whole = size > 0 && ranges.first().is_some_and(|r| r.start == 0 && r.end >= size);
+    // Room for everything this push writes is taken before anything changes: a home without it fails
+    // here, its file as it was, rather than part way with a fragment of ours in it.
+    reserve(&file, source, &ranges, size)?;
     let cut = if whole { 0 } else { size };
     let mut home_end = current.size;
     if cut < home_end {
@@ -76,6 +80,39 @@ pub(super) fn write_at(
     }
     file.sync_all()?;
     stat_fd(&file)
+}
+
+/// Allocate in `file` the blocks the data of `source` in `ranges` (below `size`) will take, without changing
+/// its size or bytes (`FALLOC_FL_KEEP_SIZE`): a home file system without the room answers `ENOSPC` here,
+/// before the push writes anything. Holes in `source` stay holes (only its data extents are allocated).
+/// Where the file system cannot allocate ahead (`EOPNOTSUPP`: some network and FUSE file systems), the push
+/// goes on as before: a full home then fails it part way, and the repeat writes it again.
+fn reserve(file: &File, source: &File, ranges: &[Range<u64>], size: u64) -> HomeResult<()> {
+    for range in ranges {
+        let range = range.start..range.end.min(size);
+        if range.is_empty() {
+            continue;
+        }
+        for extent in data_extents(source, range)? {
+            // SAFETY: fallocate on a valid open descriptor with plain integer arguments.
+            let r = unsafe {
+                libc::fallocate(
+                    file.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    extent.start as libc::off_t,
+                    (extent.end - extent.start) as libc::off_t,
+                )
+            };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => Ok(()),
+                    _ => Err(e.into()),
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Make `range` of `file` read as zeros: a punched hole where the file system can, written zeros where it
