@@ -758,16 +758,24 @@ impl Fs {
         self.land(&held)
     }
 
-    /// Hold a writer back while dirty data is near the cache's capacity; `ENOSPC` if it stays there.
+    /// Hold a writer back while dirty data is near the cache's capacity, or the cache disk near full (past
+    /// the headroom the store keeps for its index: `larder-cache/src/store/space.rs`); `ENOSPC` if it stays
+    /// there. Clean data is evicted to make room first; then what is dirty is queued and pushed at once
+    /// (pushed, it can be evicted), and the writer waits while that makes progress, at most `ROOM_WAIT`.
     pub(crate) fn make_room(&self, bytes: u64) -> FsResult<()> {
-        let st = self.core.store.stats();
-        let limit = st.bytes_limit / 10 * 9;
-        if st.bytes_dirty + bytes <= limit {
+        let limit = self.core.store.stats().bytes_limit / 10 * 9;
+        let dirty_fits = || self.core.store.stats().bytes_dirty + bytes <= limit;
+        let through = self.cfg.write_mode == WriteMode::WriteThrough;
+        if (through || dirty_fits()) && self.core.store.room_on_disk(bytes) {
             return Ok(());
         }
-        if self.cfg.write_mode == WriteMode::WriteThrough {
-            // Write-through: dirty data leaves at the next close or fsync.
-            return Ok(());
+        if through || self.cfg.write_mode == WriteMode::Local {
+            // Write-through: dirty data leaves at the next close or fsync; local: it never leaves.
+            return if self.core.store.room_on_disk(bytes) {
+                Ok(())
+            } else {
+                Err(FsError::NoSpace)
+            };
         }
         // Files still open hold dirty data no close has queued yet: queue it, so the flushers can free room.
         let dirty: Vec<u64> = read(&self.ns)
@@ -782,11 +790,12 @@ impl Fs {
         let _hurry = self.pipeline.hurry();
         let deadline = Instant::now() + ROOM_WAIT;
         loop {
-            let st = self.core.store.stats();
-            if st.bytes_dirty + bytes <= limit {
+            if dirty_fits() && self.core.store.room_on_disk(bytes) {
                 break Ok(());
             }
-            if Instant::now() >= deadline || self.cfg.write_mode == crate::WriteMode::Local {
+            // Nothing to wait for: home away, or nothing left to push that would free room.
+            let stuck = !self.health.online() || self.pipeline.journal().is_empty();
+            if Instant::now() >= deadline || stuck {
                 break Err(FsError::NoSpace);
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -62,6 +62,10 @@ impl Store {
     /// (nor its file written here) under a fill's feet.
     pub fn fill_whole(&self, object: u64, data: &[u8], epoch: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
+        if !self.room_on_disk(data.len() as u64) {
+            // The cache disk is full of what cannot be evicted: the file is not kept (the reader has it).
+            return Ok(());
+        }
         let mut st = self.state(object);
         if st.epoch(object) != epoch
             || st.has_blocks(object)

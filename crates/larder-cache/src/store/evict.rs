@@ -213,10 +213,16 @@ impl Store {
     /// With `show`, each unit is shown to the [`Departing`] hook first, with the shard let go; the checks
     /// are made again after it.
     pub(super) fn evict_to(&self, target: u64, most: usize, show: bool) -> bool {
+        self.evict_while(|s| s.used.load(Ordering::Relaxed) > target, most, show);
+        self.used.load(Ordering::Relaxed) <= target || lock(&self.policy).stats().units == 0
+    }
+
+    /// [`Store::evict_to`], evicting while `more` says so (and at most `most` blocks).
+    pub(super) fn evict_while(&self, more: impl Fn(&Store) -> bool, most: usize, show: bool) {
         self.drain_touches();
         let mut taken = 0;
         let mut punches = Punches::new(self);
-        while self.used.load(Ordering::Relaxed) > target && taken < most {
+        while more(self) && taken < most {
             let victim = lock(&self.policy).evict();
             let Some((key, _)) = victim else { break };
             taken += 1;
@@ -254,7 +260,6 @@ impl Store {
             drop(st);
             punches.run();
         }
-        self.used.load(Ordering::Relaxed) <= target || lock(&self.policy).stats().units == 0
     }
 
     /// The blocks that leave with victim `key`, if it may leave: it is present, clean, and its object is

@@ -103,6 +103,10 @@ impl Store {
     /// came): the store keeps it in its index rather than computing it again.
     pub fn fill_checked(&self, key: BlockKey, data: &[u8], crc: u32, epoch: u64) -> CacheResult<()> {
         debug_assert_eq!(crc, crc32c::crc32c(data), "a fill's checksum is its data's");
+        if !self.room_on_disk(data.len() as u64) {
+            // The cache disk is full of what cannot be evicted: the block is not kept (the reader has it).
+            return Ok(());
+        }
         let start = key.1 as u64 * self.cfg.block_size;
         let shard = self.shard(key.0);
         let mut st = lock(&shard.state);

@@ -507,6 +507,8 @@ pub struct Store {
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
     /// Emptied files of removed objects, kept for new ones (see `spare.rs`).
     spares: Mutex<spare::Spares>,
+    /// The cache disk's free room, and the headroom kept on it for the index (see `space.rs`).
+    space: space::Space,
     /// Called by a fill between its reservation and its write, by indexing between its reads and its
     /// records, by a read between its look and its `pread`, and by eviction between choosing a victim and
     /// locking its shard (tests pause them there).
@@ -1002,6 +1004,7 @@ mod local;
 mod open;
 mod passthrough;
 mod punch;
+mod space;
 mod spare;
 #[cfg(test)]
 mod tests;

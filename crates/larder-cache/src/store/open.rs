@@ -75,6 +75,7 @@ impl Store {
             st.objects.shrink_to_fit();
         }
         let objects: u64 = shards.iter().map(|st| st.objects_with_blocks().count() as u64).sum();
+        let space = space::Space::new(&cfg.dir);
         let store = Store {
             cfg,
             db,
@@ -101,6 +102,7 @@ impl Store {
             inserted: AtomicU64::new(0),
             abd: Mutex::new(None),
             spares: Mutex::new(spare::Spares::default()),
+            space,
             #[cfg(test)]
             hook: Mutex::new(None),
         };

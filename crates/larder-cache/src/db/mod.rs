@@ -12,7 +12,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{self, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -138,6 +138,10 @@ struct Shared {
     hurry: AtomicBool,
     /// The committer's thread, unparked by [`Shared::wake_committer`].
     committer: std::sync::OnceLock<std::thread::Thread>,
+    /// The database: `None` once closed, and while the committer reopens it (`committer.rs`).
+    database: Mutex<Option<Arc<Database>>>,
+    /// A commit failed and the committer has not written the index since: reads do not wait for it.
+    failing: AtomicBool,
 }
 
 impl Shared {
@@ -152,8 +156,6 @@ impl Shared {
 
 /// The index database and its committer.
 pub struct Db {
-    /// `None` once closed.
-    db: Mutex<Option<Arc<Database>>>,
     shared: Arc<Shared>,
     committer: Mutex<Option<JoinHandle<()>>>,
     durability: Durability,
@@ -183,12 +185,7 @@ impl Db {
             .truncate(false)
             .open(path)
             .map_err(CacheError::Io)?;
-        // The index's pages are in the page cache as well: its own cache is kept small, since the daemon's
-        // memory is a budget of its own (a million cached files in 256 MiB).
-        let db = Database::builder()
-            .set_cache_size(INDEX_CACHE)
-            .create_file(file)
-            .map_err(idx_err)?;
+        let db = database_of(file).map_err(idx_err)?;
         {
             let tx = db.begin_write().map_err(idx_err)?;
             tx.open_table(META).map_err(idx_err)?;
@@ -246,15 +243,16 @@ impl Db {
             caught_up: Condvar::new(),
             hurry: AtomicBool::new(false),
             committer: std::sync::OnceLock::new(),
+            database: Mutex::new(Some(db.clone())),
+            failing: AtomicBool::new(false),
         });
-        let worker_db = db.clone();
         let worker_shared = shared.clone();
+        let worker_path = path.to_path_buf();
         let committer = std::thread::Builder::new()
             .name("larder-index".into())
-            .spawn(move || committer(worker_db, worker_shared, rx, durability))
+            .spawn(move || committer(db, worker_shared, rx, durability, &worker_path))
             .map_err(CacheError::Io)?;
         Ok(Arc::new(Db {
-            db: Mutex::new(Some(db)),
             shared,
             committer: Mutex::new(Some(committer)),
             durability,
@@ -353,6 +351,10 @@ impl Db {
     fn caught_up(&self) {
         self.submit_gathered();
         let target = self.shared.submitted.load(Ordering::SeqCst);
+        if self.shared.failing.load(Ordering::SeqCst) {
+            // The committer cannot write the index now: waiting would not help.
+            return;
+        }
         let mut applied = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner());
         if *applied < target {
             self.shared.wake_committer();
@@ -431,7 +433,7 @@ impl Db {
         }
         // Closed means the file is let go of, its lock with it, so that it can be opened again at once: a
         // read under way (each holds the database, see `reading`) ends first.
-        let db = self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let db = self.shared.database.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(mut db) = db {
             let deadline = Instant::now() + CLOSE_WAIT;
             while let Err(shared) = Arc::try_unwrap(db) {
@@ -451,11 +453,12 @@ impl Db {
     fn reading(&self) -> CacheResult<Reading> {
         self.caught_up();
         let db = self
-            .db
+            .shared
+            .database
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .ok_or_else(|| CacheError::Index("index is closed".into()))?;
+            .ok_or_else(|| CacheError::Index("index is closed, or being reopened after a write failed".into()))?;
         let tx = db.begin_read().map_err(idx_err)?;
         Ok(Reading { tx, _db: db })
     }
@@ -613,201 +616,26 @@ fn each_dentry(
     Ok(())
 }
 
-fn apply(db: &Database, batch: &[Mutation], durability: Durability) -> Result<(), redb::Error> {
-    let mut tx = db.begin_write()?;
-    let level = match durability {
-        Durability::Power => redb::Durability::Immediate,
-        Durability::Process => redb::Durability::None,
-    };
-    tx.set_durability(level)
-        .map_err(|e| redb::Error::from(redb::StorageError::Corrupted(e.to_string())))?;
-    {
-        let mut meta = tx.open_table(META)?;
-        let mut inodes = tx.open_table(INODES)?;
-        let mut dentries = tx.open_table(DENTRIES)?;
-        let mut blocks = tx.open_table(BLOCKS)?;
-        let mut journal = tx.open_table(JOURNAL)?;
-        let mut objects = tx.open_table(OBJECTS)?;
-        let mut listings = tx.open_table(LISTINGS)?;
-        for m in batch {
-            match m {
-                Mutation::PutMeta(k, v) => {
-                    meta.insert(*k, *v)?;
-                }
-                Mutation::PutInode(ino, rec) => {
-                    inodes.insert(*ino, rec.as_slice())?;
-                }
-                Mutation::DelInode(ino) => {
-                    inodes.remove(*ino)?;
-                }
-                Mutation::PutDentry(parent, name, ino) => {
-                    dentries.insert((*parent, name.as_slice()), *ino)?;
-                }
-                Mutation::DelDentry(parent, name) => {
-                    dentries.remove((*parent, name.as_slice()))?;
-                }
-                Mutation::PutBlock {
-                    object,
-                    index,
-                    len,
-                    crc,
-                } => {
-                    blocks.insert((*object, *index), (*len, *crc))?;
-                }
-                Mutation::DelBlock { object, index } => {
-                    blocks.remove((*object, *index))?;
-                }
-                Mutation::DelObject(object) => {
-                    blocks.retain_in((*object, 0u32)..=(*object, u32::MAX), |_, _| false)?;
-                    objects.remove(*object)?;
-                }
-                Mutation::PutObject {
-                    object,
-                    flags,
-                    len,
-                    crc,
-                } => {
-                    objects.insert(*object, (*flags, *len, *crc))?;
-                }
-                Mutation::DelObjectMeta(object) => {
-                    objects.remove(*object)?;
-                }
-                Mutation::PutOp(seq, rec) => {
-                    journal.insert(*seq, rec.as_slice())?;
-                }
-                Mutation::DelOp(seq) => {
-                    journal.remove(*seq)?;
-                }
-                Mutation::PutListing(dir, at) => {
-                    listings.insert(*dir, *at)?;
-                }
-                Mutation::ClearListings => {
-                    listings.retain(|_, _| false)?;
-                }
-            }
-        }
-    }
-    tx.commit()?;
-    Ok(())
+mod committer;
+
+use committer::{apply, committer};
+
+/// The database in `file`, opened (or made): redb repairs it first if its last writer did not end well.
+/// The index's pages are in the page cache as well: its own cache is kept small, since the daemon's memory
+/// is a budget of its own (a million cached files in 256 MiB).
+fn database_of(file: std::fs::File) -> Result<Database, redb::DatabaseError> {
+    Database::builder().set_cache_size(INDEX_CACHE).create_file(file)
 }
 
-/// Take `msg` into the batch or the waiters; the number of submissions it was (0 or 1).
-fn take(msg: Msg, batch: &mut Vec<Mutation>, waiters: &mut Vec<SyncSender<Result<(), String>>>) -> u64 {
-    match msg {
-        Msg::Apply(m) => {
-            batch.extend(m);
-            1
-        }
-        Msg::Sync(w) => {
-            waiters.push(w);
-            0
-        }
-    }
-}
-
-fn committer(db: Arc<Database>, shared: Arc<Shared>, rx: Receiver<Msg>, durability: Durability) {
-    let mut batch = Vec::new();
-    let mut waiters = Vec::new();
-    // Applied without an fsync since the last durable commit (the log holds them), and since when.
-    let mut undurable: Option<Instant> = None;
-    let _ = shared.committer.set(std::thread::current());
-    loop {
-        let first = match undurable {
-            None => match rx.recv() {
-                Ok(m) => Some(m),
-                Err(_) => break,
-            },
-            Some(since) => {
-                match rx.recv_timeout((since + Db::GROUP_COMMIT).saturating_duration_since(Instant::now())) {
-                    Ok(m) => Some(m),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            }
-        };
-        // At process durability the log holds a change already: applying it may wait a moment, so that a
-        // burst of changes (an untar, a clone) is one commit of the index, not one each (the index's CPU
-        // and the wake-ups of its thread cost a burst of small changes more than their own requests).
-        // Senders do not wake the thread meanwhile; a read or a sync does (`Shared::wake_committer`).
-        if durability == Durability::Process
-            && matches!(first, Some(Msg::Apply(_)))
-            && !shared.hurry.swap(false, Ordering::SeqCst)
-        {
-            std::thread::park_timeout(BATCH_WINDOW);
-        }
-        shared.hurry.store(false, Ordering::SeqCst);
-        let mut next = first;
-        let mut taken = 0u64;
-        while let Some(msg) = next.take() {
-            taken += take(msg, &mut batch, &mut waiters);
-            if batch.len() < MAX_BATCH {
-                next = rx.try_recv().ok();
-            }
-        }
-        // Durable now: every commit at power durability; at process durability a group commit, when a
-        // sync waits or the oldest change applied without an fsync is due.
-        let durable = durability == Durability::Power
-            || !waiters.is_empty()
-            || undurable.is_some_and(|since| since.elapsed() >= Db::GROUP_COMMIT);
-        // A group commit takes in what the log holds so far, then the log goes on in its other file; the
-        // one it leaves is emptied once the commit is durable.
-        let left = (durable && durability == Durability::Process)
-            .then(|| {
-                let mut guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
-                while let Ok(msg) = rx.try_recv() {
-                    taken += take(msg, &mut batch, &mut waiters);
-                }
-                guard
-                    .as_mut()
-                    .and_then(|i| i.wal.as_mut())
-                    .map(|w| w.rotate().map_err(|e| e.to_string()))
-            })
-            .flatten();
-        let result = if batch.is_empty() && !(durable && undurable.is_some()) {
-            Ok(())
-        } else {
-            let level = if durable {
-                Durability::Power
-            } else {
-                Durability::Process
-            };
-            apply(&db, &batch, level).map_err(|e| e.to_string())
-        };
-        if !durable && !batch.is_empty() {
-            // Logged already: made durable by a later group commit.
-            undurable.get_or_insert_with(Instant::now);
-        }
-        if durable && result.is_ok() {
-            undurable = None;
-            shared.wal_failed.store(false, Ordering::SeqCst);
-            match left {
-                Some(Ok(which)) => {
-                    let guard = shared.inlet.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(wal) = guard.as_ref().and_then(|i| i.wal.as_ref())
-                        && let Err(e) = wal.forget(which)
-                    {
-                        tracing::warn!(error = %e, "emptying the index's log failed");
-                    }
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "starting the index's log anew failed");
-                    shared.wal_failed.store(true, Ordering::SeqCst);
-                }
-                None => {}
-            }
-        }
-        if let Err(e) = &result {
-            tracing::error!(error = %e, mutations = batch.len(), "cache index commit failed");
-        }
-        batch.clear();
-        if taken > 0 {
-            *shared.applied.lock().unwrap_or_else(|p| p.into_inner()) += taken;
-            shared.caught_up.notify_all();
-        }
-        for w in waiters.drain(..) {
-            let _ = w.send(result.clone());
-        }
-    }
+/// The database at `path`, opened again (see [`database_of`]).
+fn open_database(path: &Path) -> Result<Database, String> {
+    let file = crate::private::options()
+        .read(true)
+        .write(true)
+        .create(false)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    database_of(file).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
