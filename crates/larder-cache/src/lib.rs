@@ -18,6 +18,7 @@ mod policy;
 pub mod private;
 mod s3fifo;
 mod store;
+pub mod unpushed;
 mod wal;
 
 pub use db::{Db, Durability, Mutation};
@@ -25,4 +26,4 @@ pub use flight::SingleFlight;
 pub use lru::Lru;
 pub use policy::{Eviction, Policy};
 pub use s3fifo::{PolicyStats, S3Fifo};
-pub use store::{BlockKey, CacheError, CacheResult, Departing, Store, StoreConfig, StoreStats};
+pub use store::{BlockKey, CacheError, CacheResult, Departing, Retained, Store, StoreConfig, StoreStats, Verification};

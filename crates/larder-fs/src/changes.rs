@@ -557,9 +557,14 @@ impl Fs {
                     replaced: dst.is_some(),
                 },
             );
+            if let Some(node) = ns.inodes.get_mut(&src) {
+                // Its label names its path: made again below.
+                node.labelled = false;
+            }
             let removed: Vec<u64> = victim_gone.into_iter().collect();
             self.queue(Some(mutating), ns, vec![op], &removed, muts)
         })?;
+        self.label_unpushed(src);
         self.land(&held)
     }
 
@@ -741,6 +746,7 @@ impl Fs {
             // Acknowledged from the cache: indexed and durable there first. (Write-through acknowledges
             // from home; its push indexes the blocks as clean.)
             self.core.store.commit(object, blocks, size)?;
+            self.label_unpushed(ino);
             if durable || self.core.store.db().durability() == larder_cache::Durability::Power {
                 self.core
                     .store

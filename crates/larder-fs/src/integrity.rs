@@ -185,6 +185,54 @@ impl Fs {
         }
     }
 
+    /// Label `ino`'s cache file as holding changes not yet at home, with the file's path now
+    /// (`larder_cache::unpushed`): once, when they are first committed, and again after a rename. A cache
+    /// disk that keeps no extended attributes gets a warning, once: the changes are safe as long as the
+    /// index is, but could not be told apart from orphans without it.
+    pub(crate) fn label_unpushed(&self, ino: u64) {
+        let (object, label) = {
+            let ns = read(&self.ns);
+            let Ok(node) = ns.inode(ino) else { return };
+            if node.labelled || node.dirty.is_empty() || node.object == 0 || node.removed {
+                return;
+            }
+            let Ok(path) = ns.path_of(ino) else { return };
+            let label = larder_cache::unpushed::Label {
+                ino,
+                path: std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec(),
+                mode: node.attr.as_ref().map_or(0o644, |a| a.perm),
+            };
+            (node.object, label)
+        };
+        match self.core.store.label(object, &label) {
+            Ok(()) => {
+                if let Ok(node) = crate::namespace::write(&self.ns).inode_mut(ino)
+                    && node.object == object
+                {
+                    node.labelled = true;
+                }
+            }
+            Err(e) => {
+                static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %e,
+                        "cannot label cache files holding changes not yet at home (extended attributes on the \
+                         cache disk): they are safe while the index is, but a lost index could not tell them \
+                         from orphans"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Home has all of `object`'s data (the cache file of `ino`): its label goes.
+    pub(crate) fn unlabel(&self, ino: u64, object: u64) {
+        if let Err(e) = self.core.store.unlabel(object) {
+            tracing::debug!(ino, error = %e, "taking the label off a cache file failed");
+        }
+    }
+
     /// Start the background checker (see the module doc).
     pub(crate) fn start_verifier(self: &Arc<Self>) {
         let (tx, rx) = mpsc::channel::<(u64, u64)>();

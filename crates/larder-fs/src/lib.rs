@@ -36,6 +36,7 @@ mod namespace;
 mod pipeline;
 mod readahead;
 mod record;
+pub mod recovery;
 mod residency;
 pub mod tier;
 mod types;

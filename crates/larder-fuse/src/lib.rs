@@ -43,6 +43,7 @@ pub fn errno(e: &FsError) -> Errno {
             CacheError::Io(_) => libc::EIO,
             CacheError::Index(_) => libc::EIO,
             CacheError::Damaged { .. } => libc::EIO,
+            CacheError::IndexDamaged(_) => libc::EIO,
         },
         FsError::NotFound => libc::ENOENT,
         FsError::NotDir => libc::ENOTDIR,

@@ -43,6 +43,10 @@ pub enum Command {
     Unpin(ResidencyArgs),
     /// Drop the cached data of files now (changes not yet at home, and pinned files, stay).
     Evict(ResidencyArgs),
+    /// Save every file a cache directory holds changes of that home does not have yet (when `larder
+    /// mount` refuses it: its index lost or damaged) into a directory; a damaged index is then set aside,
+    /// so that the next mount starts with an empty cache.
+    Recover(RecoverArgs),
     /// Build a demo home, mount it behind an emulated slow link, read it cold then warm.
     Demo(DemoArgs),
     /// A cluster of nodes: its own CA and a certificate for each node; its members.
@@ -471,6 +475,19 @@ pub struct DrainArgs {
 pub struct ConflictsArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RecoverArgs {
+    /// The cache directory (the `--cache-dir` of its mounts; not mounted now).
+    pub cache_dir: PathBuf,
+    /// Where to save the files, each at its path in the mount (made if missing; must be empty, and
+    /// outside the cache directory).
+    #[arg(long)]
+    pub to: PathBuf,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,

@@ -168,7 +168,7 @@ fn watch_signals(set: libc::sigset_t, mountpoint: PathBuf) {
         });
 }
 
-fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
+pub(crate) fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
     let path = dir.join("lock");
     let file = larder_cache::private::options()
         .create(true)
@@ -415,8 +415,11 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let p = preflight::check(args)?;
     let _lock = lock_cache_dir(&p.cache_dir)?;
     make_cache_dir_private(&p.cache_dir)?;
+    // A cache dir whose index is lost or damaged while it holds changes not yet at home never comes up
+    // looking healthy: refused, with the command that saves them (`recover.rs`).
+    crate::recover::check_index(&p.cache_dir)?;
     let db = Db::open_with(&p.cache_dir.join("index.redb"), args.durability.into())
-        .map_err(|e| anyhow!("cache index in {}: {e}", p.cache_dir.display()))?;
+        .map_err(|e| crate::recover::index_error(&p.cache_dir, &e))?;
     let store_cfg = StoreConfig {
         dir: p.cache_dir.join("objects"),
         block_size: args.block_size,

@@ -15,6 +15,7 @@ mod metrics;
 mod mounts;
 mod preflight;
 mod progress;
+mod recover;
 mod residency;
 mod secrets;
 mod status;
@@ -45,6 +46,7 @@ fn main() -> ExitCode {
         cli::Command::Pin(args) => residency::run(control::ResidencyAction::Pin, args),
         cli::Command::Unpin(args) => residency::run(control::ResidencyAction::Unpin, args),
         cli::Command::Evict(args) => residency::run(control::ResidencyAction::Evict, args),
+        cli::Command::Recover(args) => recover::run(args),
         cli::Command::Demo(args) => demo::run(args),
         cli::Command::Cluster(command) => cluster::run(command),
     };

@@ -567,3 +567,201 @@ fn a_cache_disk_filled_by_small_files_refuses_writers_keeps_serving_and_recovers
         m.unmount();
     }
 }
+
+/// `larder recover CACHE --to OUT`: its output, and the report it wrote.
+fn recover(cache: &Path, out: &Path) -> (Output, serde_json::Value) {
+    let o = larder(&["recover", s(cache), "--to", s(out), "--json"]);
+    let report = std::fs::read_to_string(out.join("larder-recovered.json"))
+        .ok()
+        .and_then(|r| serde_json::from_str(&r).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (o, report)
+}
+
+/// Ten changes queued and not pushed, the mount let go with them pending, then its index deleted or cut to
+/// nothing: the cache never comes up looking healthy (the mount is refused, one line naming the problem
+/// and the command), `larder recover` saves every file with unpushed data the cache still holds (new
+/// files, a file appended to), and the next mount starts anew.
+#[test]
+fn a_lost_index_refuses_the_mount_and_recover_saves_every_unpushed_file() {
+    for how in ["deleted", "emptied"] {
+        let t = TestDir::new("integrity-lost-index");
+        let mut rng = Rng::new(127);
+        let mut existing = write_random(&t.home.join("existing.txt"), 1000, &mut rng);
+        write_random(&t.home.join("gone.txt"), 100, &mut rng);
+        write_random(&t.home.join("moved.txt"), 100, &mut rng);
+        let m = mount(&t, &["--sync-lag", "120s"]);
+        assert_same_bytes(&read(&m.path("existing.txt")), &existing, "cold read");
+        let a = rng.bytes(5000);
+        let b = rng.bytes(300 << 10);
+        std::fs::write(m.path("a"), &a).unwrap();
+        std::fs::create_dir(m.path("d")).unwrap();
+        std::fs::write(m.path("d/b"), &b).unwrap();
+        let tail = rng.bytes(777);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.path("existing.txt"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, &tail).unwrap();
+        drop(f);
+        existing.extend_from_slice(&tail);
+        std::fs::remove_file(m.path("gone.txt")).unwrap();
+        std::fs::rename(m.path("moved.txt"), m.path("renamed.txt")).unwrap();
+        std::fs::create_dir(m.path("e")).unwrap();
+        std::fs::write(m.path("e/empty"), b"").unwrap();
+        m.wait_released();
+        let out = larder(&["unmount", s(&m.mnt), "--leave-pending"]);
+        assert!(out.success(), "{out}");
+        m.disarm();
+        let index = t.cache.join("index.redb");
+        match how {
+            "deleted" => std::fs::remove_file(&index).unwrap(),
+            _ => std::fs::File::options()
+                .write(true)
+                .open(&index)
+                .unwrap()
+                .set_len(0)
+                .unwrap(),
+        }
+        let refused = Mount::try_new(
+            &t.home,
+            &t.mnt,
+            &t.cache,
+            &wb(&[]).iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        let Err(refused) = refused else {
+            panic!("{how}: a cache whose index was {how} with changes pending mounted")
+        };
+        let said = if how == "deleted" { "missing" } else { "empty" };
+        assert_cli_error(&refused, &["index", said, "larder recover"]);
+        let saved = t.root().join("saved");
+        let (o, report) = recover(&t.cache, &saved);
+        assert!(o.success(), "{how}: {o}");
+        for (rel, want) in [("a", &a), ("d/b", &b), ("existing.txt", &existing)] {
+            assert_same_bytes(
+                &std::fs::read(saved.join(rel)).unwrap_or_else(|e| panic!("{how}: {rel} not saved: {e}\n{report}")),
+                want,
+                &format!("{how}: the saved {rel}"),
+            );
+        }
+        assert!(report["index_set_aside"].is_string(), "{how}: {report}");
+        // Set aside, and the files saved: the cache mounts anew (what was pending is what was saved).
+        let m = mount(&t, &[]);
+        assert_same_bytes(&read(&m.path("existing.txt")), &existing[..1000], "home's existing.txt");
+        m.unmount();
+    }
+}
+
+/// The positions of the record marks in a log file of the index.
+fn marks(log: &[u8]) -> Vec<usize> {
+    (0..log.len().saturating_sub(4))
+        .filter(|&i| &log[i..i + 4] == b"LRec")
+        .collect()
+}
+
+/// The index's log file holding most.
+fn busiest_log(cache: &Path) -> PathBuf {
+    ["index.redb.log0", "index.redb.log1"]
+        .iter()
+        .map(|n| cache.join(n))
+        .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .unwrap()
+}
+
+/// Twenty creates acknowledged and queued, the daemon killed before the index's group commit, then 16
+/// bytes of its log changed: within one copy of a record, nothing is lost (every record is written
+/// twice); across both copies of one, that record alone is lost, and the cache refuses to mount with the
+/// command that saves what it holds, which then saves the other files.
+#[test]
+fn a_damaged_log_loses_at_most_the_record_it_hit() {
+    for both in [false, true] {
+        let t = TestDir::new("integrity-log");
+        let mut rng = Rng::new(128);
+        let m = mount(&t, &["--sync-lag", "120s"]);
+        let files: Vec<Vec<u8>> = (0..20).map(|_| rng.bytes(100)).collect();
+        for (i, data) in files.iter().enumerate() {
+            std::fs::write(m.path(&format!("f{i}")), data).unwrap();
+        }
+        signal(m.pid, libc::SIGKILL);
+        assert!(wait_until(Duration::from_secs(10), || !alive(m.pid)));
+        m.force_cleanup();
+        m.disarm();
+        let log = busiest_log(&t.cache);
+        let data = std::fs::read(&log).unwrap();
+        let at = marks(&data);
+        assert!(at.len() >= 20, "the log holds {} records", at.len());
+        // Marks come in pairs: a record's two copies.
+        let k = at.len() / 2 / 2 * 2;
+        let damage_at = if both { at[k + 1] - 8 } else { at[k] + 4 };
+        let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+        f.write_all_at(&[0x5a; 16], damage_at as u64).unwrap();
+        drop(f);
+        let tried = Mount::try_new(
+            &t.home,
+            &t.mnt,
+            &t.cache,
+            &wb(&[]).iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        if !both {
+            let m = tried.unwrap_or_else(|o| panic!("one copy damaged: the mount was refused: {o}"));
+            for (i, data) in files.iter().enumerate() {
+                assert_same_bytes(&read(&m.path(&format!("f{i}"))), data, &format!("f{i}"));
+            }
+            assert!(
+                m.log().contains("second copies"),
+                "the mend is not in the log:\n{}",
+                m.log()
+            );
+            m.unmount();
+            continue;
+        }
+        let Err(refused) = tried else {
+            panic!("both copies of a record damaged: the cache mounted as if healthy")
+        };
+        assert_cli_error(&refused, &["damaged", "larder recover"]);
+        let saved = t.root().join("saved");
+        let (o, report) = recover(&t.cache, &saved);
+        assert!(o.success(), "{o}");
+        let kept = files
+            .iter()
+            .enumerate()
+            .filter(|(i, data)| std::fs::read(saved.join(format!("f{i}"))).is_ok_and(|d| d == **data))
+            .count();
+        assert!(kept >= 18, "of 20 files, {kept} saved whole: {report}");
+    }
+}
+
+/// A cache file labelled as holding changes not yet at home that nothing in the index refers to (a
+/// damaged index, or a crash at the wrong moment) is never deleted as an orphan: the start moves it to
+/// the conflicts area, and `larder conflicts` lists it with its path.
+#[test]
+fn a_labelled_cache_file_the_index_does_not_know_is_kept_and_listed_not_deleted() {
+    let t = TestDir::new("integrity-orphan");
+    let mut rng = Rng::new(129);
+    let m = mount(&t, &["--sync-lag", "120s"]);
+    let ours = rng.bytes(70_000);
+    std::fs::write(m.path("ours.bin"), &ours).unwrap();
+    m.wait_released();
+    let out = larder(&["unmount", s(&m.mnt), "--leave-pending"]);
+    assert!(out.success(), "{out}");
+    m.disarm();
+    let file = cache_file_of(&t.cache, 70_000);
+    let stray = t.cache.join("objects/ff/00000000000fffff");
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    let out = run_cmd("cp", &["--preserve=xattr", s(&file), s(&stray)], COMMAND_DEADLINE);
+    assert!(out.success(), "{out}");
+    let m = mount(&t, &[]);
+    assert!(!stray.exists(), "the stray cache file is still among the objects");
+    let listed = conflicts(&m);
+    let c = listed
+        .iter()
+        .find(|c| c["policy"] == "lost+found")
+        .unwrap_or_else(|| panic!("not listed: {listed:?}"));
+    assert_eq!(c["path"], "ours.bin");
+    assert_same_bytes(
+        &std::fs::read(c["kept_at"].as_str().unwrap()).unwrap(),
+        &ours,
+        "the kept copy",
+    );
+    m.unmount();
+}

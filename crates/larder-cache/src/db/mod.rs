@@ -176,8 +176,19 @@ impl Db {
     }
 
     /// Open (or create, owner-only) the index at `path` with `durability`, replay what its log holds, and
-    /// start its committer.
+    /// start its committer. A log that lost records to damage (see `wal.rs`) is refused
+    /// ([`CacheError::IndexDamaged`]): what it lost may be a change not yet at home.
     pub fn open_with(path: &Path, durability: Durability) -> CacheResult<Arc<Db>> {
+        Db::open_inner(path, durability, false).map(|(db, _)| db)
+    }
+
+    /// Open the index at `path` to save what it holds (`larder recover`): what its log could not give is
+    /// left out rather than refused. Returns the index and how many records of its log were lost.
+    pub fn open_salvaging(path: &Path) -> CacheResult<(Arc<Db>, u64)> {
+        Db::open_inner(path, Durability::Power, true)
+    }
+
+    fn open_inner(path: &Path, durability: Durability, salvage: bool) -> CacheResult<(Arc<Db>, u64)> {
         let file = crate::private::options()
             .read(true)
             .write(true)
@@ -215,7 +226,22 @@ impl Db {
             tx.commit().map_err(idx_err)?;
         }
         // Whatever mode it last ran in, what the log holds goes into the index first.
-        let (logged, files, generation) = crate::wal::recover(path).map_err(CacheError::Io)?;
+        let recovered = crate::wal::recover(path).map_err(CacheError::Io)?;
+        let lost = recovered.lost;
+        if lost > 0 && !salvage {
+            return Err(CacheError::IndexDamaged(format!(
+                "its log ({}.log0, .log1) is damaged: {lost} of the changes it held since the last commit \
+                 cannot be read",
+                path.display()
+            )));
+        }
+        if recovered.mended > 0 {
+            tracing::warn!(
+                records = recovered.mended,
+                "records of the index's log were damaged and read from their second copies"
+            );
+        }
+        let (logged, files, generation) = (recovered.mutations, recovered.files, recovered.next_generation);
         if !logged.is_empty() {
             let n = logged.len();
             apply(&db, &logged, Durability::Power).map_err(idx_err)?;
@@ -252,11 +278,14 @@ impl Db {
             .name("larder-index".into())
             .spawn(move || committer(db, worker_shared, rx, durability, &worker_path))
             .map_err(CacheError::Io)?;
-        Ok(Arc::new(Db {
-            shared,
-            committer: Mutex::new(Some(committer)),
-            durability,
-        }))
+        Ok((
+            Arc::new(Db {
+                shared,
+                committer: Mutex::new(Some(committer)),
+                durability,
+            }),
+            lost,
+        ))
     }
 
     /// Submissions made so far: each reaches the log as one record, applied after a crash whole or not at
@@ -685,7 +714,7 @@ mod tests {
         assert!(
             crate::wal::recover(&dir.path().join("index.redb"))
                 .unwrap()
-                .0
+                .mutations
                 .is_empty()
         );
     }

@@ -83,6 +83,10 @@ pub enum CacheError {
     /// or a hand outside larder), and home has no copy to fetch again. Never served.
     #[error("cached data not yet at home is damaged (block {block} of cache object {object})")]
     Damaged { object: u64, block: u32 },
+    /// The index cannot be trusted: part of it was lost to damage (not to a crash, which loses only what
+    /// was never acknowledged).
+    #[error("the cache index is damaged: {0}")]
+    IndexDamaged(String),
 }
 
 fn io_err(e: io::Error) -> CacheError {
@@ -567,6 +571,17 @@ impl Store {
         &self.cfg.dir
     }
 
+    /// Label `object`'s cache file as holding changes of the file `label` names not yet at home
+    /// (`unpushed.rs`).
+    pub fn label(&self, object: u64, label: &crate::unpushed::Label) -> CacheResult<()> {
+        crate::unpushed::set(self.file(object)?.as_ref(), label).map_err(CacheError::Io)
+    }
+
+    /// Home has all of `object`'s data: its cache file's label goes.
+    pub fn unlabel(&self, object: u64) -> CacheResult<()> {
+        crate::unpushed::clear(self.file(object)?.as_ref()).map_err(CacheError::Io)
+    }
+
     fn path_of(&self, object: u64) -> PathBuf {
         self.cfg
             .dir
@@ -1002,6 +1017,7 @@ mod fill;
 mod index;
 mod local;
 mod open;
+pub use open::Retained;
 mod passthrough;
 mod punch;
 mod space;
@@ -1009,3 +1025,4 @@ mod spare;
 #[cfg(test)]
 mod tests;
 mod verify;
+pub use verify::Verification;

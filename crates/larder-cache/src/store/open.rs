@@ -110,21 +110,48 @@ impl Store {
         Ok(store)
     }
 
-    /// Drop every object not in `live` (left behind by a crash or an old version), files included.
-    /// Returns how many indexed objects and how many files nothing referred to were removed.
-    pub fn retain_objects(&self, live: &HashSet<u64>) -> (u64, u64) {
+    /// Drop every object not in `live` (left behind by a crash or an old version), files included, except
+    /// files labelled as holding changes not yet at home (`unpushed.rs`): those are never deleted, but
+    /// moved to `lost_found` and returned with their labels, for the caller to list. Returns how many
+    /// indexed objects and how many files nothing referred to were removed, and the files kept.
+    pub fn retain_objects(&self, live: &HashSet<u64>, lost_found: &Path) -> Retained {
         let mut stale: Vec<u64> = Vec::new();
         for shard in &self.shards {
             let st = lock(&shard.state);
             let known: HashSet<u64> = st.objects_with_blocks().chain(st.objects.keys().copied()).collect();
             stale.extend(known.into_iter().filter(|o| !live.contains(o)));
         }
+        let mut kept = Vec::new();
+        let mut keep = |path: &Path| -> bool {
+            let Some(label) = crate::unpushed::get(path) else {
+                return false;
+            };
+            let to = lost_found.join(path.file_name().unwrap_or_default());
+            let moved = crate::private::create_dir_all(lost_found).and_then(|()| std::fs::rename(path, &to));
+            match moved {
+                Ok(()) => kept.push((to, label)),
+                Err(e) => {
+                    // Left where it is: still never deleted.
+                    tracing::error!(file = %path.display(), error = %e, "cannot move a cache file holding changes not yet at home to lost+found");
+                    kept.push((path.to_path_buf(), label));
+                }
+            }
+            true
+        };
         let objects = stale.len() as u64;
         for object in stale {
-            self.remove_object(object);
+            if keep(&self.path_of(object)) {
+                self.forget_object(object);
+            } else {
+                self.remove_object(object);
+            }
         }
         let Ok(dirs) = std::fs::read_dir(&self.cfg.dir) else {
-            return (objects, 0);
+            return Retained {
+                objects,
+                files: 0,
+                kept,
+            };
         };
         // Under `contents`, so that no content is created or deleted meanwhile; object files are not
         // created for objects outside `live`.
@@ -137,25 +164,57 @@ impl Store {
             }
             if dir.file_name() == "cas" {
                 // Contents no file shares any more (a crash between a fill and its commit).
-                files += remove_unkept(&dir.path(), |name| {
-                    parse_content_name(name).is_some_and(|k| contents.refs.contains_key(&k))
-                });
+                files += remove_unkept(
+                    &dir.path(),
+                    |name| parse_content_name(name).is_some_and(|k| contents.refs.contains_key(&k)),
+                    &mut |_: &Path| false,
+                );
             } else {
-                files += remove_unkept(&dir.path(), |name| {
-                    u64::from_str_radix(name, 16).is_ok_and(|o| live.contains(&o))
-                });
+                files += remove_unkept(
+                    &dir.path(),
+                    |name| u64::from_str_radix(name, 16).is_ok_and(|o| live.contains(&o)),
+                    &mut keep,
+                );
             }
         }
-        (objects, files)
+        Retained { objects, files, kept }
+    }
+
+    /// Forget `object` (in memory and in the index) without touching its file, which was moved away.
+    fn forget_object(&self, object: u64) {
+        let mut st = self.state(object);
+        let keys: Vec<BlockKey> = st.blocks_of(object).map(|(k, _)| *k).collect();
+        for key in keys {
+            self.forget_locked(&mut st, key);
+        }
+        st.objects.remove(&object);
+        self.fds_of(object).files.remove(&object);
+        self.db.submit(vec![Mutation::DelObject(object)]);
     }
 }
 
-/// Delete the files in `dir` whose names `keep` does not accept; returns how many went.
-fn remove_unkept(dir: &Path, keep: impl Fn(&str) -> bool) -> u64 {
+/// What [`Store::retain_objects`] did.
+#[derive(Debug, Default)]
+pub struct Retained {
+    /// Indexed objects nothing referred to, removed.
+    pub objects: u64,
+    /// Files nothing referred to, removed.
+    pub files: u64,
+    /// Files nothing referred to that hold changes not yet at home: moved to lost+found (where they are
+    /// now), with their labels.
+    pub kept: Vec<(PathBuf, crate::unpushed::Label)>,
+}
+
+/// Delete the files in `dir` whose names `keep` does not accept, unless `spare` spares them (it moves a
+/// file holding unpushed data away); returns how many went.
+fn remove_unkept(dir: &Path, keep: impl Fn(&str) -> bool, spare: &mut impl FnMut(&Path) -> bool) -> u64 {
     let Ok(files) = std::fs::read_dir(dir) else { return 0 };
     let mut removed = 0;
     for f in files.flatten() {
-        if !f.file_name().to_str().is_some_and(&keep) && std::fs::remove_file(f.path()).is_ok() {
+        if f.file_name().to_str().is_some_and(&keep) || spare(&f.path()) {
+            continue;
+        }
+        if std::fs::remove_file(f.path()).is_ok() {
             removed += 1;
         }
     }

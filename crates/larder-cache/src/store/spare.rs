@@ -88,9 +88,14 @@ impl Store {
             let _ = std::fs::remove_file(&path);
             return;
         };
+        // Emptied, and no longer labelled as holding changes not yet at home (`unpushed.rs`).
+        let empty = |f: &File| {
+            f.set_len(0)?;
+            crate::unpushed::clear(f)
+        };
         let emptied = match file {
-            Some(f) => f.set_len(0),
-            None => OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(0)),
+            Some(f) => empty(&f),
+            None => OpenOptions::new().write(true).open(&path).and_then(|f| empty(&f)),
         };
         let kept = emptied.is_ok() && {
             let to = self.spare_path(n);

@@ -104,7 +104,7 @@ fn identical_small_files_share_one_copy_until_one_changes() {
     }
     // Sharing, and the copy of its own, survive a restart.
     let s = store(dir.path(), 1 << 20);
-    s.retain_objects(&[1, 2, 3, 4].into_iter().collect());
+    s.retain_objects(&[1, 2, 3, 4].into_iter().collect(), &dir.path().join("lost+found"));
     let st = s.stats();
     assert_eq!((st.logical_bytes, st.bytes_used), (40_000, 30_000));
     assert_eq!(s.read((3, 1), 0, 4096).unwrap().unwrap(), a[4096..8192]);
@@ -1395,7 +1395,7 @@ fn spares_survive_a_restart_and_files_the_kernel_reads_or_shared_contents_are_no
     let s = store(dir.path(), 1 << 20);
     assert_eq!(s.spare_files(), 2);
     assert!(!dir.path().join("objects/spare/999").exists());
-    s.retain_objects(&[11u64].into_iter().collect());
+    s.retain_objects(&[11u64].into_iter().collect(), &dir.path().join("lost+found"));
     assert_eq!(s.spare_files(), 2, "retain_objects leaves the spares alone");
     s.write(20, 0, b"x").unwrap();
     s.write(21, 0, b"y").unwrap();

@@ -227,6 +227,11 @@ impl Fs {
                 } else {
                     Some(size)
                 };
+                if node.home_size.is_none() {
+                    // Home has all of it: its cache file no longer holds changes not yet at home.
+                    node.labelled = false;
+                    self.unlabel(ino, object);
+                }
                 // (Changes of it queued after this push, a chmod say, stand until theirs.)
                 self.settle_attr(&mut ns, ino, attr);
                 Ok(())

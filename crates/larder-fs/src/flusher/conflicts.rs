@@ -51,7 +51,7 @@ impl Fs {
         os(&p)
     }
 
-    pub(super) fn record_conflict(&self, path: &[u8], policy: &str, kept_at: String, complete: bool, detail: String) {
+    pub(crate) fn record_conflict(&self, path: &[u8], policy: &str, kept_at: String, complete: bool, detail: String) {
         let (_, time) = utc(SystemTime::now());
         let c = Conflict {
             time,

@@ -422,6 +422,10 @@ impl Fs {
                     ns.renames.remove(&op.ino);
                     if let Some(node) = ns.inodes.get_mut(&op.ino) {
                         node.dirty.clear();
+                        if std::mem::take(&mut node.labelled) {
+                            // Its changes are kept in the conflicts area now.
+                            self.unlabel(op.ino, node.object);
+                        }
                     }
                     self.core.store.db().submit(muts);
                     self.persist(&ns, op.ino);

@@ -94,6 +94,9 @@ pub(crate) struct Inode {
     /// Its cache object is held (never evicted) for the descriptors still open on it, which read it from
     /// the cache alone: home no longer has this version (`flusher/readers.rs`). Let go at the last close.
     pub kept_for_readers: bool,
+    /// Its cache file carries the label of a file with changes not yet at home, with its path as it is
+    /// now (`larder_cache::unpushed`).
+    pub labelled: bool,
     /// Object whose pages the kernel's page cache holds for this inode.
     pub kernel_object: AtomicU64,
     /// Serialises pushes of this file to home. Taken before `write_lock`.
@@ -233,6 +236,7 @@ impl Inode {
             dirty: Vec::new(),
             removed: false,
             kept_for_readers: false,
+            labelled: false,
             kernel_object: AtomicU64::new(0),
             flush_lock: Arc::new(Mutex::new(())),
             write_lock: Arc::new(Mutex::new(())),

@@ -37,7 +37,10 @@ impl Fs {
         }
         let (owners, dirty, dropped_records) = collect_live(&db, unclean)?;
         let live: HashSet<u64> = owners.keys().copied().collect();
-        let (orphan_objects, orphan_files) = store.retain_objects(&live);
+        // A cache file holding changes not yet at home is never deleted as an orphan: moved aside, and listed
+        // as a conflict below.
+        let retained = store.retain_objects(&live, &cfg.conflicts_dir.join("lost+found"));
+        let (orphan_objects, orphan_files) = (retained.objects, retained.files);
         // Blocks written here and not at home yet are the only copy of those bytes: the store learns they
         // are dirty now, before anything fills it (a fill over its limit evicts), not when their inode is
         // first looked up.
@@ -140,6 +143,17 @@ impl Fs {
             listings_carry_own: Default::default(),
             integrity: Default::default(),
         };
+        for (kept, label) in retained.kept {
+            fs.record_conflict(
+                &label.path,
+                "lost+found",
+                kept.display().to_string(),
+                true,
+                "the cache held changes of this file not yet at home that nothing in the index referred to \
+                 any more (a damaged index, or a crash at the wrong moment); kept here rather than deleted"
+                    .into(),
+            );
+        }
         let taken = fs.take_in_unseen_writes(&owners);
         if taken > 0 {
             tracing::warn!(
