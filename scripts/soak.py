@@ -13,6 +13,15 @@ holds only what was acknowledged: a call counts once it returned success (file d
 returned, which larder's default durability keeps through `kill -9`). A SQLite commit counts once COMMIT
 returned in its writer, which then appends it to a ledger outside the mount.
 
+With --cache-fs-mib and --home-fs-mib the cache dir (and a directory home) live on tmpfs file systems of
+their own, and --full-disks fills them at times: a **full cache disk** (a file beside the cache dir takes
+all but a few MiB: writes that need room may fail with ENOSPC, and the files they touched are then
+uncertain, taken out of the model and removed through the mount once room is back; nothing else may
+fail) and a **full home** (its disk full for a burst, a kill and a remount: nothing may fail on the mount,
+and the drain after it must land everything). --home-renames renames, at home, a directory holding
+changes queued in the cache: those changes must be set aside as conflicts whose copies hold their bytes,
+and the mount must end as home has it.
+
 Any difference prints what differs and the last calls before it, keeps the work dir, and exits 1; a
 summary (JSON) goes to --results. Every loop is bounded by a count and by time.
 """
@@ -267,8 +276,19 @@ class Soak:
         self.s3 = a.home.startswith("s3://")
         self.work = os.path.abspath(a.work)
         self.mnt = os.path.join(self.work, "mnt")
-        self.cache = os.path.join(self.work, "cache")
+        # With --cache-fs-mib, the cache dir is on a tmpfs of its own, with room beside it for a filler.
+        self.cachefs = os.path.join(self.work, "cachefs") if a.cache_fs_mib else None
+        self.cache = os.path.join(self.cachefs or self.work, "cache")
+        # With --home-fs-mib, a directory home is a directory on a tmpfs of its own (its filler beside it).
+        self.homefs = os.path.join(self.work, "homefs") if (a.home_fs_mib and not self.s3) else None
+        self.home = os.path.join(self.homefs, "home") if self.homefs else a.home
         self.fault = os.path.join(self.work, "home-is-away")
+        # Fillers: while one exists its disk is full (see the module doc).
+        self.cache_filler = os.path.join(self.cachefs, "filler") if self.cachefs else None
+        self.home_filler = None
+        self.uncertain = set()
+        self.touching = None
+        self.expected_conflicts = 0
         self.log = open(os.path.join(self.work, "soak.log"), "a", buffering=1)
         self.model = {}
         self.pid = None
@@ -290,6 +310,61 @@ class Soak:
             self.commits_per_writer = 150
         for d in ("mnt",):
             os.makedirs(os.path.join(self.work, d), exist_ok=True)
+
+    # --- disks of their own, and filling them ---
+
+    def mount_tmpfs(self, path, mib):
+        os.makedirs(path, exist_ok=True)
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0755", "tmpfs", path], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise Failure(f"mount -t tmpfs {path}: {p.stderr}")
+
+    def unmount_tmpfs(self, path):
+        subprocess.run(["umount", "-l", path], capture_output=True)
+
+    def fill(self, filler, leave):
+        """Take all the room of `filler`'s file system but `leave` bytes with the file `filler`."""
+        st = os.statvfs(os.path.dirname(filler))
+        free = st.f_bavail * st.f_frsize
+        size = max(0, free - leave)
+        with open(filler, "wb") as f:
+            chunk = b"\xff" * MIB
+            while size > 0:
+                n = min(size, MIB)
+                try:
+                    f.write(chunk[:n])
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+                size -= n
+        return free
+
+    def cache_disk_full(self):
+        return self.cache_filler is not None and os.path.exists(self.cache_filler)
+
+    def home_full(self):
+        return self.home_filler is not None and os.path.exists(self.home_filler)
+
+    def end_home_full(self):
+        if self.home_full():
+            os.unlink(self.home_filler)
+            self.note("-- home has room again")
+
+    def end_cache_disk_full(self):
+        """Room on the cache disk again; the files writes left uncertain are removed through the mount."""
+        if self.cache_disk_full():
+            os.unlink(self.cache_filler)
+            self.note("-- the cache disk has room again")
+        for rel in sorted(self.uncertain):
+            try:
+                os.unlink(self.path(rel))
+                self.note(f"remove uncertain {rel}")
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise Failure(f"removing {rel}, which a write cut short by a full cache disk left uncertain: {e}")
+        self.uncertain.clear()
 
     # --- larder commands ---
 
@@ -323,7 +398,7 @@ class Soak:
         return opts
 
     def mount(self, opts, first=False):
-        args = ["mount", self.a.home, self.mnt, "--cache-dir", self.cache, "--write-mode", "write-back",
+        args = ["mount", self.home, self.mnt, "--cache-dir", self.cache, "--write-mode", "write-back",
                 "--fault-file", self.fault, *opts]
         if self.s3:
             args += ["--s3-endpoint", self.a.s3_endpoint]
@@ -390,7 +465,7 @@ class Soak:
         r = self.rng
         for _ in range(20):
             rel = join(r.choice(self.dirs()), f"{prefix}{r.randrange(60)}")
-            if rel not in self.model and rel.count("/") < 4:
+            if rel not in self.model and rel not in self.uncertain and rel.count("/") < 4:
                 return rel
         return None
 
@@ -436,6 +511,7 @@ class Soak:
         rel = self.new_name("f")
         if rel is None:
             return None
+        self.touching = rel
         mode = self.rng.choice([0o644, 0o600, 0o640, 0o755])
         data = self.rng.randbytes(self.size())
         self.write_closed(self.path(rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, lambda fd: self.write_all(fd, data, 0), mode)
@@ -446,6 +522,7 @@ class Soak:
         rel = self.any_file()
         if rel is None:
             return None
+        self.touching = rel
         data = self.rng.randbytes(self.size())
         self.write_closed(self.path(rel), os.O_WRONLY | os.O_TRUNC, lambda fd: self.write_all(fd, data, 0))
         f = self.model[rel]
@@ -456,6 +533,7 @@ class Soak:
         rel = self.any_file()
         if rel is None:
             return None
+        self.touching = rel
         f = self.model[rel]
         off = self.rng.randint(0, len(f.data) + 70_000)
         data = self.rng.randbytes(self.rng.choice([1, self.rng.randint(1, 5000), self.rng.randint(1, 200_000)]))
@@ -470,6 +548,7 @@ class Soak:
         rel = self.any_file()
         if rel is None:
             return None
+        self.touching = rel
         data = self.rng.randbytes(self.rng.randint(1, 100_000))
         def write(fd):
             i = 0
@@ -486,6 +565,7 @@ class Soak:
         rel = self.any_file()
         if rel is None:
             return None
+        self.touching = rel
         f = self.model[rel]
         n = len(f.data)
         new = self.rng.randint(0, n) if (n and self.rng.random() < 0.6) else n + self.rng.randint(1, 300_000)
@@ -513,6 +593,7 @@ class Soak:
         rel = self.new_name("s")
         if rel is None:
             return None
+        self.touching = rel
         size = 10 * MIB
         fd = os.open(self.path(rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         writes = []
@@ -673,13 +754,28 @@ class Soak:
             w["rewrite"] = 0
         if sum(1 for v in self.model.values() if v.kind == "file" and len(v.data) >= 10 * MIB) >= (1 if self.s3 else 3):
             w["sparse"] = 0
+        if self.uncertain or self.cache_disk_full():
+            # Files left uncertain are not in the model: no directory moves or removals around them.
+            w["rename_dir"] = w["rmdir"] = 0
         return self.do(self.rng.choices(list(w), weights=list(w.values()))[0])
 
+    DATA_OPS = ("create", "rewrite", "overwrite", "append", "truncate", "sparse")
+
     def do(self, kind):
+        self.touching = None
         try:
             what = getattr(self, "op_" + kind)()
         except OSError as e:
-            raise Failure(f"a call failed ({kind}): {e} (home {'away' if os.path.exists(self.fault) else 'there'})")
+            if e.errno == errno.ENOSPC and self.cache_disk_full() and kind in self.DATA_OPS and self.touching:
+                # A write that needed room the cache disk does not have: refused, as promised, and the file
+                # it touched is in an unknown state (part written): out of the model until it is removed.
+                self.uncertain.add(self.touching)
+                self.model.pop(self.touching, None)
+                self.stats["writes_refused_for_a_full_cache_disk"] += 1
+                self.note(f"{kind} {self.touching}: ENOSPC (the cache disk is full); uncertain")
+                return None
+            raise Failure(f"a call failed ({kind}): {e} (home {'away' if os.path.exists(self.fault) else 'there'}"
+                          f"{', cache disk full' if self.cache_disk_full() else ''}{', home full' if self.home_full() else ''})")
         if what is not None:
             self.ops[kind] += 1
             self.note(what)
@@ -810,6 +906,7 @@ class Soak:
     def check_home(self, where):
         if os.path.exists(self.fault):
             os.unlink(self.fault)
+        self.end_home_full()
         t0 = time.monotonic()
         p = self.larder("drain", self.mnt, "--timeout", "300s", check=False, timeout=360)
         if p.returncode != 0:
@@ -817,14 +914,14 @@ class Soak:
             raise Failure(f"larder drain exited {p.returncode}:\n{p.stdout}{p.stderr}\nstatus: {st}")
         self.stats["drain_seconds_total_ms"] += int((time.monotonic() - t0) * 1000)
         j = self.status()["journal"]
-        if j.get("pending_ops") or j.get("failed_ops") or j.get("conflicts"):
-            raise Failure(f"{where}: after a drain the journal is {j}")
+        if j.get("pending_ops") or j.get("failed_ops") or j.get("conflicts", 0) != self.expected_conflicts:
+            raise Failure(f"{where}: after a drain the journal is {j} ({self.expected_conflicts} conflicts expected)")
         if self.s3:
             root = os.path.join(self.work, "fresh-mnt")
             fresh_cache = os.path.join(self.work, "fresh-cache")
             os.makedirs(root, exist_ok=True)
             subprocess.run(["rm", "-rf", fresh_cache])
-            p = self.larder("mount", self.a.home, root, "--cache-dir", fresh_cache, "--read-only",
+            p = self.larder("mount", self.home, root, "--cache-dir", fresh_cache, "--read-only",
                             "--s3-endpoint", self.a.s3_endpoint, check=False)
             if p.returncode != 0:
                 raise Failure(f"mounting home fresh (read-only) failed:\n{p.stdout}{p.stderr}")
@@ -832,7 +929,7 @@ class Soak:
             fresh_pid = int(m.group(1)) if m else None
         try:
             try:
-                got = snapshot(self.a.home if not self.s3 else root)
+                got = snapshot(self.home if not self.s3 else root)
             except OSError as e:
                 raise Failure(f"{where}: walking home: {e}")
             lines, lost = diff(self.model, got, where)
@@ -845,7 +942,7 @@ class Soak:
             copy = os.path.join(self.work, "home-db-copy")
             subprocess.run(["rm", "-rf", copy])
             os.makedirs(os.path.join(copy, SQL_DIR), mode=0o755)
-            src = self.a.home if not self.s3 else root
+            src = self.home if not self.s3 else root
             for db in DBS:
                 for suffix in ("", "-wal"):
                     s = os.path.join(src, SQL_DIR, db + suffix)
@@ -888,6 +985,107 @@ class Soak:
         if stray:
             raise Failure(f"{where}: objects the model does not have: {sorted(stray)[:20]}")
 
+    # --- a directory renamed at home under queued changes ---
+
+    def rename_at_home(self, src, dst):
+        """Rename directory `src` to `dst` at home, behind larder's back (as another client would)."""
+        if not self.s3:
+            os.rename(os.path.join(self.home, src), os.path.join(self.home, dst))
+            return
+        import boto3
+        from botocore.config import Config
+
+        bucket, _, prefix = self.a.home[len("s3://") :].partition("/")
+        prefix = prefix.strip("/") + "/"
+        s3 = boto3.client("s3", endpoint_url=self.a.s3_endpoint, config=Config(s3={"addressing_style": "path"}))
+        keys = []
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + src + "/"):
+            keys.extend(o["Key"] for o in page.get("Contents", []))
+        for k in keys:
+            s3.copy_object(Bucket=bucket, Key=prefix + dst + k[len(prefix + src):], CopySource={"Bucket": bucket, "Key": k})
+        for k in keys:
+            s3.delete_object(Bucket=bucket, Key=k)
+
+    def home_rename(self):
+        """A directory renamed at home while changes made below it here wait (home away for larder, so
+        that they do): once home is back, those changes cannot land where they were made and are set aside
+        as conflicts whose copies hold their bytes; the mount ends as home has it."""
+        r = self.rng
+        cands = [k for k, v in self.model.items() if v.kind == "dir" and k.count("/") < 3
+                 and not any(m.startswith(k + "/") and m in self.uncertain for m in self.uncertain)]
+        if not cands:
+            return
+        d = r.choice(cands)
+        parent = parent_of(d)
+        for _ in range(20):
+            dst = join(parent, f"r{r.randrange(1000)}")
+            if dst not in self.model and not any(k.startswith(dst + "/") for k in self.model):
+                break
+        else:
+            return
+        self.check_home(f"before {d} is renamed at home")
+        self.larder("prefetch", "-r", self.path(d), timeout=300)
+        with open(self.fault, "w"):
+            pass
+        self.note(f"-- home goes away (for larder) while changes are made in {d}")
+        changed = {}
+        for _ in range(r.randint(1, 4)):
+            below = [k for k, v in self.model.items() if v.kind == "file" and k.startswith(d + "/") and k not in changed]
+            if below and r.random() < 0.5:
+                rel = r.choice(below)
+                data = bytearray(self.model[rel].data)
+                off = r.randint(0, len(data))
+                new = r.randbytes(r.randint(1, 5000))
+                if len(data) < off:
+                    data.extend(bytes(off - len(data)))
+                data[off : off + len(new)] = new
+                self.write_closed(self.path(rel), os.O_WRONLY, lambda fd: self.write_all(fd, new, off))
+            else:
+                rel = join(d, f"n{r.randrange(10**6)}")
+                if rel in self.model or rel in changed:
+                    continue
+                data = r.randbytes(r.randint(0, 200_000))
+                self.write_closed(self.path(rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                  lambda fd: self.write_all(fd, data, 0), 0o644)
+            changed[rel] = bytes(data)
+            self.note(f"change {rel} ({len(data)} bytes) below {d}, home away")
+        self.rename_at_home(d, dst)
+        self.note(f"-- {d} renamed to {dst} at home")
+        os.unlink(self.fault)
+        self.wait_online()
+        before = self.status()["journal"].get("conflicts", 0)
+        # Each drain tries the refused changes once more; past the refusals allowed they are set aside.
+        for _ in range(20):
+            if self.larder("drain", self.mnt, "--timeout", "10s", check=False, timeout=60).returncode == 0:
+                break
+        else:
+            raise Failure(f"the changes made in {d} (renamed at home) were never set aside: {self.status()['journal']}")
+        listed = json.loads(self.larder("conflicts", self.mnt, "--json").stdout)["conflicts"]
+        for rel, want in changed.items():
+            found = [c for c in listed if c["path"] == rel]
+            if not found:
+                raise Failure(f"{rel}, changed in {d} while home renamed it, is not a conflict: {listed[-10:]}")
+            try:
+                with open(found[-1]["kept_at"], "rb") as f:
+                    got = f.read()
+            except OSError as e:
+                raise Failure(f"the copy of {rel} kept as a conflict: {e}")
+            if got != want:
+                self.stats["bytes_lost_mount"] += lost_bytes(want, got)
+                raise Failure(f"the copy of {rel} kept as a conflict holds {len(got)} bytes, not the {len(want)} written")
+        after = self.status()["journal"].get("conflicts", 0)
+        if after - before != len(changed):
+            raise Failure(f"{len(changed)} changes set aside made {after - before} conflicts")
+        self.expected_conflicts = after
+        moved = {k: v for k, v in self.model.items() if k == d or k.startswith(d + "/")}
+        for k in moved:
+            del self.model[k]
+        for k, v in moved.items():
+            self.model[dst + k[len(d):]] = v
+        self.stats["home_renames_under_queued_changes"] += 1
+        self.stats["changes_kept_as_conflicts"] += len(changed)
+        self.note(f"-- {len(changed)} changes in {d} kept as conflicts; the model follows home ({d} -> {dst})")
+
     # --- the loop ---
 
     def run(self):
@@ -895,6 +1093,13 @@ class Soak:
         os.umask(0)
         if os.path.exists(self.fault):
             os.unlink(self.fault)
+        if self.cachefs:
+            self.mount_tmpfs(self.cachefs, a.cache_fs_mib)
+        if self.homefs:
+            self.mount_tmpfs(self.homefs, a.home_fs_mib)
+            os.makedirs(self.home, exist_ok=True)
+            # The filler goes beside the home, on its file system but outside what larder sees.
+            self.home_filler = os.path.join(self.homefs, "filler")
         self.mount(self.choose_opts(), first=True)
         self.init_dbs()
         self.note("-- databases made")
@@ -907,8 +1112,21 @@ class Soak:
                     stopped_by_time = True
                     break
                 r = self.rng
+                quiet = not (os.path.exists(self.fault) or self.home_full() or self.cache_disk_full())
+                if a.home_renames and kills % 25 == 12 and quiet:
+                    self.home_rename()
+                if a.full_disks and quiet:
+                    if self.cachefs and r.random() < 0.06:
+                        free = self.fill(self.cache_filler, 3 * MIB)
+                        self.stats["cache_disk_fills"] += 1
+                        self.note(f"-- the cache disk fills up ({free // MIB} MiB taken but 3)")
+                    if self.homefs and r.random() < 0.06:
+                        free = self.fill(self.home_filler, 0)
+                        self.stats["home_disk_fills"] += 1
+                        self.note(f"-- home's disk fills up ({free // MIB} MiB taken)")
                 was_away = os.path.exists(self.fault)
-                away = not self.small_cache and (r.random() < 0.15 or (was_away and r.random() < 0.5))
+                full = self.home_full() or self.cache_disk_full()
+                away = not self.small_cache and not full and (r.random() < 0.15 or (was_away and r.random() < 0.5))
                 if away and not was_away:
                     # Everything in the cache first: while home is away only what is cached can be read.
                     self.larder("prefetch", "-r", self.mnt, timeout=300)
@@ -919,7 +1137,7 @@ class Soak:
                 elif was_away and not away:
                     os.unlink(self.fault)
                     self.note("-- home is back")
-                style = r.choices(["between", "sqlite", "burst"], weights=[45, 20, 35])[0]
+                style = r.choices(["between", "sqlite", "burst"], weights=[45, 0 if self.cache_disk_full() else 20, 35])[0]
                 self.stats[f"kills_{style}"] += 1
                 kill_time = None
                 if style == "sqlite":
@@ -952,6 +1170,9 @@ class Soak:
                     time.sleep(r.uniform(0, 1.2))
                 elif style == "burst":
                     time.sleep(r.uniform(0, 0.5))
+                if self.cache_disk_full() and r.random() < 0.5:
+                    # Room again before the kill (else after the remount, which then starts on a full disk).
+                    self.end_cache_disk_full()
                 try:
                     pending = self.status()["journal"].get("pending_ops", 0)
                 except (Failure, ValueError, KeyError):
@@ -980,7 +1201,12 @@ class Soak:
                     os.unlink(self.fault)
                     self.note("-- home is back")
                     self.wait_online()
+                if self.cache_disk_full() or self.uncertain:
+                    self.stats["remounts_on_a_full_cache_disk"] += self.cache_disk_full()
+                    self.end_cache_disk_full()
                 self.check_mount(f"after kill #{kills}")
+                if self.home_full() and r.random() < 0.5:
+                    self.end_home_full()
                 self.stats["sqlite_commits_checked_at_mount"] = self.check_dbs(self.mnt, f"after kill #{kills}", kill_time)
                 if kills % a.drain_every == 0:
                     self.check_home(f"drain after kill #{kills}")
@@ -990,6 +1216,8 @@ class Soak:
                           f"{sum(self.ops.values())} ops, {el:.0f} s", file=sys.stderr, flush=True)
             if os.path.exists(self.fault):
                 os.unlink(self.fault)
+            self.end_cache_disk_full()
+            self.end_home_full()
             self.check_mount("at the end")
             self.check_home("final drain")
         except Failure as e:
@@ -999,6 +1227,9 @@ class Soak:
             if self.writers:
                 self.wait_writers(30)
         self.unmount(self.mnt, self.pid)
+        for fs in (self.cachefs, self.homefs):
+            if fs:
+                self.unmount_tmpfs(fs)
         return self.results(kills, outages, stopped_by_time, ok=True)
 
     def results(self, kills, outages, stopped_by_time, ok, error=None):
@@ -1012,6 +1243,8 @@ class Soak:
             "tolerate_stale_mode": self.a.tolerate_stale_mode,
             "no_dir_renames": self.a.no_dir_renames,
             "no_small_cache": self.a.no_small_cache,
+            "full_disks": self.a.full_disks,
+            "home_renames": self.a.home_renames,
             "kills": kills,
             "kills_asked": self.a.kills,
             "stopped_by_time_budget": stopped_by_time,
@@ -1064,6 +1297,11 @@ def main():
     r.add_argument("--no-small-cache", action="store_true", help="never mount with --cache-size 16MiB")
     r.add_argument("--no-dir-renames", action="store_true",
                    help="leave directory renames out of the workload (see docs/reliability.md)")
+    r.add_argument("--cache-fs-mib", type=int, default=0, help="keep the cache dir on a tmpfs of this size")
+    r.add_argument("--home-fs-mib", type=int, default=0, help="keep a directory home on a tmpfs of this size")
+    r.add_argument("--full-disks", action="store_true", help="fill the cache's and home's tmpfs at times")
+    r.add_argument("--home-renames", action="store_true",
+                   help="rename directories at home while changes made in them are queued")
     r.add_argument("--tolerate-stale-mode", action="store_true",
                    help="on the mount (not at home), count instead of failing an object showing a mode it had before a chmod")
     w = sub.add_parser("sqlwriter")

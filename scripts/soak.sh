@@ -35,6 +35,11 @@
 #                     file of its own with the next seed (default 1): fsx's bookkeeping grows faster than
 #                     linearly, so 20 runs of 50,000 take minutes where one of 1,000,000 takes hours
 #   SOAK_OUT          where results and logs go (default /var/tmp/larder-soak-DATE); kept in full on failure
+#   SOAK_FULL_DISKS   1 (default): the cache dir on a 256 MiB tmpfs, a directory home on a 512 MiB one, each
+#                     filled up at times (a full cache disk: writes that need room may fail with ENOSPC, and
+#                     what they touched is removed; a full home: nothing may fail); 0: neither
+#   SOAK_HOME_RENAMES 1 (default): every 25 kills, a directory is renamed at home while changes made in it
+#                     wait in the cache (they must be kept as conflicts, with their bytes); 0: never
 #   SOAK_TOLERATE_STALE_MODE=1  on the mount (never at home), count instead of failing a file or directory
 #                     showing a mode it had before a chmod; SOAK_S3_NO_DIR_RENAMES=1: no directory renames
 #                     on the S3 home. Both step around faults docs/reliability.md describes, so that a run
@@ -100,6 +105,14 @@ cleanup() {
     # The bulky parts; the logs stay.
     rm -rf "$out"/*/home "$out"/*/cache "$out"/*/fresh-cache "$out"/*/home-db-copy "$out"/fsx/work
   fi
+  # The tmpfs file systems of the cache and the home (SOAK_FULL_DISKS), whatever happened (on a failure
+  # their evidence goes with them: the soak's own logs stay).
+  for fs in "$out"/*/cachefs "$out"/*/homefs; do
+    if mountpoint -q "$fs" 2>/dev/null; then
+      [ "$failed" = 1 ] && cp -a "$fs" "$fs.kept" 2>/dev/null
+      umount -l "$fs"
+    fi
+  done
 }
 trap cleanup EXIT
 trap 'failed=1; exit 130' INT TERM
@@ -125,6 +138,13 @@ soak_home() {
   [ "${SOAK_TOLERATE_STALE_MODE:-0}" = 1 ] && args+=(--tolerate-stale-mode)
   [ "${SOAK_SMALL_CACHE:-1}" = 0 ] && args+=(--no-small-cache)
   [ "$kind" = s3 ] && [ "${SOAK_S3_NO_DIR_RENAMES:-0}" = 1 ] && args+=(--no-dir-renames)
+  # The cache (and a directory home) on tmpfs file systems of their own, filled at times; directories
+  # renamed at home under queued changes.
+  if [ "${SOAK_FULL_DISKS:-1}" = 1 ]; then
+    args+=(--full-disks --cache-fs-mib 256)
+    [ "$kind" = posix ] && args+=(--home-fs-mib 512)
+  fi
+  [ "${SOAK_HOME_RENAMES:-1}" = 1 ] && args+=(--home-renames)
   # The soak bounds itself (SOAK_MINUTES); the outer limit only catches a hang beyond its own waits.
   timeout $(((minutes + 60) * 60)) python3 "$here/soak.py" "${args[@]}" 2> >(tee -a "$work/soak.stderr" >&2) >/dev/null
 }

@@ -23,6 +23,8 @@ use crate::{Entry, FsError, FsResult, WriteMode};
 
 /// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
 const ROOM_WAIT: Duration = Duration::from_secs(10);
+/// Longest a writer waits for room while no dirty data leaves the cache.
+const ROOM_PROGRESS: Duration = Duration::from_secs(2);
 
 pub(crate) fn path_bytes(p: &Path) -> Vec<u8> {
     p.as_os_str().as_bytes().to_vec()
@@ -795,12 +797,22 @@ impl Fs {
         }
         let _hurry = self.pipeline.hurry();
         let deadline = Instant::now() + ROOM_WAIT;
+        // The pushes make progress while dirty data leaves (pushed, it can be evicted): a writer waits while
+        // it does, not for a disk something else filled.
+        let mut progress = (self.core.store.stats().bytes_dirty, Instant::now());
         loop {
             if dirty_fits() && self.core.store.room_on_disk(bytes) {
                 break Ok(());
             }
-            // Nothing to wait for: home away, or nothing left to push that would free room.
-            let stuck = !self.health.online() || self.pipeline.journal().is_empty();
+            let dirty = self.core.store.stats().bytes_dirty;
+            if dirty < progress.0 {
+                progress = (dirty, Instant::now());
+            }
+            // Nothing to wait for: home away, nothing left to push, or pushes that free nothing.
+            let stuck = !self.health.online()
+                || self.pipeline.journal().is_empty()
+                || dirty == 0
+                || progress.1.elapsed() > ROOM_PROGRESS;
             if Instant::now() >= deadline || stuck {
                 break Err(FsError::NoSpace);
             }

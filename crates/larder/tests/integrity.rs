@@ -204,12 +204,15 @@ fn read_to_end_len(path: &Path) -> u64 {
 
 /// A write cut short by a full cache disk leaves the file the size `stat` shows, and every reader (the
 /// kernel through passthrough, the daemon) reads exactly that many bytes: after the error, after a drain
-/// and after a remount. No cache file holds bytes past its file's end.
+/// and after a remount. No cache file holds bytes past its file's end. (Home is away while the file is
+/// written: pushed, its data could leave the disk and make room, and the write would not be cut short.)
 #[test]
 fn a_write_cut_short_by_a_full_cache_disk_leaves_no_bytes_past_the_file_end() {
     let t = TestDir::new("integrity-full");
     let _tmpfs = Tmpfs::new(&t.cache, 64);
-    let m = mount(&t, &["--cache-size", "1GiB", "--sync-lag", "1s"]);
+    let fault = t.root().join("home-away");
+    let m = t.mount_with_fault(&fault, &["--cache-size", "1GiB", "--validity-lag", "60s"]);
+    std::fs::write(&fault, b"").unwrap();
     let out = run_cmd(
         "dd",
         &[
@@ -243,6 +246,8 @@ fn a_write_cut_short_by_a_full_cache_disk_leaves_no_bytes_past_the_file_end() {
         }
     };
     check("after the error");
+    std::fs::remove_file(&fault).unwrap();
+    wait_online(&m, 30, "after the fault file went");
     drain_ok(&m, 120);
     check("after a drain");
     let size = std::fs::metadata(m.path("big")).unwrap().len();

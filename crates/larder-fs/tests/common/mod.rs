@@ -1,6 +1,9 @@
 //! What the core's tests share: a home and a cache directory in a scratch directory, and the store they
 //! open in the cache directory.
 
+// Each test binary that includes this module uses a subset of it.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
