@@ -356,6 +356,10 @@ class Soak:
         if self.cache_disk_full():
             os.unlink(self.cache_filler)
             self.note("-- the cache disk has room again")
+        self.clean_uncertain()
+
+    def clean_uncertain(self):
+        """Remove through the mount the files writes refused for want of room left in an unknown state."""
         for rel in sorted(self.uncertain):
             try:
                 os.unlink(self.path(rel))
@@ -727,7 +731,8 @@ class Soak:
 
     def op_list(self):
         d = self.rng.choice(self.dirs())
-        got = sorted(n for n in os.listdir(self.path(d) if d else self.mnt) if join(d, n) != SQL_DIR)
+        got = sorted(n for n in os.listdir(self.path(d) if d else self.mnt)
+                     if join(d, n) != SQL_DIR and join(d, n) not in self.uncertain)
         want = sorted(k.rsplit("/", 1)[-1] for k in self.model if parent_of(k) == d)
         if got != want:
             raise Failure(f"listing '{d}' through the mount: {got}, the model {want}")
@@ -766,13 +771,15 @@ class Soak:
         try:
             what = getattr(self, "op_" + kind)()
         except OSError as e:
-            if e.errno == errno.ENOSPC and self.cache_disk_full() and kind in self.DATA_OPS and self.touching:
-                # A write that needed room the cache disk does not have: refused, as promised, and the file
-                # it touched is in an unknown state (part written): out of the model until it is removed.
+            if e.errno == errno.ENOSPC and (self.cache_disk_full() or self.home_full()) and kind in self.DATA_OPS \
+                    and self.touching:
+                # A write that needed room the cache does not have (its disk full, or its room for changes
+                # not yet at home full while home's disk is): refused, as promised, and the file it touched
+                # is in an unknown state (part written): out of the model until it is removed.
                 self.uncertain.add(self.touching)
                 self.model.pop(self.touching, None)
-                self.stats["writes_refused_for_a_full_cache_disk"] += 1
-                self.note(f"{kind} {self.touching}: ENOSPC (the cache disk is full); uncertain")
+                self.stats["writes_refused_for_a_full_disk"] += 1
+                self.note(f"{kind} {self.touching}: ENOSPC (a disk is full); uncertain")
                 return None
             raise Failure(f"a call failed ({kind}): {e} (home {'away' if os.path.exists(self.fault) else 'there'}"
                           f"{', cache disk full' if self.cache_disk_full() else ''}{', home full' if self.home_full() else ''})")
@@ -1028,11 +1035,12 @@ class Soak:
         with open(self.fault, "w"):
             pass
         self.note(f"-- home goes away (for larder) while changes are made in {d}")
-        changed = {}
+        changed, modes = {}, {}
         for _ in range(r.randint(1, 4)):
             below = [k for k, v in self.model.items() if v.kind == "file" and k.startswith(d + "/") and k not in changed]
             if below and r.random() < 0.5:
                 rel = r.choice(below)
+                modes[rel] = self.model[rel].mode
                 data = bytearray(self.model[rel].data)
                 off = r.randint(0, len(data))
                 new = r.randbytes(r.randint(1, 5000))
@@ -1051,22 +1059,37 @@ class Soak:
             self.note(f"change {rel} ({len(data)} bytes) below {d}, home away")
         self.rename_at_home(d, dst)
         self.note(f"-- {d} renamed to {dst} at home")
+        # (Counted while home is away for larder: nothing is settled yet.)
+        before = self.status()["journal"].get("conflicts", 0)
         os.unlink(self.fault)
         self.wait_online()
-        before = self.status()["journal"].get("conflicts", 0)
         # Each drain tries the refused changes once more; past the refusals allowed they are set aside.
         for _ in range(20):
             if self.larder("drain", self.mnt, "--timeout", "10s", check=False, timeout=60).returncode == 0:
                 break
         else:
             raise Failure(f"the changes made in {d} (renamed at home) were never set aside: {self.status()['journal']}")
-        listed = json.loads(self.larder("conflicts", self.mnt, "--json").stdout)["conflicts"]
+        listed = json.loads(self.larder("conflicts", self.mnt, "--json").stdout)["conflicts"][before:]
+        # Each change landed, or was kept as a conflict with exactly the bytes written: a copy in the cache
+        # dir's conflicts area (a directory home: the directory it was made in is gone), or, under the
+        # keep-both policy, beside home's version at home; an object store has no directories, so a create
+        # there lands at its own key (the directory comes back holding it). What landed at home joins the
+        # model (with its directories, as an object store shows them).
+        landed = {}
         for rel, want in changed.items():
+            mode = modes.get(rel, 0o644)
             found = [c for c in listed if c["path"] == rel]
             if not found:
-                raise Failure(f"{rel}, changed in {d} while home renamed it, is not a conflict: {listed[-10:]}")
+                if not self.s3:
+                    raise Failure(f"{rel}, changed in {d} while home renamed it, is not a conflict: {listed}")
+                landed[rel] = File(want, mode)
+                continue
+            kept = found[-1]["kept_at"]
+            if not os.path.isabs(kept):
+                landed[kept] = File(want, mode)
+                continue
             try:
-                with open(found[-1]["kept_at"], "rb") as f:
+                with open(kept, "rb") as f:
                     got = f.read()
             except OSError as e:
                 raise Failure(f"the copy of {rel} kept as a conflict: {e}")
@@ -1074,14 +1097,22 @@ class Soak:
                 self.stats["bytes_lost_mount"] += lost_bytes(want, got)
                 raise Failure(f"the copy of {rel} kept as a conflict holds {len(got)} bytes, not the {len(want)} written")
         after = self.status()["journal"].get("conflicts", 0)
-        if after - before != len(changed):
-            raise Failure(f"{len(changed)} changes set aside made {after - before} conflicts")
+        kept = sum(1 for rel in changed if any(c["path"] == rel for c in listed))
+        if after - before != kept:
+            raise Failure(f"{kept} changes kept as conflicts made {after - before} conflicts: {listed}")
         self.expected_conflicts = after
         moved = {k: v for k, v in self.model.items() if k == d or k.startswith(d + "/")}
         for k in moved:
             del self.model[k]
         for k, v in moved.items():
             self.model[dst + k[len(d):]] = v
+        for rel, f in landed.items():
+            self.model[rel] = f
+            up = parent_of(rel)
+            while up and up not in self.model:
+                self.model[up] = Dir(0o755)
+                up = parent_of(up)
+        self.stats["changes_landed_at_home_after_a_home_rename"] += len(landed)
         self.stats["home_renames_under_queued_changes"] += 1
         self.stats["changes_kept_as_conflicts"] += len(changed)
         self.note(f"-- {len(changed)} changes in {d} kept as conflicts; the model follows home ({d} -> {dst})")
@@ -1113,8 +1144,6 @@ class Soak:
                     break
                 r = self.rng
                 quiet = not (os.path.exists(self.fault) or self.home_full() or self.cache_disk_full())
-                if a.home_renames and kills % 25 == 12 and quiet:
-                    self.home_rename()
                 if a.full_disks and quiet:
                     if self.cachefs and r.random() < 0.06:
                         free = self.fill(self.cache_filler, 3 * MIB)
@@ -1173,6 +1202,11 @@ class Soak:
                 if self.cache_disk_full() and r.random() < 0.5:
                     # Room again before the kill (else after the remount, which then starts on a full disk).
                     self.end_cache_disk_full()
+                if a.home_renames and kills % 25 == 12 and not self.writers \
+                        and not (os.path.exists(self.fault) or self.home_full() or self.cache_disk_full()):
+                    # Right before the kill: the remount then lists afresh, and the mount shows home's
+                    # tree without waiting for the validity lag.
+                    self.home_rename()
                 try:
                     pending = self.status()["journal"].get("pending_ops", 0)
                 except (Failure, ValueError, KeyError):
@@ -1201,9 +1235,10 @@ class Soak:
                     os.unlink(self.fault)
                     self.note("-- home is back")
                     self.wait_online()
-                if self.cache_disk_full() or self.uncertain:
-                    self.stats["remounts_on_a_full_cache_disk"] += self.cache_disk_full()
+                if self.cache_disk_full():
+                    self.stats["remounts_on_a_full_cache_disk"] += 1
                     self.end_cache_disk_full()
+                self.clean_uncertain()
                 self.check_mount(f"after kill #{kills}")
                 if self.home_full() and r.random() < 0.5:
                     self.end_home_full()

@@ -68,7 +68,9 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
     }
 
     if mounts::mounted_at(&mnt) == mounts::Mounted::Larder {
-        if let Ok(v) = control::status(&mounts::socket_path(&mnt)) {
+        // Another user's mount is asked through its owner's socket: root finding its own socket silent
+        // there must not take that live mount for a dead one and clear it.
+        if let Ok(v) = control::status(&mounts::daemon_socket(&mnt)?) {
             bail!("another larder (pid {}) already serves {}", v.pid, mnt.display());
         }
         // A daemon that died without unmounting leaves a dead mount: clear it.

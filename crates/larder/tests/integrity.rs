@@ -317,6 +317,13 @@ fn a_reader_of_a_file_replaced_or_removed_through_the_mount_reads_its_version_to
     m.unmount();
 }
 
+/// Append `tail` to the file at `path` (and to `want`, what it should hold).
+fn append(path: &Path, tail: &[u8], want: &mut Vec<u8>) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    std::io::Write::write_all(&mut f, tail).unwrap();
+    want.extend_from_slice(tail);
+}
+
 /// The conflicts `larder conflicts --json` lists.
 fn conflicts(m: &Mount) -> Vec<serde_json::Value> {
     let out = larder(&["conflicts", s(&m.mnt), "--json"]);
@@ -340,14 +347,7 @@ fn changes_in_a_directory_home_loses_meanwhile_are_kept_as_conflicts_with_their_
         assert_same_bytes(&read(&m.path("d/existing")), &edited, "cold read");
         let ours = rng.bytes(200 << 10);
         std::fs::write(m.path("d/new"), &ours).unwrap();
-        let tail = rng.bytes(3000);
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(m.path("d/existing"))
-            .unwrap();
-        std::io::Write::write_all(&mut f, &tail).unwrap();
-        drop(f);
-        edited.extend_from_slice(&tail);
+        append(&m.path("d/existing"), &rng.bytes(3000), &mut edited);
         m.wait_released();
         match what {
             "renamed" => std::fs::rename(t.home.join("d"), t.home.join("d2")).unwrap(),
@@ -602,14 +602,7 @@ fn a_lost_index_refuses_the_mount_and_recover_saves_every_unpushed_file() {
         std::fs::write(m.path("a"), &a).unwrap();
         std::fs::create_dir(m.path("d")).unwrap();
         std::fs::write(m.path("d/b"), &b).unwrap();
-        let tail = rng.bytes(777);
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(m.path("existing.txt"))
-            .unwrap();
-        std::io::Write::write_all(&mut f, &tail).unwrap();
-        drop(f);
-        existing.extend_from_slice(&tail);
+        append(&m.path("existing.txt"), &rng.bytes(777), &mut existing);
         std::fs::remove_file(m.path("gone.txt")).unwrap();
         std::fs::rename(m.path("moved.txt"), m.path("renamed.txt")).unwrap();
         std::fs::create_dir(m.path("e")).unwrap();

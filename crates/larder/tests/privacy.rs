@@ -871,6 +871,8 @@ run mount as 65534 env XDG_RUNTIME_DIR="$R/run" "$L" mount "$R/home" "$R/mnt" --
     --write-mode write-back --sync-lag 600s
 run write as 65534 sh -c "echo written-by-nobody > '$R/mnt/f'"
 run root-status "$L" status "$R/mnt" --json
+run root-mount-over "$L" mount "$R/home" "$R/mnt" --cache-dir "$R/cache2" --write-mode write-back
+run root-status-after "$L" status "$R/mnt" --json
 run daemon-status as 1 "$L" status "$R/mnt"
 run root-drain "$L" drain "$R/mnt"
 run root-unmount "$L" unmount "$R/mnt"
@@ -927,6 +929,18 @@ fn root_asks_the_daemon_of_another_users_mount_and_a_third_user_is_told_whose_it
     let status: serde_json::Value =
         serde_json::from_str(status).unwrap_or_else(|e| panic!("root's status is not JSON ({e}):\n{out}"));
     assert!(status["pid"].as_u64().is_some_and(|p| p > 0), "{status}");
+    // Root mounting over it is refused: the live mount of another user is not taken for a dead one.
+    let (code, said) = step("root-mount-over");
+    assert_ne!(*code, 0, "root mounted over nobody's live mount:\n{out}");
+    assert!(
+        said.contains("already serves"),
+        "root's mount over it was refused otherwise:\n{out}"
+    );
+    assert_eq!(
+        step("root-status-after").0,
+        0,
+        "nobody's mount did not survive root's attempt:\n{out}"
+    );
     let (code, said) = step("daemon-status");
     assert_ne!(*code, 0, "a third user was answered:\n{out}");
     let mnt = t.mnt.display().to_string();
