@@ -412,15 +412,28 @@ fn fill_up(dir: &Path) {
 #[test]
 fn a_full_home_keeps_its_previous_versions_and_takes_the_changes_once_there_is_room() {
     let t = TestDir::new("integrity-home-full");
-    let _tmpfs = Tmpfs::new(&t.home, 24);
+    let _tmpfs = Tmpfs::new(&t.home, 40);
     let mut rng = Rng::new(125);
     let big_before = write_random(&t.home.join("big"), 1 << 20, &mut rng);
+    let two_before = write_random(&t.home.join("two"), 1 << 20, &mut rng);
     std::fs::write(t.home.join("small"), b"abcdef").unwrap();
     let m = mount(&t, &["--sync-lag", "120s"]);
     assert_same_bytes(&read(&m.path("big")), &big_before, "cold read");
+    assert_same_bytes(&read(&m.path("two")), &two_before, "cold read");
     fill_up(&t.home);
     let big = rng.bytes(20 << 20);
     std::fs::write(m.path("big"), &big).unwrap();
+    // Two ranges: one that fits where home's file has room already, one that needs more than home has.
+    let mut two = two_before.clone();
+    let (head, far) = (rng.bytes(4096), rng.bytes(4 << 20));
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(m.path("two")).unwrap();
+        f.write_all_at(&head, 0).unwrap();
+        f.write_all_at(&far, 8 << 20).unwrap();
+    }
+    two[..4096].copy_from_slice(&head);
+    two.resize(8 << 20, 0);
+    two.extend_from_slice(&far);
     std::fs::write(m.path("small"), b"123456").unwrap();
     std::fs::write(m.path("fresh"), b"fresh!").unwrap();
     m.wait_released();
@@ -450,6 +463,11 @@ fn a_full_home_keeps_its_previous_versions_and_takes_the_changes_once_there_is_r
         &big_before,
         "home's big while full",
     );
+    assert_same_bytes(
+        &std::fs::read(t.home.join("two")).unwrap(),
+        &two_before,
+        "home's two while full",
+    );
     // (Written in place, a file no larger than before may find the room it had: ours whole, then.)
     let small = std::fs::read(t.home.join("small")).unwrap();
     assert!(
@@ -466,6 +484,13 @@ fn a_full_home_keeps_its_previous_versions_and_takes_the_changes_once_there_is_r
     std::fs::remove_file(t.home.join("filler")).unwrap();
     drain_ok(&m, 60);
     assert_same_bytes(&std::fs::read(t.home.join("big")).unwrap(), &big, "home's big at last");
+    assert_same_bytes(&std::fs::read(t.home.join("two")).unwrap(), &two, "home's two at last");
+    assert_same_bytes(&read(&m.path("two")), &two, "the mount's two at last");
+    assert_eq!(
+        num(&m.status(), "/journal/conflicts"),
+        0,
+        "a push that found no room was taken for someone else's change"
+    );
     assert_eq!(std::fs::read(t.home.join("small")).unwrap(), b"123456");
     assert_eq!(std::fs::read(t.home.join("fresh")).unwrap(), b"fresh!");
     m.unmount();

@@ -1,6 +1,6 @@
 //! Pushing a file's data: the dirty ranges of the cache copy written over home's file, holes kept as holes
 //! (punched, or written as zeros where the file system cannot punch), the size and time set last. The room
-//! the push needs is allocated first, so that a full home fails it before anything changed. A push of the
+//! the push needs is asked for first, so that a full home fails it before anything changed. A push of the
 //! whole content first cuts the file to nothing.
 
 use std::ffi::CStr;
@@ -38,9 +38,9 @@ pub(super) fn write_at(
     // nothing, so that until it ends home holds a prefix of the new content, never a mix of old and new
     // bytes: a pusher cut short can tell its own partial work from someone else's change.
     let whole = size > 0 && ranges.first().is_some_and(|r| r.start == 0 && r.end >= size);
-    // Room for everything this push writes is taken before anything changes: a home without it fails
+    // Room for everything this push writes is asked for before anything changes: a home without it fails
     // here, its file as it was, rather than part way with a fragment of ours in it.
-    reserve(&file, source, &ranges, size)?;
+    check_room(&file, source, &ranges, size, whole, current.size)?;
     let cut = if whole { 0 } else { size };
     let mut home_end = current.size;
     if cut < home_end {
@@ -82,35 +82,55 @@ pub(super) fn write_at(
     stat_fd(&file)
 }
 
-/// Allocate in `file` the blocks the data of `source` in `ranges` (below `size`) will take, without changing
-/// its size or bytes (`FALLOC_FL_KEEP_SIZE`): a home file system without the room answers `ENOSPC` here,
-/// before the push writes anything. Holes in `source` stay holes (only its data extents are allocated).
-/// Where the file system cannot allocate ahead (`EOPNOTSUPP`: some network and FUSE file systems), the push
-/// goes on as before: a full home then fails it part way, and the repeat writes it again.
-fn reserve(file: &File, source: &File, ranges: &[Range<u64>], size: u64) -> HomeResult<()> {
+/// Whether home has room for what this push writes, asked before anything changes: the data of `source`
+/// in `ranges` (below `size`) less what `file` holds allocated there already (all of it for a push of the
+/// whole content, which cuts the file to nothing first), each extent counted in whole blocks of home's
+/// file system, against the space it has free. Not enough is `NoSpace`, with home's file untouched. The
+/// file itself is not used to take the room (`fallocate`): an allocation that succeeds for one extent
+/// and fails for the next would change its times, and the push's repeat would take home's file for
+/// someone else's change. (Another writer may take the room between the look and the write: a push cut
+/// short then is repeated as any other.)
+fn check_room(
+    file: &File,
+    source: &File,
+    ranges: &[Range<u64>],
+    size: u64,
+    whole: bool,
+    current: u64,
+) -> HomeResult<()> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a valid descriptor and a buffer for fstatvfs to fill.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        // Nothing to tell by: the push goes on as before.
+        return Ok(());
+    }
+    // SAFETY: fstatvfs returned 0, so it filled the buffer.
+    let st = unsafe { st.assume_init() };
+    let unit = st.f_frsize.max(512);
+    let blocks = |extents: &[Range<u64>]| -> u64 {
+        extents
+            .iter()
+            .map(|e| (e.end.div_ceil(unit) - e.start / unit) * unit)
+            .sum()
+    };
+    let mut needed = 0u64;
+    let mut held = 0u64;
     for range in ranges {
         let range = range.start..range.end.min(size);
         if range.is_empty() {
             continue;
         }
-        for extent in data_extents(source, range)? {
-            // SAFETY: fallocate on a valid open descriptor with plain integer arguments.
-            let r = unsafe {
-                libc::fallocate(
-                    file.as_raw_fd(),
-                    libc::FALLOC_FL_KEEP_SIZE,
-                    extent.start as libc::off_t,
-                    (extent.end - extent.start) as libc::off_t,
-                )
-            };
-            if r != 0 {
-                let e = std::io::Error::last_os_error();
-                return match e.raw_os_error() {
-                    Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => Ok(()),
-                    _ => Err(e.into()),
-                };
-            }
+        needed += blocks(&data_extents(source, range.clone())?);
+        if !whole {
+            held += blocks(&data_extents(file, range.start..range.end.min(current))?);
         }
+    }
+    if whole {
+        held = blocks(&data_extents(file, 0..current)?);
+    }
+    let free = st.f_bavail * st.f_frsize;
+    if needed.saturating_sub(held) > free {
+        return Err(HomeError::NoSpace);
     }
     Ok(())
 }
