@@ -144,7 +144,7 @@ impl Store {
             .into_iter()
             .map(|(index, len, crc, generation, stamp)| {
                 let bytes = &mut buf[..len as usize];
-                let ok = read_full(&file, bytes, index as u64 * bs).is_ok() && crc32c::crc32c(bytes) == crc;
+                let ok = read_block(&file, bytes, index as u64 * bs) && crc32c::crc32c(bytes) == crc;
                 (index, crc, generation, stamp, ok)
             })
             .collect();
@@ -327,6 +327,36 @@ mod tests {
             "a damaged clean block is not claimed: it is fetched again"
         );
         assert!(!s.contains((7, 0)));
+    }
+
+    #[test]
+    fn a_block_past_the_end_of_its_cache_file_reads_as_zeros_not_as_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = store(dir.path());
+            s.write(7, 0, &[4u8; 100]).unwrap();
+            s.commit(7, [0], 100).unwrap();
+            // Extended: the block's checksum is of its bytes and the zeros after them.
+            s.truncate(7, 300).unwrap();
+            s.db().sync().unwrap();
+        }
+        // The cache file holds the bytes, not the zeros after them (a hole at its end not stored).
+        let path = dir.path().join("objects/07/0000000000000007");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        let s = store(dir.path());
+        assert!(s.reclaim((7, 0)));
+        let mut want = vec![4u8; 100];
+        want.resize(300, 0);
+        let got = s.read((7, 0), 0, 300).unwrap().unwrap();
+        assert_eq!(&got[..100], &want[..100]);
+        assert!(got[100..].iter().all(|b| *b == 0));
+        assert_eq!(s.stats().damaged_blocks, 0);
+        assert!(s.verify(7).unwrap().damaged.is_empty());
     }
 
     #[test]
