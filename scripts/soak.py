@@ -327,17 +327,18 @@ class Soak:
         st = os.statvfs(os.path.dirname(filler))
         free = st.f_bavail * st.f_frsize
         size = max(0, free - leave)
-        with open(filler, "wb") as f:
-            chunk = b"\xff" * MIB
+        chunk = b"\xff" * MIB
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
             while size > 0:
-                n = min(size, MIB)
                 try:
-                    f.write(chunk[:n])
+                    size -= os.write(fd, chunk[: min(size, MIB)])
                 except OSError as e:
                     if e.errno != errno.ENOSPC:
                         raise
                     break
-                size -= n
+        finally:
+            os.close(fd)
         return free
 
     def cache_disk_full(self):

@@ -679,15 +679,11 @@ impl Fs {
             return;
         }
         let bs = self.core.store.block_size();
+        // Up to the end of what it sent, the cache file's bytes with zeros past its end, as the index
+        // took them (a cache file may end in a hole it does not store): a block is "written since" only if
+        // those bytes differ from the index, not because the cache file is shorter.
         let end = u.ranges.iter().map(|r| r.end).max().unwrap_or(0);
-        let len = self
-            .core
-            .store
-            .file(node.object)
-            .ok()
-            .and_then(|f| f.metadata().ok())
-            .map_or(0, |m| m.len())
-            .min(end);
+        let len = node.attr.as_ref().map_or(end, |a| a.size.min(end));
         let changed: Vec<Range<u64>> = match self.core.store.changed_blocks(node.object, len) {
             Ok(blocks) => blocks
                 .iter()
@@ -1133,6 +1129,35 @@ pub(crate) mod hit_tests {
         drop(ns);
         fs.release(fh).unwrap();
         assert_eq!(read(&fs.ns).inode(ino).unwrap().opens(), 0);
+    }
+
+    #[test]
+    fn an_interrupted_push_keeps_what_it_sent_of_a_cache_file_ending_in_a_hole() {
+        let (_tmp, fs, _, ino) = dir_f();
+        // `f` (10 KiB of 7s) written in its last block, then extended by truncation to 12,000 bytes.
+        let fh = fs.open(ino, libc::O_RDWR).unwrap().fh;
+        fs.write(fh, 8192, &[9u8; 100]).unwrap();
+        let size = 12_000;
+        let grow = larder_home::SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        fs.setattr(ino, &grow).unwrap();
+        fs.flush(fh).unwrap();
+        fs.release(fh).unwrap();
+        // The cache file ends where its bytes do: the zeros after them are a hole it does not store.
+        let object = read(&fs.ns).inode(ino).unwrap().object;
+        fs.core.store.file(object).unwrap().set_len(10 << 10).unwrap();
+        // A push sent the whole file and was cut short: nothing in the cache file changed since.
+        let mut ns = write(&fs.ns);
+        let node = ns.inode_mut(ino).unwrap();
+        node.unconfirmed = Some(Box::new(Attempt::sent(vec![0..size], size)));
+        fs.unconfirmed_as_pushed(node);
+        assert_eq!(
+            node.unconfirmed.as_ref().unwrap().ranges,
+            vec![0..size],
+            "what the push sent is still the cache file's bytes"
+        );
     }
 }
 
