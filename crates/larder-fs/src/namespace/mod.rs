@@ -1151,7 +1151,7 @@ pub(crate) mod hit_tests {
         // A push sent the whole file and was cut short: nothing in the cache file changed since.
         let mut ns = write(&fs.ns);
         let node = ns.inode_mut(ino).unwrap();
-        node.unconfirmed = Some(Box::new(Attempt::sent(vec![0..size], size)));
+        node.unconfirmed = Some(Box::new(Attempt::sent(std::iter::once(0..size).collect(), size)));
         fs.unconfirmed_as_pushed(node);
         assert_eq!(
             node.unconfirmed.as_ref().unwrap().ranges,
