@@ -2,7 +2,7 @@
 //! for the validity lag, so that the nodes of one site cost home one stat of a file, and one listing of a
 //! directory, per lag, not one per node (design note 015).
 //!
-//! [`BankedHome`] wraps a home. `stat` and `list` ask the bank first; an answer younger than the lag (by
+//! [`BankStat`] is a home layer ([`larder_home::Layer`]). `stat` and the listings ask the bank first; an answer younger than the lag (by
 //! the time home gave it, kept with it) is served, anything else (absent, older, damaged, a bank failure)
 //! asks home and leaves its answer in the bank for the others, in the background. Only answers are kept:
 //! a missing name is asked of home each time. Every change made through this home forgets what the bank
@@ -23,14 +23,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use larder_bank::Bank;
 use larder_home::{
-    ContentId, DirEntry, FileKind, Home, HomeAttr, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs, Version,
+    DirEntry, FileKind, Home, HomeAttr, HomeResult, Layer, Layered, Owner, RenameFlags, SetAttr, Version,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// A home whose stats and listings are shared through a bank: see the module doc.
-pub struct BankedHome {
-    inner: Arc<dyn Home>,
+/// The layer that shares a home's stats and listings through a bank: see the module doc.
+pub struct BankStat {
     bank: Arc<Bank>,
     lag: Duration,
     /// Names this home in the bank's keys (its URL, as in unit keys).
@@ -57,16 +56,11 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl BankedHome {
-    /// Wrap `inner`, keeping its answers in `bank` for `lag` (at least a second: the bank's expiry counts
+impl BankStat {
+    /// `inner` with its answers kept in `bank` for `lag` (at least a second: the bank's expiry counts
     /// whole seconds). `home_id` names the home as every node names it.
-    pub fn new(inner: Arc<dyn Home>, bank: Arc<Bank>, lag: Duration, home_id: String) -> BankedHome {
-        BankedHome {
-            inner,
-            bank,
-            lag,
-            home_id,
-        }
+    pub fn over(inner: Arc<dyn Home>, bank: Arc<Bank>, lag: Duration, home_id: String) -> Layered<BankStat> {
+        Layered::new(inner, BankStat { bank, lag, home_id })
     }
 
     /// Whether a lag this short can be kept in a bank (whose servers count expiry in seconds).
@@ -106,7 +100,7 @@ impl BankedHome {
         }
     }
 
-    /// Forget `path` as [`BankedHome::forget`] does, and its parent's attributes, wherever they are kept
+    /// Forget `path` as [`BankStat::forget`] does, and its parent's attributes, wherever they are kept
     /// (its own key, and its parent's listing): a name made or removed there changed the directory's
     /// times and perhaps its link count.
     fn forget_name(&self, path: &Path) {
@@ -134,44 +128,22 @@ impl BankedHome {
         }
         attr
     }
-}
 
-impl Home for BankedHome {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn reconnect(&self) -> HomeResult<bool> {
-        self.inner.reconnect()
-    }
-    fn content_id(&self, path: &Path, version: &Version) -> ContentId {
-        self.inner.content_id(path, version)
-    }
-
-    fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
-        let key = self.key("a", path);
-        if let Some(attr) = self.kept(&key) {
-            return Ok(attr);
-        }
-        let at = now_ms();
-        let attr = self.inner.stat(path)?;
-        self.keep(key, at, &attr);
-        Ok(attr)
-    }
-
-    fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
-        let key = self.key("l", path);
-        if let Some(entries) = self.kept::<Vec<Entry>>(&key) {
-            return Ok(entries
+    fn kept_listing(&self, path: &Path) -> Option<Vec<DirEntry>> {
+        let entries = self.kept::<Vec<Entry>>(&self.key("l", path))?;
+        Some(
+            entries
                 .into_iter()
                 .map(|e| DirEntry {
                     name: std::ffi::OsString::from_vec(e.name),
                     kind: e.kind,
                     attr: e.attr,
                 })
-                .collect());
-        }
-        let at = now_ms();
-        let entries = self.inner.list(path)?;
+                .collect(),
+        )
+    }
+
+    fn keep_listing(&self, path: &Path, at: u64, entries: &[DirEntry]) {
         let kept: Vec<Entry> = entries
             .iter()
             .map(|e| Entry {
@@ -180,46 +152,81 @@ impl Home for BankedHome {
                 attr: e.attr.clone(),
             })
             .collect();
-        self.keep(key, at, &kept);
+        self.keep(self.key("l", path), at, &kept);
+    }
+}
+
+// Reads and what asks home nothing pass through (the defaults).
+impl Layer for BankStat {
+    fn stat(&self, next: &dyn Home, path: &Path) -> HomeResult<HomeAttr> {
+        let key = self.key("a", path);
+        if let Some(attr) = self.kept(&key) {
+            return Ok(attr);
+        }
+        let at = now_ms();
+        let attr = next.stat(path)?;
+        self.keep(key, at, &attr);
+        Ok(attr)
+    }
+
+    fn list(&self, next: &dyn Home, path: &Path) -> HomeResult<Vec<DirEntry>> {
+        if let Some(entries) = self.kept_listing(path) {
+            return Ok(entries);
+        }
+        let at = now_ms();
+        let entries = next.list(path)?;
+        self.keep_listing(path, at, &entries);
         Ok(entries)
     }
 
-    fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
-        self.inner.read(path, version, offset, len)
+    /// The listing and the directory's own attributes, each kept as `list` and `stat` keep theirs: served
+    /// from the bank when it has both, else one call to home that leaves both there.
+    fn list_with_own(&self, next: &dyn Home, path: &Path) -> HomeResult<(Option<HomeAttr>, Vec<DirEntry>)> {
+        let own_key = self.key("a", path);
+        if let Some(entries) = self.kept_listing(path)
+            && let Some(own) = self.kept(&own_key)
+        {
+            return Ok((Some(own), entries));
+        }
+        let at = now_ms();
+        let (own, entries) = next.list_with_own(path)?;
+        self.keep_listing(path, at, &entries);
+        if let Some(own) = &own {
+            self.keep(own_key, at, own);
+        }
+        Ok((own, entries))
     }
-    fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>> {
-        self.inner.readlink(path)
+
+    fn create(&self, next: &dyn Home, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.made(path, next.create(path, mode, owner))
     }
-    fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        self.made(path, self.inner.create(path, mode, owner))
+    fn mkdir(&self, next: &dyn Home, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
+        self.made(path, next.mkdir(path, mode, owner))
     }
-    fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        self.made(path, self.inner.mkdir(path, mode, owner))
+    fn mknod(&self, next: &dyn Home, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
+        self.made(path, next.mknod(path, mode, rdev, owner))
     }
-    fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
-        self.made(path, self.inner.mknod(path, mode, rdev, owner))
+    fn symlink(&self, next: &dyn Home, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
+        self.made(path, next.symlink(target, path, owner))
     }
-    fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
-        self.made(path, self.inner.symlink(target, path, owner))
-    }
-    fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
+    fn link(&self, next: &dyn Home, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
         // The link count of the object changed under its other name too.
         self.forget(existing);
-        self.made(new, self.inner.link(existing, new))
+        self.made(new, next.link(existing, new))
     }
-    fn unlink(&self, path: &Path) -> HomeResult<()> {
-        let r = self.inner.unlink(path);
+    fn unlink(&self, next: &dyn Home, path: &Path) -> HomeResult<()> {
+        let r = next.unlink(path);
         self.forget_name(path);
         r
     }
-    fn rmdir(&self, path: &Path) -> HomeResult<()> {
-        let r = self.inner.rmdir(path);
+    fn rmdir(&self, next: &dyn Home, path: &Path) -> HomeResult<()> {
+        let r = next.rmdir(path);
         self.forget_name(path);
         self.bank.delete(&self.key("l", path));
         r
     }
-    fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
-        let r = self.inner.rename(from, to, flags);
+    fn rename(&self, next: &dyn Home, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
+        let r = next.rename(from, to, flags);
         self.forget_name(from);
         self.forget_name(to);
         for dir in [from, to] {
@@ -227,11 +234,12 @@ impl Home for BankedHome {
         }
         r
     }
-    fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
-        self.changed(path, self.inner.setattr(path, changes))
+    fn setattr(&self, next: &dyn Home, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
+        self.changed(path, next.setattr(path, changes))
     }
     fn write(
         &self,
+        next: &dyn Home,
         path: &Path,
         source: &File,
         ranges: &[Range<u64>],
@@ -239,21 +247,6 @@ impl Home for BankedHome {
         base: Option<&Version>,
         mtime: Option<SystemTime>,
     ) -> HomeResult<HomeAttr> {
-        self.changed(path, self.inner.write(path, source, ranges, size, base, mtime))
-    }
-    fn xattrs(&self, path: &Path) -> HomeResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.inner.xattrs(path)
-    }
-    fn set_xattr(&self, path: &Path, name: &[u8], value: Option<&[u8]>) -> HomeResult<()> {
-        self.inner.set_xattr(path, name, value)
-    }
-    fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
-        self.inner.check_xattrs(xattrs)
-    }
-    fn statfs(&self) -> HomeResult<StatFs> {
-        self.inner.statfs()
-    }
-    fn limits(&self) -> HomeLimits {
-        self.inner.limits()
+        self.changed(path, next.write(path, source, ranges, size, base, mtime))
     }
 }

@@ -42,7 +42,7 @@ pub mod tier;
 mod types;
 mod xattr;
 
-pub use banked::BankedHome;
+pub use banked::BankStat;
 pub use error::{FsError, FsResult};
 pub use flusher::release_freed_memory;
 pub use integrity::{DamagedFile, VERIFY_AT_OPEN};

@@ -19,9 +19,9 @@ use larder_bank::{Bank, BankConfig};
 use larder_cache::{Db, Store, StoreConfig};
 use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
 use larder_cluster::{EtcdTls, MemberRecord, Membership, MembershipConfig, NodeTls};
-use larder_fs::BankedHome;
+use larder_fs::BankStat;
 use larder_fs::cluster::{FsUnitSource, Migrator};
-use larder_fs::coherence::{ClusterHome, EtcdCoherence};
+use larder_fs::coherence::{EtcdCoherence, HeldOverlay};
 use larder_fs::tier::{BankTier, PeerTier, Whereabouts};
 use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
@@ -472,14 +472,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let mut gated: Arc<dyn Home> = Arc::new(Layered::new(below_gate.clone(), HealthLayer(health.clone())));
     let bank = connect_bank(args)?;
     if let Some(bank) = &bank
-        && BankedHome::worth_it(args.validity_lag)
+        && BankStat::worth_it(args.validity_lag)
     {
-        gated = Arc::new(BankedHome::new(
-            gated,
-            bank.clone(),
-            args.validity_lag,
-            home_url.clone(),
-        ));
+        gated = Arc::new(BankStat::over(gated, bank.clone(), args.validity_lag, home_url.clone()));
     }
     let cluster = join_cluster(args, &p.cache_dir)?;
     // Writes across the cluster: the records of changes other nodes hold stand over home and the bank.
@@ -493,7 +488,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         )
     });
     if let Some(co) = &coherence {
-        gated = Arc::new(ClusterHome::new(
+        gated = Arc::new(HeldOverlay::over(
             gated,
             co.clone(),
             args.holder_lost == HolderLost::Home,

@@ -176,6 +176,53 @@ fn a_bank_killed_mid_read_costs_the_reader_no_error_and_home_serves_the_rest() {
     assert_eq!(big.len(), 10 << 20);
 }
 
+/// `ls -l` of a directory of 2,000 files on a bank mount: one listing of home and no stat. Past the lag,
+/// the mount's root is revalidated by its own listing, which carries its attributes (a POSIX home reads
+/// them in the same call, and the bank keeps them with the listing), not by a stat.
+#[test]
+fn a_listing_through_the_bank_is_one_home_call_with_the_directorys_own_attributes() {
+    require_fuse();
+    let label = "bank-ls";
+    let t = TestDir::new(label);
+    let home = t.root().join("home");
+    std::fs::create_dir_all(home.join("many")).unwrap();
+    for i in 0..2000 {
+        std::fs::write(home.join(format!("many/f{i}")), [i as u8]).unwrap();
+    }
+    let site = Site::new(label, Kind::Memcached, &["a"]);
+    let lag = Duration::from_secs(2);
+    let args: Vec<String> = ["--bank", &site.bank.url(), "--no-passthrough", "--validity-lag", "2s"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let a = site.net.mount(t.root(), "a", s(&home), &args, &[]);
+    assert!(std::fs::metadata(a.path("many")).unwrap().is_dir());
+    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
+    let seen: Vec<u64> = std::fs::read_dir(a.path("many"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert_eq!(seen.len(), 2000);
+    assert!(seen.iter().all(|&len| len == 1), "every file one byte long");
+    assert_eq!(home_ops(&a, "list") - lists, 1, "one listing of the directory");
+    assert_eq!(
+        home_ops(&a, "stat") - stats,
+        0,
+        "no stat: the listing carried every attribute"
+    );
+
+    // Past the lag (the bank's copies expired with it), the root is asked for again.
+    settle(&a);
+    std::thread::sleep(lag + Duration::from_millis(500));
+    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
+    assert!(std::fs::metadata(&a.mnt).unwrap().is_dir());
+    let (stats, lists) = (home_ops(&a, "stat") - stats, home_ops(&a, "list") - lists);
+    assert!(
+        stats == 0 && lists >= 1,
+        "the root revalidated by its own listing, not a stat: {stats} stats, {lists} listings"
+    );
+}
+
 #[test]
 fn a_change_made_through_one_node_is_not_hidden_from_a_new_one_by_what_the_bank_kept() {
     require_fuse();

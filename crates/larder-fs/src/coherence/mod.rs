@@ -6,7 +6,7 @@
 //!   touched: the object's attributes as this node has them now (or none: removed), and where home has it
 //!   if a rename has not reached home yet. The records live in etcd, outside any lease; the holder removes
 //!   them once its journal is empty (home has every change).
-//! * **The overlay.** [`ClusterHome`] wraps a node's home: a path another node holds a record of is
+//! * **The overlay.** [`HeldOverlay`], a home layer over a node's home: a path another node holds a record of is
 //!   answered from the record (attributes, a listing merged with the records of its entries), its version
 //!   is `held:<holder>:<revision>`, and its bytes come from the holder over the peer protocol. The node's
 //!   namespace takes these answers as it takes home's: a new version drops what it cached of the old.
@@ -24,10 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use larder_cluster::peer::HeldAsk;
-use larder_home::{
-    ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
-    Version,
-};
+use larder_home::{ContentId, DirEntry, Home, HomeAttr, HomeError, HomeResult, Layer, Layered, Version};
 use serde::{Deserialize, Serialize};
 
 use crate::namespace::{Fs, Namespace, ROOT, read, write};
@@ -88,17 +85,18 @@ fn bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
 }
 
-/// A home seen through the records of changes other nodes hold: see the module doc.
-pub struct ClusterHome {
-    inner: Arc<dyn Home>,
+/// The layer that shows a home through the records of changes other nodes hold: see the module doc.
+pub struct HeldOverlay {
     c: Arc<dyn Coherence>,
     /// Pass over the records of holders that are gone (home's version), rather than fail their reads.
     lost_home: bool,
 }
 
-impl ClusterHome {
-    pub fn new(inner: Arc<dyn Home>, c: Arc<dyn Coherence>, lost_home: bool) -> ClusterHome {
-        ClusterHome { inner, c, lost_home }
+impl HeldOverlay {
+    /// `inner` seen through the records `c` follows; with `lost_home`, those of holders that are gone are
+    /// passed over.
+    pub fn over(inner: Arc<dyn Home>, c: Arc<dyn Coherence>, lost_home: bool) -> Layered<HeldOverlay> {
+        Layered::new(inner, HeldOverlay { c, lost_home })
     }
 
     /// Another node's record of `path` that stands: none if its holder is gone and home's version is
@@ -153,34 +151,10 @@ impl ClusterHome {
         }
         self.c.read_held(holder, ask)
     }
-}
 
-impl Home for ClusterHome {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn reconnect(&self) -> HomeResult<bool> {
-        self.inner.reconnect()
-    }
-    fn content_id(&self, path: &Path, version: &Version) -> ContentId {
-        match parse_held(version) {
-            Some((node, rev)) => ContentId::Held { node, seq: rev as u64 },
-            None => self
-                .inner
-                .content_id(&self.at_home(path).unwrap_or_else(|_| path.to_path_buf()), version),
-        }
-    }
-
-    fn stat(&self, path: &Path) -> HomeResult<HomeAttr> {
-        if let Some((r, rev)) = self.standing(bytes(path)) {
-            return Self::with_held_version(&r, rev).ok_or(HomeError::NotFound);
-        }
-        self.inner.stat(&self.at_home(path)?)
-    }
-
-    fn list(&self, path: &Path) -> HomeResult<Vec<DirEntry>> {
-        let recorded = self.standing(bytes(path)).is_some();
-        let mut entries = match self.inner.list(&self.at_home(path)?) {
+    /// Home's entries of `path` with the records of its entries merged in: a record stands for its name.
+    fn merged(&self, path: &Path, listed: HomeResult<Vec<DirEntry>>, recorded: bool) -> HomeResult<Vec<DirEntry>> {
+        let mut entries = match listed {
             Ok(e) => e,
             Err(HomeError::NotFound) if recorded => Vec::new(),
             Err(e) => return Err(e),
@@ -200,8 +174,45 @@ impl Home for ClusterHome {
         }
         Ok(entries)
     }
+}
 
-    fn read(&self, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
+// Changes go to home as this node's journal has them: they pass through (the defaults).
+impl Layer for HeldOverlay {
+    fn content_id(&self, next: &dyn Home, path: &Path, version: &Version) -> ContentId {
+        match parse_held(version) {
+            Some((node, rev)) => ContentId::Held { node, seq: rev as u64 },
+            None => next.content_id(&self.at_home(path).unwrap_or_else(|_| path.to_path_buf()), version),
+        }
+    }
+
+    fn stat(&self, next: &dyn Home, path: &Path) -> HomeResult<HomeAttr> {
+        if let Some((r, rev)) = self.standing(bytes(path)) {
+            return Self::with_held_version(&r, rev).ok_or(HomeError::NotFound);
+        }
+        next.stat(&self.at_home(path)?)
+    }
+
+    fn list(&self, next: &dyn Home, path: &Path) -> HomeResult<Vec<DirEntry>> {
+        let recorded = self.standing(bytes(path)).is_some();
+        self.merged(path, next.list(&self.at_home(path)?), recorded)
+    }
+
+    /// As `list`, with the directory's own attributes: its record's where another node holds one, else
+    /// what home read with the listing.
+    fn list_with_own(&self, next: &dyn Home, path: &Path) -> HomeResult<(Option<HomeAttr>, Vec<DirEntry>)> {
+        let record = self.standing(bytes(path));
+        let (own, listed) = match next.list_with_own(&self.at_home(path)?) {
+            Ok((own, entries)) => (own, Ok(entries)),
+            Err(e) => (None, Err(e)),
+        };
+        let own = match &record {
+            Some((r, rev)) => Self::with_held_version(r, *rev),
+            None => own,
+        };
+        Ok((own, self.merged(path, listed, record.is_some())?))
+    }
+
+    fn read(&self, next: &dyn Home, path: &Path, version: &Version, offset: u64, len: usize) -> HomeResult<Vec<u8>> {
         match parse_held(version) {
             Some((holder, revision)) => self.held_read(
                 holder,
@@ -213,11 +224,11 @@ impl Home for ClusterHome {
                     link: false,
                 },
             ),
-            None => self.inner.read(&self.at_home(path)?, version, offset, len),
+            None => next.read(&self.at_home(path)?, version, offset, len),
         }
     }
 
-    fn readlink(&self, path: &Path) -> HomeResult<Vec<u8>> {
+    fn readlink(&self, next: &dyn Home, path: &Path) -> HomeResult<Vec<u8>> {
         match self.standing(bytes(path)) {
             Some((r, revision)) => self.held_read(
                 r.holder,
@@ -229,63 +240,8 @@ impl Home for ClusterHome {
                     link: true,
                 },
             ),
-            None => self.inner.readlink(&self.at_home(path)?),
+            None => next.readlink(&self.at_home(path)?),
         }
-    }
-
-    // Changes go to home as this node's journal has them.
-    fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        self.inner.create(path, mode, owner)
-    }
-    fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
-        self.inner.mkdir(path, mode, owner)
-    }
-    fn mknod(&self, path: &Path, mode: u32, rdev: u64, owner: Owner) -> HomeResult<HomeAttr> {
-        self.inner.mknod(path, mode, rdev, owner)
-    }
-    fn symlink(&self, target: &[u8], path: &Path, owner: Owner) -> HomeResult<HomeAttr> {
-        self.inner.symlink(target, path, owner)
-    }
-    fn link(&self, existing: &Path, new: &Path) -> HomeResult<HomeAttr> {
-        self.inner.link(existing, new)
-    }
-    fn unlink(&self, path: &Path) -> HomeResult<()> {
-        self.inner.unlink(path)
-    }
-    fn rmdir(&self, path: &Path) -> HomeResult<()> {
-        self.inner.rmdir(path)
-    }
-    fn rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
-        self.inner.rename(from, to, flags)
-    }
-    fn setattr(&self, path: &Path, changes: &SetAttr) -> HomeResult<HomeAttr> {
-        self.inner.setattr(path, changes)
-    }
-    fn write(
-        &self,
-        path: &Path,
-        source: &std::fs::File,
-        ranges: &[std::ops::Range<u64>],
-        size: u64,
-        base: Option<&Version>,
-        mtime: Option<std::time::SystemTime>,
-    ) -> HomeResult<HomeAttr> {
-        self.inner.write(path, source, ranges, size, base, mtime)
-    }
-    fn xattrs(&self, path: &Path) -> HomeResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.inner.xattrs(path)
-    }
-    fn set_xattr(&self, path: &Path, name: &[u8], value: Option<&[u8]>) -> HomeResult<()> {
-        self.inner.set_xattr(path, name, value)
-    }
-    fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
-        self.inner.check_xattrs(xattrs)
-    }
-    fn statfs(&self) -> HomeResult<StatFs> {
-        self.inner.statfs()
-    }
-    fn limits(&self) -> HomeLimits {
-        self.inner.limits()
     }
 }
 
@@ -610,7 +566,7 @@ mod tests {
         c.put("d/older", 2, Some(dir.clone()), Some("d/old"), 7);
         c.put("d/mine", 1, None, None, 8);
         c.put("d/dead", 3, Some(file.clone()), None, 9);
-        let h = ClusterHome::new(inner.clone(), c.clone(), false);
+        let h = HeldOverlay::over(inner.clone(), c.clone(), false);
 
         assert!(matches!(h.stat(Path::new("d/gone")), Err(HomeError::NotFound)));
         assert_eq!(h.stat(Path::new("d/new")).unwrap().version, held_version(2, 6));
@@ -623,6 +579,18 @@ mod tests {
             names(&h.list(Path::new("d")).unwrap()),
             ["dead", "mine", "new", "old", "older"]
         );
+        // The listing with the directory's own attributes, as home reads them with it: the same entries,
+        // and for a directory a holder renamed, its record's attributes.
+        let (own, entries) = h.list_with_own(Path::new("d")).unwrap();
+        assert_eq!(names(&entries), ["dead", "mine", "new", "old", "older"]);
+        assert_eq!(
+            own.map(|a| a.kind),
+            Some(FileKind::Dir),
+            "home's own attributes came through"
+        );
+        let (own, entries) = h.list_with_own(Path::new("d/older")).unwrap();
+        assert_eq!(names(&entries), ["kept"]);
+        assert_eq!(own.unwrap().version, held_version(2, 7));
         // Bytes of a held version come from its holder; a holder gone is EIO.
         let v = held_version(2, 6);
         assert_eq!(h.read(Path::new("d/new"), &v, 0, 10).unwrap(), b"2:d/new:6");
@@ -637,7 +605,7 @@ mod tests {
         ));
 
         // With --holder-lost home, a gone holder's records are passed over: home's version, whole.
-        let lost = ClusterHome::new(inner, c, true);
+        let lost = HeldOverlay::over(inner, c, true);
         assert!(matches!(lost.stat(Path::new("d/dead")), Err(HomeError::NotFound)));
         assert!(!names(&lost.list(Path::new("d")).unwrap()).contains(&"dead".to_string()));
         assert!(matches!(
