@@ -1,5 +1,7 @@
 //! The bank: a tier of shared cache servers (memcached or Redis) that every node of a site reads and
-//! fills, after IMCa (design note 015).
+//! fills, after IMCa (design note 015). It plugs into the core as a tier of units ([`BankTier`], a
+//! `larder_fs::tier::Tier`) and as a layer over home that shares stats and listings ([`BankStat`], a
+//! `larder_home::Layer`).
 //!
 //! A [`Bank`] keeps values under string keys on one or more servers, each key on one server chosen by
 //! rendezvous hashing, so adding a server moves only its share. It is a cache and nothing more:
@@ -17,8 +19,13 @@
 
 mod memcache;
 mod redis;
+mod stat;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tier;
+
+pub use stat::BankStat;
+pub use tier::BankTier;
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -8,8 +8,9 @@
 //!   is unchanged is not listed again).
 //! * **Data.** Each version of a file's content has its own cache object, so a version change at home
 //!   makes the old cached data unreachable. Reads take blocks from the store or fetch them through the
-//!   [`tier`]s (today home; peers and a shared bank later), named by portable [`key`]s, one fetch per
-//!   block however many readers wait; sequential readers get a growing readahead window.
+//!   [`tier`]s (the store, then what the daemon puts between it and home: the peers of a cluster, the
+//!   bank of `larder-bank`; then home), named by portable [`key`]s, one fetch per block however many
+//!   readers wait; sequential readers get a growing readahead window.
 //! * **Writes** land in the file's cache object (dirty ranges tracked) and are pushed to home on
 //!   `flush`/`fsync`/`release` in write-through (the call returns once home has them); in write-back and
 //!   local modes the change is durable in the cache when the call returns and queued in the journal, which
@@ -19,7 +20,6 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod banked;
 mod changes;
 pub mod cluster;
 pub mod coherence;
@@ -42,7 +42,6 @@ pub mod tier;
 mod types;
 mod xattr;
 
-pub use banked::BankStat;
 pub use error::{FsError, FsResult};
 pub use flusher::release_freed_memory;
 pub use integrity::{DamagedFile, VERIFY_AT_OPEN};

@@ -14,7 +14,6 @@
 //! * One walk per key at a time, however many readers wait ([`SingleFlight`]).
 //! * A tier enforces its own deadline (a timeout is its error, so a miss); the walk cannot cancel a call.
 
-mod bank;
 #[cfg(any(test, feature = "mock"))]
 mod fault;
 mod local;
@@ -22,7 +21,6 @@ mod local;
 mod memory;
 mod peer;
 
-pub use bank::BankTier;
 #[cfg(any(test, feature = "mock"))]
 pub use fault::{FaultTier, Faults};
 pub use local::{HomeTier, StoreTier};

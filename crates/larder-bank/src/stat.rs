@@ -21,12 +21,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use larder_bank::Bank;
 use larder_home::{
     DirEntry, FileKind, Home, HomeAttr, HomeResult, Layer, Layered, Owner, RenameFlags, SetAttr, Version,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::Bank;
 
 /// The layer that shares a home's stats and listings through a bank: see the module doc.
 pub struct BankStat {

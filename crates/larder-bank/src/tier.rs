@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use larder_bank::Bank;
+use larder_fs::key::KeyDigest;
+use larder_fs::tier::{Tier, TierError, Unit, Want};
 
-use super::{Tier, TierError, Unit, Want};
-use crate::key::KeyDigest;
+use crate::Bank;
 
 /// Digest and crc32c before a unit's bytes.
 const PREFIX: usize = 16 + 4;
