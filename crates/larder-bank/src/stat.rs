@@ -44,6 +44,16 @@ struct Kept<T> {
     answer: T,
 }
 
+/// The key kind of a listing: its entries and the directory's own attributes where home gave them, in
+/// one value, so that a listing costs one get.
+const LISTING: &str = "L";
+
+#[derive(Serialize, Deserialize)]
+struct Listing {
+    own: Option<HomeAttr>,
+    entries: Vec<Entry>,
+}
+
 #[derive(Serialize, Deserialize)]
 struct Entry {
     name: Vec<u8>,
@@ -97,7 +107,7 @@ impl BankStat {
     fn forget(&self, path: &Path) {
         self.bank.delete(&self.key("a", path));
         if let Some(parent) = path.parent() {
-            self.bank.delete(&self.key("l", parent));
+            self.bank.delete(&self.key(LISTING, parent));
         }
     }
 
@@ -130,30 +140,35 @@ impl BankStat {
         attr
     }
 
-    fn kept_listing(&self, path: &Path) -> Option<Vec<DirEntry>> {
-        let entries = self.kept::<Vec<Entry>>(&self.key("l", path))?;
-        Some(
-            entries
-                .into_iter()
-                .map(|e| DirEntry {
-                    name: std::ffi::OsString::from_vec(e.name),
-                    kind: e.kind,
-                    attr: e.attr,
-                })
-                .collect(),
-        )
-    }
-
-    fn keep_listing(&self, path: &Path, at: u64, entries: &[DirEntry]) {
-        let kept: Vec<Entry> = entries
-            .iter()
-            .map(|e| Entry {
-                name: e.name.as_bytes().to_vec(),
+    /// The listing of `path` the bank keeps: the directory's own attributes (if home gave them) and its
+    /// entries.
+    fn kept_listing(&self, path: &Path) -> Option<(Option<HomeAttr>, Vec<DirEntry>)> {
+        let listing = self.kept::<Listing>(&self.key(LISTING, path))?;
+        let entries = listing
+            .entries
+            .into_iter()
+            .map(|e| DirEntry {
+                name: std::ffi::OsString::from_vec(e.name),
                 kind: e.kind,
-                attr: e.attr.clone(),
+                attr: e.attr,
             })
             .collect();
-        self.keep(self.key("l", path), at, &kept);
+        Some((listing.own, entries))
+    }
+
+    fn keep_listing(&self, path: &Path, at: u64, own: Option<&HomeAttr>, entries: &[DirEntry]) {
+        let listing = Listing {
+            own: own.cloned(),
+            entries: entries
+                .iter()
+                .map(|e| Entry {
+                    name: e.name.as_bytes().to_vec(),
+                    kind: e.kind,
+                    attr: e.attr.clone(),
+                })
+                .collect(),
+        };
+        self.keep(self.key(LISTING, path), at, &listing);
     }
 }
 
@@ -171,29 +186,27 @@ impl Layer for BankStat {
     }
 
     fn list(&self, next: &dyn Home, path: &Path) -> HomeResult<Vec<DirEntry>> {
-        if let Some(entries) = self.kept_listing(path) {
+        if let Some((_, entries)) = self.kept_listing(path) {
             return Ok(entries);
         }
         let at = now_ms();
         let entries = next.list(path)?;
-        self.keep_listing(path, at, &entries);
+        self.keep_listing(path, at, None, &entries);
         Ok(entries)
     }
 
-    /// The listing and the directory's own attributes, each kept as `list` and `stat` keep theirs: served
-    /// from the bank when it has both, else one call to home that leaves both there.
+    /// The listing with the directory's own attributes, kept together in one value: served from the bank
+    /// when it has them both, else one call to home that leaves them there (and the own attributes also as
+    /// a stat's answer, for the stats of other nodes).
     fn list_with_own(&self, next: &dyn Home, path: &Path) -> HomeResult<(Option<HomeAttr>, Vec<DirEntry>)> {
-        let own_key = self.key("a", path);
-        if let Some(entries) = self.kept_listing(path)
-            && let Some(own) = self.kept(&own_key)
-        {
+        if let Some((Some(own), entries)) = self.kept_listing(path) {
             return Ok((Some(own), entries));
         }
         let at = now_ms();
         let (own, entries) = next.list_with_own(path)?;
-        self.keep_listing(path, at, &entries);
+        self.keep_listing(path, at, own.as_ref(), &entries);
         if let Some(own) = &own {
-            self.keep(own_key, at, own);
+            self.keep(self.key("a", path), at, own);
         }
         Ok((own, entries))
     }
@@ -223,7 +236,7 @@ impl Layer for BankStat {
     fn rmdir(&self, next: &dyn Home, path: &Path) -> HomeResult<()> {
         let r = next.rmdir(path);
         self.forget_name(path);
-        self.bank.delete(&self.key("l", path));
+        self.bank.delete(&self.key(LISTING, path));
         r
     }
     fn rename(&self, next: &dyn Home, from: &Path, to: &Path, flags: RenameFlags) -> HomeResult<()> {
@@ -231,7 +244,7 @@ impl Layer for BankStat {
         self.forget_name(from);
         self.forget_name(to);
         for dir in [from, to] {
-            self.bank.delete(&self.key("l", dir));
+            self.bank.delete(&self.key(LISTING, dir));
         }
         r
     }
