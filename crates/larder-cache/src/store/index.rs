@@ -100,11 +100,10 @@ impl Store {
             let read_all = |plan: &[(u32, u32, usize, Option<u32>)]| -> Vec<CacheResult<u32>> {
                 plan.iter()
                     .map(|&(index, _, len, _)| {
-                        // Past the cache file's end the content is a hole: zeros.
                         let mut buf = vec![0u8; len];
                         match &file {
-                            Ok(f) => read_upto(f, &mut buf, index as u64 * bs)
-                                .map(|_| crc32c::crc32c(&buf))
+                            Ok(f) => read_block(f, &mut buf, index as u64 * bs)
+                                .map(|()| crc32c::crc32c(&buf))
                                 .map_err(io_err),
                             Err(e) => Err(CacheError::Index(e.clone())),
                         }

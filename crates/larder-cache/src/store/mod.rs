@@ -756,7 +756,7 @@ impl Store {
                 // The first read of the block since the start: its checksum, checked without the lock, is
                 // taken as the block's only if the block is still the one that was looked at.
                 let mut whole = vec![0u8; blen];
-                let ok = read_block(&file, &mut whole, start) && crc32c::crc32c(&whole) == crc;
+                let ok = read_block(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
                 let mut st = lock(&shard.state);
                 match st.blocks.get_mut(&key) {
                     Some(e) if e.generation == generation && e.crc == crc && !e.verified => {
@@ -980,16 +980,13 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
     file.read_exact_at(buf, offset)
 }
 
-/// Read a block's bytes at `offset` to check them: past the cache file's end the content is a hole,
-/// zeros, as when its checksum was taken (`index_blocks`). Whether the read worked.
-fn read_block(file: &File, buf: &mut [u8], offset: u64) -> bool {
-    match read_upto(file, buf, offset) {
-        Ok(n) => {
-            buf[n..].fill(0);
-            true
-        }
-        Err(_) => false,
-    }
+/// Read a block's bytes at `offset` as the index takes them: past the cache file's end the content is a
+/// hole, zeros (a cache file may end before its file). Indexing, the checks of cached blocks and the
+/// comparison with what the kernel wrote all read blocks through this, so they agree on the bytes.
+fn read_block(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let n = read_upto(file, buf, offset)?;
+    buf[n..].fill(0);
+    Ok(())
 }
 
 fn read_upto(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {

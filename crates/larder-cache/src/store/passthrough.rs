@@ -22,9 +22,7 @@ impl Store {
         for index in 0..size.div_ceil(bs) {
             let start = index * bs;
             let len = (size - start).min(bs) as usize;
-            let n = read_upto(&file, &mut buf[..len], start).map_err(io_err)?;
-            // Past the cache file's end the content is a hole: zeros.
-            buf[n..len].fill(0);
+            read_block(&file, &mut buf[..len], start).map_err(io_err)?;
             let crc = crc32c::crc32c(&buf[..len]);
             match known.get(&(index as u32)) {
                 Some(&(l, c, dirty)) if l as usize == len && c == crc && !(dirty && c == 0) => {}
