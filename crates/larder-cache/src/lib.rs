@@ -10,19 +10,15 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod contention;
 mod db;
-mod flight;
 mod lru;
 mod policy;
-pub mod private;
 mod s3fifo;
 mod store;
 pub mod unpushed;
 mod wal;
 
 pub use db::{Db, Durability, Mutation};
-pub use flight::SingleFlight;
 pub use lru::Lru;
 pub use policy::{Eviction, Policy};
 pub use s3fifo::{PolicyStats, S3Fifo};

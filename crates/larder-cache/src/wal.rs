@@ -188,7 +188,7 @@ pub(crate) fn paths(index: &Path) -> [PathBuf; 2] {
 }
 
 fn open_file(path: &Path) -> io::Result<File> {
-    crate::private::options()
+    larder_util::private::options()
         .read(true)
         .write(true)
         .create(true)

@@ -43,12 +43,12 @@ pub fn node_id(cache_dir: &Path) -> Result<u64, IdentityError> {
             break id;
         }
     };
-    larder_cache::private::create_dir_all(cache_dir).map_err(io_err)?;
+    larder_util::private::create_dir_all(cache_dir).map_err(io_err)?;
     // Written whole under another name, then linked into place: two nodes started on one directory at once
     // (a mistake, but one the lock of the cache catches only later) agree on the first id written.
     let tmp = cache_dir.join(format!("{ID_FILE}.{id:016x}.new"));
     {
-        let mut f = larder_cache::private::options()
+        let mut f = larder_util::private::options()
             .write(true)
             .create(true)
             .truncate(true)

@@ -416,7 +416,7 @@ struct Refusals {
 impl Refusals {
     fn refuse(&self, who: String, why: &str) {
         self.stats.refused.fetch_add(1, Ordering::Relaxed);
-        let mut logged = larder_cache::contention::lock(&self.logged);
+        let mut logged = larder_util::contention::lock(&self.logged);
         if logged.len() < LOGGED_PEERS && logged.insert(who.clone()) {
             tracing::warn!(peer = %who, "refused a peer: {why} (logged once per peer; counted in refused)");
         } else {
@@ -671,7 +671,7 @@ impl PeerClient {
 
     fn channel(&self, peer: &MemberRecord) -> Result<Channel, PeerError> {
         let dialled = Dialled::of(peer);
-        let mut channels = larder_cache::contention::lock(&self.channels);
+        let mut channels = larder_util::contention::lock(&self.channels);
         if let Some((d, ch)) = channels.get(&peer.id)
             && *d == dialled
         {
@@ -711,7 +711,7 @@ impl PeerClient {
                 })??;
                 let got = tls::peer(stream.get_ref().1).map_err(std::io::Error::other)?;
                 if got.fingerprint != target.fingerprint {
-                    let mut logged = larder_cache::contention::lock(&mismatches);
+                    let mut logged = larder_util::contention::lock(&mismatches);
                     if logged.len() < LOGGED_PEERS && logged.insert((id, got.fingerprint.clone())) {
                         tracing::warn!(
                         peer = format!("{id:016x}"),
@@ -743,7 +743,7 @@ impl PeerClient {
 
     /// Whether `peer` may be asked now (its breaker is closed, or its cool-down is over: one trial).
     fn allowed(&self, peer: MemberId) -> Result<(), PeerError> {
-        let mut b = larder_cache::contention::lock(&self.breakers);
+        let mut b = larder_util::contention::lock(&self.breakers);
         let e = b.entry(peer).or_default();
         match e.open_until {
             Some(until) if Instant::now() < until => Err(PeerError::Skipped(peer, e.failures)),
@@ -758,7 +758,7 @@ impl PeerClient {
     }
 
     fn record(&self, peer: MemberId, failed: bool) {
-        let mut b = larder_cache::contention::lock(&self.breakers);
+        let mut b = larder_util::contention::lock(&self.breakers);
         let e = b.entry(peer).or_default();
         if failed {
             e.failures += 1;

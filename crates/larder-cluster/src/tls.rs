@@ -158,13 +158,13 @@ pub fn init(dir: &Path) -> Result<Issued, TlsError> {
     let key = KeyPair::generate().map_err(generate)?;
     let cert = params.self_signed(&key).map_err(generate)?;
 
-    larder_cache::private::create_dir_all(dir).map_err(io_err(dir))?;
+    larder_util::private::create_dir_all(dir).map_err(io_err(dir))?;
     let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
     // The key first, and only where none was: two runs at once make one CA.
     write_new(
         &key_path,
         key.serialize_pem().as_bytes(),
-        larder_cache::private::FILE_MODE,
+        larder_util::private::FILE_MODE,
     )
     .map_err(|e| match e {
         TlsError::Io { source, .. } if source.kind() == io::ErrorKind::AlreadyExists => ca_exists(dir, CA_KEY),
@@ -268,7 +268,7 @@ fn issue_valid(
         let cert_tmp = tmp_path(&cert_path);
         let _ = std::fs::remove_file(&key_tmp);
         let _ = std::fs::remove_file(&cert_tmp);
-        let written = write_new(&key_tmp, key_pem.as_bytes(), larder_cache::private::FILE_MODE)
+        let written = write_new(&key_tmp, key_pem.as_bytes(), larder_util::private::FILE_MODE)
             .and_then(|()| write_new(&cert_tmp, cert_pem.as_bytes(), CERT_MODE))
             .and_then(|()| std::fs::rename(&key_tmp, &key_path).map_err(io_err(&key_path)))
             .and_then(|()| std::fs::rename(&cert_tmp, &cert_path).map_err(io_err(&cert_path)));
@@ -285,7 +285,7 @@ fn issue_valid(
             }
             e => e,
         };
-        write_new(&key_path, key_pem.as_bytes(), larder_cache::private::FILE_MODE)
+        write_new(&key_path, key_pem.as_bytes(), larder_util::private::FILE_MODE)
             .map_err(|e| exists_err(&key_path, e))?;
         if let Err(e) = write_new(&cert_path, cert_pem.as_bytes(), CERT_MODE) {
             let _ = std::fs::remove_file(&key_path);

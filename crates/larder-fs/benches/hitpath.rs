@@ -1,7 +1,7 @@
 //! The hit path in process: the core and the store, no FUSE, no kernel. Warm lookups (each followed by
 //! the kernel's forget), getattrs, 4 KiB reads on open handles, and whole-file reads (open, read 16 KiB,
 //! close: a small-file workload) of a fully cached tree by 1 to 16 threads, with the time threads spent waiting for a held lock (see
-//! `larder_cache::contention`), so that contention shows even on a machine with few cores.
+//! `larder_util::contention`), so that contention shows even on a machine with few cores.
 //!
 //!     cargo bench -p larder-fs --bench hitpath -- [--files N] [--seconds S] [--threads 1,2,4,8,16]
 //!                                                 [--out bench/results/hitpath.json]
@@ -79,7 +79,7 @@ struct Tree {
 fn measure(threads: usize, seconds: f64, op: &(dyn Fn(&mut Rng) + Sync)) -> (f64, f64, f64) {
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
-    let (w0, ns0) = larder_cache::contention::waits();
+    let (w0, ns0) = larder_util::contention::waits();
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -100,7 +100,7 @@ fn measure(threads: usize, seconds: f64, op: &(dyn Fn(&mut Rng) + Sync)) -> (f64
         stop.store(true, Ordering::Relaxed);
     });
     let elapsed = start.elapsed().as_secs_f64();
-    let (w1, ns1) = larder_cache::contention::waits();
+    let (w1, ns1) = larder_util::contention::waits();
     let ops = done.load(Ordering::Relaxed) as f64;
     (ops / elapsed, (w1 - w0) as f64 / ops, (ns1 - ns0) as f64 / ops)
 }

@@ -285,7 +285,7 @@ impl Migrator {
 
     /// The inode of cache object `object`, if a file of this node has it.
     fn ino_of(&self, fs: &Fs, object: u64) -> Option<u64> {
-        let mut files = larder_cache::contention::lock(&self.files);
+        let mut files = larder_util::contention::lock(&self.files);
         if let Some(&ino) = files.1.get(&object) {
             return Some(ino);
         }
@@ -298,7 +298,7 @@ impl Migrator {
 
     /// Take `len` bytes from the bucket (filled at `rate` a second, holding a second's worth at most).
     fn spend(&self, len: u64) -> bool {
-        let mut b = larder_cache::contention::lock(&self.bucket);
+        let mut b = larder_util::contention::lock(&self.bucket);
         let now = Instant::now();
         b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * self.rate as f64).min(self.rate as f64);
         b.1 = now;

@@ -34,8 +34,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use larder_cache::SingleFlight;
 use larder_home::{HomeError, Version};
+use larder_util::SingleFlight;
 
 use crate::key::{KeyDigest, UnitKey};
 

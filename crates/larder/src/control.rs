@@ -144,7 +144,7 @@ pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<()> {
 /// Create `dir` owner-only, or check that the one there is this user's own directory (in a shared
 /// place such as /tmp another user could have made it first) and make it owner-only.
 fn private_dir(dir: &Path) -> Result<()> {
-    larder_cache::private::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    larder_util::private::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let m = std::fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };

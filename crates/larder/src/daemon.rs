@@ -73,7 +73,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
         eprintln!("larder: warning: {warning}");
     }
     let log_path = prepared.cache_dir.join("larder.log");
-    let log = larder_cache::private::options()
+    let log = larder_util::private::options()
         .create(true)
         .append(true)
         .open(&log_path)
@@ -170,7 +170,7 @@ fn watch_signals(set: libc::sigset_t, mountpoint: PathBuf) {
 
 pub(crate) fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
     let path = dir.join("lock");
-    let file = larder_cache::private::options()
+    let file = larder_util::private::options()
         .create(true)
         .truncate(false)
         .read(true)
@@ -194,7 +194,7 @@ pub(crate) fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
 /// this user's alone. What is found wider (made by an older larder, or by hand) is narrowed, once, with a
 /// warning naming it.
 fn make_cache_dir_private(dir: &Path) -> Result<()> {
-    let fixed = larder_cache::private::make_private(dir)
+    let fixed = larder_util::private::make_private(dir)
         .map_err(|e| anyhow!("cache dir {} cannot be made private to its owner: {e}", dir.display()))?;
     if !fixed.is_empty() {
         tracing::warn!(
@@ -408,7 +408,7 @@ fn connect_bank(args: &MountArgs) -> Result<Option<Arc<Bank>>> {
 fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     init_logging(&args.log_level);
     // Objects created at home get exactly the modes callers ask for (the kernel applied their umask).
-    // Everything in the cache dir is created with an explicit owner-only mode (`larder_cache::private`).
+    // Everything in the cache dir is created with an explicit owner-only mode (`larder_util::private`).
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
     let signals = block_signals();

@@ -113,7 +113,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         );
     }
     // Owner-only from the start; one found wider is narrowed by the daemon once it holds the lock.
-    if let Err(e) = larder_cache::private::create_dir_all(&cache_dir) {
+    if let Err(e) = larder_util::private::create_dir_all(&cache_dir) {
         bail!("cache dir {} cannot be created: {e}", cache_dir.display());
     }
     let cache_dir = std::fs::canonicalize(&cache_dir)?;
@@ -125,7 +125,7 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
         );
     }
     let probe = cache_dir.join(".larder-probe");
-    if let Err(e) = larder_cache::private::write(&probe, b"ok") {
+    if let Err(e) = larder_util::private::write(&probe, b"ok") {
         bail!("cache dir {} is not writable: {e}", cache_dir.display());
     }
     let _ = std::fs::remove_file(&probe);

@@ -189,7 +189,7 @@ impl Db {
     }
 
     fn open_inner(path: &Path, durability: Durability, salvage: bool) -> CacheResult<(Arc<Db>, u64)> {
-        let file = crate::private::options()
+        let file = larder_util::private::options()
             .read(true)
             .write(true)
             .create(true)
@@ -658,7 +658,7 @@ fn database_of(file: std::fs::File) -> Result<Database, redb::DatabaseError> {
 
 /// The database at `path`, opened again (see [`database_of`]).
 fn open_database(path: &Path) -> Result<Database, String> {
-    let file = crate::private::options()
+    let file = larder_util::private::options()
         .read(true)
         .write(true)
         .create(false)

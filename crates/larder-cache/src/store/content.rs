@@ -33,8 +33,8 @@ impl Store {
         let shared = self.file_locked(st, object)?;
         read_full(&shared, &mut data, 0).map_err(io_err)?;
         let path = self.path_of(object);
-        crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
-        let own = crate::private::options()
+        larder_util::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+        let own = larder_util::private::options()
             .read(true)
             .write(true)
             .create(true)
@@ -135,9 +135,9 @@ impl Store {
                 return Ok(false);
             }
         } else {
-            crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+            larder_util::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
             let tmp = path.with_extension("new");
-            crate::private::write(&tmp, data).map_err(io_err)?;
+            larder_util::private::write(&tmp, data).map_err(io_err)?;
             std::fs::rename(&tmp, &path).map_err(io_err)?;
             self.used.fetch_add(key.0 as u64, Ordering::Relaxed);
         }

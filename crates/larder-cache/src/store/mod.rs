@@ -546,7 +546,7 @@ const INDEX_TRIES: usize = 2;
 /// How long an average block distance is reused.
 const ABD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-use crate::contention::lock;
+use larder_util::contention::lock;
 use punch::Punches;
 
 impl Store {
@@ -669,7 +669,7 @@ impl Store {
         };
         let own = content.is_none();
         let open = |p: &Path, create: bool| {
-            crate::private::options()
+            larder_util::private::options()
                 .read(true)
                 .write(own)
                 .create(create)
@@ -688,7 +688,7 @@ impl Store {
         let file = match found.or_else(|_| open(&path, own)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
+                larder_util::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).map_err(io_err)?;
                 open(&path, own).map_err(io_err)?
             }
             Err(e) => return Err(io_err(e)),

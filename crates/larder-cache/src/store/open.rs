@@ -6,7 +6,7 @@ use super::*;
 impl Store {
     /// Open the store in `cfg.dir`, loading the block index from `db`.
     pub fn open(cfg: StoreConfig, db: Arc<Db>) -> CacheResult<Store> {
-        crate::private::create_dir_all(&cfg.dir).map_err(io_err)?;
+        larder_util::private::create_dir_all(&cfg.dir).map_err(io_err)?;
         let mut shards: Vec<ShardState> = (0..SHARDS).map(|_| ShardState::new()).collect();
         let mut policy = Policy::new(cfg.eviction, (cfg.limit as f64 * cfg.low_watermark) as u64);
         let mut contents = Contents::default();
@@ -127,7 +127,7 @@ impl Store {
                 return false;
             };
             let to = lost_found.join(path.file_name().unwrap_or_default());
-            let moved = crate::private::create_dir_all(lost_found).and_then(|()| std::fs::rename(path, &to));
+            let moved = larder_util::private::create_dir_all(lost_found).and_then(|()| std::fs::rename(path, &to));
             match moved {
                 Ok(()) => kept.push((to, label)),
                 Err(e) => {

@@ -102,7 +102,8 @@ impl Store {
             match std::fs::rename(&path, &to) {
                 Ok(()) => true,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    crate::private::create_dir_all(&self.spare_dir()).is_ok() && std::fs::rename(&path, &to).is_ok()
+                    larder_util::private::create_dir_all(&self.spare_dir()).is_ok()
+                        && std::fs::rename(&path, &to).is_ok()
                 }
                 Err(_) => false,
             }
@@ -128,7 +129,7 @@ impl Store {
         let mut moved = rename_noreplace(&from, path);
         if matches!(&moved, Err(e) if e.kind() == io::ErrorKind::NotFound)
             && path.parent().is_some_and(|p| !p.exists())
-            && crate::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).is_ok()
+            && larder_util::private::create_dir_all(path.parent().unwrap_or(&self.cfg.dir)).is_ok()
         {
             moved = rename_noreplace(&from, path);
         }

@@ -43,7 +43,7 @@ pub(crate) fn fine_grained_times(dir: &std::path::Path) -> bool {
         let path = dir.join(".larder-time-probe");
         let probe = || -> std::io::Result<bool> {
             use std::os::unix::fs::FileExt;
-            let f = larder_cache::private::options()
+            let f = larder_util::private::options()
                 .read(true)
                 .write(true)
                 .create(true)

@@ -62,9 +62,9 @@ impl Fs {
             detail,
         };
         tracing::warn!(path = %c.path, policy, kept_at = %c.kept_at, "conflict: {}", c.detail);
-        let _ = larder_cache::private::create_dir_all(&self.cfg.conflicts_dir);
+        let _ = larder_util::private::create_dir_all(&self.cfg.conflicts_dir);
         let line = serde_json::to_string(&c).unwrap_or_default();
-        let written = larder_cache::private::options()
+        let written = larder_util::private::options()
             .create(true)
             .append(true)
             .open(self.cfg.conflicts_dir.join("conflicts.jsonl"))
@@ -106,10 +106,10 @@ impl Fs {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "root".into());
-        larder_cache::private::create_dir_all(&self.cfg.conflicts_dir).map_err(|e| FsError::Cache(e.into()))?;
+        larder_util::private::create_dir_all(&self.cfg.conflicts_dir).map_err(|e| FsError::Cache(e.into()))?;
         let dest = self.cfg.conflicts_dir.join(format!("{stamp}-{ino}-{base}"));
         let src = self.core.store.file(object)?;
-        let out = larder_cache::private::options()
+        let out = larder_util::private::options()
             .write(true)
             .create(true)
             .truncate(true)

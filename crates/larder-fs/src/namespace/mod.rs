@@ -447,7 +447,7 @@ pub struct Fs {
     /// may predate that change, and is not counted fresh.
     pub(crate) invalidated: std::sync::Mutex<Option<Instant>>,
     /// Listings of directories at home under way, one per directory (see [`Fs::listing`]).
-    pub(crate) listing_flight: larder_cache::SingleFlight<u64, ()>,
+    pub(crate) listing_flight: larder_util::SingleFlight<u64, ()>,
     /// Ticks for directories' listings and opens, to tell which came first (see `DirState::opened`).
     pub(crate) dir_clock: AtomicU64,
     /// Directories to revalidate ahead of a walk (see `Fs::walk_ahead`).
@@ -459,7 +459,7 @@ pub struct Fs {
     pub(crate) integrity: crate::integrity::Integrity,
 }
 
-pub(crate) use larder_cache::contention::{lock, read, write};
+pub(crate) use larder_util::contention::{lock, read, write};
 
 pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
     if name.len() > NAME_MAX {

@@ -57,7 +57,7 @@ impl Whereabouts {
 
     /// Note that unit `digest` went to member `to`.
     pub fn note(&self, digest: [u8; 16], to: MemberId) {
-        let mut notes = larder_cache::contention::lock(&self.0);
+        let mut notes = larder_util::contention::lock(&self.0);
         if notes.to.insert(digest, to).is_none() {
             notes.order.push_back(digest);
         }
@@ -70,7 +70,7 @@ impl Whereabouts {
 
     /// Where unit `digest` went, if this node sent it away.
     pub fn of(&self, digest: &[u8; 16]) -> Option<MemberId> {
-        larder_cache::contention::lock(&self.0).to.get(digest).copied()
+        larder_util::contention::lock(&self.0).to.get(digest).copied()
     }
 }
 
