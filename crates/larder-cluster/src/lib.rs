@@ -1,6 +1,6 @@
 //! larder's cluster: several larder nodes, on several hosts, as one cache.
 //!
-//! This crate holds what every node of a cluster must compute alike, apart from any transport:
+//! This crate holds what every node of a cluster must compute alike, and the transport between them:
 //! - [`identity`]: a node's id, created once and kept in its cache directory, so that a node keeps its
 //!   identity (and what it owns) across restarts and address changes;
 //! - [`placement`]: which member owns a unit, and which to ask next, by weighted rendezvous hashing over
@@ -10,16 +10,25 @@
 //! - [`peer`]: the transport that serves units to peers and fetches them, every chunk checked;
 //! - [`tls`]: the cluster's own certificate authority, the nodes' certificates, and the mutual-TLS
 //!   configuration every peer connection uses (design note 014).
+//!
+//! And how a node's core ([`larder_fs`]) plugs into the cluster, through the core's own seams:
+//! - [`tier`]: the other nodes as a tier between the store and home ([`tier::PeerTier`]);
+//! - [`node`]: the core's read path as what the peer server serves, and migration instead of eviction;
+//! - [`coherence`]: the core's `Coherence` (writes across the cluster, design note 016) over etcd and
+//!   the peer protocol.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod coherence;
 pub mod held;
 pub mod identity;
 pub mod membership;
+pub mod node;
 pub mod peer;
 pub mod placement;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tier;
 pub mod tls;
 
 pub use identity::{IdentityError, node_id};

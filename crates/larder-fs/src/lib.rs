@@ -21,7 +21,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod changes;
-pub mod cluster;
 pub mod coherence;
 mod data;
 mod dirs;
@@ -38,6 +37,7 @@ mod readahead;
 mod record;
 pub mod recovery;
 mod residency;
+pub mod serve;
 pub mod tier;
 mod types;
 mod xattr;

@@ -19,14 +19,12 @@ mod fault;
 mod local;
 #[cfg(any(test, feature = "mock"))]
 mod memory;
-mod peer;
 
 #[cfg(any(test, feature = "mock"))]
 pub use fault::{FaultTier, Faults};
 pub use local::{HomeTier, StoreTier};
 #[cfg(any(test, feature = "mock"))]
 pub use memory::MemoryTier;
-pub use peer::{PeerTier, Whereabouts};
 
 use std::ops::Range;
 use std::path::Path;

@@ -18,11 +18,12 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use larder_bank::{Bank, BankConfig};
 use larder_bank::{BankStat, BankTier};
 use larder_cache::{Db, Store, StoreConfig};
+use larder_cluster::coherence::EtcdCoherence;
+use larder_cluster::node::{FsUnitSource, Migrator};
 use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
+use larder_cluster::tier::{PeerTier, Whereabouts};
 use larder_cluster::{EtcdTls, MemberRecord, Membership, MembershipConfig, NodeTls};
-use larder_fs::cluster::{FsUnitSource, Migrator};
-use larder_fs::coherence::{EtcdCoherence, HeldOverlay};
-use larder_fs::tier::{PeerTier, Whereabouts};
+use larder_fs::coherence::HeldOverlay;
 use larder_fs::{Fs, FsConfig, WriteMode};
 use larder_fuse::LarderFuse;
 use larder_home::{Health, HealthLayer, Home, Layered};
@@ -534,7 +535,10 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     let _peer_server = match &cluster {
         Some(c) if c.serve => {
             let listen = c.membership.me().addr.parse().expect("checked at join");
-            let source = Arc::new(FsUnitSource(Arc::downgrade(&fs)));
+            let source = Arc::new(FsUnitSource {
+                fs: Arc::downgrade(&fs),
+                coherence: coherence.clone(),
+            });
             // A peer is admitted while its certificate is a live member's, as this node's view has it now.
             let membership = c.membership.clone();
             let admit: Admit = Arc::new(move |peer| membership.view().admits(peer));

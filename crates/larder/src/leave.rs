@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use larder_cluster::node::take_ask;
 use larder_cluster::peer::PeerClient;
 use larder_cluster::{Member, Membership, Placement};
 use larder_fs::Fs;
-use larder_fs::cluster::HeldUnit;
+use larder_fs::serve::HeldUnit;
 use serde::{Deserialize, Serialize};
 
 /// Units handed over at once.
@@ -66,7 +67,7 @@ pub fn hand_over(fs: &Fs, membership: &Membership, client: &PeerClient, time: Du
                 while let Some(u) = owned.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let to = view.placement().owner(&u.digest).and_then(|id| view.members.get(&id));
                     let taken = match to {
-                        Some(peer) if Instant::now() < deadline => client.take(peer, &u.ask()).map_err(|e| e.to_string()),
+                        Some(peer) if Instant::now() < deadline => client.take(peer, &take_ask(u)).map_err(|e| e.to_string()),
                         Some(_) => Err("out of time".into()),
                         None => Err("no member owns units".into()),
                     };

@@ -190,10 +190,10 @@ pub struct MemberStatus {
 }
 
 impl ClusterStatus {
-    pub fn of(name: &str, m: &larder_cluster::Membership, held: &[larder_fs::cluster::HeldUnit]) -> ClusterStatus {
+    pub fn of(name: &str, m: &larder_cluster::Membership, held: &[larder_fs::serve::HeldUnit]) -> ClusterStatus {
         let view = m.view();
         let me = m.me().id;
-        let owned: Vec<&larder_fs::cluster::HeldUnit> = held
+        let owned: Vec<&larder_fs::serve::HeldUnit> = held
             .iter()
             .filter(|u| view.placement().owner(&u.digest) == Some(me))
             .collect();

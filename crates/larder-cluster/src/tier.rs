@@ -1,4 +1,5 @@
-//! The peer tier: the cluster's other nodes, between this node's store and home (design note 013).
+//! The peer tier: the cluster's other nodes, as a core [`Tier`] between a node's store and home (design
+//! note 013).
 //!
 //! A unit's candidates are the live members that serve, in rendezvous order for its key; its hints are
 //! the members that owned it before a recent membership change. If this node is the owner, only the hints
@@ -12,11 +13,11 @@ use std::collections::{HashMap, VecDeque};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use larder_cluster::peer::{Ask, PeerClient};
-use larder_cluster::{MemberId, Membership};
+use larder_fs::key::Part;
+use larder_fs::tier::{Tier, TierError, Unit, Want};
 
-use super::{Tier, TierError, Unit, Want};
-use crate::key::Part;
+use crate::peer::{Ask, PeerClient};
+use crate::{MemberId, Membership};
 
 /// Candidates asked for a unit: the owner, and the one after it.
 const ASK: usize = 2;

@@ -1,4 +1,4 @@
-//! [`Coherence`] over the cluster's etcd (the held records, kept by the membership's watch) and the peer
+//! The core's [`Coherence`] over the cluster's etcd (the held records, kept by the membership's watch) and the peer
 //! protocol (bytes a holder has), and the keeper that retries what could not be published and removes
 //! this node's records once home has all its changes.
 
@@ -6,12 +6,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use larder_cluster::Membership;
-use larder_cluster::peer::{HeldAsk, PeerClient, PeerError};
+use larder_fs::Fs;
+use larder_fs::coherence::{Coherence, HeldRecord};
+use larder_fs::serve::HeldRead;
 use larder_home::{HomeError, HomeResult};
 
-use super::{Coherence, HeldRecord};
-use crate::namespace::Fs;
+use crate::Membership;
+use crate::peer::{HeldAsk, PeerClient, PeerError};
 
 /// How often the keeper looks at this node's records.
 const KEEP_EVERY: Duration = Duration::from_millis(200);
@@ -113,6 +114,30 @@ impl EtcdCoherence {
             .map(|(p, h)| (p, h.revision))
             .collect()
     }
+
+    /// Give the write token of `path` up to a peer that asked: `drain` first sends this node's changes to
+    /// home (within the time it is given; see [`Fs::give_up`]), then this node's held records go, then
+    /// the token. This node's writers of the path wait meanwhile. The revision at which this node's held
+    /// records were gone.
+    pub fn give_up(&self, path: &[u8], drain: impl FnOnce(Duration) -> Result<(), String>) -> Result<i64, String> {
+        self.tokens.lock().unwrap().insert(path.to_vec(), Token::GivingUp);
+        let result = (|| {
+            drain(GIVE_UP_WITHIN)?;
+            let mut gone = 0;
+            for (p, revision) in self.own() {
+                let at = self
+                    .membership
+                    .unpublish_held(&p, revision)
+                    .map_err(|e| e.to_string())?;
+                gone = gone.max(at.unwrap_or(0));
+            }
+            self.membership.drop_token(path).map_err(|e| e.to_string())?;
+            Ok(gone)
+        })();
+        self.tokens.lock().unwrap().remove(path);
+        self.tokens_changed.notify_all();
+        result
+    }
 }
 
 /// Every [`KEEP_EVERY`]: write again what could not be published, and once this node's journal is
@@ -172,7 +197,14 @@ impl Coherence for EtcdCoherence {
         self.membership.view().live.contains(&node)
     }
 
-    fn read_held(&self, holder: u64, ask: &HeldAsk) -> HomeResult<Vec<u8>> {
+    fn read_held(&self, holder: u64, read: &HeldRead) -> HomeResult<Vec<u8>> {
+        let ask = &HeldAsk {
+            path: read.path,
+            revision: read.revision,
+            offset: read.offset,
+            len: read.len,
+            link: read.link,
+        };
         let view = self.membership.view();
         let Some(member) = view.members.get(&holder) else {
             return Err(HomeError::Os(libc::EIO));
@@ -238,28 +270,6 @@ impl Coherence for EtcdCoherence {
             }
         }
         Err(HomeError::Os(libc::EIO))
-    }
-
-    /// Give the write token of `path` up to a peer (see [`Fs::give_up`]): this node's writers of the path
-    /// wait meanwhile. The revision at which this node's held records were gone.
-    fn give_up(&self, fs: &Fs, path: &[u8]) -> Result<i64, String> {
-        self.tokens.lock().unwrap().insert(path.to_vec(), Token::GivingUp);
-        let result = (|| {
-            fs.give_up(path, GIVE_UP_WITHIN)?;
-            let mut gone = 0;
-            for (p, revision) in self.own() {
-                let at = self
-                    .membership
-                    .unpublish_held(&p, revision)
-                    .map_err(|e| e.to_string())?;
-                gone = gone.max(at.unwrap_or(0));
-            }
-            self.membership.drop_token(path).map_err(|e| e.to_string())?;
-            Ok(gone)
-        })();
-        self.tokens.lock().unwrap().remove(path);
-        self.tokens_changed.notify_all();
-        result
     }
 
     fn sync(&self) {

@@ -23,14 +23,11 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use larder_cluster::peer::HeldAsk;
 use larder_home::{ContentId, DirEntry, Home, HomeAttr, HomeError, HomeResult, Layer, Layered, Version};
 use serde::{Deserialize, Serialize};
 
 use crate::namespace::{Fs, Namespace, ROOT, read, write};
-
-mod etcd;
-pub use etcd::EtcdCoherence;
+use crate::serve::HeldRead;
 
 /// What a node says of a path it changed and home has not got yet.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,7 +52,7 @@ pub trait Coherence: Send + Sync {
     /// Whether `node` is a live member.
     fn live(&self, node: u64) -> bool;
     /// Bytes `ask` names from `holder`.
-    fn read_held(&self, holder: u64, ask: &HeldAsk) -> HomeResult<Vec<u8>>;
+    fn read_held(&self, holder: u64, ask: &HeldRead) -> HomeResult<Vec<u8>>;
     /// Apply every record written before now (before an open).
     fn sync(&self);
     /// Publish these records of this node's changes, before the change returns.
@@ -63,9 +60,6 @@ pub trait Coherence: Send + Sync {
     /// Take the write token of `path` before this node changes what is there: the node holding it gives
     /// it up once home has its changes. An error means the change must not be made.
     fn take(&self, path: &[u8]) -> HomeResult<()>;
-    /// Give the write token of `path` up to a peer that asked: `fs`'s changes go to home first. The
-    /// revision at which this node's held records were gone.
-    fn give_up(&self, fs: &Fs, path: &[u8]) -> Result<i64, String>;
 }
 
 const HELD: &str = "held:";
@@ -141,7 +135,7 @@ impl HeldOverlay {
         })
     }
 
-    fn held_read(&self, holder: u64, ask: &HeldAsk) -> HomeResult<Vec<u8>> {
+    fn held_read(&self, holder: u64, ask: &HeldRead) -> HomeResult<Vec<u8>> {
         if !self.c.live(holder) {
             return Err(if self.lost_home {
                 HomeError::Stale
@@ -216,7 +210,7 @@ impl Layer for HeldOverlay {
         match parse_held(version) {
             Some((holder, revision)) => self.held_read(
                 holder,
-                &HeldAsk {
+                &HeldRead {
                     path: bytes(path),
                     revision,
                     offset,
@@ -232,7 +226,7 @@ impl Layer for HeldOverlay {
         match self.standing(bytes(path)) {
             Some((r, revision)) => self.held_read(
                 r.holder,
-                &HeldAsk {
+                &HeldRead {
                     path: bytes(path),
                     revision,
                     offset: 0,
@@ -247,7 +241,7 @@ impl Layer for HeldOverlay {
 
 /// The inode at `path` (below home's root) in the namespace as it is in memory, asking nothing; and the
 /// deepest directory reached on the way, with the name not found in it.
-fn resolve_known(ns: &Namespace, path: &Path) -> (Option<u64>, Option<(u64, std::ffi::OsString)>) {
+pub(crate) fn resolve_known(ns: &Namespace, path: &Path) -> (Option<u64>, Option<(u64, std::ffi::OsString)>) {
     let mut ino = ROOT;
     let mut last = None;
     for part in path.components() {
@@ -320,9 +314,9 @@ impl Fs {
         self.take_tokens(&[&path])
     }
 
-    /// Give the write token of `path` up to a peer: the changes this node holds go to home first (every
-    /// one, in order: the journal is drained), then its held records go, then the token. The etcd
-    /// revision at which the records were gone, as [`Coherence::publish`]'s implementation says.
+    /// Drain before giving the write token of `path` up to a peer: the changes this node holds go to home
+    /// first (every one, in order: the journal is drained), within `drain_within`. The cluster removes
+    /// this node's held records and the token after.
     pub fn give_up(&self, path: &[u8], drain_within: std::time::Duration) -> Result<(), String> {
         let ino = {
             let ns = read(&self.ns);
@@ -412,33 +406,6 @@ impl Fs {
             self.invalidate(k);
         }
     }
-
-    /// Bytes of a file this node holds changes of, for a peer (see [`HeldAsk`]). `revision` is the held
-    /// record the peer read; `own` is this node's record of the path now, if any: another revision means
-    /// a newer version was published since.
-    pub fn serve_held(&self, ask: &HeldAsk, own: Option<i64>) -> Result<Vec<u8>, larder_cluster::peer::SourceError> {
-        use larder_cluster::peer::SourceError;
-        if own.is_some_and(|r| r != ask.revision) {
-            tracing::debug!(asked = ask.revision, own = ?own, "a peer asked for held bytes of another version");
-            return Err(SourceError::OtherVersion);
-        }
-        let path = Path::new(OsStr::from_bytes(ask.path));
-        let ino = {
-            let ns = read(&self.ns);
-            match resolve_known(&ns, path) {
-                (Some(ino), _) if !ns.inode(ino).map_or(true, |n| n.removed) => ino,
-                _ => return Err(SourceError::NotHeld),
-            }
-        };
-        let failed = |e: crate::FsError| SourceError::Failed(e.to_string());
-        if ask.link {
-            return self.readlink(ino).map_err(failed);
-        }
-        let fh = self.open_here(ino).map_err(failed)?;
-        let data = self.read(fh, ask.offset, ask.len.min(u32::MAX as u64) as u32);
-        let _ = self.release(fh);
-        data.map_err(failed)
-    }
 }
 
 /// This node's record of `path`: its attributes here (none if it is not here, or removed), and where
@@ -525,16 +492,13 @@ mod tests {
         fn live(&self, node: u64) -> bool {
             self.live.contains(&node)
         }
-        fn read_held(&self, holder: u64, ask: &HeldAsk) -> HomeResult<Vec<u8>> {
+        fn read_held(&self, holder: u64, ask: &HeldRead) -> HomeResult<Vec<u8>> {
             Ok(format!("{holder}:{}:{}", String::from_utf8_lossy(ask.path), ask.revision).into_bytes())
         }
         fn sync(&self) {}
         fn publish(&self, _: Vec<(Vec<u8>, HeldRecord)>) {}
         fn take(&self, _: &[u8]) -> HomeResult<()> {
             Ok(())
-        }
-        fn give_up(&self, _: &Fs, _: &[u8]) -> Result<i64, String> {
-            Ok(0)
         }
     }
 
