@@ -117,7 +117,7 @@ impl Tier for PeerTier {
             let ask = Ask {
                 key: &key,
                 digest,
-                path: want.local.path.as_os_str().as_bytes(),
+                path: want.file.path.as_os_str().as_bytes(),
                 index,
                 forward,
                 from: None,

@@ -40,6 +40,7 @@ mod residency;
 pub mod serve;
 pub mod tier;
 mod types;
+mod version;
 mod xattr;
 
 pub use error::{FsError, FsResult};
@@ -51,4 +52,5 @@ pub use types::{
     Attr, Conflict, ConflictPolicy, DirItem, Drained, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply,
     Prefetch, RefusedChange, WriteMode,
 };
+pub use version::FileVersion;
 pub use xattr::XattrFlags;

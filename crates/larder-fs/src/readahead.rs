@@ -13,13 +13,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use larder_home::Version;
-
+use crate::FileVersion;
 use crate::key::Part;
 use crate::namespace::{Core, lock};
 
@@ -135,16 +133,12 @@ impl Runs {
     }
 }
 
+/// Blocks of one version of a file to bring in.
 #[derive(Clone)]
 pub(crate) struct Job {
-    pub object: u64,
     /// The blocks to bring in, in order.
     pub blocks: Range<u32>,
-    pub path: PathBuf,
-    pub version: Version,
-    /// Where home's part of the content ends, and the object's change epoch when that was so.
-    pub home_end: u64,
-    pub epoch: u64,
+    pub file: FileVersion,
 }
 
 #[derive(Default)]
@@ -187,9 +181,9 @@ impl Readahead {
                 .spawn(move || {
                     while let Some((job, run)) = next(&shared, share) {
                         if let Err(e) = ingest(&core, &job, run) {
-                            tracing::debug!(error = %e, path = %job.path.display(), "readahead fetch failed");
+                            tracing::debug!(error = %e, path = %job.file.path.display(), "readahead fetch failed");
                             // The rest of this file's range would most likely fail the same way.
-                            drop_object(&shared, job.object);
+                            drop_object(&shared, job.file.object);
                         }
                     }
                 });
@@ -209,13 +203,13 @@ impl Readahead {
         if q.closed {
             return;
         }
-        let queued_to = q.queued_to.get(&job.object).copied().unwrap_or(0);
+        let queued_to = q.queued_to.get(&job.file.object).copied().unwrap_or(0);
         if job.blocks.end <= queued_to {
             return;
         }
         job.blocks.start = job.blocks.start.max(queued_to);
         while let Some(b) = job.blocks.clone().next() {
-            if !self.core.store.contains((job.object, b)) {
+            if !self.core.store.contains((job.file.object, b)) {
                 break;
             }
             job.blocks.start = b + 1;
@@ -224,7 +218,7 @@ impl Readahead {
             return;
         }
         self.submitted.fetch_add(job.blocks.len() as u64, Ordering::Relaxed);
-        q.queued_to.insert(job.object, job.blocks.end.max(queued_to));
+        q.queued_to.insert(job.file.object, job.blocks.end.max(queued_to));
         q.jobs.push_back(job);
         drop(q);
         self.shared.ready.notify_all();
@@ -241,14 +235,14 @@ impl Readahead {
             let Some(at) = q
                 .jobs
                 .iter()
-                .position(|j| j.object == object && j.blocks.start == index && !j.blocks.is_empty())
+                .position(|j| j.file.object == object && j.blocks.start == index && !j.blocks.is_empty())
             else {
                 return;
             };
             q.take_run(at, self.share)
         };
         if let Err(e) = ingest(&self.core, &job, run) {
-            tracing::debug!(error = %e, path = %job.path.display(), "readahead fetch failed");
+            tracing::debug!(error = %e, path = %job.file.path.display(), "readahead fetch failed");
         }
     }
 
@@ -295,8 +289,8 @@ impl Queue {
             return (job.clone(), run);
         }
         let job = self.jobs.remove(at).expect("indexed above");
-        if self.queued_to.get(&job.object) == Some(&job.blocks.end) {
-            self.queued_to.remove(&job.object);
+        if self.queued_to.get(&job.file.object) == Some(&job.blocks.end) {
+            self.queued_to.remove(&job.file.object);
         }
         (job, run)
     }
@@ -320,12 +314,9 @@ fn next(shared: &Shared, share: Share) -> Option<(Job, Range<u32>)> {
 /// come in one home request where home is the next tier (and the file is not a small one, whole in one
 /// unit), else one by one through the tiers.
 fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::HomeError> {
-    let missing = |index: u32| core.absent(job, index) && !core.runs.busy(job.object, index);
-    let per_block = !core.tiers.home_next()
-        || matches!(
-            core.unit_of(run.start, &job.path, &job.version, job.home_end).0.part,
-            Part::Whole { .. }
-        );
+    let file = &job.file;
+    let missing = |index: u32| core.absent(file, index) && !core.runs.busy(file.object, index);
+    let per_block = !core.tiers.home_next() || matches!(core.unit_of(file, run.start).0.part, Part::Whole { .. });
     let mut index = run.start;
     while index < run.end {
         if !missing(index) {
@@ -337,12 +328,12 @@ fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::Ho
             end += 1;
         }
         if end - index == 1 {
-            core.fetch(job.object, index, &job.path, &job.version, job.home_end, job.epoch)?;
+            core.fetch(file, index)?;
             index = end;
         } else {
             // It may stop short, at a block a reader or another run fetches meanwhile (see
             // `Core::fetch_run`): the blocks after that one are looked at again.
-            let reached = core.fetch_run(job, index..end)?;
+            let reached = core.fetch_run(file, index..end)?;
             index = reached.max(index + 1);
         }
     }
@@ -352,7 +343,7 @@ fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::Ho
 /// Forget the queued blocks of `object`.
 fn drop_object(shared: &Shared, object: u64) {
     let mut q = lock(&shared.queue);
-    q.jobs.retain(|j| j.object != object);
+    q.jobs.retain(|j| j.file.object != object);
     q.queued_to.remove(&object);
 }
 

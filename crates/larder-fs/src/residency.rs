@@ -1,14 +1,13 @@
 //! What stays in the cache, on request: prefetch (bring files in now, over the ingest streams), pin (bring
 //! in and never evict), unpin, and evict (drop the clean data of files now).
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use larder_home::{FileKind, HomeError, Version};
+use larder_home::{FileKind, HomeError};
 
 use crate::namespace::{Fs, lock, read};
-use crate::{FsError, FsResult};
+use crate::{FileVersion, FsError, FsResult};
 
 /// Most of the cache that pinned files may take: the rest stays for everything else.
 pub const PIN_SHARE: f64 = 0.8;
@@ -29,11 +28,7 @@ pub struct Residency {
 struct Want {
     slot: usize,
     ino: u64,
-    object: u64,
-    path: PathBuf,
-    version: Version,
-    home_end: u64,
-    epoch: u64,
+    file: FileVersion,
     blocks: Vec<u32>,
 }
 
@@ -75,18 +70,10 @@ impl Fs {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&(w, index)) = work.get(i) else { return };
                         let want = &wants[w];
-                        if self.core.store.contains((want.object, index)) {
+                        if self.core.store.contains((want.file.object, index)) {
                             continue;
                         }
-                        if let Err(e) = self.fetch_block(
-                            want.ino,
-                            want.object,
-                            index,
-                            &want.path,
-                            &want.version,
-                            want.home_end,
-                            want.epoch,
-                        ) {
+                        if let Err(e) = self.fetch_block(want.ino, &want.file, index) {
                             lock(&failed).push((w, e));
                         }
                     }
@@ -145,11 +132,13 @@ impl Fs {
             Some(Want {
                 slot,
                 ino,
-                object: node.object,
-                path,
-                version: attr.version.clone(),
-                home_end,
-                epoch: self.core.store.epoch(node.object),
+                file: FileVersion {
+                    object: node.object,
+                    epoch: self.core.store.epoch(node.object),
+                    path,
+                    version: attr.version.clone(),
+                    home_end,
+                },
                 blocks,
             }),
         ))

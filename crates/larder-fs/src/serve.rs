@@ -14,12 +14,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use larder_home::{FileKind, Version};
+use larder_home::FileKind;
 
+use crate::FileVersion;
 use crate::coherence::resolve_known;
 use crate::key::Part;
 use crate::namespace::{Fs, Namespace, ROOT, read};
-use crate::tier::{Local, Want};
+use crate::tier::Want;
 
 /// What a peer asks this node for: a unit of home's content.
 #[derive(Clone, Copy, Debug)]
@@ -87,7 +88,7 @@ impl Fs {
         let path = Path::new(OsStr::from_bytes(ask.path));
         let ino = self.resolve(path)?;
         for attempt in 0..2 {
-            let (object, version, home_end, epoch, fresh) = {
+            let (file, fresh) = {
                 let ns = read(&self.ns);
                 let node = ns.inode(ino).map_err(|_| ServeError::NotHeld)?;
                 if node.kind != FileKind::File {
@@ -100,16 +101,16 @@ impl Fs {
                 let Some(attr) = node.attr.as_ref() else {
                     return Err(ServeError::NotHeld);
                 };
-                let fresh = self.fresh(node.checked);
-                (
-                    node.object,
-                    attr.version.clone(),
-                    node.home_end(),
-                    self.core.store.epoch(node.object),
-                    fresh,
-                )
+                let file = FileVersion {
+                    object: node.object,
+                    epoch: self.core.store.epoch(node.object),
+                    path: path.to_path_buf(),
+                    version: attr.version.clone(),
+                    home_end: node.home_end(),
+                };
+                (file, self.fresh(node.checked))
             };
-            let (key, range) = self.core.unit_of(ask.index, path, &version, home_end);
+            let (key, range) = self.core.unit_of(&file, ask.index);
             if key.encode() != ask.key {
                 // Ours may be the stale one: ask home once (unless it was just asked), then decide.
                 if attempt == 0 && (!fresh || ask.forward) && self.revalidate(ino, path).is_ok() {
@@ -117,13 +118,7 @@ impl Fs {
                 }
                 return Err(ServeError::OtherVersion);
             }
-            let local = Local {
-                object,
-                epoch,
-                path,
-                version: &version,
-            };
-            let mut want = Want::new(&key, range, local);
+            let mut want = Want::new(&key, range, &file);
             if !ask.forward {
                 return self.core.tiers.held(&want).ok_or(ServeError::NotHeld);
             }
@@ -183,27 +178,19 @@ pub struct HeldUnit {
     pub len: u64,
 }
 
-/// A file as home has it, clean here: its cache object, the version home has, where home's content ends,
-/// and its path at home.
-struct HomeFile {
-    object: u64,
-    version: Version,
-    home_end: u64,
-    path: PathBuf,
-}
-
 /// `ino` if it is a file this node knows clean and at home, with the version home has: the files whose
 /// units a peer may be served (nothing changed here, not removed).
-fn home_file(ns: &Namespace, ino: u64) -> Option<HomeFile> {
+fn home_file(fs: &Fs, ns: &Namespace, ino: u64) -> Option<FileVersion> {
     let n = ns.inode(ino).ok()?;
     if n.kind != FileKind::File || !n.dirty.is_empty() || n.home_size.is_some() || n.removed {
         return None;
     }
-    Some(HomeFile {
+    Some(FileVersion {
         object: n.object,
+        epoch: fs.core.store.epoch(n.object),
+        path: ns.home_path(ino).ok()??,
         version: n.attr.as_ref()?.version.clone(),
         home_end: n.home_end(),
-        path: ns.home_path(ino).ok()??,
     })
 }
 
@@ -212,9 +199,9 @@ impl Fs {
     /// has: the units a peer could be served. A walk over the namespace (taken shared, once) and the
     /// store's index: for the status and for leaving, not for the I/O path.
     pub fn held_units(&self) -> Vec<HeldUnit> {
-        let files: Vec<HomeFile> = {
+        let files: Vec<FileVersion> = {
             let ns = read(&self.ns);
-            ns.inodes.keys().filter_map(|&ino| home_file(&ns, ino)).collect()
+            ns.inodes.keys().filter_map(|&ino| home_file(self, &ns, ino)).collect()
         };
         let bs = self.core.store.block_size();
         let mut out = Vec::new();
@@ -232,8 +219,8 @@ impl Fs {
     }
 
     /// Unit `index` of `f` if the store holds it whole, and whether it is the file's whole unit.
-    fn unit_held(&self, f: &HomeFile, index: u32) -> (Option<HeldUnit>, bool) {
-        let (key, range) = self.core.unit_of(index, &f.path, &f.version, f.home_end);
+    fn unit_held(&self, f: &FileVersion, index: u32) -> (Option<HeldUnit>, bool) {
+        let (key, range) = self.core.unit_of(f, index);
         let (held, whole) = match key.part {
             Part::Whole { len } => (self.core.store.present(f.object, len), true),
             Part::Block { .. } => (
@@ -254,7 +241,7 @@ impl Fs {
     /// Unit `index` of cache object `object` if the file `ino` has that object, clean and at home, and
     /// this node holds the unit whole: what migration may hand over instead of evicting.
     pub fn held_unit_of(&self, ino: u64, object: u64, index: u32) -> Option<HeldUnit> {
-        let file = home_file(&read(&self.ns), ino).filter(|f| f.object == object)?;
+        let file = home_file(self, &read(&self.ns), ino).filter(|f| f.object == object)?;
         self.unit_held(&file, index).0
     }
 
@@ -280,8 +267,14 @@ mod tests {
     fn key_of(fs: &Fs, ino: u64, path: &Path, index: u32) -> Vec<u8> {
         let ns = read(&fs.ns);
         let node = ns.inode(ino).unwrap();
-        let version = node.attr.as_ref().unwrap().version.clone();
-        fs.core.unit_of(index, path, &version, node.home_end()).0.encode()
+        let file = FileVersion {
+            object: node.object,
+            epoch: 0,
+            path: path.to_path_buf(),
+            version: node.attr.as_ref().unwrap().version.clone(),
+            home_end: node.home_end(),
+        };
+        fs.core.unit_of(&file, index).0.encode()
     }
 
     fn ask<'a>(key: &'a [u8], path: &'a [u8], forward: bool) -> UnitAsk<'a> {
@@ -314,7 +307,16 @@ mod tests {
         // A key of another version of the file is not this one.
         let other = fs
             .core
-            .unit_of(0, path, &Version("another".into()), 10 << 10)
+            .unit_of(
+                &FileVersion {
+                    object: 0,
+                    epoch: 0,
+                    path: path.to_path_buf(),
+                    version: Version("another".into()),
+                    home_end: 10 << 10,
+                },
+                0,
+            )
             .0
             .encode();
         assert!(matches!(

@@ -27,14 +27,14 @@ pub use local::{HomeTier, StoreTier};
 pub use memory::MemoryTier;
 
 use std::ops::Range;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use larder_home::{HomeError, Version};
+use larder_home::HomeError;
 use larder_util::SingleFlight;
 
+use crate::FileVersion;
 use crate::key::{KeyDigest, UnitKey};
 
 /// A unit fetched, or why the last tier could not give it; shared by everyone waiting for the same unit.
@@ -47,8 +47,9 @@ pub struct Want<'a> {
     pub digest: KeyDigest,
     /// The bytes of the file the unit holds.
     pub range: Range<u64>,
-    /// Where this node has the content; tiers shared between nodes go by the key alone.
-    pub local: Local<'a>,
+    /// The version of the file the unit is of, as this node has it; tiers shared between nodes go by the
+    /// key alone.
+    pub file: &'a FileVersion,
     /// The member handing the unit over to this node (it is leaving): asked first, for what it holds.
     pub take_from: Option<u64>,
     /// The member whose ask, as the unit's owner, this walk answers: the walk asks only the unit's
@@ -57,25 +58,13 @@ pub struct Want<'a> {
     pub asker: Option<u64>,
 }
 
-/// This node's names for the content of a [`Want`].
-#[derive(Clone, Copy)]
-pub struct Local<'a> {
-    /// The cache object of this version of the file.
-    pub object: u64,
-    /// The object's change epoch when the read was decided: a fill after a local change is dropped.
-    pub epoch: u64,
-    /// Where home has the file, and the version expected there.
-    pub path: &'a Path,
-    pub version: &'a Version,
-}
-
 impl<'a> Want<'a> {
-    pub fn new(key: &'a UnitKey, range: Range<u64>, local: Local<'a>) -> Want<'a> {
+    pub fn new(key: &'a UnitKey, range: Range<u64>, file: &'a FileVersion) -> Want<'a> {
         Want {
             digest: key.digest(),
             key,
             range,
-            local,
+            file,
             take_from: None,
             asker: None,
         }
@@ -351,7 +340,7 @@ impl Tiers {
                 tracing::warn!(
                     tier = tier.name(),
                     error = %e,
-                    path = %want.local.path.display(),
+                    path = %want.file.path.display(),
                     "could not keep fetched data in a nearer tier"
                 );
             }

@@ -4,36 +4,30 @@ use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::ops::Range;
 use std::os::unix::ffi::OsStringExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
-use larder_home::{FileKind, HomeError, SetAttr, Version};
+use larder_home::{FileKind, HomeError, SetAttr};
 
+use crate::FileVersion;
 use crate::key::{Content, Part, UnitKey};
 use crate::namespace::{Core, FetchResult, Fs, Namespace, lock, read, write};
 use crate::readahead::Job;
-use crate::tier::{Local, Want};
+use crate::tier::Want;
 use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
-
-/// What a read needs to fetch missing blocks (see [`Fs::fetch_state`]).
-struct FetchState {
-    path: Option<std::path::PathBuf>,
-    home_size: u64,
-    version: Version,
-    epoch: u64,
-}
 
 /// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Core {
-    /// The unit that holds block `index` of the file at `path`, `version` (whose content from home ends at
-    /// `home_end`): the whole file if it is small, else the block. With the bytes of the file it covers.
-    pub(crate) fn unit_of(&self, index: u32, path: &Path, version: &Version, home_end: u64) -> (UnitKey, Range<u64>) {
+    /// The unit that holds block `index` of `file`: the whole file if it is small (as far as home's content
+    /// goes), else the block. With the bytes of the file it covers.
+    pub(crate) fn unit_of(&self, file: &FileVersion, index: u32) -> (UnitKey, Range<u64>) {
+        let home_end = file.home_end;
         let home = self.home_id.clone();
-        let content = Content::Home(self.home.content_id(path, version));
+        let content = Content::Home(self.home.content_id(&file.path, &file.version));
         if home_end > 0 && home_end <= self.small_file_threshold {
             // A small file comes in whole, in one request, and is kept as one unit.
             let part = Part::Whole { len: home_end };
@@ -54,30 +48,14 @@ impl Core {
     /// kept in the nearer tiers on the way back. Callers asking for another version of the block (our own
     /// push moved home on) do not join a fetch of the older one: its key is another.
     ///
-    /// `home_end` is where home's part of the file's content ends (the file's size, or less after a local
-    /// truncation not yet pushed) and `epoch` the object's change epoch taken together with it: the block
-    /// is kept only if the object did not change locally since. A caller joining a fetch under way must
-    /// clip the answer to its own `home_end`.
-    pub(crate) fn fetch(
-        &self,
-        object: u64,
-        index: u32,
-        path: &Path,
-        version: &Version,
-        home_end: u64,
-        epoch: u64,
-    ) -> FetchResult {
+    /// The block is kept only if the object did not change locally since `file.epoch`. A caller joining a
+    /// fetch under way must clip the answer to its own `home_end`.
+    pub(crate) fn fetch(&self, file: &FileVersion, index: u32) -> FetchResult {
         // A coalesced fetch bringing this block in is waited for: the store has it then. Otherwise the
         // block is claimed, and no run started meanwhile fetches it a second time.
-        let _claim = self.runs.claim(object, index);
-        let (key, range) = self.unit_of(index, path, version, home_end);
-        let local = Local {
-            object,
-            epoch,
-            path,
-            version,
-        };
-        let unit = self.tiers.fetch(&Want::new(&key, range, local))?;
+        let _claim = self.runs.claim(file.object, index);
+        let (key, range) = self.unit_of(file, index);
+        let unit = self.tiers.fetch(&Want::new(&key, range, file))?;
         if let Part::Whole { .. } = key.part {
             let bs = self.store.block_size();
             let from = (index as u64 * bs).min(unit.len() as u64) as usize;
@@ -87,12 +65,9 @@ impl Core {
         Ok(unit)
     }
 
-    /// Whether block `index` of `job`'s object is neither in the store nor on its way through the tiers.
-    pub(crate) fn absent(&self, job: &Job, index: u32) -> bool {
-        !self.store.contains((job.object, index))
-            && !self
-                .tiers
-                .in_flight(&self.unit_of(index, &job.path, &job.version, job.home_end).0.digest())
+    /// Whether block `index` of `file` is neither in the store nor on its way through the tiers.
+    pub(crate) fn absent(&self, file: &FileVersion, index: u32) -> bool {
+        !self.store.contains((file.object, index)) && !self.tiers.in_flight(&self.unit_of(file, index).0.digest())
     }
 
     /// Blocks `run` of `job`'s object from home in one request, each kept in the store (a block changed
@@ -101,7 +76,7 @@ impl Core {
     /// The run stops short of the first block that is cached, being fetched by a reader or another run,
     /// or in flight through the tiers ([`crate::readahead::Runs::begin_run`]): what it leaves is someone's
     /// already. Returns where it stopped.
-    pub(crate) fn fetch_run(&self, job: &Job, run: Range<u32>) -> Result<u32, HomeError> {
+    pub(crate) fn fetch_run(&self, job: &FileVersion, run: Range<u32>) -> Result<u32, HomeError> {
         let run = self.runs.begin_run(job.object, run, |index| self.absent(job, index));
         if run.is_empty() {
             return Ok(run.end);
@@ -448,7 +423,8 @@ impl Fs {
         if offset >= file_size || size == 0 {
             return Ok(Vec::new());
         }
-        let mut fetching: Option<FetchState> = None;
+        // The version to fetch missing blocks of, once one is missing: none if home has no part of it.
+        let mut fetching: Option<Option<FileVersion>> = None;
         let end = (offset + size as u64).min(file_size);
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut pos = offset;
@@ -479,15 +455,14 @@ impl Fs {
                     if fetching.is_none() {
                         fetching = Some(self.fetch_state(ino, object)?);
                     }
-                    let f = fetching.as_ref().expect("just set");
-                    match &f.path {
+                    match fetching.as_ref().expect("just set") {
                         None => Vec::new(),
-                        Some(_) if index as u64 * bs >= f.home_size => Vec::new(),
-                        Some(path) => {
+                        Some(f) if index as u64 * bs >= f.home_end => Vec::new(),
+                        Some(f) => {
                             // Caught up with readahead that no stream has taken yet: the run it would have
                             // fetched comes in one request now. (Any failure is the block fetch's to answer.)
                             self.readahead.take_and_ingest(object, index);
-                            let block = self.fetch_block(ino, object, index, path, &f.version, f.home_size, f.epoch)?;
+                            let block = self.fetch_block(ino, f, index)?;
                             let from = (within as usize).min(block.len());
                             let to = (within as usize + want).min(block.len());
                             self.read_counters
@@ -523,29 +498,24 @@ impl Fs {
                 Some(f) => f,
                 None => self.fetch_state(ino, object)?,
             };
-            let last = last.min(f.home_size.div_ceil(bs));
-            if let Some(path) = f.path
-                && last > first
+            if let Some(file) = f
+                && last.min(file.home_end.div_ceil(bs)) > first
             {
+                let last = last.min(file.home_end.div_ceil(bs));
                 self.handles.with(fh, |h| h.ra_end = last * bs);
                 self.readahead.submit(Job {
-                    object,
                     blocks: first as u32..last as u32,
-                    path,
-                    version: f.version,
-                    home_end: f.home_size,
-                    epoch: f.epoch,
+                    file,
                 });
             }
         }
         Ok(out)
     }
 
-    /// What fetching blocks of `ino`'s `object` from home needs, taken together: where home has it, how
-    /// much of its content is home's, its version there, and the object's change epoch (a block fetched on
-    /// its word is not kept once the file changed here: a truncation would otherwise let home's old bytes
-    /// back in). `Stale` if the file's object is another now.
-    fn fetch_state(&self, ino: u64, object: u64) -> FsResult<FetchState> {
+    /// The version of `ino` whose blocks a read of its `object` fetches, taken together (see
+    /// [`FileVersion`]); none if home has none of it (a file not at home yet: a gap is a hole). `Stale` if
+    /// the file's object is another now.
+    fn fetch_state(&self, ino: u64, object: u64) -> FsResult<Option<FileVersion>> {
         let ns = read(&self.ns);
         let path = ns.home_path(ino)?;
         let node = ns.inode(ino)?;
@@ -553,14 +523,13 @@ impl Fs {
             return Err(FsError::Home(HomeError::Stale));
         }
         let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
-        // Bytes past what home holds of this version exist only here: a gap there is a hole.
-        let home_size = if path.is_some() { node.home_end() } else { 0 };
-        Ok(FetchState {
+        Ok(path.map(|path| FileVersion {
+            object,
+            epoch: self.core.store.epoch(object),
             path,
-            home_size,
             version: attr.version.clone(),
-            epoch: self.core.store.epoch(node.object),
-        })
+            home_end: node.home_end(),
+        }))
     }
 
     /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.
@@ -594,15 +563,20 @@ impl Fs {
         // One critical section takes the file's state and records the range as dirty: from then on the
         // object cannot change under this write (a new version is never taken while writes are pending),
         // and a push finishing meanwhile will not mark these blocks clean.
-        let (ino, object, size, path, version, before, epoch) = {
+        let (ino, object, size, file, before) = {
             let mut ns = write(&self.ns);
             let path = ns.home_path(ino)?;
             let node = ns.inode_mut(ino)?;
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
             // Past home's part of the content there is nothing to fetch.
-            let home_end = if path.is_some() { node.home_end() } else { 0 };
-            let (size, version) = (home_end, attr.version.clone());
-            let epoch = self.core.store.epoch(node.object);
+            let size = if path.is_some() { node.home_end() } else { 0 };
+            let file = path.map(|path| FileVersion {
+                object: node.object,
+                epoch: self.core.store.epoch(node.object),
+                path,
+                version: attr.version.clone(),
+                home_end: size,
+            });
             let before = (node.dirty.clone(), node.attr.clone());
             add_range(&mut node.dirty, offset..end);
             if let Some(u) = node.unconfirmed.as_mut() {
@@ -615,7 +589,7 @@ impl Fs {
                 a.mtime = now;
                 a.ctime = now;
             }
-            (ino, node.object, size, path, version, before, epoch)
+            (ino, node.object, size, file, before)
         };
         let restore = |before: (Vec<std::ops::Range<u64>>, Option<larder_home::HomeAttr>)| -> FsResult<()> {
             let mut ns = write(&self.ns);
@@ -647,8 +621,8 @@ impl Fs {
                     return Err(e);
                 }
             }
-            let Some(path) = &path else { continue };
-            match self.fetch_block(ino, object, index as u32, path, &version, size, epoch) {
+            let Some(file) = &file else { continue };
+            match self.fetch_block(ino, file, index as u32) {
                 Ok(block) => completions.push((start, block)),
                 Err(e) => {
                     restore(before)?;
@@ -708,27 +682,18 @@ impl Fs {
     /// ones pushed (those are cached, dirty), so once that push has been adopted the fetch is retried at
     /// the new version. A version that moved behind our back is `ESTALE`; nothing at the file's path, unless
     /// a rename landing meanwhile moved it (the fetch is then asked again at its new place), `ENOENT`.
-    /// `epoch` is the object's change epoch taken with the file's state that said to fetch: a local change
-    /// since keeps the block out of the cache.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fetch_block(
-        &self,
-        ino: u64,
-        object: u64,
-        index: u32,
-        path: &Path,
-        version: &Version,
-        home_end: u64,
-        epoch: u64,
-    ) -> FsResult<Arc<Vec<u8>>> {
-        let (mut path, mut version, mut home_end) = (path.to_path_buf(), version.clone(), home_end);
+    /// `file.epoch` is the object's change epoch taken with the file's state that said to fetch: a local
+    /// change since keeps the block out of the cache.
+    pub(crate) fn fetch_block(&self, ino: u64, file: &FileVersion, index: u32) -> FsResult<Arc<Vec<u8>>> {
+        let mut file = file.clone();
+        let object = file.object;
         // Where a rename waiting for a retry would have put the file, once asked there.
         let mut asked_moved: Option<PathBuf> = None;
         for _ in 0..4 {
-            match self.core.fetch(object, index, &path, &version, home_end, epoch) {
+            match self.core.fetch(&file, index) {
                 // Not there either (or another version there): the rename did not land, or this is not
                 // the copy the cache knows.
-                Err(e) if asked_moved.as_ref() == Some(&path) => return Err(FsError::Home(e)),
+                Err(e) if asked_moved.as_ref() == Some(&file.path) => return Err(FsError::Home(e)),
                 Err(e @ (HomeError::Stale | HomeError::NotFound)) => {
                     // Wait for a push of this file under way to be adopted, or a rename of it (or above it)
                     // landing to conclude (on an object store a renamed file is a copy, a new version), then
@@ -739,7 +704,8 @@ impl Fs {
                     let deadline = std::time::Instant::now() + PUSH_WAIT;
                     loop {
                         let mut ns = write(&self.ns);
-                        let moving = ns.moving(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())) == Some(true);
+                        let moving =
+                            ns.moving(std::os::unix::ffi::OsStrExt::as_bytes(file.path.as_os_str())) == Some(true);
                         let node = ns.inode(ino)?;
                         if (node.pushing > 0 || moving) && std::time::Instant::now() < deadline {
                             drop(ns);
@@ -753,32 +719,33 @@ impl Fs {
                         if gone
                             && asked_moved.is_none()
                             && node.object == object
-                            && now_at.as_ref() == Some(&path)
-                            && let Some(moved) = ns.moved_path(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+                            && now_at.as_ref() == Some(&file.path)
+                            && let Some(moved) =
+                                ns.moved_path(std::os::unix::ffi::OsStrExt::as_bytes(file.path.as_os_str()))
                         {
-                            path = PathBuf::from(std::ffi::OsString::from_vec(moved));
-                            asked_moved = Some(path.clone());
+                            file.path = PathBuf::from(std::ffi::OsString::from_vec(moved));
+                            asked_moved = Some(file.path.clone());
                             break;
                         }
                         match node.attr.as_ref().map(|a| a.version.clone()) {
                             // Not moved: nothing there is home's answer.
-                            _ if gone && (node.object != object || now_at.as_ref().is_none_or(|p| *p == path)) => {
+                            _ if gone && (node.object != object || now_at.as_ref().is_none_or(|p| *p == file.path)) => {
                                 ns.inode_mut(ino)?.checked = None;
                                 return Err(FsError::Home(HomeError::NotFound));
                             }
-                            Some(v) if node.object == object && v != version => {
-                                (version, home_end) = (v, node.home_end());
-                                path = now_at.ok_or(FsError::Home(HomeError::Stale))?;
+                            Some(v) if node.object == object && v != file.version => {
+                                (file.version, file.home_end) = (v, node.home_end());
+                                file.path = now_at.ok_or(FsError::Home(HomeError::Stale))?;
                             }
                             // Moved at home meanwhile (a rename landed), the same version: asked there.
-                            _ if node.object == object && now_at.as_ref().is_some_and(|p| *p != path) => {
-                                path = now_at.unwrap_or_default();
+                            _ if node.object == object && now_at.as_ref().is_some_and(|p| *p != file.path) => {
+                                file.path = now_at.unwrap_or_default();
                             }
                             _ if node.object == object && node.unconfirmed.is_some() && node.pushing == 0 => {
                                 // A push whose answer was lost may have moved home on: if home holds what
                                 // it sent, the new version is ours and the base of what is pending.
                                 drop(ns);
-                                let Some(attr) = self.home_has_ours(ino, &path) else {
+                                let Some(attr) = self.home_has_ours(ino, &file.path) else {
                                     return Err(FsError::Home(HomeError::Stale));
                                 };
                                 let mut ns = write(&self.ns);
@@ -792,7 +759,7 @@ impl Fs {
                                     a.id = attr.id;
                                 }
                                 self.persist(&ns, ino);
-                                version = attr.version;
+                                file.version = attr.version;
                             }
                             _ => {
                                 ns.inode_mut(ino)?.checked = None;
@@ -805,7 +772,9 @@ impl Fs {
                 Ok(block) => {
                     // A fetch joined under way may have been asked for more: home's bytes past `home_end`
                     // are not this file's any more.
-                    let usable = home_end.saturating_sub(index as u64 * self.core.store.block_size());
+                    let usable = file
+                        .home_end
+                        .saturating_sub(index as u64 * self.core.store.block_size());
                     if block.len() as u64 > usable {
                         return Ok(Arc::new(block[..usable as usize].to_vec()));
                     }

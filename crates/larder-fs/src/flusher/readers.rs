@@ -9,6 +9,7 @@
 use std::ops::Range;
 
 use super::*;
+use crate::FileVersion;
 use crate::readahead::Job;
 
 impl Fs {
@@ -54,12 +55,14 @@ impl Fs {
             }
             let job = match (path, node.attr.as_ref()) {
                 (Some(path), Some(attr)) => Some(Job {
-                    object,
                     blocks: 0..node.home_end().div_ceil(self.core.store.block_size()) as u32,
-                    path,
-                    version: attr.version.clone(),
-                    home_end: node.home_end(),
-                    epoch: self.core.store.epoch(object),
+                    file: FileVersion {
+                        object,
+                        epoch: self.core.store.epoch(object),
+                        path,
+                        version: attr.version.clone(),
+                        home_end: node.home_end(),
+                    },
                 }),
                 _ => None,
             };
@@ -107,13 +110,13 @@ impl Fs {
                 let end = run
                     .end
                     .min(at + (crate::readahead::MAX_RUN / self.core.store.block_size()).max(1) as u32);
-                let stopped = self.core.fetch_run(&job, at..end).map_err(FsError::Home)?;
+                let stopped = self.core.fetch_run(&job.file, at..end).map_err(FsError::Home)?;
                 at = stopped.max(at + 1);
             }
         }
         for run in missing(&job) {
             for index in run {
-                self.fetch_block(ino, object, index, &job.path, &job.version, job.home_end, job.epoch)?;
+                self.fetch_block(ino, &job.file, index)?;
             }
         }
         if !missing(&job).is_empty() {

@@ -86,12 +86,14 @@ impl Fs {
             && let Some(attr) = ns.inodes.get(&ino).and_then(|n| n.attr.clone())
         {
             self.readahead.submit(crate::readahead::Job {
-                object,
                 blocks: 0..attr.size.div_ceil(self.core.store.block_size()) as u32,
-                path,
-                version: attr.version,
-                home_end: attr.size,
-                epoch: self.core.store.epoch(object),
+                file: crate::FileVersion {
+                    object,
+                    epoch: self.core.store.epoch(object),
+                    path,
+                    version: attr.version,
+                    home_end: attr.size,
+                },
             });
         }
     }

@@ -46,7 +46,7 @@ impl Tier for StoreTier {
     }
 
     fn get(&self, want: &Want) -> Result<Option<Unit>, TierError> {
-        let object = want.local.object;
+        let object = want.file.object;
         let data = match want.key.part {
             Part::Whole { len } => self.cached_whole(object, len),
             Part::Block { index, len, .. } => {
@@ -68,13 +68,13 @@ impl Tier for StoreTier {
     }
 
     fn offer(&self, want: &Want, unit: &Unit) -> Result<(), TierError> {
-        let Want { local, key, .. } = want;
+        let Want { file, key, .. } = want;
         match key.part {
-            Part::Whole { .. } => self.store.fill_whole(local.object, &unit.data, local.epoch),
+            Part::Whole { .. } => self.store.fill_whole(file.object, &unit.data, file.epoch),
             // A block's unit is the block: its checksum, checked on the way here, is the block's.
             Part::Block { index, .. } => {
                 self.store
-                    .fill_checked((local.object, index), &unit.data, unit.crc32c, local.epoch)
+                    .fill_checked((file.object, index), &unit.data, unit.crc32c, file.epoch)
             }
         }
         .map_err(|e| TierError::Io(e.to_string()))
@@ -104,7 +104,7 @@ impl Tier for HomeTier {
     }
 
     fn get(&self, want: &Want) -> Result<Option<Unit>, TierError> {
-        let (path, version) = (want.local.path, want.local.version);
+        let (path, version) = (&want.file.path, &want.file.version);
         let len = (want.range.end - want.range.start) as usize;
         let data = self.home.read(path, version, want.range.start, len)?;
         Ok(Some(Unit::new(want.digest, Arc::new(data))))

@@ -130,18 +130,14 @@ mod tests {
             },
             part: crate::key::Part::Whole { len: 100 },
         };
-        let path = std::path::Path::new("f");
-        let version = larder_home::Version::default();
-        let mut want = Want::new(
-            &key,
-            0..100,
-            super::super::Local {
-                object: 1,
-                epoch: 0,
-                path,
-                version: &version,
-            },
-        );
+        let file = crate::FileVersion {
+            object: 1,
+            epoch: 0,
+            path: "f".into(),
+            version: larder_home::Version::default(),
+            home_end: 100,
+        };
+        let mut want = Want::new(&key, 0..100, &file);
         want.digest = KeyDigest([1; 16]);
         assert!(tier.get(&want).unwrap().is_some());
         tier.put(unit(4, 100));

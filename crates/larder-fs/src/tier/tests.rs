@@ -1,6 +1,5 @@
 //! The walk's rules, with in-memory and fault-injecting tiers.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,17 +26,14 @@ fn key(version: &str) -> UnitKey {
 }
 
 fn want(key: &UnitKey) -> Want<'_> {
-    static VERSION: Version = Version(String::new());
-    Want::new(
-        key,
-        128..128 + DATA.len() as u64,
-        Local {
-            object: 1,
-            epoch: 0,
-            path: Path::new("f"),
-            version: &VERSION,
-        },
-    )
+    static FILE: std::sync::LazyLock<FileVersion> = std::sync::LazyLock::new(|| FileVersion {
+        object: 1,
+        epoch: 0,
+        path: "f".into(),
+        version: Version(String::new()),
+        home_end: 128 + DATA.len() as u64,
+    });
+    Want::new(key, 128..128 + DATA.len() as u64, &FILE)
 }
 
 /// A source holding `DATA` as `key`, behind a fault switch that counts its calls.
