@@ -6,16 +6,15 @@
 //! comes in over as many concurrent home requests as there are streams (Panache's parallel ingest).
 //!
 //! **Coalescing.** A worker takes a run of adjacent blocks, its share of what the job has left (up to
-//! `MAX_RUN` bytes), and the missing ones among them that are adjacent come from home in one request when
-//! home is the next tier after the store (with peers or a bank between, each block walks the tiers on its
-//! own: they keep units, not runs). Readers missing a block of a run under way wait for the run
-//! ([`Runs`]) instead of asking home again.
+//! `MAX_RUN` bytes), and the missing ones among them that are adjacent walk the tiers as one run: each is
+//! asked of the tiers before home (peers and a bank keep units, not runs), and what none has comes from
+//! home in one ranged request. Readers missing a block of a run under way wait for it, as for any walk
+//! of its unit, instead of asking home again (one coalescer: the walk's single flight, by key).
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
 
 use crate::FileVersion;
 use crate::key::Part;
@@ -31,107 +30,6 @@ pub(crate) const MAX_RUN: u64 = 16 << 20;
 /// queued in: with small blocks, a share of a job per stream would otherwise be a block or two, and each
 /// run is a home round trip.
 pub(crate) const MIN_JOB: u64 = 1 << 20;
-
-/// Longest a reader waits for a run covering its block before asking for the block itself.
-const RUN_WAIT: Duration = Duration::from_secs(60);
-
-/// Runs of blocks being fetched from home in one request, so that a reader missing one of their blocks
-/// waits for it rather than fetching it again; and the blocks readers are fetching one by one, so that a
-/// run stops short of them rather than fetching them a second time. Both are decided under one lock: a
-/// reader either claims its block before a run covering it is registered (the run then stops short of
-/// it), or finds the run registered and waits for it.
-#[derive(Default)]
-pub(crate) struct Runs {
-    state: Mutex<RunsState>,
-    done: Condvar,
-}
-
-#[derive(Default)]
-struct RunsState {
-    under_way: Vec<(u64, Range<u32>)>,
-    /// Blocks readers are fetching, with how many readers fetch each.
-    claimed: HashMap<(u64, u32), u32>,
-}
-
-impl RunsState {
-    fn covered(&self, object: u64, index: u32) -> bool {
-        self.under_way.iter().any(|(o, b)| *o == object && b.contains(&index))
-    }
-}
-
-/// A reader's claim on a block it is fetching itself ([`Runs::claim`]); dropped when its fetch is over.
-pub(crate) struct Claim<'a> {
-    runs: &'a Runs,
-    block: (u64, u32),
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        let mut state = lock(&self.runs.state);
-        if let Some(n) = state.claimed.get_mut(&self.block) {
-            *n -= 1;
-            if *n == 0 {
-                state.claimed.remove(&self.block);
-            }
-        }
-    }
-}
-
-impl Runs {
-    /// Register a run of `blocks` of `object`, cut short at the first block that is not `missing`, that
-    /// a reader is fetching or that another run covers. Returns the blocks registered (perhaps none);
-    /// [`Runs::end_run`] takes them back.
-    pub(crate) fn begin_run(&self, object: u64, blocks: Range<u32>, missing: impl Fn(u32) -> bool) -> Range<u32> {
-        let mut state = lock(&self.state);
-        let mut end = blocks.start;
-        while end < blocks.end
-            && !state.claimed.contains_key(&(object, end))
-            && !state.covered(object, end)
-            && missing(end)
-        {
-            end += 1;
-        }
-        let run = blocks.start..end;
-        if !run.is_empty() {
-            state.under_way.push((object, run.clone()));
-        }
-        run
-    }
-
-    pub(crate) fn end_run(&self, object: u64, blocks: &Range<u32>) {
-        let mut state = lock(&self.state);
-        if let Some(i) = state.under_way.iter().position(|(o, b)| *o == object && b == blocks) {
-            state.under_way.swap_remove(i);
-        }
-        drop(state);
-        self.done.notify_all();
-    }
-
-    /// Whether a reader is fetching block `index` of `object`, or a run under way covers it.
-    pub(crate) fn busy(&self, object: u64, index: u32) -> bool {
-        let state = lock(&self.state);
-        state.claimed.contains_key(&(object, index)) || state.covered(object, index)
-    }
-
-    /// Wait (bounded) until no run covering block `index` of `object` is under way, then claim the block
-    /// for the caller's own fetch of it: no run registered while the claim is held includes it.
-    pub(crate) fn claim(&self, object: u64, index: u32) -> Claim<'_> {
-        let deadline = Instant::now() + RUN_WAIT;
-        let mut state = lock(&self.state);
-        while state.covered(object, index) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state = self.done.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
-        }
-        *state.claimed.entry((object, index)).or_insert(0) += 1;
-        Claim {
-            runs: self,
-            block: (object, index),
-        }
-    }
-}
 
 /// Blocks of one version of a file to bring in.
 #[derive(Clone)]
@@ -311,12 +209,12 @@ fn next(shared: &Shared, share: Share) -> Option<(Job, Range<u32>)> {
 }
 
 /// Bring in the blocks `run` of `job`: those present or being fetched are skipped; adjacent missing ones
-/// come in one home request where home is the next tier (and the file is not a small one, whole in one
-/// unit), else one by one through the tiers.
+/// come through the tiers as a run, what no nearer tier has in one request to home (unless the file is a
+/// small one, whole in one unit).
 fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::HomeError> {
     let file = &job.file;
-    let missing = |index: u32| core.absent(file, index) && !core.runs.busy(file.object, index);
-    let per_block = !core.tiers.home_next() || matches!(core.unit_of(file, run.start).0.part, Part::Whole { .. });
+    let missing = |index: u32| core.absent(file, index);
+    let per_block = matches!(core.unit_of(file, run.start).0.part, Part::Whole { .. });
     let mut index = run.start;
     while index < run.end {
         if !missing(index) {
@@ -332,7 +230,7 @@ fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::Ho
             index = end;
         } else {
             // It may stop short, at a block a reader or another run fetches meanwhile (see
-            // `Core::fetch_run`): the blocks after that one are looked at again.
+            // `Tiers::fetch_run`): the blocks after that one are looked at again.
             let reached = core.fetch_run(file, index..end)?;
             index = reached.max(index + 1);
         }
@@ -345,59 +243,4 @@ fn drop_object(shared: &Shared, object: u64) {
     let mut q = lock(&shared.queue);
     q.jobs.retain(|j| j.file.object != object);
     q.queued_to.remove(&object);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_run_stops_short_of_a_block_a_reader_claimed_and_of_another_run() {
-        let runs = Runs::default();
-        let claim = runs.claim(1, 5);
-        assert!(runs.busy(1, 5) && !runs.busy(1, 4));
-        assert_eq!(runs.begin_run(1, 2..10, |_| true), 2..5);
-        assert!(runs.busy(1, 4), "the run covers it");
-        assert!(runs.begin_run(1, 5..10, |_| true).is_empty(), "block 5 is the reader's");
-        assert_eq!(
-            runs.begin_run(2, 5..7, |_| true),
-            5..7,
-            "another object's block 5 is free"
-        );
-        drop(claim);
-        assert!(
-            runs.begin_run(1, 4..8, |_| true).is_empty(),
-            "block 4 is the first run's"
-        );
-        assert_eq!(runs.begin_run(1, 5..8, |i| i != 7), 5..7);
-        runs.end_run(1, &(2..5));
-        runs.end_run(1, &(5..7));
-        runs.end_run(2, &(5..7));
-        assert_eq!(
-            runs.begin_run(1, 0..8, |_| true),
-            0..8,
-            "every run ended, every claim dropped"
-        );
-    }
-
-    #[test]
-    fn a_reader_missing_a_block_of_a_run_waits_for_the_run_to_end() {
-        let runs = Arc::new(Runs::default());
-        assert_eq!(runs.begin_run(1, 0..4, |_| true), 0..4);
-        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let reader = {
-            let (runs, ended) = (runs.clone(), ended.clone());
-            std::thread::spawn(move || {
-                let _claim = runs.claim(1, 2);
-                ended.load(Ordering::SeqCst)
-            })
-        };
-        std::thread::sleep(Duration::from_millis(50));
-        ended.store(true, Ordering::SeqCst);
-        runs.end_run(1, &(0..4));
-        assert!(
-            reader.join().unwrap(),
-            "the reader claimed block 2 while the run covering it was under way"
-        );
-    }
 }

@@ -150,6 +150,14 @@ pub trait Tier: Send + Sync {
     /// The unit `want` names, if this tier has it. Must return within the tier's own deadline.
     fn get(&self, want: &Want) -> Result<Option<Unit>, TierError>;
 
+    /// The units `wants` name, adjacent blocks of one file in order, in one request: `None` if the tier
+    /// serves units one at a time (each is then asked for on its own). An answer may stop short at the
+    /// end of the file; a unit it has is checked as [`Tier::get`]'s would be.
+    fn get_run(&self, wants: &[Want]) -> Result<Option<Vec<Unit>>, TierError> {
+        let _ = wants;
+        Ok(None)
+    }
+
     /// Keep `unit`, verified bytes of `want` fetched from a farther tier, if the tier wants to.
     fn offer(&self, want: &Want, unit: &Unit) -> Result<(), TierError> {
         let _ = (want, unit);
@@ -249,20 +257,46 @@ impl Tiers {
         self.flights.in_flight(digest)
     }
 
-    /// Whether home is the next tier after the local store (no peers, no bank between): then a run of
-    /// adjacent blocks may be fetched from home in one request.
-    pub fn home_next(&self) -> bool {
-        self.tiers.len() == 2
-    }
-
-    /// Count `units` units of `bytes` that home gave in one coalesced request, `elapsed` long.
-    pub fn note_home_run(&self, units: u64, bytes: u64, elapsed: Duration) {
-        if let Some((_, c)) = self.tiers.last() {
-            c.asks.fetch_add(1, Ordering::Relaxed);
-            c.hits.fetch_add(units, Ordering::Relaxed);
-            c.bytes.fetch_add(bytes, Ordering::Relaxed);
-            c.nanos.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    /// The units `wants` name, adjacent blocks of one file in order, each as [`Tiers::fetch`] would get
+    /// it, those that no tier before the last has coming from the last in one request where it serves
+    /// runs (home: one ranged read). The run stops short of the first unit whose walk is under way (a
+    /// reader's, or another run's): what it leaves is someone's already. Readers of a unit of the run wait
+    /// for it meanwhile, as for any walk. Returns the results of the units it took, in order.
+    pub fn fetch_run(&self, wants: &[Want]) -> Vec<FetchResult> {
+        let leads: Vec<_> = wants.iter().map_while(|w| self.flights.lead(w.digest)).collect();
+        let run = &wants[..leads.len()];
+        let last = self.tiers.len() - 1;
+        let mut got: Vec<Option<FetchResult>> = vec![None; run.len()];
+        for i in 0..last {
+            for (w, g) in run.iter().zip(got.iter_mut()) {
+                if g.is_none()
+                    && let Ok(data) = self.ask(i, w)
+                {
+                    *g = Some(Ok(data));
+                }
+            }
         }
+        // What is left, in runs of adjacent units, from the source.
+        let mut at = 0;
+        while at < run.len() {
+            if got[at].is_some() {
+                at += 1;
+                continue;
+            }
+            let mut end = at + 1;
+            while end < run.len() && got[end].is_none() {
+                end += 1;
+            }
+            for (j, result) in self.ask_run(last, &run[at..end]).into_iter().enumerate() {
+                got[at + j] = Some(result);
+            }
+            at = end;
+        }
+        let results: Vec<FetchResult> = got.into_iter().map(|g| g.unwrap_or(Err(HomeError::NotFound))).collect();
+        for (lead, result) in leads.into_iter().zip(&results) {
+            lead.finish(result.clone());
+        }
+        results
     }
 
     pub fn stats(&self) -> Vec<TierStats> {
@@ -326,6 +360,57 @@ impl Tiers {
         counts.hit(&unit);
         self.fill(&self.tiers[..i], want, &unit);
         Ok(unit.data)
+    }
+
+    /// Ask tier `i` for the units of `run` in one request, or one by one if it serves units only, and
+    /// count what it answered (one ask for the run): each verified unit fills the nearer tiers. A unit the
+    /// answer stops short of is asked for on its own.
+    fn ask_run(&self, i: usize, run: &[Want]) -> Vec<FetchResult> {
+        let (tier, counts) = &self.tiers[i];
+        let last = i == self.tiers.len() - 1;
+        if run.len() == 1 {
+            return vec![self.ask(i, &run[0])];
+        }
+        let started = std::time::Instant::now();
+        let answer = tier.get_run(run);
+        let units = match answer {
+            Ok(None) => return run.iter().map(|w| self.ask(i, w)).collect(),
+            Ok(Some(units)) => units,
+            Err(e) => {
+                bump(&counts.errors);
+                if !last {
+                    bump(&counts.misses);
+                }
+                tracing::debug!(tier = tier.name(), error = %e, "tier failed a run");
+                bump(&counts.asks);
+                return vec![Err(e.into_home()); run.len()];
+            }
+        };
+        bump(&counts.asks);
+        self.nanos_of(counts, started);
+        let mut out = Vec::with_capacity(run.len());
+        for (j, want) in run.iter().enumerate() {
+            let Some(unit) = units.get(j) else {
+                out.push(self.ask(i, want));
+                continue;
+            };
+            if let Some(why) = unit.fault(want, !last, tier.checks_own_answers()) {
+                bump(&counts.rejected);
+                tracing::warn!(tier = tier.name(), key = %want.digest, "a tier answered with {why}; not served");
+                out.push(Err(HomeError::Os(libc::EIO)));
+                continue;
+            }
+            counts.hit(unit);
+            self.fill(&self.tiers[..i], want, unit);
+            out.push(Ok(unit.data.clone()));
+        }
+        out
+    }
+
+    fn nanos_of(&self, counts: &Counters, started: std::time::Instant) {
+        counts
+            .nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Offer verified `unit` to the `nearer` tiers.

@@ -47,6 +47,18 @@ impl<K: Eq + Hash, V> Drop for Publish<'_, K, V> {
     }
 }
 
+/// The computation of one key, taken on by [`SingleFlight::lead`].
+pub struct Lead<'a, K: Eq + Hash, V> {
+    publish: Publish<'a, K, V>,
+}
+
+impl<K: Eq + Hash, V: Clone> Lead<'_, K, V> {
+    /// End the computation with `value`: the callers waiting for it get it.
+    pub fn finish(self, value: V) {
+        *self.publish.flight.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Done(value);
+    }
+}
+
 impl<K: Eq + Hash + Clone, V: Clone> SingleFlight<K, V> {
     /// Run `f` for `key`, unless a run for it is under way: then wait for that run's result.
     pub fn run(&self, key: K, f: impl FnOnce() -> V) -> V {
@@ -88,6 +100,29 @@ impl<K: Eq + Hash + Clone, V: Clone> SingleFlight<K, V> {
         }
     }
 
+    /// Take on the computation of `key` if none is under way: callers of [`SingleFlight::run`] for it wait
+    /// for the value given to [`Lead::finish`] meanwhile (if the lead is dropped unfinished, one of them
+    /// computes it). `None` if a computation of `key` is under way already. For a caller computing many
+    /// keys at once (a run of blocks in one request), each led on its own.
+    pub fn lead(&self, key: K) -> Option<Lead<'_, K, V>> {
+        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if flights.contains_key(&key) {
+            return None;
+        }
+        let flight = Arc::new(Flight {
+            state: Mutex::new(State::Running),
+            done: Condvar::new(),
+        });
+        flights.insert(key.clone(), flight.clone());
+        Some(Lead {
+            publish: Publish {
+                owner: &self.flights,
+                flight,
+                key,
+            },
+        })
+    }
+
     /// Whether a computation for `key` is under way.
     pub fn in_flight(&self, key: &K) -> bool {
         self.flights.lock().unwrap_or_else(|p| p.into_inner()).contains_key(key)
@@ -118,5 +153,34 @@ mod tests {
         });
         assert_eq!(runs.load(Ordering::SeqCst), 1);
         assert!(!sf.in_flight(&7));
+    }
+
+    #[test]
+    fn a_led_key_is_waited_for_and_an_abandoned_one_computed_again() {
+        let flights: Arc<SingleFlight<u32, u32>> = Arc::new(SingleFlight::default());
+        let lead = flights.lead(1).expect("nothing under way");
+        assert!(flights.lead(1).is_none(), "led already");
+        assert!(flights.in_flight(&1));
+        let computed = Arc::new(AtomicUsize::new(0));
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let waiter = {
+            let (flights, computed, started) = (flights.clone(), computed.clone(), started.clone());
+            std::thread::spawn(move || {
+                started.wait();
+                flights.run(1, || {
+                    computed.fetch_add(1, Ordering::SeqCst);
+                    0
+                })
+            })
+        };
+        started.wait();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        lead.finish(7);
+        assert_eq!(waiter.join().unwrap(), 7, "the waiter got the led value");
+        assert_eq!(computed.load(Ordering::SeqCst), 0, "and computed nothing");
+        assert!(!flights.in_flight(&1));
+        // A lead dropped unfinished: the next caller computes the value itself.
+        drop(flights.lead(2).unwrap());
+        assert_eq!(flights.run(2, || 9), 9);
     }
 }

@@ -8,4 +8,4 @@ pub mod contention;
 mod flight;
 pub mod private;
 
-pub use flight::SingleFlight;
+pub use flight::{Lead, SingleFlight};

@@ -51,9 +51,7 @@ impl Core {
     /// The block is kept only if the object did not change locally since `file.epoch`. A caller joining a
     /// fetch under way must clip the answer to its own `home_end`.
     pub(crate) fn fetch(&self, file: &FileVersion, index: u32) -> FetchResult {
-        // A coalesced fetch bringing this block in is waited for: the store has it then. Otherwise the
-        // block is claimed, and no run started meanwhile fetches it a second time.
-        let _claim = self.runs.claim(file.object, index);
+        // A run bringing this block in is joined as any walk of its key is (see `Tiers::fetch_run`).
         let (key, range) = self.unit_of(file, index);
         let unit = self.tiers.fetch(&Want::new(&key, range, file))?;
         if let Part::Whole { .. } = key.part {
@@ -70,41 +68,28 @@ impl Core {
         !self.store.contains((file.object, index)) && !self.tiers.in_flight(&self.unit_of(file, index).0.digest())
     }
 
-    /// Blocks `run` of `job`'s object from home in one request, each kept in the store (a block changed
-    /// here meanwhile is not: the epoch moved). Readers missing one of them wait for it meanwhile.
+    /// Blocks `run` of `file` through the tiers, those no nearer tier has from the source in one request
+    /// (home: one ranged read), each kept in the store (a block changed here meanwhile is not: the epoch
+    /// moved). Readers missing one of them wait for it meanwhile.
     ///
-    /// The run stops short of the first block that is cached, being fetched by a reader or another run,
-    /// or in flight through the tiers ([`crate::readahead::Runs::begin_run`]): what it leaves is someone's
-    /// already. Returns where it stopped.
-    pub(crate) fn fetch_run(&self, job: &FileVersion, run: Range<u32>) -> Result<u32, HomeError> {
-        let run = self.runs.begin_run(job.object, run, |index| self.absent(job, index));
-        if run.is_empty() {
-            return Ok(run.end);
-        }
-        let bs = self.store.block_size();
-        let start = run.start as u64 * bs;
-        let end = (run.end as u64 * bs).min(job.home_end);
-        if end <= start {
-            self.runs.end_run(job.object, &run);
-            return Ok(run.end);
-        }
-        let started = std::time::Instant::now();
-        let result = self.home.read(&job.path, &job.version, start, (end - start) as usize);
-        let outcome = result.map(|data| {
-            for (i, chunk) in data.chunks(bs as usize).enumerate() {
-                let index = run.start + i as u32;
-                if let Err(e) = self.store.fill((job.object, index), chunk, job.epoch) {
-                    tracing::debug!(error = %e, "keeping a block of a coalesced fetch failed");
-                }
+    /// The run stops short of the first block that is cached or whose fetch is under way (a reader's, or
+    /// another run's): what it leaves is someone's already. Returns where it stopped; the first error of
+    /// the blocks it fetched, if any.
+    pub(crate) fn fetch_run(&self, file: &FileVersion, run: Range<u32>) -> Result<u32, HomeError> {
+        let mut units = Vec::with_capacity(run.len());
+        for index in run.clone() {
+            if self.store.contains((file.object, index)) {
+                break;
             }
-            self.tiers.note_home_run(
-                data.len().div_ceil(bs as usize) as u64,
-                data.len() as u64,
-                started.elapsed(),
-            );
-        });
-        self.runs.end_run(job.object, &run);
-        outcome.map(|()| run.end)
+            units.push(self.unit_of(file, index));
+        }
+        let wants: Vec<Want> = units
+            .iter()
+            .map(|(key, range)| Want::new(key, range.clone(), file))
+            .collect();
+        let results = self.tiers.fetch_run(&wants);
+        let reached = run.start + results.len() as u32;
+        results.into_iter().find_map(Result::err).map_or(Ok(reached), Err)
     }
 }
 

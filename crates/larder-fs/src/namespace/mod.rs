@@ -415,8 +415,6 @@ pub(crate) struct Core {
     pub home_id: HomeId,
     /// Files at most this large are fetched whole.
     pub small_file_threshold: u64,
-    /// Runs of adjacent blocks being fetched from home in one request.
-    pub runs: crate::readahead::Runs,
 }
 
 /// The caching file system, without FUSE: three components and what joins them (design note 012).

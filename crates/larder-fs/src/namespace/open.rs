@@ -118,7 +118,6 @@ impl Fs {
             tiers: Tiers::new(tiers),
             // In a cache too small for it, fetching a whole file to use one block of it only churns.
             small_file_threshold: cfg.small_file_threshold.min(store_limit / 8),
-            runs: Default::default(),
         });
         let readahead = Readahead::new(core.clone(), cfg.ingest_streams);
         let conflicts = crate::flusher::load_conflicts(&cfg.conflicts_dir);

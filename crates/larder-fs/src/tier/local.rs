@@ -103,6 +103,30 @@ impl Tier for HomeTier {
         true
     }
 
+    /// One ranged read for the run, cut into its units (the last ones short, or missing, where the file
+    /// ends sooner than asked).
+    fn get_run(&self, wants: &[Want]) -> Result<Option<Vec<Unit>>, TierError> {
+        let (Some(first), Some(last)) = (wants.first(), wants.last()) else {
+            return Ok(Some(Vec::new()));
+        };
+        let (path, version) = (&first.file.path, &first.file.version);
+        let start = first.range.start;
+        let data = self
+            .home
+            .read(path, version, start, (last.range.end - start) as usize)?;
+        let mut units = Vec::with_capacity(wants.len());
+        for want in wants {
+            let from = (want.range.start - start) as usize;
+            if from >= data.len() && !units.is_empty() {
+                break;
+            }
+            let to = ((want.range.end - start) as usize).min(data.len());
+            let bytes = data.get(from..to).unwrap_or_default().to_vec();
+            units.push(Unit::new(want.digest, Arc::new(bytes)));
+        }
+        Ok(Some(units))
+    }
+
     fn get(&self, want: &Want) -> Result<Option<Unit>, TierError> {
         let (path, version) = (&want.file.path, &want.file.version);
         let len = (want.range.end - want.range.start) as usize;

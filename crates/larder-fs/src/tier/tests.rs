@@ -7,6 +7,7 @@ use larder_home::{ContentId, HomeError, Version};
 
 use super::*;
 use crate::key::{Content, HomeId, NodeId, Part, UnitKey};
+use std::sync::atomic::Ordering;
 
 const DATA: &[u8] = b"the right bytes of block two";
 
@@ -219,4 +220,137 @@ fn what_is_held_comes_from_the_tiers_before_the_shared_ones_and_never_from_farth
     // Bytes the private tier holds under another key are not this unit.
     let other = key("v2");
     assert!(tiers.held(&want(&other)).is_none());
+}
+
+/// Units 0..n of one file, `BS` bytes each, and what a tier is asked for each.
+const BS: u64 = 64;
+
+fn block(index: u32) -> UnitKey {
+    UnitKey {
+        home: HomeId::new("s3://bucket"),
+        content: Content::Home(ContentId::Named {
+            path: b"f".to_vec(),
+            version: b"v1".to_vec(),
+        }),
+        part: Part::Block {
+            index,
+            block_size: BS,
+            len: BS,
+        },
+    }
+}
+
+fn block_bytes(index: u32) -> Vec<u8> {
+    vec![index as u8 + 1; BS as usize]
+}
+
+static FILE: std::sync::LazyLock<FileVersion> = std::sync::LazyLock::new(|| FileVersion {
+    object: 1,
+    epoch: 0,
+    path: "f".into(),
+    version: Version(String::new()),
+    home_end: 16 * BS,
+});
+
+fn block_wants(keys: &[UnitKey]) -> Vec<Want<'_>> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| Want::new(k, i as u64 * BS..(i as u64 + 1) * BS, &FILE))
+        .collect()
+}
+
+/// A source that serves runs in one request, counting runs and single units asked, after `delay`.
+struct RunSource {
+    delay: Duration,
+    runs: std::sync::atomic::AtomicU64,
+    units: std::sync::atomic::AtomicU64,
+}
+
+impl RunSource {
+    fn new(delay: Duration) -> Arc<RunSource> {
+        Arc::new(RunSource {
+            delay,
+            runs: Default::default(),
+            units: Default::default(),
+        })
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.runs.load(Ordering::SeqCst), self.units.load(Ordering::SeqCst))
+    }
+
+    fn unit(want: &Want) -> Unit {
+        let index = (want.range.start / BS) as u32;
+        Unit::new(want.digest, Arc::new(block_bytes(index)))
+    }
+}
+
+impl Tier for RunSource {
+    fn name(&self) -> &'static str {
+        "source"
+    }
+
+    fn get(&self, want: &Want) -> Result<Option<Unit>, TierError> {
+        std::thread::sleep(self.delay);
+        self.units.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(RunSource::unit(want)))
+    }
+
+    fn get_run(&self, wants: &[Want]) -> Result<Option<Vec<Unit>>, TierError> {
+        std::thread::sleep(self.delay);
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(wants.iter().map(RunSource::unit).collect()))
+    }
+}
+
+#[test]
+fn a_run_asks_nearer_tiers_unit_by_unit_and_the_source_once_for_the_rest() {
+    let keys: Vec<UnitKey> = (0..6).map(block).collect();
+    let near = Arc::new(MemoryTier::new(1 << 20));
+    // A middle tier holds unit 2: the source is asked for 0..2 and 3..6, a request each.
+    let mid = Arc::new(MemoryTier::new(1 << 20));
+    mid.put(Unit::new(keys[2].digest(), Arc::new(block_bytes(2))));
+    let source = RunSource::new(Duration::ZERO);
+    let tiers = Tiers::new(vec![near.clone(), mid.clone(), source.clone()]);
+    let results = tiers.fetch_run(&block_wants(&keys));
+    assert_eq!(results.len(), 6);
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r.as_ref().unwrap()[..], block_bytes(i as u32)[..], "unit {i}");
+        assert!(near.holds(&keys[i].digest()), "unit {i} kept in the nearest tier");
+    }
+    assert_eq!(source.counts(), (2, 0), "two runs, no unit asked alone");
+    let home = stats_of(&tiers, 2);
+    assert_eq!((home.asks, home.hits, home.bytes), (2, 5, 5 * BS));
+    assert_eq!(stats_of(&tiers, 1).hits, 1);
+}
+
+#[test]
+fn a_run_stops_short_of_a_unit_whose_walk_is_under_way() {
+    let keys: Vec<UnitKey> = (0..4).map(block).collect();
+    let source = RunSource::new(Duration::ZERO);
+    let tiers = Tiers::new(vec![Arc::new(MemoryTier::new(1 << 20)), source.clone()]);
+    let lead = tiers.flights.lead(keys[2].digest()).unwrap();
+    let results = tiers.fetch_run(&block_wants(&keys));
+    assert_eq!(results.len(), 2, "units 0 and 1 only: unit 2 is someone else's");
+    assert_eq!(source.counts(), (1, 0));
+    drop(lead);
+}
+
+#[test]
+fn a_reader_of_a_unit_of_a_run_under_way_waits_for_the_run() {
+    let keys: Vec<UnitKey> = (0..4).map(block).collect();
+    let source = RunSource::new(Duration::from_millis(300));
+    let tiers = Tiers::new(vec![Arc::new(MemoryTier::new(1 << 20)), source.clone()]);
+    let wants = block_wants(&keys);
+    std::thread::scope(|s| {
+        let run = s.spawn(|| tiers.fetch_run(&wants));
+        // Once the run has taken its units, a reader of unit 3 joins it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !tiers.in_flight(&keys[3].digest()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(&tiers.fetch(&wants[3]).unwrap()[..], &block_bytes(3)[..]);
+        assert_eq!(run.join().unwrap().len(), 4);
+    });
+    assert_eq!(source.counts(), (1, 0), "one request to the source in all");
 }
