@@ -15,9 +15,9 @@ use std::time::{Duration, Instant, SystemTime};
 use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
 
-use crate::data::{add_range, blocks_of};
 use crate::journal::{Op, OpKind};
 use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock, read, write};
+use crate::ranges::{add_range, blocks_of};
 use crate::record::to_ns;
 use crate::{Entry, FsError, FsResult, WriteMode};
 
@@ -663,7 +663,7 @@ impl Fs {
             }
             node.home_size = Some(node.home_size.unwrap_or(old).min(size));
             if let Some(u) = node.unconfirmed.as_mut() {
-                u.ranges = crate::data::subtract(&u.ranges, std::slice::from_ref(&(size..u64::MAX)));
+                u.ranges = crate::ranges::subtract(&u.ranges, std::slice::from_ref(&(size..u64::MAX)));
             }
             if let Some(a) = node.attr.as_mut() {
                 a.size = size;

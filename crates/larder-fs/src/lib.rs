@@ -33,6 +33,7 @@ mod journal_model;
 pub mod key;
 mod namespace;
 mod pipeline;
+mod ranges;
 mod readahead;
 mod record;
 pub mod recovery;

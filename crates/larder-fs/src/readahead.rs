@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::FileVersion;
+use crate::data::Core;
 use crate::key::Part;
-use crate::namespace::{Core, lock};
+use crate::namespace::lock;
 
 /// Most jobs waiting; a submission past it is dropped (readahead is a hint).
 const QUEUE: usize = 1024;

@@ -12,139 +12,13 @@ use std::time::SystemTime;
 use larder_home::{FileKind, HomeError, SetAttr};
 
 use crate::FileVersion;
-use crate::key::{Content, Part, UnitKey};
-use crate::namespace::{Core, FetchResult, Fs, Namespace, lock, read, write};
+use crate::namespace::{Fs, Namespace, lock, read, write};
+use crate::ranges::{add_range, subtract};
 use crate::readahead::Job;
-use crate::tier::Want;
 use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
 
 /// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-impl Core {
-    /// The unit that holds block `index` of `file`: the whole file if it is small (as far as home's content
-    /// goes), else the block. With the bytes of the file it covers.
-    pub(crate) fn unit_of(&self, file: &FileVersion, index: u32) -> (UnitKey, Range<u64>) {
-        let home_end = file.home_end;
-        let home = self.home_id.clone();
-        let content = Content::Home(self.home.content_id(&file.path, &file.version));
-        if home_end > 0 && home_end <= self.small_file_threshold {
-            // A small file comes in whole, in one request, and is kept as one unit.
-            let part = Part::Whole { len: home_end };
-            return (UnitKey { home, content, part }, 0..home_end);
-        }
-        let bs = self.store.block_size();
-        let start = index as u64 * bs;
-        let len = home_end.saturating_sub(start).min(bs);
-        let part = Part::Block {
-            index,
-            block_size: bs,
-            len,
-        };
-        (UnitKey { home, content, part }, start..start + len)
-    }
-
-    /// Block `index` of `object` through the tiers (the store, then home; one fetch per unit at a time),
-    /// kept in the nearer tiers on the way back. Callers asking for another version of the block (our own
-    /// push moved home on) do not join a fetch of the older one: its key is another.
-    ///
-    /// The block is kept only if the object did not change locally since `file.epoch`. A caller joining a
-    /// fetch under way must clip the answer to its own `home_end`.
-    pub(crate) fn fetch(&self, file: &FileVersion, index: u32) -> FetchResult {
-        // A run bringing this block in is joined as any walk of its key is (see `Tiers::fetch_run`).
-        let (key, range) = self.unit_of(file, index);
-        let unit = self.tiers.fetch(&Want::new(&key, range, file))?;
-        if let Part::Whole { .. } = key.part {
-            let bs = self.store.block_size();
-            let from = (index as u64 * bs).min(unit.len() as u64) as usize;
-            let to = (from + bs as usize).min(unit.len());
-            return Ok(Arc::new(unit[from..to].to_vec()));
-        }
-        Ok(unit)
-    }
-
-    /// Whether block `index` of `file` is neither in the store nor on its way through the tiers.
-    pub(crate) fn absent(&self, file: &FileVersion, index: u32) -> bool {
-        !self.store.contains((file.object, index)) && !self.tiers.in_flight(&self.unit_of(file, index).0.digest())
-    }
-
-    /// Blocks `run` of `file` through the tiers, those no nearer tier has from the source in one request
-    /// (home: one ranged read), each kept in the store (a block changed here meanwhile is not: the epoch
-    /// moved). Readers missing one of them wait for it meanwhile.
-    ///
-    /// The run stops short of the first block that is cached or whose fetch is under way (a reader's, or
-    /// another run's): what it leaves is someone's already. Returns where it stopped; the first error of
-    /// the blocks it fetched, if any.
-    pub(crate) fn fetch_run(&self, file: &FileVersion, run: Range<u32>) -> Result<u32, HomeError> {
-        let mut units = Vec::with_capacity(run.len());
-        for index in run.clone() {
-            if self.store.contains((file.object, index)) {
-                break;
-            }
-            units.push(self.unit_of(file, index));
-        }
-        let wants: Vec<Want> = units
-            .iter()
-            .map(|(key, range)| Want::new(key, range.clone(), file))
-            .collect();
-        let results = self.tiers.fetch_run(&wants);
-        let reached = run.start + results.len() as u32;
-        results.into_iter().find_map(Result::err).map_or(Ok(reached), Err)
-    }
-}
-
-/// Insert `r` into a sorted list of disjoint ranges, merging neighbours.
-pub(crate) fn add_range(ranges: &mut Vec<Range<u64>>, r: Range<u64>) {
-    if r.is_empty() {
-        return;
-    }
-    ranges.push(r);
-    ranges.sort_by_key(|r| r.start);
-    let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
-    for r in ranges.drain(..) {
-        match merged.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => merged.push(r),
-        }
-    }
-    *ranges = merged;
-}
-
-/// Whether the sorted, merged `ranges` cover all `size` bytes of a file: a push of them sends its whole
-/// content.
-pub(crate) fn whole(ranges: &[Range<u64>], size: u64) -> bool {
-    size > 0 && ranges.first().is_some_and(|r| r.start == 0 && r.end >= size)
-}
-
-/// The parts of the sorted, disjoint `ranges` that no range of the sorted, disjoint `minus` covers.
-pub(crate) fn subtract(ranges: &[Range<u64>], minus: &[Range<u64>]) -> Vec<Range<u64>> {
-    let mut out = Vec::new();
-    for r in ranges {
-        let mut start = r.start;
-        for m in minus.iter().filter(|m| m.end > r.start && m.start < r.end) {
-            if m.start > start {
-                out.push(start..m.start);
-            }
-            start = start.max(m.end);
-        }
-        if start < r.end {
-            out.push(start..r.end);
-        }
-    }
-    out
-}
-
-/// The bytes of block `index` of a file of `size` bytes, in blocks of `bs` (the last one may be short).
-pub(crate) fn bytes_of(index: u32, bs: u64, size: u64) -> Range<u64> {
-    index as u64 * bs..((index as u64 + 1) * bs).min(size)
-}
-
-pub(crate) fn blocks_of(r: &Range<u64>, bs: u64) -> Range<u32> {
-    if r.is_empty() {
-        return 0..0;
-    }
-    (r.start / bs) as u32..((r.end - 1) / bs) as u32 + 1
-}
 
 impl Fs {
     /// Open a file. Its attributes are revalidated first once the validity lag has passed (always, with a
@@ -870,15 +744,16 @@ impl Fs {
 }
 
 mod allocate;
+mod fetch;
 mod passthrough;
 mod push;
+
+pub(crate) use fetch::Core;
 
 pub(crate) use passthrough::Stamp;
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn an_append_goes_at_the_end_this_node_knows_whatever_offset_the_kernel_gave() {
         let tmp = tempfile::tempdir().unwrap();
@@ -898,24 +773,5 @@ mod tests {
         assert_eq!(data.len(), (10 << 10) + 4);
         assert!(data[..10 << 10].iter().all(|&b| b == 7));
         assert_eq!(&data[10 << 10..], b"tail");
-    }
-
-    #[test]
-    fn ranges_merge() {
-        let mut v = Vec::new();
-        add_range(&mut v, 10..20);
-        add_range(&mut v, 30..40);
-        add_range(&mut v, 20..30);
-        add_range(&mut v, 0..5);
-        assert_eq!(v, vec![0..5, 10..40]);
-        assert_eq!(blocks_of(&(4095..4097), 4096), 0..2);
-        assert_eq!(blocks_of(&(0..4096), 4096), 0..1);
-        assert_eq!(
-            subtract(&[0..10, 20..30], &[5..8, 9..22, 29..40]),
-            vec![0..5, 8..9, 22..29]
-        );
-        let whole = std::slice::from_ref(&(0..10u64));
-        assert_eq!(subtract(whole, &[]), whole.to_vec());
-        assert_eq!(subtract(whole, whole), Vec::<Range<u64>>::new());
     }
 }

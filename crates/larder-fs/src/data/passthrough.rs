@@ -13,8 +13,8 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 
-use crate::data::{add_range, bytes_of, subtract};
 use crate::namespace::{Fs, Inode, lock, read, write};
+use crate::ranges::{add_range, bytes_of, subtract};
 use crate::{FsError, FsResult};
 
 /// A cache file's size and times: unchanged, they say no write landed since.

@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use larder_home::HomeError;
 
-use super::{add_range, blocks_of, bytes_of, subtract, whole};
 use crate::namespace::{Fs, lock, read, write};
+use crate::ranges::{add_range, blocks_of, bytes_of, subtract, whole};
 use crate::{FsError, FsResult};
 
 impl Fs {
@@ -242,7 +242,7 @@ impl Fs {
                 if node.unconfirmed.is_none() {
                     // It may have reached home in part or whole: what it sent tells, if asked.
                     node.unconfirmed = Some(Box::new(crate::namespace::Attempt {
-                        whole: super::whole(&ranges, size),
+                        whole: whole(&ranges, size),
                         ranges: subtract(&ranges, &node.dirty),
                         size,
                     }));

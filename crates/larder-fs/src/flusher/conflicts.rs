@@ -90,7 +90,7 @@ impl Fs {
         for index in 0..size.div_ceil(bs) {
             let start = index * bs;
             if self.core.store.contains((node.object, index as u32)) || start >= local_from {
-                crate::data::add_range(&mut ranges, start..(start + bs).min(size));
+                crate::ranges::add_range(&mut ranges, start..(start + bs).min(size));
             } else {
                 complete = false;
             }

@@ -193,7 +193,7 @@ pub(crate) struct Attempt {
 impl Attempt {
     /// What a push of `ranges` to a file of `size` bytes sent.
     pub(crate) fn sent(ranges: Vec<Range<u64>>, size: u64) -> Attempt {
-        let whole = crate::data::whole(&ranges, size);
+        let whole = crate::ranges::whole(&ranges, size);
         Attempt { ranges, size, whole }
     }
 }
@@ -321,9 +321,9 @@ impl Inode {
             let sent: Vec<Range<u64>> = ranges.into_iter().map(|(a, b)| a..b).collect();
             // Whether it reached home or not, its ranges are pushed again; only the bytes not written
             // since can tell whether it did.
-            let unchanged = crate::data::subtract(&sent, &node.dirty);
+            let unchanged = crate::ranges::subtract(&sent, &node.dirty);
             for r in sent {
-                crate::data::add_range(&mut node.dirty, r);
+                crate::ranges::add_range(&mut node.dirty, r);
             }
             node.unconfirmed = Some(Box::new(Attempt {
                 whole: rec.attempt_whole,
@@ -403,19 +403,7 @@ pub(crate) struct Namespace {
 /// bounded well within it).
 pub(crate) const OWN_CHANGE_WINDOW: Duration = Duration::from_secs(600);
 
-pub(crate) use crate::tier::FetchResult;
-
-/// Shared by the file system and its readahead workers.
-pub(crate) struct Core {
-    pub home: Arc<dyn Home>,
-    pub store: Arc<Store>,
-    /// The read path: the store, any tiers between, home; one fetch per unit at a time.
-    pub tiers: Tiers,
-    /// The home's name in portable keys.
-    pub home_id: HomeId,
-    /// Files at most this large are fetched whole.
-    pub small_file_threshold: u64,
-}
+pub(crate) use crate::data::Core;
 
 /// The caching file system, without FUSE: three components and what joins them (design note 012).
 /// - The **namespace**: names, inodes, home locations and renames in flight (`ns`, shared by hits, taken
@@ -693,7 +681,7 @@ impl Fs {
             }
         };
         if !changed.is_empty() {
-            u.ranges = crate::data::subtract(&u.ranges, &changed);
+            u.ranges = crate::ranges::subtract(&u.ranges, &changed);
         }
     }
 
