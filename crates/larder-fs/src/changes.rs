@@ -19,7 +19,7 @@ use crate::journal::{Op, OpKind};
 use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock, read, write};
 use crate::ranges::{add_range, blocks_of};
 use crate::record::to_ns;
-use crate::{Entry, FsError, FsResult, WriteMode};
+use crate::{Entry, FsError, FsResult};
 
 /// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
 const ROOM_WAIT: Duration = Duration::from_secs(10);
@@ -72,7 +72,7 @@ impl Fs {
         mut muts: Vec<Mutation>,
     ) -> FsResult<Vec<u64>> {
         let mut ns = ns;
-        let through = self.cfg.write_mode == WriteMode::WriteThrough;
+        let through = self.cfg.write_mode.acknowledges_from_home();
         let published = self.coherence.get().is_some().then(|| ops.clone());
         let mut held = Vec::new();
         {
@@ -744,7 +744,7 @@ impl Fs {
             let blocks: Vec<u32> = node.dirty.iter().flat_map(|r| blocks_of(r, bs)).collect();
             (node.object, blocks, node.attr.as_ref().map_or(0, |a| a.size))
         };
-        if self.cfg.write_mode != WriteMode::WriteThrough {
+        if !self.cfg.write_mode.acknowledges_from_home() {
             // Acknowledged from the cache: indexed and durable there first. (Write-through acknowledges
             // from home; its push indexes the blocks as clean.)
             self.core.store.commit(object, blocks, size)?;
@@ -773,11 +773,11 @@ impl Fs {
     pub(crate) fn make_room(&self, bytes: u64) -> FsResult<()> {
         let limit = self.core.store.stats().bytes_limit / 10 * 9;
         let dirty_fits = || self.core.store.stats().bytes_dirty + bytes <= limit;
-        let through = self.cfg.write_mode == WriteMode::WriteThrough;
-        if (through || dirty_fits()) && self.core.store.room_on_disk(bytes) {
+        let early = self.cfg.write_mode.pushes_to_make_room();
+        if (!early || dirty_fits()) && self.core.store.room_on_disk(bytes) {
             return Ok(());
         }
-        if through || self.cfg.write_mode == WriteMode::Local {
+        if !early {
             // Write-through: dirty data leaves at the next close or fsync; local: it never leaves.
             return if self.core.store.room_on_disk(bytes) {
                 Ok(())

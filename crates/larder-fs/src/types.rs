@@ -75,6 +75,38 @@ impl WriteMode {
     pub fn works_offline(self) -> bool {
         matches!(self, WriteMode::WriteBack | WriteMode::Local)
     }
+
+    /// Changes are accepted at all.
+    pub fn accepts_changes(self) -> bool {
+        self != WriteMode::ReadOnly
+    }
+
+    /// A change is acknowledged once home has it (else once it is durable in the cache and queued).
+    pub fn acknowledges_from_home(self) -> bool {
+        self == WriteMode::WriteThrough
+    }
+
+    /// Changes go to home at all: flushers run.
+    pub fn pushes(self) -> bool {
+        matches!(self, WriteMode::WriteBack | WriteMode::WriteThrough)
+    }
+
+    /// Changes stay in the cache for good: the journal never empties.
+    pub fn keeps_changes(self) -> bool {
+        self == WriteMode::Local
+    }
+
+    /// Dirty data near the cache's capacity can be sent home early to make room (write-back). Write-through
+    /// sends it at the next close or fsync anyway; local mode never does.
+    pub fn pushes_to_make_room(self) -> bool {
+        self == WriteMode::WriteBack
+    }
+
+    /// What a change creates shows home's times, and directories whose entries changed are asked again
+    /// (write-through), rather than the mount's own times kept until home has them too.
+    pub fn shows_home_times(self) -> bool {
+        self == WriteMode::WriteThrough
+    }
 }
 
 /// What a read of a large file brings in ahead of its reader.

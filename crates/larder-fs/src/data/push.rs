@@ -141,7 +141,7 @@ impl Fs {
         {
             let db = self.core.store.db();
             // Write-through pushes without the sync: its op counts as a repeat after a crash (`Fs::land`).
-            let through = self.cfg.write_mode == crate::WriteMode::WriteThrough;
+            let through = self.cfg.write_mode.acknowledges_from_home();
             if let Err(e) = if through { Ok(()) } else { db.sync() } {
                 let mut ns = write(&self.ns);
                 let node = ns.inode_mut(ino)?;

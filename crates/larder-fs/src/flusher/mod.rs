@@ -162,7 +162,7 @@ impl Fs {
                 tracing::error!(error = %e, "cannot start a thread revalidating directories ahead of a walk");
             }
         }
-        if !matches!(self.cfg.write_mode, WriteMode::WriteBack | WriteMode::WriteThrough) {
+        if !self.cfg.write_mode.pushes() {
             return;
         }
         let mut flushers = lock(&self.pipeline.flushers);
@@ -230,7 +230,7 @@ impl Fs {
                     break Drained::Empty;
                 }
             } else {
-                if self.cfg.write_mode == WriteMode::Local {
+                if self.cfg.write_mode.keeps_changes() {
                     break Drained::Waiting;
                 }
                 if self.health.online() && j.only_refused_left(began) {
@@ -360,7 +360,7 @@ impl Fs {
                 {
                     muts.push(Mutation::PutInode(op.ino, node.record().encode()));
                 }
-                if self.cfg.write_mode == WriteMode::WriteThrough {
+                if self.cfg.write_mode.shows_home_times() {
                     // Write-through shows home's times, as home gives them: the directories whose
                     // entries changed are asked again, not given the mount's time.
                     for (dir, _) in &op.names {
@@ -372,7 +372,7 @@ impl Fs {
                 // Under the namespace's lock, as every record (`Fs::queue`).
                 self.core.store.db().submit(muts);
                 drop(ns);
-                if self.cfg.write_mode != WriteMode::WriteThrough {
+                if !self.cfg.write_mode.shows_home_times() {
                     self.settle_dir_times(op);
                 }
                 self.pipeline.settling.fetch_sub(1, Ordering::SeqCst);
@@ -461,7 +461,7 @@ impl Fs {
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
         // Write-through shows home's time for what it creates (adopted now); a time set since is an op of
         // its own.
-        if self.cfg.write_mode == WriteMode::WriteThrough
+        if self.cfg.write_mode.shows_home_times()
             || !self.core.home.limits().times
             || self.pipeline.journal().has_after_current(op.ino)
         {

@@ -824,7 +824,7 @@ impl Fs {
     }
 
     pub(crate) fn read_only(&self) -> bool {
-        self.cfg.write_mode == crate::WriteMode::ReadOnly
+        !self.cfg.write_mode.accepts_changes()
     }
 
     pub(crate) fn writable(&self) -> FsResult<()> {
