@@ -23,10 +23,7 @@
 mod changes;
 pub mod coherence;
 mod data;
-mod dirs;
 mod error;
-mod flusher;
-mod integrity;
 mod journal;
 #[cfg(test)]
 mod journal_model;
@@ -37,21 +34,19 @@ mod ranges;
 mod readahead;
 mod record;
 pub mod recovery;
-mod residency;
 pub mod serve;
 pub mod tier;
 mod types;
 mod version;
-mod xattr;
 
+pub use changes::release_freed_memory;
+pub use data::{DamagedFile, VERIFY_AT_OPEN};
+pub use data::{PIN_SHARE, Residency, describe_residency_error};
 pub use error::{FsError, FsResult};
-pub use flusher::release_freed_memory;
-pub use integrity::{DamagedFile, VERIFY_AT_OPEN};
 pub use namespace::Fs;
-pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};
+pub use namespace::XattrFlags;
 pub use types::{
     Attr, Conflict, ConflictPolicy, DirItem, Drained, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply,
     Prefetch, RefusedChange, WriteMode,
 };
 pub use version::FileVersion;
-pub use xattr::XattrFlags;

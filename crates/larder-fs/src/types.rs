@@ -166,7 +166,7 @@ impl Default for FsConfig {
             passthrough: true,
             home_id: None,
             max_inodes: 131_072,
-            verify_at_open: crate::integrity::VERIFY_AT_OPEN,
+            verify_at_open: crate::data::VERIFY_AT_OPEN,
         }
     }
 }

@@ -21,7 +21,11 @@ use crate::ranges::{add_range, blocks_of};
 use crate::record::to_ns;
 use crate::{Entry, FsError, FsResult};
 
+mod flusher;
 mod rename;
+
+pub(crate) use flusher::load_conflicts;
+pub use flusher::release_freed_memory;
 
 /// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
 const ROOM_WAIT: Duration = Duration::from_secs(10);

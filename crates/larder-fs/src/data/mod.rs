@@ -745,8 +745,15 @@ impl Fs {
 
 mod allocate;
 mod fetch;
+mod integrity;
 mod passthrough;
 mod push;
+mod readers;
+mod residency;
+
+pub(crate) use integrity::Integrity;
+pub use integrity::{DamagedFile, VERIFY_AT_OPEN};
+pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};
 
 pub(crate) use fetch::Core;
 

@@ -25,11 +25,17 @@ use crate::tier::{HomeTier, StoreTier, Tier, TierStats, Tiers};
 use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
 
 mod binding;
+mod dirs;
 mod handles;
 mod lookup;
 mod model;
 mod open;
 mod reclaim;
+mod xattr;
+
+pub(crate) use dirs::{WALK_AHEAD_THREADS, WalkAhead};
+pub use xattr::XattrFlags;
+pub(crate) use xattr::Xattrs;
 
 pub(crate) use handles::{Handle, Handles};
 
@@ -70,12 +76,12 @@ pub struct Fs {
     /// Ticks for directories' listings and opens, to tell which came first (see `DirState::opened`).
     pub(crate) dir_clock: AtomicU64,
     /// Directories to revalidate ahead of a walk (see `Fs::walk_ahead`).
-    pub(crate) walk_ahead: Arc<crate::dirs::WalkAhead>,
+    pub(crate) walk_ahead: Arc<WalkAhead>,
     /// Home has given a directory's own attributes with its listing ([`Home::list_with_own`]): the root,
     /// which no parent's listing carries, is then revalidated by its own listing.
     pub(crate) listings_carry_own: std::sync::atomic::AtomicBool,
     /// Files found damaged in the cache, and the background check of cache files (`integrity.rs`).
-    pub(crate) integrity: crate::integrity::Integrity,
+    pub(crate) integrity: crate::data::Integrity,
 }
 
 pub(crate) use larder_util::contention::{lock, read, write};

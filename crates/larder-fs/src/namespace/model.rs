@@ -107,7 +107,7 @@ pub(crate) struct Inode {
     pub unconfirmed: Option<Box<Attempt>>,
     /// Its extended attributes, once known (home's, with the changes made here): `None` until something
     /// asks, and again when home's object changed (`Fs::update_attr`).
-    pub xattrs: Option<Box<crate::xattr::Xattrs>>,
+    pub xattrs: Option<Box<super::Xattrs>>,
 }
 
 /// The state of a directory beside its attributes.

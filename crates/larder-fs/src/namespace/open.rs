@@ -120,7 +120,7 @@ impl Fs {
             small_file_threshold: cfg.small_file_threshold.min(store_limit / 8),
         });
         let readahead = Readahead::new(core.clone(), cfg.ingest_streams);
-        let conflicts = crate::flusher::load_conflicts(&cfg.conflicts_dir);
+        let conflicts = crate::changes::load_conflicts(&cfg.conflicts_dir);
         let fs = Fs {
             cfg,
             core,

@@ -106,7 +106,6 @@ pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
 
 mod conflicts;
 mod push;
-mod readers;
 mod through;
 
 /// How often the inodes in memory are brought back within `--max-inodes`.
@@ -153,7 +152,7 @@ impl Fs {
         if let Err(e) = trimmer {
             tracing::error!(error = %e, "cannot start the thread that keeps inodes within --max-inodes");
         }
-        for i in 0..crate::dirs::WALK_AHEAD_THREADS {
+        for i in 0..crate::namespace::WALK_AHEAD_THREADS {
             let (fs, ahead) = (Arc::downgrade(self), self.walk_ahead.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("larder-walk-{i}"))

@@ -8,14 +8,20 @@
 
 use std::ops::Range;
 
-use super::*;
+use std::os::unix::ffi::OsStringExt;
+
+use larder_home::FileKind;
+
 use crate::FileVersion;
+use crate::journal::{Op, OpKind};
+use crate::namespace::{Fs, read, write};
 use crate::readahead::Job;
+use crate::{FsError, FsResult};
 
 impl Fs {
     /// Before `op` reaches home: the version it removes (an unlink's file, or the target a rename
     /// replaces), if descriptors are open on it, is brought into the cache whole and held there.
-    pub(super) fn keep_for_readers(&self, op: &Op) -> FsResult<()> {
+    pub(crate) fn keep_for_readers(&self, op: &Op) -> FsResult<()> {
         let victim = {
             let ns = read(&self.ns);
             let target = match &op.kind {
