@@ -26,7 +26,7 @@ use std::sync::Arc;
 use larder_home::{ContentId, DirEntry, Home, HomeAttr, HomeError, HomeResult, Layer, Layered, Version};
 use serde::{Deserialize, Serialize};
 
-use crate::namespace::{Fs, Namespace, ROOT, read, write};
+use crate::namespace::{Namespace, ROOT};
 use crate::serve::HeldRead;
 
 /// What a node says of a path it changed and home has not got yet.
@@ -75,7 +75,7 @@ pub fn parse_held(v: &Version) -> Option<(u64, i64)> {
     Some((u64::from_str_radix(holder, 16).ok()?, revision.parse().ok()?))
 }
 
-fn bytes(p: &Path) -> &[u8] {
+pub(crate) fn bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
 }
 
@@ -257,161 +257,10 @@ pub(crate) fn resolve_known(ns: &Namespace, path: &Path) -> (Option<u64>, Option
     (Some(ino), last)
 }
 
-impl Fs {
-    /// Use `c` for writes across the cluster: publish this node's changes, apply the others' before
-    /// opens.
-    pub fn set_coherence(&self, c: Arc<dyn Coherence>) {
-        let _ = self.coherence.set(c);
-    }
-
-    /// Apply the records written before now, if in a cluster.
-    pub(crate) fn sync_cluster(&self) {
-        if let Some(c) = self.coherence.get() {
-            c.sync();
-        }
-    }
-
-    /// Take the write tokens of the existing objects at `paths` (below home's root), if in a cluster:
-    /// before a change of them is made.
-    pub(crate) fn take_tokens(&self, paths: &[&Path]) -> crate::FsResult<()> {
-        let Some(c) = self.coherence.get() else {
-            return Ok(());
-        };
-        for p in paths {
-            c.take(bytes(p)).map_err(crate::FsError::Home)?;
-        }
-        Ok(())
-    }
-
-    /// [`Fs::take_tokens`] of the object `ino`, by its path here.
-    pub(crate) fn take_token_of(&self, ino: u64) -> crate::FsResult<()> {
-        if self.coherence.get().is_none() {
-            return Ok(());
-        }
-        let path = read(&self.ns).path_of(ino)?;
-        self.take_tokens(&[&path])
-    }
-
-    /// [`Fs::take_tokens`] of directory `dir` if another node holds changes of it (it made it, or names
-    /// in it, and home has not got them): a name made in it here reaches home only after those did.
-    pub(crate) fn take_token_of_held_dir(&self, dir: u64) -> crate::FsResult<()> {
-        let Some(c) = self.coherence.get() else {
-            return Ok(());
-        };
-        let path = read(&self.ns).path_of(dir)?;
-        if c.record(bytes(&path)).is_some_and(|(r, _)| r.holder != c.me()) {
-            self.take_tokens(&[&path])?;
-        }
-        Ok(())
-    }
-
-    /// [`Fs::take_tokens`] of `name` in `parent`, if it exists here.
-    pub(crate) fn take_token_at(&self, parent: u64, name: &OsStr) -> crate::FsResult<()> {
-        if self.coherence.get().is_none() {
-            return Ok(());
-        }
-        let path = read(&self.ns).child_path(parent, name)?;
-        self.take_tokens(&[&path])
-    }
-
-    /// Drain before giving the write token of `path` up to a peer: the changes this node holds go to home
-    /// first (every one, in order: the journal is drained), within `drain_within`. The cluster removes
-    /// this node's held records and the token after.
-    pub fn give_up(&self, path: &[u8], drain_within: std::time::Duration) -> Result<(), String> {
-        let ino = {
-            let ns = read(&self.ns);
-            resolve_known(&ns, Path::new(OsStr::from_bytes(path))).0
-        };
-        if let Some(ino) = ino {
-            let dirty = read(&self.ns).inodes.get(&ino).is_some_and(|n| !n.dirty.is_empty());
-            if dirty {
-                self.commit_data(ino, false).map_err(|e| e.to_string())?;
-            }
-        }
-        match self.drain(drain_within) {
-            crate::Drained::Empty => Ok(()),
-            other => Err(format!("this node's changes did not reach home ({other:?})")),
-        }
-    }
-
-    /// Publish what this node has now at the paths of `ops` (and their directories, for changes of
-    /// names), if in a cluster.
-    pub(crate) fn publish_ops(&self, ops: &[crate::journal::Op]) {
-        let Some(c) = self.coherence.get() else {
-            return;
-        };
-        let mut paths: Vec<Vec<u8>> = Vec::new();
-        for op in ops {
-            let names = !matches!(
-                op.kind,
-                crate::journal::OpKind::Data
-                    | crate::journal::OpKind::SetAttr { .. }
-                    | crate::journal::OpKind::SetXattr { .. }
-            );
-            for p in op.paths() {
-                paths.push(p.to_vec());
-                if names {
-                    let parent = Path::new(OsStr::from_bytes(p)).parent().unwrap_or(Path::new(""));
-                    paths.push(bytes(parent).to_vec());
-                }
-            }
-        }
-        paths.sort();
-        paths.dedup();
-        c.publish(self.held_records(c.me(), paths));
-    }
-
-    /// This node's records of `paths`, as it has them now: see [`held_record`].
-    pub fn held_records(&self, me: u64, paths: Vec<Vec<u8>>) -> Vec<(Vec<u8>, HeldRecord)> {
-        let ns = read(&self.ns);
-        paths
-            .into_iter()
-            .filter_map(|p| {
-                let record = held_record(&ns, me, Path::new(OsStr::from_bytes(&p)))?;
-                Some((p, record))
-            })
-            .collect()
-    }
-
-    /// Forget what this node cached of `path` and of the directory it is in, in memory and in the
-    /// kernel: another node changed it (its held record was written or removed).
-    pub fn invalidate_path(&self, path: &[u8]) {
-        let path = Path::new(OsStr::from_bytes(path));
-        tracing::debug!(path = %path.display(), "another node's change: dropping what is cached");
-        let mut kernel = Vec::new();
-        {
-            let mut ns = write(&self.ns);
-            // Under the namespace's lock: an answer taken in after this, asked for before, is not fresh.
-            *self.invalidated.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-            let (found, parent) = resolve_known(&ns, path);
-            if let Some(ino) = found
-                && let Some(node) = ns.inodes.get_mut(&ino)
-            {
-                node.checked = None;
-                node.unlist();
-                node.dm().negatives.clear();
-                kernel.push(crate::Invalidation::Inode(ino));
-            }
-            if let Some((dir, name)) = parent
-                && let Some(node) = ns.inodes.get_mut(&dir)
-            {
-                node.checked = None;
-                node.unlist();
-                node.dm().negatives.remove(&name);
-                kernel.push(crate::Invalidation::Entry(dir, name));
-                kernel.push(crate::Invalidation::Inode(dir));
-            }
-        }
-        for k in kernel {
-            self.invalidate(k);
-        }
-    }
-}
-
 /// This node's record of `path`: its attributes here (none if it is not here, or removed), and where
 /// home has it if that is elsewhere. Nothing for a name known only from a listing (no attributes yet):
 /// this node has nothing to say of it.
-fn held_record(ns: &Namespace, me: u64, path: &Path) -> Option<HeldRecord> {
+pub(crate) fn held_record(ns: &Namespace, me: u64, path: &Path) -> Option<HeldRecord> {
     let (found, _) = resolve_known(ns, path);
     let node = found.and_then(|ino| ns.inodes.get(&ino).filter(|n| !n.removed).map(|n| (ino, n)));
     let attr = match node {
@@ -582,13 +431,13 @@ mod tests {
     #[test]
     fn an_answer_asked_for_before_another_nodes_change_dropped_the_cache_is_not_counted_fresh() {
         let (_tmp, fs, _, ino) = dir_f();
-        let attr = read(&fs.ns).inode(ino).unwrap().attr.clone().unwrap();
+        let attr = fs.names.read().inode(ino).unwrap().attr.clone().unwrap();
         // Home is asked; meanwhile another node's change drops what is cached; then the answer comes.
         let asked = Instant::now();
         fs.invalidate_path(b"dir/f");
         {
-            let mut ns = write(&fs.ns);
-            fs.update_attr(&mut ns, ino, attr.clone(), asked);
+            let mut ns = fs.names.write();
+            fs.names.update_attr(&mut ns, ino, attr.clone(), asked);
             assert_eq!(
                 ns.inode(ino).unwrap().checked,
                 None,
@@ -597,8 +446,8 @@ mod tests {
         }
         // An answer asked for after it is.
         let later = Instant::now();
-        let mut ns = write(&fs.ns);
-        fs.update_attr(&mut ns, ino, attr, later);
+        let mut ns = fs.names.write();
+        fs.names.update_attr(&mut ns, ino, attr, later);
         assert!(ns.inode(ino).unwrap().checked.is_some());
     }
 }

@@ -24,6 +24,7 @@ mod changes;
 pub mod coherence;
 mod data;
 mod error;
+mod fs;
 mod journal;
 #[cfg(test)]
 mod journal_model;
@@ -43,7 +44,7 @@ pub use changes::release_freed_memory;
 pub use data::{DamagedFile, VERIFY_AT_OPEN};
 pub use data::{PIN_SHARE, Residency, describe_residency_error};
 pub use error::{FsError, FsResult};
-pub use namespace::Fs;
+pub use fs::Fs;
 pub use namespace::XattrFlags;
 pub use types::{
     Attr, Conflict, ConflictPolicy, DirItem, Drained, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply,

@@ -2,7 +2,8 @@
 //! and the queueing of written data. Every change, in every writable mode, takes one path: it is made in
 //! the cache and recorded in the journal; then write-back and local return once that is durable (the
 //! flusher takes it to home after the sync lag, write-back only), and write-through pushes it at once and
-//! returns home's answer, taking the change back out of the cache if home refuses it (`flusher/through.rs`). Renames are in `rename.rs`.
+//! returns home's answer, taking the change back out of the cache if home refuses it (`flusher/through.rs`).
+//! Renames are in `rename.rs`.
 //!
 //! The checks home would make (the name exists, the directory is not empty, the kinds match) are made
 //! here against the cache's view, which asks home where the cache does not know.
@@ -10,22 +11,59 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
 
+use crate::data::DataPath;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Inode, Namespace, ROOT, check_name, lock, read, write};
+use crate::namespace::{Inode, Names, Namespace, ROOT, check_name, lock};
 use crate::ranges::{add_range, blocks_of};
 use crate::record::to_ns;
 use crate::{Entry, FsError, FsResult};
 
+mod cluster;
 mod flusher;
 mod rename;
+mod xattr;
 
 pub(crate) use flusher::load_conflicts;
 pub use flusher::release_freed_memory;
+
+/// The change pipeline component (design note 012): changes of names and attributes made here, the
+/// journal that queues them with written data, and the flushers that push them to home in order, with
+/// their conflicts. It changes the namespace through [`Names`] and pushes file contents through the data
+/// path.
+pub(crate) struct Changes {
+    cfg: crate::FsConfig,
+    core: Arc<crate::data::Core>,
+    health: Arc<larder_home::Health>,
+    names: Arc<Names>,
+    data: Arc<DataPath>,
+    pipeline: Arc<crate::pipeline::Pipeline>,
+}
+
+impl Changes {
+    pub(crate) fn new(
+        cfg: crate::FsConfig,
+        core: Arc<crate::data::Core>,
+        health: Arc<larder_home::Health>,
+        names: Arc<Names>,
+        data: Arc<DataPath>,
+        pipeline: Arc<crate::pipeline::Pipeline>,
+    ) -> Changes {
+        Changes {
+            cfg,
+            core,
+            health,
+            names,
+            data,
+            pipeline,
+        }
+    }
+}
 
 /// Longest a writer is held back waiting for dirty data to drain before it gets `ENOSPC`.
 const ROOM_WAIT: Duration = Duration::from_secs(10);
@@ -44,7 +82,7 @@ pub(crate) enum NewKind<'a> {
     Symlink { target: &'a [u8] },
 }
 
-impl Fs {
+impl Changes {
     /// Record `ops` (and `removed`: inodes that lost their last name), persist them with `muts`, and wait
     /// until all of it is durable (write-back, local) or at home (write-through). Called with `ns` held;
     /// returns with it released.
@@ -79,7 +117,7 @@ impl Fs {
     ) -> FsResult<Vec<u64>> {
         let mut ns = ns;
         let through = self.cfg.write_mode.acknowledges_from_home();
-        let published = self.coherence.get().is_some().then(|| ops.clone());
+        let published = self.names.coherence().is_some().then(|| ops.clone());
         let mut held = Vec::new();
         {
             let mut j = self.pipeline.journal();
@@ -140,7 +178,7 @@ impl Fs {
             db.settle()?;
         }
         if let Some(ops) = published {
-            self.publish_ops(&ops);
+            self.names.publish_ops(&ops);
         }
         Ok(held)
     }
@@ -154,7 +192,7 @@ impl Fs {
 
     /// Whether `name` exists in `parent` (asking home if the cache cannot say).
     fn exists(&self, parent: u64, name: &OsStr) -> FsResult<Option<u64>> {
-        match self.find(parent, name) {
+        match self.names.find(parent, name) {
             Ok(ino) => Ok(Some(ino)),
             Err(FsError::NotFound) => Ok(None),
             Err(e) => Err(e),
@@ -165,13 +203,13 @@ impl Fs {
     /// namespace-change lock the creation holds. Home is asked (where the cache cannot say) before the lock
     /// is taken; under it, the cache alone tells whether the name was taken meanwhile.
     fn free_name(&self, parent: u64, name: &OsStr) -> FsResult<std::sync::MutexGuard<'_, ()>> {
-        self.writable()?;
+        self.names.writable()?;
         check_name(name)?;
-        self.take_token_of_held_dir(parent)?;
+        self.names.take_token_of_held_dir(parent)?;
         if self.exists(parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
-        let m = lock(&self.mutate);
+        let m = self.names.mutate();
         if !self.still_bound(parent, name, None, false) {
             return Err(FsError::Exists);
         }
@@ -182,7 +220,7 @@ impl Fs {
     /// `empty`, `ino` is a directory with no entries: what a check made before the namespace-change lock was
     /// taken found, still true under it.
     fn still_bound(&self, parent: u64, name: &OsStr, ino: Option<u64>, empty: bool) -> bool {
-        let ns = read(&self.ns);
+        let ns = self.names.read();
         let now = ns.bound(parent, name);
         let empty_ok = !empty || ino.is_none_or(|i| ns.inodes.get(&i).is_some_and(|n| n.d().children.is_empty()));
         now == ino && empty_ok
@@ -192,13 +230,13 @@ impl Fs {
     /// directory) is empty. May ask home.
     fn removable(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<u64> {
         let child = self.exists(parent, name)?.ok_or(FsError::NotFound)?;
-        let kind = read(&self.ns).inode(child)?.kind;
+        let kind = self.names.read().inode(child)?.kind;
         match (dir, kind == FileKind::Dir) {
             (true, false) => return Err(FsError::NotDir),
             (false, true) => return Err(FsError::IsDir),
             _ => {}
         }
-        if dir && self.listing(child)?.len() > 2 {
+        if dir && self.names.listing(child)?.len() > 2 {
             return Err(FsError::NotEmpty);
         }
         Ok(child)
@@ -215,17 +253,17 @@ impl Fs {
     }
 
     /// Create a directory.
-    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+    pub(crate) fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
         self.make(parent, name, mode, NewKind::Dir, uid, gid)
     }
 
     /// Create a special or regular file.
-    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, uid: u32, gid: u32) -> FsResult<Entry> {
+    pub(crate) fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, uid: u32, gid: u32) -> FsResult<Entry> {
         self.make(parent, name, mode, NewKind::Special { rdev }, uid, gid)
     }
 
     /// Create a symlink.
-    pub fn symlink(&self, parent: u64, name: &OsStr, target: &[u8], uid: u32, gid: u32) -> FsResult<Entry> {
+    pub(crate) fn symlink(&self, parent: u64, name: &OsStr, target: &[u8], uid: u32, gid: u32) -> FsResult<Entry> {
         self.make(parent, name, 0o777, NewKind::Symlink { target }, uid, gid)
     }
 
@@ -235,21 +273,21 @@ impl Fs {
     }
 
     /// Remove a file.
-    pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.take_token_at(parent, name)?;
+    pub(crate) fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.names.take_token_at(parent, name)?;
         self.remove(parent, name, false)
     }
 
     /// Remove an empty directory.
-    pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.take_token_at(parent, name)?;
+    pub(crate) fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.names.take_token_at(parent, name)?;
         self.remove(parent, name, true)
     }
 
     /// Create `name` in `parent` in the cache and queue its creation at home.
     fn make(&self, parent: u64, name: &OsStr, mode: u32, kind: NewKind<'_>, uid: u32, gid: u32) -> FsResult<Entry> {
         let mutating = self.free_name(parent, name)?;
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let p = ns.inode(parent)?;
         if p.kind != FileKind::Dir {
             return Err(FsError::NotDir);
@@ -324,7 +362,7 @@ impl Fs {
             ),
         };
         // Nothing is changed before this check: a name home cannot store is refused with nothing queued.
-        self.check_storable(&ns, parent, name, file_kind, None)?;
+        self.names.check_storable(&ns, parent, name, file_kind, None)?;
         let now = SystemTime::now();
         let attr = HomeAttr {
             kind: file_kind,
@@ -344,7 +382,7 @@ impl Fs {
         let ino = ns.next_ino;
         ns.next_ino += 1;
         let object = if file_kind == FileKind::File {
-            self.alloc_object(&mut ns)
+            self.names.alloc_object(&mut ns)
         } else {
             0
         };
@@ -371,7 +409,7 @@ impl Fs {
         ];
         muts.extend(Self::record_of(&ns, ino));
         muts.extend(Self::record_of(&ns, parent));
-        let entry = self.entry(&ns, ino)?;
+        let entry = self.names.entry(&ns, ino)?;
         let op = Op::new(ino, path, vec![(parent, name.as_bytes().to_vec())], op_kind);
         self.commit(Some(mutating), ns, vec![op], &[], muts)?;
         Ok(entry)
@@ -379,12 +417,12 @@ impl Fs {
 
     /// Remove `name` from `parent` in the cache and queue its removal at home.
     fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
-        self.writable()?;
+        self.names.writable()?;
         check_name(name)?;
         // Checked without the namespace-change lock (home may be asked), then again under it from the cache
         // alone; only if something changed in between is home asked under it.
         let found = self.removable(parent, name, dir).map(Some).or_else(left_memory)?;
-        let mutating = lock(&self.mutate);
+        let mutating = self.names.mutate();
         let child = if let Some(found) = found
             && self.still_bound(parent, name, Some(found), dir)
         {
@@ -416,10 +454,10 @@ impl Fs {
         child: u64,
         dir: bool,
     ) -> FsResult<(Retired, Vec<u64>)> {
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let path = path_bytes(&ns.child_path(parent, name)?);
         ns.retire_later = Some(Vec::new());
-        self.unbind(&mut ns, parent, name, false);
+        self.names.unbind(&mut ns, parent, name, false);
         let retire = ns.retire_later.take().unwrap_or_default();
         let gone = ns.inodes.get(&child).is_none_or(|n| n.removed);
         if !gone && let Some(a) = ns.inodes.get_mut(&child).and_then(|n| n.attr.as_mut()) {
@@ -442,14 +480,14 @@ impl Fs {
     }
 
     /// Hard-link `ino` as `name` in `parent`.
-    pub fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
-        self.take_token_of(ino)?;
+    pub(crate) fn link(&self, ino: u64, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        self.names.take_token_of(ino)?;
         let mutating = self.free_name(parent, name)?;
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         if ns.inode(parent)?.kind != FileKind::Dir {
             return Err(FsError::NotDir);
         }
-        self.check_link(&ns, ino, parent, name)?;
+        self.names.check_link(&ns, ino, parent, name)?;
         let from = path_bytes(&ns.path_of(ino)?);
         let to = path_bytes(&ns.child_path(parent, name)?);
         let node = ns.inode_mut(ino)?;
@@ -466,22 +504,24 @@ impl Fs {
         let mut muts = vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)];
         muts.extend(Self::record_of(&ns, ino));
         muts.extend(Self::record_of(&ns, parent));
-        let entry = self.entry(&ns, ino)?;
+        let entry = self.names.entry(&ns, ino)?;
         let op = Op::new(ino, from, vec![(parent, name.as_bytes().to_vec())], OpKind::Link { to });
         self.commit(Some(mutating), ns, vec![op], &[], muts)?;
         Ok(entry)
     }
 
     /// Change attributes (a size change is queued as data).
-    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
+    pub(crate) fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
         self.setattr_dropping(ino, changes, false)
     }
 
     /// A write by a caller without `CAP_FSETID` (the kernel says so, and leaves the rest to the file
     /// system): a file's set-user-ID bit goes, and its set-group-ID bit with group execute, as
     /// [`Fs::setattr_dropping`] says.
-    pub fn drop_set_id(&self, ino: u64) -> FsResult<()> {
-        let has = read(&self.ns)
+    pub(crate) fn drop_set_id(&self, ino: u64) -> FsResult<()> {
+        let has = self
+            .names
+            .read()
             .inode(ino)?
             .attr
             .as_ref()
@@ -498,13 +538,13 @@ impl Fs {
     /// execute is set (without it the bit marks mandatory locking, and stays), unless the change sets the
     /// mode itself. The caller says when: always at an owner change, and at a truncation or write by a
     /// caller without `CAP_FSETID`.
-    pub fn setattr_dropping(&self, ino: u64, changes: &SetAttr, drop_set_id: bool) -> FsResult<Entry> {
-        self.writable()?;
-        self.take_token_of(ino)?;
+    pub(crate) fn setattr_dropping(&self, ino: u64, changes: &SetAttr, drop_set_id: bool) -> FsResult<Entry> {
+        self.names.writable()?;
+        self.names.take_token_of(ino)?;
         // What the kernel wrote to the cache file comes first: a truncation or a size is taken after it.
-        self.adopt_all_direct_writes(ino);
+        self.data.adopt_all_direct_writes(ino);
         let (kind, flush_lock, write_lock) = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             let node = ns.inode(ino)?;
             (node.kind, node.flush_lock.clone(), node.write_lock.clone())
         };
@@ -513,7 +553,7 @@ impl Fs {
         }
         let _f = lock(&flush_lock);
         let _w = lock(&write_lock);
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let path = path_bytes(&ns.path_of(ino)?);
         let now = SystemTime::now();
         let node = ns.inode_mut(ino)?;
@@ -590,7 +630,7 @@ impl Fs {
                 },
             ));
         }
-        let entry = self.entry(&ns, ino)?;
+        let entry = self.names.entry(&ns, ino)?;
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
         let held = self.queue(None, ns, ops, &[], muts)?;
         drop((_w, _f));
@@ -603,10 +643,10 @@ impl Fs {
     /// and indexed as the index's durability promises; with `durable` (fsync), or with power durability,
     /// the cache file is fsynced too.
     pub(crate) fn commit_data(&self, ino: u64, durable: bool) -> FsResult<()> {
-        let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
+        let write_lock = self.names.read().inode(ino)?.write_lock.clone();
         let _w = lock(&write_lock);
         let (object, blocks, size) = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             let node = ns.inode(ino)?;
             if node.removed || node.dirty.is_empty() {
                 return Ok(());
@@ -619,7 +659,7 @@ impl Fs {
             // Acknowledged from the cache: indexed and durable there first. (Write-through acknowledges
             // from home; its push indexes the blocks as clean.)
             self.core.store.commit(object, blocks, size)?;
-            self.label_unpushed(ino);
+            self.data.label_unpushed(ino);
             if durable || self.core.store.db().durability() == larder_cache::Durability::Power {
                 self.core
                     .store
@@ -628,7 +668,7 @@ impl Fs {
                     .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
             }
         }
-        let ns = write(&self.ns);
+        let ns = self.names.write();
         let path = path_bytes(&ns.path_of(ino)?);
         let muts: Vec<Mutation> = Self::record_of(&ns, ino).into_iter().collect();
         let op = Op::new(ino, path, Vec::new(), OpKind::Data);
@@ -657,7 +697,9 @@ impl Fs {
             };
         }
         // Files still open hold dirty data no close has queued yet: queue it, so the flushers can free room.
-        let dirty: Vec<u64> = read(&self.ns)
+        let dirty: Vec<u64> = self
+            .names
+            .read()
             .inodes
             .iter()
             .filter(|(_, n)| !n.dirty.is_empty() && !n.removed)

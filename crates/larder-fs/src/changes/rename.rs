@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Fs {
+impl Changes {
     /// What a rename finds: its source, and the object it replaces or exchanges with (`None`: nothing to
     /// do, the two names are one object's). May ask home.
     fn rename_ends(
@@ -22,15 +22,15 @@ impl Fs {
         if dst == Some(src) {
             return Ok(None);
         }
-        let src_kind = read(&self.ns).inode(src)?.kind;
+        let src_kind = self.names.read().inode(src)?.kind;
         if let Some(d) = dst
             && !flags.exchange
         {
-            let dst_kind = read(&self.ns).inode(d)?.kind;
+            let dst_kind = self.names.read().inode(d)?.kind;
             match (src_kind == FileKind::Dir, dst_kind == FileKind::Dir) {
                 (true, false) => return Err(FsError::NotDir),
                 (false, true) => return Err(FsError::IsDir),
-                (true, true) if self.listing(d)?.len() > 2 => return Err(FsError::NotEmpty),
+                (true, true) if self.names.listing(d)?.len() > 2 => return Err(FsError::NotEmpty),
                 _ => {}
             }
         }
@@ -38,7 +38,7 @@ impl Fs {
     }
 
     /// Rename `name` in `parent` to `new_name` in `new_parent`.
-    pub fn rename(
+    pub(crate) fn rename(
         &self,
         parent: u64,
         name: &OsStr,
@@ -46,16 +46,16 @@ impl Fs {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> FsResult<()> {
-        self.writable()?;
+        self.names.writable()?;
         check_name(name)?;
         check_name(new_name)?;
-        self.take_token_at(parent, name)?;
-        self.take_token_at(new_parent, new_name)?;
-        self.take_token_of_held_dir(new_parent)?;
+        self.names.take_token_at(parent, name)?;
+        self.names.take_token_at(new_parent, new_name)?;
+        self.names.take_token_of_held_dir(new_parent)?;
         // As for a removal: checked without the lock, confirmed under it.
         let ends = ((parent, name), (new_parent, new_name));
         let found = self.rename_ends(ends.0, ends.1, flags).or_else(left_memory)?;
-        let mutating = lock(&self.mutate);
+        let mutating = self.names.mutate();
         let unchanged = match found {
             Some((src, dst)) => {
                 let replaced_dir = dst.is_some() && !flags.exchange;
@@ -72,13 +72,13 @@ impl Fs {
         let Some((src, dst)) = found else {
             return Ok(());
         };
-        let src_kind = read(&self.ns).inode(src)?.kind;
+        let src_kind = self.names.read().inode(src)?.kind;
         // Its changes to the index (entries removed, then made, records, the op) reach it as one
         // submission: a stop between them would leave a record no entry names, taken at the next start
         // for a file removed while open. (Write-through pushes it after that submission, as a removal.)
         let db = self.core.store.db().clone();
         let held = db.gathered(move || {
-            let mut ns = write(&self.ns);
+            let mut ns = self.names.write();
             // A directory may not move into its own subtree.
             let mut cur = new_parent;
             while cur != ROOT {
@@ -87,7 +87,8 @@ impl Fs {
                 }
                 cur = ns.inode(cur)?.parent;
             }
-            self.check_rename(&ns, (parent, name), (new_parent, new_name), flags)?;
+            self.names
+                .check_rename(&ns, (parent, name), (new_parent, new_name), flags)?;
             let from = path_bytes(&ns.child_path(parent, name)?);
             let to = path_bytes(&ns.child_path(new_parent, new_name)?);
             self.rename_in_ns(&mut ns, parent, name, new_parent, new_name, flags)?;
@@ -134,7 +135,7 @@ impl Fs {
             let removed: Vec<u64> = victim_gone.into_iter().collect();
             self.queue(Some(mutating), ns, vec![op], &removed, muts)
         })?;
-        self.label_unpushed(src);
+        self.data.label_unpushed(src);
         self.land(&held)
     }
 
@@ -173,7 +174,7 @@ impl Fs {
             ns.inode_mut(dir)?.dm().children.insert(n.to_os_string(), ino);
             ns.inode_mut(dir)?.dm().negatives.remove(n);
             db.submit(vec![Mutation::PutDentry(dir, n.as_bytes().to_vec(), ino)]);
-            self.persist(ns, ino);
+            self.names.persist(ns, ino);
             Ok(())
         };
         if flags.exchange {
@@ -190,7 +191,7 @@ impl Fs {
                     .dm()
                     .children
                     .insert(new_name.to_os_string(), d);
-                self.unbind(ns, new_parent, new_name, false);
+                self.names.unbind(ns, new_parent, new_name, false);
             }
             match src {
                 Some(s) => place(ns, s, (parent, name), new_parent, new_name)?,

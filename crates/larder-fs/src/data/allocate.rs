@@ -16,17 +16,17 @@
 
 use larder_home::SetAttr;
 
-use crate::namespace::{Fs, read};
+use crate::data::DataPath;
 use crate::{FsError, FsResult};
 
 /// Bytes of zeros written in one go when a range is cleared: at least a block, and a whole number of
 /// blocks, so that every write but the first and last covers whole blocks and fetches nothing from home.
 const ZEROS_MAX: u64 = 1 << 20;
 
-impl Fs {
+impl DataPath {
     /// `fallocate(2)` of `length` bytes from `offset` on the file open as `fh` (open for writing: the
     /// kernel checks), with Linux's `mode` flags. See the module's documentation for what each mode does.
-    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+    pub(crate) fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let clear = match mode & !libc::FALLOC_FL_KEEP_SIZE {
             0 => false,
@@ -34,20 +34,20 @@ impl Fs {
             libc::FALLOC_FL_ZERO_RANGE => true,
             _ => return Err(FsError::Unsupported),
         };
-        self.writable()?;
-        let ino = self.handles.ino(fh).ok_or(FsError::BadHandle)?;
+        self.names.writable()?;
+        let ino = self.names.handles().ino(fh).ok_or(FsError::BadHandle)?;
         let end = offset
             .checked_add(length)
             .filter(|_| length > 0)
             .ok_or(FsError::Invalid)?;
         // What the kernel wrote to the cache file counts: the size is taken after it.
         self.adopt_all_direct_writes(ino);
-        let size = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
+        let size = self.names.read().inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
         if clear && offset < size {
             self.write_zeros(ino, offset..end.min(size))?;
         }
         if !keep_size && end > size {
-            self.setattr(
+            self.changes().setattr(
                 ino,
                 &SetAttr {
                     size: Some(end),
@@ -64,7 +64,7 @@ impl Fs {
         let bs = self.core.store.block_size();
         let step = (ZEROS_MAX / bs * bs).max(bs);
         let zeros = vec![0u8; step as usize];
-        let fh = self.new_handle(&read(&self.ns), ino, None);
+        let fh = self.names.new_handle(&self.names.read(), ino, None);
         let mut result = Ok(());
         let mut pos = range.start;
         while pos < range.end && result.is_ok() {
@@ -73,7 +73,7 @@ impl Fs {
             result = self.write(fh, pos, &zeros[..(to - pos) as usize]).map(|_| ());
             pos = to;
         }
-        self.handles.remove(fh);
+        self.names.handles().remove(fh);
         result
     }
 }
@@ -83,8 +83,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::Drained;
     use crate::namespace::hit_tests::dir_f;
+    use crate::{Drained, Fs};
 
     /// The bytes of `fh` from 0, as many as `len`.
     fn content(fs: &Fs, fh: u64, len: u32) -> Vec<u8> {

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use larder_cache::CacheError;
 
-use crate::namespace::{Fs, lock, read};
+use crate::data::DataPath;
+use crate::namespace::lock;
 
 /// Most unverified bytes an open checks before it returns, by default ([`crate::FsConfig::verify_at_open`]);
 /// an object with more is checked in the background (see the module doc). At the cache disk's
@@ -42,12 +43,14 @@ pub(crate) struct Integrity {
     queued: Mutex<HashSet<u64>>,
 }
 
-impl Fs {
+impl DataPath {
     /// `e` came from the store about `ino`: if it says the file's unpushed data is damaged, the file is
     /// named (in the log once, and by [`Fs::damaged_files`] while it stays so).
     pub(crate) fn damaged_found(&self, ino: u64, e: &CacheError) {
         let CacheError::Damaged { object, .. } = e else { return };
-        let path = read(&self.ns)
+        let path = self
+            .names
+            .read()
             .path_of(ino)
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| format!("(inode {ino})"));
@@ -67,10 +70,10 @@ impl Fs {
     }
 
     /// The files whose unpushed data is damaged in the cache now (see [`Fs::damaged_found`]).
-    pub fn damaged_files(&self) -> Vec<DamagedFile> {
+    pub(crate) fn damaged_files(&self) -> Vec<DamagedFile> {
         let mut found = lock(&self.integrity.damaged);
         found.retain(|ino, (object, _)| {
-            read(&self.ns).inodes.get(ino).is_some_and(|n| n.object == *object)
+            self.names.read().inodes.get(ino).is_some_and(|n| n.object == *object)
                 && !self.core.store.damaged_blocks(*object).is_empty()
         });
         found
@@ -135,12 +138,12 @@ impl Fs {
     /// the file's write lock, so that no write extending it lands meanwhile. `false` if it cannot be
     /// checked or cut.
     pub(crate) fn cache_file_fits(&self, ino: u64, object: u64) -> bool {
-        let Ok(write_lock) = read(&self.ns).inode(ino).map(|n| n.write_lock.clone()) else {
+        let Ok(write_lock) = self.names.read().inode(ino).map(|n| n.write_lock.clone()) else {
             return false;
         };
         let _w = lock(&write_lock);
         let (size, writers) = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             let Ok(node) = ns.inode(ino) else { return false };
             if node.object != object {
                 return false;
@@ -191,7 +194,7 @@ impl Fs {
     /// index is, but could not be told apart from orphans without it.
     pub(crate) fn label_unpushed(&self, ino: u64) {
         let (object, label) = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             let Ok(node) = ns.inode(ino) else { return };
             if node.labelled || node.dirty.is_empty() || node.object == 0 || node.removed {
                 return;
@@ -206,7 +209,7 @@ impl Fs {
         };
         match self.core.store.label(object, &label) {
             Ok(()) => {
-                if let Ok(node) = crate::namespace::write(&self.ns).inode_mut(ino)
+                if let Ok(node) = self.names.write().inode_mut(ino)
                     && node.object == object
                 {
                     node.labelled = true;
@@ -237,13 +240,10 @@ impl Fs {
     pub(crate) fn start_verifier(self: &Arc<Self>) {
         let (tx, rx) = mpsc::channel::<(u64, u64)>();
         *lock(&self.integrity.verifier) = Some(tx);
-        let fs: Weak<Fs> = Arc::downgrade(self);
+        let fs: Weak<DataPath> = Arc::downgrade(self);
         let spawned = std::thread::Builder::new().name("larder-verify".into()).spawn(move || {
             while let Ok((ino, object)) = rx.recv() {
                 let Some(fs) = fs.upgrade() else { return };
-                if fs.pipeline.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                    return;
-                }
                 fs.verify_now(ino, object);
                 lock(&fs.integrity.queued).remove(&object);
             }

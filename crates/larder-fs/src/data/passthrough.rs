@@ -13,7 +13,8 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 
-use crate::namespace::{Fs, Inode, lock, read, write};
+use crate::data::DataPath;
+use crate::namespace::lock;
 use crate::ranges::{add_range, bytes_of, subtract};
 use crate::{FsError, FsResult};
 
@@ -25,7 +26,7 @@ pub(crate) struct Stamp {
     ctime: (i64, i64),
 }
 
-fn nanos(t: SystemTime) -> u64 {
+pub(super) fn nanos(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
@@ -90,29 +91,11 @@ fn stamp_of(m: &Metadata, fine: bool) -> Option<Stamp> {
     (!recent).then_some(s)
 }
 
-impl Fs {
-    /// Whether the cache's file system stamps every write (see [`fine_grained_times`]).
-    pub(crate) fn fine_times(&self) -> bool {
-        fine_grained_times(self.core.store.dir())
-    }
-
-    /// For a file with writers the kernel serves from the cache file that wrote since their writes were
-    /// last taken in: the cache file's length and modification time, which show those writes.
-    pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, Option<SystemTime>)> {
-        if node.pt_writers.load(Relaxed) == 0 {
-            return None;
-        }
-        let m = self.core.store.file(node.object).ok()?.metadata().ok()?;
-        // The size always (only writes grow the cache file; truncations cut it and the file together);
-        // the time only if it moved since it was last taken in (a time set since must show).
-        let modified = m.modified().ok().filter(|t| nanos(*t) > node.pt_seen.load(Relaxed));
-        Some((m.len(), modified))
-    }
-
+impl DataPath {
     /// Note the cache file's modification time, from its metadata `m`, as taken in (see
     /// [`Inode::pt_seen`]).
     fn seen(&self, ino: u64, m: &Metadata) {
-        if let (Ok(node), Ok(t)) = (read(&self.ns).inode(ino), m.modified()) {
+        if let (Ok(node), Ok(t)) = (self.names.read().inode(ino), m.modified()) {
             node.pt_seen.store(nanos(t), Relaxed);
         }
     }
@@ -130,14 +113,14 @@ impl Fs {
             self.core.store.unseen_writer_ended(object);
             return false;
         }
-        let Some(ino) = self.handles.with(fh, |h| {
-            h.pt_writer = Some(stamp_of(&m, self.fine_times()));
+        let Some(ino) = self.names.handles().with(fh, |h| {
+            h.pt_writer = Some(stamp_of(&m, self.core.fine_times()));
             h.ino
         }) else {
             self.core.store.unseen_writer_ended(object);
             return false;
         };
-        let first = read(&self.ns).inode(ino).is_ok_and(|node| {
+        let first = self.names.read().inode(ino).is_ok_and(|node| {
             node.pt_begun.fetch_add(1, Relaxed);
             node.pt_writers.fetch_add(1, Relaxed) == 0
         });
@@ -149,7 +132,7 @@ impl Fs {
 
     /// Handle `fh` is no longer served from the cache file (closed, or the kernel refused the file).
     pub(crate) fn end_direct_writer(&self, ino: u64) {
-        if let Ok(node) = read(&self.ns).inode(ino) {
+        if let Ok(node) = self.names.read().inode(ino) {
             let _ = node
                 .pt_writers
                 .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
@@ -160,13 +143,18 @@ impl Fs {
     /// blocks whose bytes differ from their indexed checksum become dirty, the file takes the cache file's
     /// size if that is larger, and its times move. Returns whether anything was adopted.
     pub(crate) fn adopt_direct_writes(&self, fh: u64) -> FsResult<bool> {
-        let Some((ino, last)) = self.handles.with(fh, |h| h.pt_writer.map(|s| (h.ino, s))).flatten() else {
+        let Some((ino, last)) = self
+            .names
+            .handles()
+            .with(fh, |h| h.pt_writer.map(|s| (h.ino, s)))
+            .flatten()
+        else {
             return Ok(false);
         };
-        let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
+        let write_lock = self.names.read().inode(ino)?.write_lock.clone();
         let _w = lock(&write_lock);
         let (object, removed) = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             let node = ns.inode(ino)?;
             (node.object, node.removed)
         };
@@ -175,12 +163,12 @@ impl Fs {
         let m = file
             .metadata()
             .map_err(|e| FsError::Cache(larder_cache::CacheError::Io(e)))?;
-        let now = stamp_of(&m, self.fine_times());
+        let now = stamp_of(&m, self.core.fine_times());
         if last.is_some() && last == now {
             return Ok(false);
         }
         self.seen(ino, &m);
-        self.handles.with(fh, |h| h.pt_writer = Some(now));
+        self.names.handles().with(fh, |h| h.pt_writer = Some(now));
         if removed {
             return Ok(false);
         }
@@ -194,14 +182,14 @@ impl Fs {
     /// was taken in.
     fn take_in(&self, ino: u64, object: u64, m: &Metadata, mtime: SystemTime) -> FsResult<bool> {
         let len = m.len();
-        let known_size = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
+        let known_size = self.names.read().inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
         let changed = self.core.store.changed_blocks(object, len)?;
         if changed.is_empty() && len <= known_size {
             return Ok(false);
         }
         self.core.store.adopt_written(object, &changed, len);
         let bs = self.core.store.block_size();
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let node = ns.inode_mut(ino)?;
         let size = len.max(known_size);
         let ranges: Vec<std::ops::Range<u64>> = changed.iter().map(|&(i, _)| bytes_of(i, bs, size)).collect();
@@ -250,28 +238,30 @@ impl Fs {
 
     fn take_in_after_crash(&self, ino: u64, object: u64) -> FsResult<bool> {
         {
-            let mut ns = write(&self.ns);
-            self.load_inode(&mut ns, ino)?;
+            let mut ns = self.names.write();
+            self.names.load_inode(&mut ns, ino)?;
         }
         let io = |e| FsError::Cache(larder_cache::CacheError::Io(e));
         let m = self.core.store.file(object)?.metadata().map_err(io)?;
         let taken = self.take_in(ino, object, &m, m.modified().map_err(io)?)?;
         if taken {
-            self.commit_data(ino, false)?;
+            self.changes().commit_data(ino, false)?;
         }
         Ok(taken)
     }
 
     /// Before a push of `ino`: adopt what every writer the kernel serves wrote so far.
     pub(crate) fn adopt_all_direct_writes(&self, ino: u64) {
-        if read(&self.ns)
+        if self
+            .names
+            .read()
             .inodes
             .get(&ino)
             .is_none_or(|n| n.pt_writers.load(Relaxed) == 0)
         {
             return;
         }
-        for fh in self.handles.of_inode(ino) {
+        for fh in self.names.handles().of_inode(ino) {
             if let Err(e) = self.adopt_direct_writes(fh) {
                 tracing::warn!(ino, error = %e, "adopting what the kernel wrote to a cache file failed");
             }

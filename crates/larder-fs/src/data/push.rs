@@ -2,21 +2,26 @@
 //! they were made on, with what it sends on record first; what is written meanwhile stays dirty.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
-use larder_home::HomeError;
+use larder_home::{HomeAttr, HomeError};
 
-use crate::namespace::{Fs, lock, read, write};
+use crate::data::DataPath;
+use crate::namespace::lock;
 use crate::ranges::{add_range, blocks_of, bytes_of, subtract, whole};
 use crate::{FsError, FsResult};
 
-impl Fs {
+/// Most bytes compared with home to tell whether a repeated push had already landed.
+pub(crate) const COMPARE_MAX: u64 = 256 << 20;
+
+impl DataPath {
     /// What a push sends must be what was written: the dirty blocks of `ino` not checked against their
     /// checksums since the start are checked now, and a damaged one keeps the file from home
     /// (`integrity.rs`). (Blocks written since are the daemon's own bytes, checked by nothing.)
     fn check_before_push(&self, ino: u64) -> FsResult<()> {
         let bs = self.core.store.block_size();
         let (object, blocks): (u64, Vec<std::ops::Range<u32>>) = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             let node = ns.inode(ino)?;
             (node.object, node.dirty.iter().map(|r| blocks_of(r, bs)).collect())
         };
@@ -38,11 +43,11 @@ impl Fs {
         // What writers the kernel serves from the cache file wrote so far goes too.
         self.adopt_all_direct_writes(ino);
         self.check_before_push(ino)?;
-        let write_lock = read(&self.ns).inode(ino)?.write_lock.clone();
+        let write_lock = self.names.read().inode(ino)?.write_lock.clone();
         let (ranges, size, object, path, base, file, mtime, direct, begun) = {
             // Under the write lock: every range taken has all its bytes in the cache file.
             let _w = lock(&write_lock);
-            let mut ns = write(&self.ns);
+            let mut ns = self.names.write();
             let node = ns.inode_mut(ino)?;
             if node.removed {
                 // Unlinked: its data has nowhere to go.
@@ -128,7 +133,7 @@ impl Fs {
                     // now tells afterwards whether it did. A writer beginning during the push is told by
                     // the count of writers begun.
                     let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)
-                        .then(|| super::passthrough::stamp(&file, self.fine_times()));
+                        .then(|| super::passthrough::stamp(&file, self.core.fine_times()));
                     let begun = node.pt_begun.load(std::sync::atomic::Ordering::Relaxed);
                     (ranges, size, object, path, base, file, mtime, direct, begun)
                 }
@@ -143,7 +148,7 @@ impl Fs {
             // Write-through pushes without the sync: its op counts as a repeat after a crash (`Fs::land`).
             let through = self.cfg.write_mode.acknowledges_from_home();
             if let Err(e) = if through { Ok(()) } else { db.sync() } {
-                let mut ns = write(&self.ns);
+                let mut ns = self.names.write();
                 let node = ns.inode_mut(ino)?;
                 node.pushing -= 1;
                 node.attempt = None;
@@ -158,7 +163,7 @@ impl Fs {
             .home
             .write(&path, &file, &ranges, size, base.as_ref(), mtime)
             .map_err(FsError::from);
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         ns.inode_mut(ino)?.pushing -= 1;
         match result {
             Ok(attr) => {
@@ -170,7 +175,7 @@ impl Fs {
                 // adoption would then find unchanged.) Writers closed since have adopted all they wrote:
                 // those blocks are dirty again already, and the rest are as pushed.
                 let unchanged = |before: &Option<super::passthrough::Stamp>| {
-                    before.is_some() && super::passthrough::stamp(&file, self.fine_times()) == *before
+                    before.is_some() && super::passthrough::stamp(&file, self.core.fine_times()) == *before
                 };
                 let node = ns.inode(ino)?;
                 let writing = node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0;
@@ -184,7 +189,7 @@ impl Fs {
                     node.attempt = None;
                     node.unconfirmed = None;
                     node.home_size = Some(size);
-                    self.settle_attr(&mut ns, ino, attr);
+                    self.changes().settle_attr(&mut ns, ino, attr);
                     return Ok(());
                 }
                 // Blocks written again since the ranges were taken stay dirty.
@@ -233,7 +238,7 @@ impl Fs {
                     self.unlabel(ino, object);
                 }
                 // (Changes of it queued after this push, a chmod say, stand until theirs.)
-                self.settle_attr(&mut ns, ino, attr);
+                self.changes().settle_attr(&mut ns, ino, attr);
                 Ok(())
             }
             Err(e) => {
@@ -253,5 +258,54 @@ impl Fs {
                 Err(e)
             }
         }
+    }
+
+    /// Whether home's object at `path` is what an earlier push of `ino` made it: the bytes that push sent
+    /// (those not written again since) and its size, or, for a push of the whole content cut short, a
+    /// prefix of them (home cut the file to nothing before writing it from the start). Without a record of
+    /// that push, the cache's pending content and size.
+    /// Home's attributes if so.
+    pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
+        let (ranges, size, whole, object) = {
+            let ns = self.names.read();
+            let Ok(node) = ns.inode(ino) else { return None };
+            match &node.unconfirmed {
+                Some(a) => (a.ranges.clone(), a.size, a.whole, node.object),
+                None => (
+                    node.dirty.clone(),
+                    node.attr.as_ref().map_or(0, |a| a.size),
+                    false,
+                    node.object,
+                ),
+            }
+        };
+        let attr = self.core.home.stat(path).ok()?;
+        // Where home's copy of what was sent ends.
+        let end = if whole && attr.size < size { attr.size } else { size };
+        if attr.size != end || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
+            tracing::info!(path = %path.display(), home_size = attr.size, size, whole, "home's file is not what an interrupted push of ours left there: its size differs");
+            return None;
+        }
+        let file = self.core.store.file(object).ok()?;
+        let ours = ranges.iter().all(|r| {
+            let stop = r.end.min(end);
+            if r.start >= stop {
+                return true;
+            }
+            let len = (stop - r.start) as usize;
+            let mut mine = vec![0u8; len];
+            let got = std::os::unix::fs::FileExt::read_at(file.as_ref(), &mut mine, r.start).unwrap_or(0);
+            mine[got..].fill(0);
+            let same = self
+                .core
+                .home
+                .read(path, &attr.version, r.start, len)
+                .is_ok_and(|theirs| theirs == mine);
+            if !same {
+                tracing::info!(path = %path.display(), range = ?(r.start..stop), whole, "home's file is not what an interrupted push of ours left there: its bytes differ");
+            }
+            same
+        });
+        ours.then_some(attr)
     }
 }

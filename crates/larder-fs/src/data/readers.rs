@@ -13,17 +13,17 @@ use std::os::unix::ffi::OsStringExt;
 use larder_home::FileKind;
 
 use crate::FileVersion;
+use crate::data::DataPath;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, read, write};
 use crate::readahead::Job;
 use crate::{FsError, FsResult};
 
-impl Fs {
+impl DataPath {
     /// Before `op` reaches home: the version it removes (an unlink's file, or the target a rename
     /// replaces), if descriptors are open on it, is brought into the cache whole and held there.
     pub(crate) fn keep_for_readers(&self, op: &Op) -> FsResult<()> {
         let victim = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             let target = match &op.kind {
                 OpKind::Unlink => Some(op.ino),
                 OpKind::Rename {
@@ -51,7 +51,7 @@ impl Fs {
         let Some(ino) = victim else { return Ok(()) };
         // Held first: what comes in from here on is not evicted.
         let (object, job) = {
-            let mut ns = write(&self.ns);
+            let mut ns = self.names.write();
             let path = ns.home_path(ino)?;
             let node = ns.inode_mut(ino)?;
             let object = node.object;

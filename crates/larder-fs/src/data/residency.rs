@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use larder_home::{FileKind, HomeError};
 
-use crate::namespace::{Fs, lock, read};
+use crate::data::DataPath;
+use crate::namespace::lock;
 use crate::{FileVersion, FsError, FsResult};
 
 /// Most of the cache that pinned files may take: the rest stays for everything else.
@@ -32,11 +33,11 @@ struct Want {
     blocks: Vec<u32>,
 }
 
-impl Fs {
+impl DataPath {
     /// Bring `inos` into the cache now, their blocks fetched over the ingest streams in parallel. Each file
     /// is revalidated first once the validity lag has passed. Directories and other non-files are left as
     /// they are (their metadata is cached by the lookup that named them).
-    pub fn prefetch(&self, inos: &[u64]) -> Vec<FsResult<Residency>> {
+    pub(crate) fn prefetch(&self, inos: &[u64]) -> Vec<FsResult<Residency>> {
         let mut results: Vec<FsResult<Residency>> = inos.iter().map(|_| Ok(Residency::default())).collect();
         let mut wants = Vec::new();
         let mut objects = vec![None; inos.len()];
@@ -98,17 +99,17 @@ impl Fs {
     #[allow(clippy::type_complexity)]
     fn want(&self, slot: usize, ino: u64) -> FsResult<(Option<(u64, u64)>, Option<Want>)> {
         let path = {
-            let ns = read(&self.ns);
+            let ns = self.names.read();
             if ns.inode(ino)?.kind == FileKind::File {
-                self.revalidation_path(&ns, ino)?
+                self.names.revalidation_path(&ns, ino)?
             } else {
                 None
             }
         };
         if let Some(path) = path {
-            self.revalidate(ino, &path)?;
+            self.names.revalidate(ino, &path)?;
         }
-        let ns = read(&self.ns);
+        let ns = self.names.read();
         let node = ns.inode(ino)?;
         if node.kind != FileKind::File {
             return Ok((None, None));
@@ -148,14 +149,14 @@ impl Fs {
     /// restarts and across new versions from home (a new version of a pinned file is fetched when larder
     /// learns of it). A pin that would take pinned files past [`PIN_SHARE`] of the cache is refused with
     /// `ENOSPC`.
-    pub fn pin(&self, inos: &[u64], pin: bool) -> Vec<FsResult<Residency>> {
+    pub(crate) fn pin(&self, inos: &[u64], pin: bool) -> Vec<FsResult<Residency>> {
         let limit = (self.core.store.stats().bytes_limit as f64 * PIN_SHARE) as u64;
         let mut results = Vec::with_capacity(inos.len());
         let mut fetch = Vec::new();
         for &ino in inos {
             let r = (|| {
                 let (object, size, kind) = {
-                    let ns = read(&self.ns);
+                    let ns = self.names.read();
                     let node = ns.inode(ino)?;
                     let size = node.attr.as_ref().map_or(0, |a| a.size);
                     (node.object, size, node.kind)
@@ -196,11 +197,11 @@ impl Fs {
 
     /// Drop the cached data of `inos` now. Changes not yet at home stay (home does not have them), and
     /// pinned files are kept (unpin them first), as are files the kernel is reading directly.
-    pub fn evict(&self, inos: &[u64]) -> Vec<FsResult<Residency>> {
+    pub(crate) fn evict(&self, inos: &[u64]) -> Vec<FsResult<Residency>> {
         inos.iter()
             .map(|&ino| {
                 let (object, size, kind) = {
-                    let ns = read(&self.ns);
+                    let ns = self.names.read();
                     let node = ns.inode(ino)?;
                     (node.object, node.attr.as_ref().map_or(0, |a| a.size), node.kind)
                 };

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Fs {
+impl Names {
     /// Record what home said about `ino` when asked at `asked`. A content version other than the cached one makes the cached
     /// data unreachable (a new object), unless local changes are pending: those are never dropped.
     pub(crate) fn update_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr, asked: Instant) {

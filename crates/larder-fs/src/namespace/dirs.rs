@@ -8,14 +8,60 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use larder_cache::Mutation;
 use larder_home::{FileKind, HomeError, unreachable};
 
-use crate::namespace::{Fs, Namespace, ROOT, read, write};
+use crate::namespace::Names;
+use crate::namespace::{Namespace, ROOT, read, write};
 use crate::{DirItem, FsError, FsResult};
 
-impl Fs {
+impl Names {
+    /// The listings taken within the validity lag, for the next start: as wall-clock times, since the
+    /// time between the stop and the start counts against the lag too.
+    pub(crate) fn listings_to_keep(&self) -> Vec<Mutation> {
+        let ns = read(&self.ns);
+        let now = std::time::SystemTime::now();
+        ns.inodes
+            .iter()
+            .filter_map(|(&ino, node)| {
+                let listed = node.dir.as_ref()?.listed?;
+                if !self.fresh(Some(listed)) {
+                    return None;
+                }
+                let at = now.checked_sub(listed.elapsed())?;
+                let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64;
+                Some(Mutation::PutListing(ino, ms))
+            })
+            .collect()
+    }
+
+    /// A listing of `dir` the last run took, if it is still within the validity lag: it becomes the
+    /// directory's listing (and vouches for the children in memory), so the directory is not listed again.
+    /// Not in a cluster: another node's changes while this one was down were not seen.
+    pub(crate) fn restore_listing(&self, ns: &mut Namespace, dir: u64) -> bool {
+        let Some(at) = ns.restored.remove(&dir) else {
+            return false;
+        };
+        if self.coherence.get().is_some() || !self.fresh(Some(at)) {
+            return false;
+        }
+        let children: Vec<u64> = match ns.inodes.get_mut(&dir) {
+            Some(node) if node.kind == FileKind::Dir => {
+                let d = node.dm();
+                d.listed = Some(at);
+                d.complete = false;
+                d.children.values().copied().collect()
+            }
+            _ => return false,
+        };
+        for child in children {
+            self.vouch_by_listing(ns, dir, child);
+        }
+        true
+    }
+
     /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
-    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+    pub(crate) fn opendir(&self, ino: u64) -> FsResult<u64> {
         self.sync_cluster();
         let entries = Arc::new(self.listing(ino)?);
         let ns = read(&self.ns);
@@ -26,7 +72,7 @@ impl Fs {
     }
 
     /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
-    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
+    pub(crate) fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
         let entries = self.handles.with(fh, |h| h.entries.clone()).ok_or(FsError::BadHandle)?;
         let entries = entries.ok_or(FsError::NotDir)?;
         Ok(entries
@@ -38,7 +84,7 @@ impl Fs {
     }
 
     /// Close an open directory.
-    pub fn releasedir(&self, fh: u64) {
+    pub(crate) fn releasedir(&self, fh: u64) {
         self.handles.remove(fh);
     }
 
@@ -249,9 +295,22 @@ impl Fs {
         self.walk_ahead.ready.notify_all();
     }
 
-    /// One thread revalidating directories ahead of a walk (see [`Fs::walk_ahead`]), until the core
+    /// Start the threads that revalidate directories ahead of a walk.
+    pub(crate) fn start_walk_ahead(self: &Arc<Self>) {
+        for i in 0..WALK_AHEAD_THREADS {
+            let (names, ahead) = (Arc::downgrade(self), self.walk_ahead.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("larder-walk-{i}"))
+                .spawn(move || Names::walk_ahead_worker(names, ahead));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a thread revalidating directories ahead of a walk");
+            }
+        }
+    }
+
+    /// One thread revalidating directories ahead of a walk (see [`Names::walk_ahead`]), until the core
     /// stops or is dropped.
-    pub(crate) fn walk_ahead_worker(fs: std::sync::Weak<Fs>, ahead: Arc<WalkAhead>) {
+    fn walk_ahead_worker(fs: std::sync::Weak<Names>, ahead: Arc<WalkAhead>) {
         loop {
             let dir = {
                 let mut q = crate::namespace::lock(&ahead.queue);
@@ -417,12 +476,12 @@ pub(crate) struct WalkAhead {
 /// A listing of a directory under way: changes of its entries recorded meanwhile are noted by the journal
 /// until it ends.
 struct Watch<'a> {
-    fs: &'a Fs,
+    fs: &'a Names,
     dir: u64,
 }
 
 impl<'a> Watch<'a> {
-    fn new(fs: &'a Fs, dir: u64) -> Watch<'a> {
+    fn new(fs: &'a Names, dir: u64) -> Watch<'a> {
         fs.pipeline.journal().watch(dir);
         Watch { fs, dir }
     }

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Fs {
+impl Names {
     /// Whether the entry `name` of `parent` is answered here, not by home: it has queued changes, or
     /// `parent` itself is not at home yet.
     pub(crate) fn local_name(&self, ns: &Namespace, parent: u64, name: &OsStr) -> FsResult<bool> {
@@ -79,7 +79,7 @@ impl Fs {
     }
 
     /// Look `name` up in `parent`; counts one kernel reference on success.
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
+    pub(crate) fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         {
             // A hit (see `find_once`) is answered and counted in one critical section, with the namespace
             // shared: hits wait for no other hit.
@@ -270,7 +270,7 @@ impl Fs {
     /// The kernel dropped `n` references to `ino`.
     /// The count drops with the namespace shared (the kernel forgets as often as it looks up); only the
     /// last reference, which may let the inode leave memory, takes it alone.
-    pub fn forget(&self, ino: u64, n: u64) {
+    pub(crate) fn forget(&self, ino: u64, n: u64) {
         let last = {
             let ns = read(&self.ns);
             let Some(node) = ns.inodes.get(&ino) else { return };
@@ -299,7 +299,7 @@ impl Fs {
     }
 
     /// Attributes of `ino`, revalidated against home once the validity lag has passed.
-    pub fn getattr(&self, ino: u64) -> FsResult<Entry> {
+    pub(crate) fn getattr(&self, ino: u64) -> FsResult<Entry> {
         let path = {
             let ns = read(&self.ns);
             let node = ns.inode(ino)?;
@@ -409,7 +409,7 @@ impl Fs {
     /// A symlink's target never changes in place: another target is another object, which the lookup or
     /// revalidation that reached this inode found (and which then holds no cached target). So a cached
     /// target is the answer, fresh or not; home is asked only for one never read.
-    pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+    pub(crate) fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let deadline = Instant::now() + MOVE_WAIT;
         loop {
             let path = {
@@ -443,6 +443,18 @@ impl Fs {
                 },
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// Where to ask home about `ino` before its cached attributes are trusted again: `None` while they are
+    /// fresh, or while the cache's version stands anyway (changes here not yet at home, or removed).
+    pub(crate) fn revalidation_path(&self, ns: &Namespace, ino: u64) -> FsResult<Option<std::path::PathBuf>> {
+        let node = ns.inode(ino)?;
+        let stale = node.attr.is_none() || !self.fresh(node.checked);
+        if stale && node.dirty.is_empty() && !node.removed && !self.queued(ino) {
+            ns.home_path(ino)
+        } else {
+            Ok(None)
         }
     }
 }

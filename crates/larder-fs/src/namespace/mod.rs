@@ -3,7 +3,7 @@
 //! reports (`binding`), reclaiming inodes (`reclaim`), and opening and closing the core (`open`) are in
 //! their own files.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
@@ -13,75 +13,129 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use larder_cache::{Mutation, Store};
-use larder_home::{FileKind, Health, Home, HomeAttr, HomeError, StatFs, unreachable};
+use larder_home::{FileKind, Health, HomeAttr, HomeError, unreachable};
 
-use crate::journal::{Journal, Op, OpKind};
-
-use crate::key::HomeId;
-use crate::pipeline::{MetaCounters, Pipeline, ReadCounters};
+use crate::pipeline::{MetaCounters, Pipeline};
 use crate::readahead::Readahead;
 use crate::record::InodeRecord;
-use crate::tier::{HomeTier, StoreTier, Tier, TierStats, Tiers};
-use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, FsStats, OpenReply};
+use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, OpenReply};
 
 mod binding;
+mod cluster;
 mod dirs;
 mod handles;
 mod lookup;
 mod model;
-mod open;
 mod reclaim;
 mod xattr;
 
-pub(crate) use dirs::{WALK_AHEAD_THREADS, WalkAhead};
+pub(crate) use dirs::WalkAhead;
 pub use xattr::XattrFlags;
-pub(crate) use xattr::Xattrs;
+pub(crate) use xattr::{Xattrs, check_name as check_xattr_name, kept as xattr_kept};
 
 pub(crate) use handles::{Handle, Handles};
 
+pub(crate) use model::RUNNING;
 pub(crate) use model::{Attempt, Found, Inode, Namespace, OWN_CHANGE_WINDOW, ROOT, Unsettled};
-use model::{MOVE_WAIT, NAME_MAX, RUNNING};
+use model::{MOVE_WAIT, NAME_MAX};
 
 pub(crate) use crate::data::Core;
 
-/// The caching file system, without FUSE: three components and what joins them (design note 012).
-/// - The **namespace**: names, inodes, home locations and renames in flight (`ns`, shared by hits, taken
-///   alone by changes), open handles (`handles`, sharded), and the lock that serialises changes of it
-///   (`mutate`); `namespace/`, `changes.rs`, `dirs.rs`.
-/// - The **data path**: home, the store and the tiers between, readahead (`core`, `readahead`,
-///   `read_counters`); `data/`, `residency.rs`, `tier/`.
-/// - The **write-back pipeline**: the journal, its pushers, conflicts (`pipeline`); `flusher/`.
-pub struct Fs {
-    pub(crate) cfg: FsConfig,
-    pub(crate) core: Arc<Core>,
-    pub(crate) ns: RwLock<Namespace>,
+/// The namespace component (design note 012): names, inodes, home locations and renames in flight (the
+/// table, shared by hits and taken alone by changes), open handles (sharded), the lock that serialises
+/// changes of names, listings and lookups of home, and what the kernel is told to forget. The data path
+/// and the change pipeline see the table through [`Names::read`] and [`Names::write`] (the lock order is
+/// design note 011's) and ask everything else of it by name.
+pub(crate) struct Names {
+    cfg: FsConfig,
+    core: Arc<Core>,
+    health: Arc<Health>,
+    /// The change pipeline's journal, asked whether changes of a name wait in it.
+    pipeline: Arc<Pipeline>,
+    /// The data path's ingest queue: a new version of a pinned file is brought in whole.
+    readahead: Arc<Readahead>,
+    ns: RwLock<Namespace>,
     /// Open handles, sharded: a leaf under `ns`.
-    pub(crate) handles: Handles,
-    pub(crate) mutate: Mutex<()>,
-    pub(crate) readahead: Readahead,
-    pub(crate) read_counters: ReadCounters,
-    pub(crate) meta_counters: MetaCounters,
-    pub(crate) pipeline: Pipeline,
-    pub(crate) health: Arc<Health>,
+    handles: Handles,
+    mutate: Mutex<()>,
+    meta_counters: MetaCounters,
     /// Where invalidations for the kernel go (the FUSE adapter's notifier); unset without a kernel.
-    pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
-    pub(crate) kernel_barrier: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    invalidator: std::sync::OnceLock<Box<dyn Fn(crate::Invalidation) + Send + Sync>>,
+    kernel_barrier: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Writes across a cluster: publishing this node's changes, applying the others' (design note 016).
-    pub(crate) coherence: std::sync::OnceLock<Arc<dyn crate::coherence::Coherence>>,
+    coherence: std::sync::OnceLock<Arc<dyn crate::coherence::Coherence>>,
     /// When another node's change last dropped what this node cached: an answer asked for before then
     /// may predate that change, and is not counted fresh.
-    pub(crate) invalidated: std::sync::Mutex<Option<Instant>>,
-    /// Listings of directories at home under way, one per directory (see [`Fs::listing`]).
-    pub(crate) listing_flight: larder_util::SingleFlight<u64, ()>,
+    invalidated: std::sync::Mutex<Option<Instant>>,
+    /// Listings of directories at home under way, one per directory (see [`Names::listing`]).
+    listing_flight: larder_util::SingleFlight<u64, ()>,
     /// Ticks for directories' listings and opens, to tell which came first (see `DirState::opened`).
-    pub(crate) dir_clock: AtomicU64,
-    /// Directories to revalidate ahead of a walk (see `Fs::walk_ahead`).
-    pub(crate) walk_ahead: Arc<WalkAhead>,
+    dir_clock: AtomicU64,
+    /// Directories to revalidate ahead of a walk (see `Names::walk_ahead`).
+    walk_ahead: Arc<WalkAhead>,
     /// Home has given a directory's own attributes with its listing ([`Home::list_with_own`]): the root,
     /// which no parent's listing carries, is then revalidated by its own listing.
-    pub(crate) listings_carry_own: std::sync::atomic::AtomicBool,
-    /// Files found damaged in the cache, and the background check of cache files (`integrity.rs`).
-    pub(crate) integrity: crate::data::Integrity,
+    listings_carry_own: std::sync::atomic::AtomicBool,
+}
+
+impl Names {
+    pub(crate) fn new(
+        cfg: FsConfig,
+        core: Arc<Core>,
+        health: Arc<Health>,
+        pipeline: Arc<Pipeline>,
+        readahead: Arc<Readahead>,
+        ns: Namespace,
+    ) -> Names {
+        Names {
+            cfg,
+            core,
+            health,
+            pipeline,
+            readahead,
+            ns: RwLock::new(ns),
+            handles: Handles::default(),
+            mutate: Mutex::new(()),
+            meta_counters: Default::default(),
+            invalidator: std::sync::OnceLock::new(),
+            kernel_barrier: std::sync::OnceLock::new(),
+            coherence: std::sync::OnceLock::new(),
+            invalidated: std::sync::Mutex::new(None),
+            listing_flight: Default::default(),
+            dir_clock: AtomicU64::new(1),
+            walk_ahead: Default::default(),
+            listings_carry_own: Default::default(),
+        }
+    }
+
+    /// The table, shared: hits and reads take it so.
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, Namespace> {
+        read(&self.ns)
+    }
+
+    /// The table, alone: changes take it so.
+    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, Namespace> {
+        write(&self.ns)
+    }
+
+    /// Open handles.
+    pub(crate) fn handles(&self) -> &Handles {
+        &self.handles
+    }
+
+    /// The lock that serialises changes of names (taken before the table).
+    pub(crate) fn mutate(&self) -> std::sync::MutexGuard<'_, ()> {
+        lock(&self.mutate)
+    }
+
+    /// The cluster's coherence, in a cluster.
+    pub(crate) fn coherence(&self) -> Option<&Arc<dyn crate::coherence::Coherence>> {
+        self.coherence.get()
+    }
+
+    pub(crate) fn meta_counters(&self) -> &MetaCounters {
+        &self.meta_counters
+    }
 }
 
 pub(crate) use larder_util::contention::{lock, read, write};
@@ -96,7 +150,7 @@ pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
     Ok(())
 }
 
-impl Fs {
+impl Names {
     /// Count an open of `ino` and give it a file handle. The kernel may keep its page cache for the file
     /// when the pages it holds are of the version cached now. Takes `ns` shared: an open of a cached file
     /// is a hit, and waits for no other.
@@ -116,31 +170,6 @@ impl Fs {
     pub(crate) fn new_handle(&self, ns: &Namespace, ino: u64, entries: Option<Arc<Vec<DirItem>>>) -> u64 {
         let object = ns.inodes.get(&ino).map_or(0, |n| n.object);
         self.handles.insert(Handle::new(ino, object, entries))
-    }
-
-    /// Counts of the read path's tiers, nearest first (the store, ..., home).
-    pub fn tier_stats(&self) -> Vec<TierStats> {
-        self.core.tiers.stats()
-    }
-
-    /// Whether home is believed reachable.
-    pub fn home_online(&self) -> bool {
-        self.health.online()
-    }
-
-    /// How changes reach home.
-    pub fn write_mode(&self) -> crate::WriteMode {
-        self.cfg.write_mode
-    }
-
-    /// How durable a change made in the cache is when its call returns.
-    pub fn durability(&self) -> larder_cache::Durability {
-        self.core.store.db().durability()
-    }
-
-    /// Wake the flushers (home came back).
-    pub fn wake(&self) {
-        self.pipeline.notify();
     }
 
     /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them,
@@ -236,13 +265,8 @@ impl Fs {
         }
     }
 
-    /// The local store.
-    pub fn store(&self) -> &Arc<Store> {
-        &self.core.store
-    }
-
     /// The validity lag, which is also the kernel's attribute and entry timeout.
-    pub fn validity_lag(&self) -> std::time::Duration {
+    pub(crate) fn validity_lag(&self) -> std::time::Duration {
         self.cfg.validity_lag
     }
 
@@ -346,7 +370,7 @@ impl Fs {
         let a = node.attr.as_ref().ok_or(FsError::NotFound)?;
         // Writers the kernel serves from the cache file: their writes not adopted yet show in its size and
         // times.
-        let (size, mtime, ctime) = match self.written_directly(node) {
+        let (size, mtime, ctime) = match self.core.written_directly(node) {
             Some((len, Some(m))) => (a.size.max(len), a.mtime.max(m), a.ctime.max(m)),
             Some((len, None)) => (a.size.max(len), a.mtime, a.ctime),
             None => (a.size, a.mtime, a.ctime),
@@ -413,61 +437,24 @@ impl Fs {
     }
 
     /// How to wait until the invalidations sent so far reached the kernel: see [`Fs::kernel_barrier`].
-    pub fn set_kernel_barrier(&self, f: Box<dyn Fn() + Send + Sync>) {
+    pub(crate) fn set_kernel_barrier(&self, f: Box<dyn Fn() + Send + Sync>) {
         let _ = self.kernel_barrier.set(f);
     }
 
     /// Send the kernel's invalidations to `f` (it must not block: it is called with locks held).
-    pub fn set_invalidator(&self, f: Box<dyn Fn(crate::Invalidation) + Send + Sync>) {
+    pub(crate) fn set_invalidator(&self, f: Box<dyn Fn(crate::Invalidation) + Send + Sync>) {
         let _ = self.invalidator.set(f);
-    }
-
-    /// Capacity of home.
-    pub fn statfs(&self) -> FsResult<StatFs> {
-        Ok(self.core.home.statfs()?)
     }
 
     /// Home calls the namespace made: stats of one name, listings, revalidations by stat (three counters
     /// read, nothing walked: sampled every second for status rates).
-    pub fn home_meta_calls(&self) -> [u64; 3] {
+    pub(crate) fn home_meta_calls(&self) -> [u64; 3] {
         let c = &self.meta_counters;
         [
             c.lookups.load(Relaxed),
             c.listings.load(Relaxed),
             c.revalidations.load(Relaxed),
         ]
-    }
-
-    /// Figures for status output.
-    pub fn stats(&self) -> FsStats {
-        let ns = read(&self.ns);
-        FsStats {
-            inodes: ns.inodes.len() as u64,
-            inodes_reclaimed: self.meta_counters.reclaimed.load(Relaxed),
-            inodes_reloaded: self.meta_counters.reloaded.load(Relaxed),
-            inodes_trimmed: self.meta_counters.trimmed.load(Relaxed),
-            open_handles: self.handles.len() as u64,
-            dirty_files: ns.inodes.values().filter(|n| !n.dirty.is_empty()).count() as u64,
-            readahead_blocks: self.readahead.submitted(),
-            reads: self.read_counters.reads.load(std::sync::atomic::Ordering::Relaxed),
-            read_bytes: self.read_counters.bytes.load(std::sync::atomic::Ordering::Relaxed),
-            read_seconds: self.read_counters.nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
-            bytes_from_cache: self
-                .read_counters
-                .cache_bytes
-                .load(std::sync::atomic::Ordering::Relaxed),
-            bytes_from_home: self.read_counters.home_bytes.load(std::sync::atomic::Ordering::Relaxed),
-            home_waits: self.read_counters.home_waits.load(std::sync::atomic::Ordering::Relaxed),
-            listings_for_lookups: self
-                .meta_counters
-                .listings_for_lookups
-                .load(std::sync::atomic::Ordering::Relaxed),
-            listings_for_revalidation: self
-                .meta_counters
-                .listings_for_revalidation
-                .load(std::sync::atomic::Ordering::Relaxed),
-            listings_ahead: self.meta_counters.listings_ahead.load(Relaxed),
-        }
     }
 }
 
@@ -515,6 +502,8 @@ pub(crate) mod hit_tests {
     use larder_home::PosixHome;
 
     use super::*;
+    use crate::Fs;
+    use larder_home::Home;
 
     /// A core over a POSIX home holding `dir/f` (10 KiB), cached in `cache`.
     pub(crate) fn core(home: &Path, cache: &Path) -> Arc<Fs> {
@@ -573,7 +562,7 @@ pub(crate) mod hit_tests {
         let hits_before = fs.store().stats().hits;
 
         // Another reader holds the namespace (as a long hit would): every hit below must still be served.
-        let held = read(&fs.ns);
+        let held = fs.names.read();
         let (tx, rx) = mpsc::channel();
         let worker = {
             let fs = fs.clone();
@@ -606,12 +595,12 @@ pub(crate) mod hit_tests {
         );
         // The hits counted their kernel references and handles: three lookups of `f` and one forget, the
         // second open released.
-        let ns = read(&fs.ns);
+        let ns = fs.names.read();
         assert_eq!(ns.inode(ino).unwrap().lookups(), 2);
         assert_eq!(ns.inode(ino).unwrap().opens(), 1, "the first handle is still open");
         drop(ns);
         fs.release(fh).unwrap();
-        assert_eq!(read(&fs.ns).inode(ino).unwrap().opens(), 0);
+        assert_eq!(fs.names.read().inode(ino).unwrap().opens(), 0);
     }
 
     #[test]
@@ -629,13 +618,13 @@ pub(crate) mod hit_tests {
         fs.flush(fh).unwrap();
         fs.release(fh).unwrap();
         // The cache file ends where its bytes do: the zeros after them are a hole it does not store.
-        let object = read(&fs.ns).inode(ino).unwrap().object;
-        fs.core.store.file(object).unwrap().set_len(10 << 10).unwrap();
+        let object = fs.names.read().inode(ino).unwrap().object;
+        fs.core().store.file(object).unwrap().set_len(10 << 10).unwrap();
         // A push sent the whole file and was cut short: nothing in the cache file changed since.
-        let mut ns = write(&fs.ns);
+        let mut ns = fs.names.write();
         let node = ns.inode_mut(ino).unwrap();
         node.unconfirmed = Some(Box::new(Attempt::sent(std::iter::once(0..size).collect(), size)));
-        fs.unconfirmed_as_pushed(node);
+        fs.names.unconfirmed_as_pushed(node);
         assert_eq!(
             node.unconfirmed.as_ref().unwrap().ranges,
             vec![0..size],

@@ -18,7 +18,7 @@ use crate::{FsError, FsResult};
 
 pub(crate) const ROOT: u64 = 1;
 /// Index meta key: 1 while a daemon has the cache open, 0 after a clean shutdown.
-pub(super) const RUNNING: &str = "running";
+pub(crate) const RUNNING: &str = "running";
 /// Longest a lookup waits for a rename under way at home to settle here.
 pub(super) const MOVE_WAIT: Duration = Duration::from_secs(2);
 
@@ -201,7 +201,7 @@ impl Inode {
         }
     }
 
-    pub(super) fn new(parent: u64, name: OsString, kind: FileKind, object: u64) -> Inode {
+    pub(crate) fn new(parent: u64, name: OsString, kind: FileKind, object: u64) -> Inode {
         Inode {
             parent,
             name: name.clone(),

@@ -14,7 +14,7 @@ pub(crate) const IDLE_MAX: usize = 16_384;
 /// Most inodes one pass of [`Fs::trim_inodes`] lets go of or asks the kernel about.
 const TRIM_BATCH: usize = 16_384;
 
-impl Fs {
+impl Names {
     /// Whether `ino` may leave memory once the kernel forgot it: see the module doc. Directories stay: an
     /// inode loaded for a home path (after a restart, for a queued change) is in memory without being
     /// bound in its directory's children, so nothing cheap tells that a directory is no one's parent; and
@@ -140,7 +140,7 @@ impl Fs {
     /// Keep the files in memory within `--max-inodes`: idle ones nothing refers to leave at once, and
     /// the kernel is asked to forget idle ones it holds (its forget then lets them go). At most
     /// [`TRIM_BATCH`] a call; returns how many were let go or asked about.
-    pub fn trim_inodes(&self) -> usize {
+    pub(crate) fn trim_inodes(&self) -> usize {
         let max = self.cfg.max_inodes;
         if max == 0 {
             return 0;
@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn an_answer_home_gave_before_our_change_cannot_undo_it_after_the_inode_left_memory() {
         let (_tmp, fs, _, f) = dir_f();
-        let stale = fs.core.home.stat(Path::new("dir/f")).unwrap();
+        let stale = fs.core().home.stat(Path::new("dir/f")).unwrap();
         // Home is asked; then a change of ours lands there, and we adopt what it made.
         let asked = Instant::now();
         std::thread::sleep(Duration::from_millis(5));
@@ -199,16 +199,16 @@ mod tests {
         ours.size += 1;
         ours.version = larder_home::Version("ours".into());
         {
-            let mut ns = write(&fs.ns);
-            fs.adopt_attr(&mut ns, f, ours.clone());
+            let mut ns = fs.names.write();
+            fs.names.adopt_attr(&mut ns, f, ours.clone());
         }
         // The kernel forgets it, and it leaves memory.
         fs.forget(f, 1);
-        assert!(!read(&fs.ns).inodes.contains_key(&f), "the file left memory");
+        assert!(!fs.names.read().inodes.contains_key(&f), "the file left memory");
         // Home's older answer arrives for the inode loaded back: it is not taken.
-        let mut ns = write(&fs.ns);
-        fs.load_inode(&mut ns, f).unwrap();
-        fs.update_attr(&mut ns, f, stale, asked);
+        let mut ns = fs.names.write();
+        fs.names.load_inode(&mut ns, f).unwrap();
+        fs.names.update_attr(&mut ns, f, stale, asked);
         assert_eq!(ns.inode(f).unwrap().attr.as_ref().unwrap().version, ours.version);
     }
 }

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 
 use larder_home::HomeError;
 
-use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, read, write};
+use crate::namespace::Names;
+use crate::namespace::{read, write};
 use crate::{FsError, FsResult};
 
 /// One object's extended attributes: name to value.
@@ -30,11 +30,12 @@ pub struct XattrFlags {
 }
 
 /// Whether larder keeps attributes of this name.
-fn kept(name: &[u8]) -> bool {
+pub(crate) fn kept(name: &[u8]) -> bool {
     name.starts_with(b"user.") || name.starts_with(b"trusted.")
 }
 
-fn check_name(name: &[u8]) -> FsResult<()> {
+/// An attribute name larder can keep, or why not.
+pub(crate) fn check_name(name: &[u8]) -> FsResult<()> {
     if name.is_empty() || name.contains(&0) {
         return Err(FsError::Invalid);
     }
@@ -47,10 +48,10 @@ fn check_name(name: &[u8]) -> FsResult<()> {
     Ok(())
 }
 
-impl Fs {
+impl Names {
     /// Make `ino`'s extended attributes known: home's, for an object home has (none where home keeps
     /// none); none for one made here and not at home yet.
-    fn load_xattrs(&self, ino: u64) -> FsResult<()> {
+    pub(crate) fn load_xattrs(&self, ino: u64) -> FsResult<()> {
         // Known already (every call after the first): the namespace shared, as for a stat.
         let path = {
             let ns = read(&self.ns);
@@ -88,7 +89,7 @@ impl Fs {
     }
 
     /// The value of `ino`'s extended attribute `name` (`ENODATA` if it has none of that name).
-    pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+    pub(crate) fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         if !kept(name) {
             return Err(FsError::NoXattr);
         }
@@ -102,7 +103,7 @@ impl Fs {
     }
 
     /// The names of `ino`'s extended attributes.
-    pub fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
+    pub(crate) fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
         self.load_xattrs(ino)?;
         let ns = read(&self.ns);
         Ok(ns
@@ -111,74 +112,6 @@ impl Fs {
             .as_ref()
             .map(|x| x.keys().cloned().collect())
             .unwrap_or_default())
-    }
-
-    /// Give `ino` the extended attribute `name` with `value`.
-    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> FsResult<()> {
-        check_name(name)?;
-        self.change_xattr(ino, name, Some(value), flags)
-    }
-
-    /// Take `ino`'s extended attribute `name` away (`ENODATA` if it has none).
-    pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        if !kept(name) {
-            return Err(FsError::NoXattr);
-        }
-        self.change_xattr(
-            ino,
-            name,
-            None,
-            XattrFlags {
-                create: false,
-                replace: true,
-            },
-        )
-    }
-
-    fn change_xattr(&self, ino: u64, name: &[u8], value: Option<&[u8]>, flags: XattrFlags) -> FsResult<()> {
-        self.writable()?;
-        if !self.core.home.limits().xattrs {
-            return Err(FsError::XattrUnsupported);
-        }
-        self.take_token_of(ino)?;
-        self.load_xattrs(ino)?;
-        let mut ns = write(&self.ns);
-        let path = crate::changes::path_bytes(&ns.path_of(ino)?);
-        let node = ns.inode_mut(ino)?;
-        let mut xattrs = node.xattrs.as_deref().cloned().unwrap_or_default();
-        let had = xattrs.contains_key(name);
-        if flags.create && had {
-            return Err(FsError::Exists);
-        }
-        if flags.replace && !had {
-            return Err(FsError::NoXattr);
-        }
-        match value {
-            Some(v) => {
-                xattrs.insert(name.to_vec(), v.to_vec());
-                // What home could not hold fails here, before anything is queued.
-                let all: Vec<(Vec<u8>, Vec<u8>)> = xattrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                self.core.home.check_xattrs(&all)?;
-            }
-            None => {
-                xattrs.remove(name);
-            }
-        }
-        if let Some(a) = node.attr.as_mut() {
-            a.ctime = std::time::SystemTime::now();
-        }
-        node.xattrs = Some(Box::new(xattrs));
-        let ops = vec![Op::new(
-            ino,
-            path,
-            Vec::new(),
-            OpKind::SetXattr {
-                name: name.to_vec(),
-                value: value.map(<[u8]>::to_vec),
-            },
-        )];
-        let muts = Self::record_of(&ns, ino).into_iter().collect();
-        self.commit(None, ns, ops, &[], muts)
     }
 }
 
@@ -287,8 +220,8 @@ mod tests {
         );
         let fs = core(&home, &cache);
         fs.start();
-        let mut ns = write(&fs.ns);
-        fs.load_inode(&mut ns, f).unwrap();
+        let mut ns = fs.names.write();
+        fs.names.load_inode(&mut ns, f).unwrap();
         drop(ns);
         let mut names = fs.listxattr(f).unwrap();
         names.sort();

@@ -3,10 +3,10 @@
 
 use super::*;
 
-impl Fs {
+impl Changes {
     /// Home took the name of an object created here: its content is pushed by the conflict policy.
     pub(super) fn name_taken(&self, op: &Op) -> Outcome {
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let Some(node) = ns.inodes.get_mut(&op.ino) else {
             return Outcome::Done;
         };
@@ -14,7 +14,7 @@ impl Fs {
             .names
             .first()
             .map(|(d, n)| (*d, std::ffi::OsString::from_vec(n.clone())));
-        self.load_home_ancestors(&mut ns, op.ino);
+        self.names.load_home_ancestors(&mut ns, op.ino);
         let Some(node) = ns.inodes.get_mut(&op.ino) else {
             return Outcome::Done;
         };
@@ -80,7 +80,7 @@ impl Fs {
 
     /// The cached blocks of `ino` as byte ranges, and whether they cover all of it.
     pub(super) fn present_ranges(&self, ino: u64) -> FsResult<(u64, Vec<std::ops::Range<u64>>, u64, bool)> {
-        let ns = read(&self.ns);
+        let ns = self.names.read();
         let node = ns.inode(ino)?;
         let size = node.attr.as_ref().map_or(0, |a| a.size);
         let bs = self.core.store.block_size();
@@ -139,7 +139,7 @@ impl Fs {
     pub(super) fn resolve_conflict(&self, ino: u64, path: &[u8]) -> Outcome {
         let policy = self.cfg.conflict_policy;
         match policy {
-            ConflictPolicy::CacheWins => match self.push_data(ino, Some(os(path)), true) {
+            ConflictPolicy::CacheWins => match self.data.push_data(ino, Some(os(path)), true) {
                 Ok(()) => {
                     self.record_conflict(
                         path,
@@ -156,7 +156,7 @@ impl Fs {
             ConflictPolicy::KeepBoth => {
                 let aside = self.conflict_path(path);
                 let written = self.present_ranges(ino).and_then(|(object, ranges, size, complete)| {
-                    let perm = read(&self.ns).inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
+                    let perm = self.names.read().inode(ino)?.attr.as_ref().map_or(0o644, |a| a.perm);
                     let file = self.core.store.file(object)?;
                     self.core.home.create(&aside, perm, Owner::default())?;
                     self.core.home.write(&aside, &file, &ranges, size, None, None)?;
@@ -173,7 +173,7 @@ impl Fs {
                         );
                         // A name the directory did not have: its listing is home's to give again.
                         let parent = {
-                            let mut ns = write(&self.ns);
+                            let mut ns = self.names.write();
                             let parent = ns.inodes.get(&ino).map(|n| n.parent);
                             if let Some(d) = parent.and_then(|p| ns.inodes.get_mut(&p)) {
                                 d.unlist();
@@ -182,7 +182,7 @@ impl Fs {
                             parent
                         };
                         if let Some(p) = parent {
-                            self.invalidate(crate::Invalidation::Inode(p));
+                            self.names.invalidate(crate::Invalidation::Inode(p));
                         }
                         self.discard_local(ino);
                         Outcome::Done
@@ -211,7 +211,7 @@ impl Fs {
 
     /// Drop the local changes of `ino` (they were kept elsewhere): the next access reads home's version.
     pub(super) fn discard_local(&self, ino: u64) {
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.dirty.clear();
         node.conflict = false;
@@ -222,7 +222,7 @@ impl Fs {
             a.version = Version("discarded".into());
         }
         let (old, pushing) = (node.object, node.pushing);
-        let object = self.alloc_object(&mut ns);
+        let object = self.names.alloc_object(&mut ns);
         self.core.store.replace_object(old, object, pushing > 0);
         if let Some(node) = ns.inodes.get_mut(&ino) {
             node.object = object;

@@ -13,8 +13,10 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use larder_cache::Mutation;
 use larder_home::{FileKind, HomeAttr, HomeError, Owner, SetAttr, TimeSet, Version};
 
+use crate::changes::Changes;
+use crate::data::COMPARE_MAX;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, lock, read, write};
+use crate::namespace::lock;
 use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, RefusedChange, WriteMode};
 
 /// Attempts at an op home refuses before its change is set aside as a conflict.
@@ -26,8 +28,6 @@ const POLL: Duration = Duration::from_millis(100);
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest wait between attempts at a refused op, before jitter.
 const MAX_BACKOFF: Duration = Duration::from_secs(64);
-/// Most bytes compared with home to tell whether a repeated push had already landed.
-const COMPARE_MAX: u64 = 256 << 20;
 
 enum Outcome {
     Done,
@@ -108,11 +108,6 @@ mod conflicts;
 mod push;
 mod through;
 
-/// How often the inodes in memory are brought back within `--max-inodes`.
-const TRIM_EVERY: Duration = Duration::from_millis(500);
-/// Inodes let go between two returns of freed memory to the system.
-const RELEASE_AFTER: u64 = 10_000;
-
 /// Hand the allocator's free memory back to the system.
 pub fn release_freed_memory() {
     #[cfg(target_env = "gnu")]
@@ -122,64 +117,10 @@ pub fn release_freed_memory() {
     }
 }
 
-impl Fs {
-    /// Start the flusher threads (write-back; in write-through they push only what a crash left queued,
-    /// callers push their own changes).
-    pub fn start(self: &Arc<Self>) {
-        self.start_verifier();
-        let fs = Arc::downgrade(self);
-        self.health
-            .set_explainer(move |online| fs.upgrade().map(|fs| fs.explain_health(online)).unwrap_or_default());
-        let fs = Arc::downgrade(self);
-        let trimmer = std::thread::Builder::new().name("larder-trim".into()).spawn(move || {
-            let mut trimmed_at = 0;
-            loop {
-                std::thread::sleep(TRIM_EVERY);
-                let Some(fs) = fs.upgrade() else { return };
-                if fs.pipeline.stopping.load(Ordering::SeqCst) {
-                    return;
-                }
-                fs.trim_inodes();
-                // Many inodes let go (the kernel forgot them, or was asked to): the allocator's freed
-                // memory goes back to the system, or the daemon's resident size would never shrink.
-                let reclaimed = fs.meta_counters.reclaimed.load(Ordering::Relaxed);
-                if reclaimed >= trimmed_at + RELEASE_AFTER {
-                    trimmed_at = reclaimed;
-                    release_freed_memory();
-                }
-            }
-        });
-        if let Err(e) = trimmer {
-            tracing::error!(error = %e, "cannot start the thread that keeps inodes within --max-inodes");
-        }
-        for i in 0..crate::namespace::WALK_AHEAD_THREADS {
-            let (fs, ahead) = (Arc::downgrade(self), self.walk_ahead.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("larder-walk-{i}"))
-                .spawn(move || Fs::walk_ahead_worker(fs, ahead));
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "cannot start a thread revalidating directories ahead of a walk");
-            }
-        }
-        if !self.cfg.write_mode.pushes() {
-            return;
-        }
-        let mut flushers = lock(&self.pipeline.flushers);
-        for i in 0..self.cfg.flush_threads.max(1) {
-            let fs = self.clone();
-            match std::thread::Builder::new()
-                .name(format!("larder-flush-{i}"))
-                .spawn(move || fs.flush_worker())
-            {
-                Ok(h) => flushers.push(h),
-                Err(e) => tracing::error!(error = %e, "cannot start a flusher thread"),
-            }
-        }
-    }
-
+impl Changes {
     /// What this mount does now that home went away (`online` false) or came back, for the log. Runs
     /// inside home calls, perhaps under the journal's lock: it never waits for it.
-    fn explain_health(&self, online: bool) -> String {
+    pub(crate) fn explain_health(&self, online: bool) -> String {
         let queued = self.pipeline.try_journal().map(|j| j.len());
         let count = |f: fn(usize) -> String| queued.map_or_else(String::new, f);
         match (self.cfg.write_mode, online) {
@@ -199,8 +140,8 @@ impl Fs {
     }
 
     /// Stop the flusher threads (what is queued stays queued).
-    pub fn stop_flushers(&self) {
-        self.stop_verifier();
+    pub(crate) fn stop_flushers(&self) {
+        self.data.stop_verifier();
         self.pipeline.stopping.store(true, Ordering::SeqCst);
         self.pipeline.notify();
         let handles: Vec<_> = lock(&self.pipeline.flushers).drain(..).collect();
@@ -211,7 +152,7 @@ impl Fs {
 
     /// Push everything queued now, regardless of the sync lag (ops home refused are tried again at once);
     /// wait up to `timeout`, or until only refused ops (and those queued behind them) are left.
-    pub fn drain(&self, timeout: Duration) -> Drained {
+    pub(crate) fn drain(&self, timeout: Duration) -> Drained {
         let _hurry = self.pipeline.hurry();
         let began = Instant::now();
         self.pipeline.journal().retry_refused_before(began);
@@ -247,7 +188,7 @@ impl Fs {
     }
 
     /// The journal's figures.
-    pub fn journal_stats(&self) -> JournalStats {
+    pub(crate) fn journal_stats(&self) -> JournalStats {
         let j = self.pipeline.journal();
         JournalStats {
             pending_ops: j.len() as u64,
@@ -260,12 +201,12 @@ impl Fs {
     }
 
     /// Every conflict recorded in this cache directory.
-    pub fn conflicts(&self) -> Vec<Conflict> {
+    pub(crate) fn conflicts(&self) -> Vec<Conflict> {
         lock(&self.pipeline.conflicts).clone()
     }
 
     /// Ops that home refused and that wait to be retried, in queue order.
-    pub fn failed_ops(&self) -> Vec<RefusedChange> {
+    pub(crate) fn failed_ops(&self) -> Vec<RefusedChange> {
         let j = self.pipeline.journal();
         let mut out: Vec<(u64, RefusedChange)> = j
             .failures()
@@ -286,7 +227,7 @@ impl Fs {
         out.into_iter().map(|(_, c)| c).collect()
     }
 
-    fn flush_worker(self: Arc<Self>) {
+    pub(crate) fn flush_worker(self: Arc<Self>) {
         loop {
             let (seq, op, first_attempt) = {
                 let mut j = self.pipeline.journal();
@@ -336,7 +277,7 @@ impl Fs {
             Outcome::Done => {
                 // Counted before the op leaves the journal, until its directories have their times.
                 self.pipeline.settling.fetch_add(1, Ordering::SeqCst);
-                let ns = write(&self.ns);
+                let ns = self.names.write();
                 let muts = {
                     let mut j = self.pipeline.journal();
                     j.finish(seq).1
@@ -376,8 +317,8 @@ impl Fs {
                 }
                 self.pipeline.settling.fetch_sub(1, Ordering::SeqCst);
                 // What the kernel forgot while its change waited leaves memory now that home has it.
-                let mut ns = write(&self.ns);
-                self.reclaim(&mut ns, op.ino);
+                let mut ns = self.names.write();
+                self.names.reclaim(&mut ns, op.ino);
             }
             Outcome::Retry(e) => {
                 tracing::debug!(error = %e, op = op.kind.name(), "home away; the op waits");
@@ -416,18 +357,18 @@ impl Fs {
                 if attempts >= MAX_ATTEMPTS && !kept_queued {
                     // Keep the cache's version where it cannot be lost, and let the queue move on.
                     self.set_aside(op, &e);
-                    let mut ns = write(&self.ns);
+                    let mut ns = self.names.write();
                     let muts = self.pipeline.journal().finish(seq).1;
                     ns.renames.remove(&op.ino);
                     if let Some(node) = ns.inodes.get_mut(&op.ino) {
                         node.dirty.clear();
                         if std::mem::take(&mut node.labelled) {
                             // Its changes are kept in the conflicts area now.
-                            self.unlabel(op.ino, node.object);
+                            self.data.unlabel(op.ino, node.object);
                         }
                     }
                     self.core.store.db().submit(muts);
-                    self.persist(&ns, op.ino);
+                    self.names.persist(&ns, op.ino);
                     drop(ns);
                 }
             }
@@ -439,7 +380,8 @@ impl Fs {
     /// source may be either side of it ([`Namespace::moving`]).
     pub(super) fn pushing_rename(&self, op: &Op) {
         if matches!(op.kind, OpKind::Rename { .. }) {
-            write(&self.ns)
+            self.names
+                .write()
                 .renames
                 .insert(op.ino, crate::namespace::Unsettled::of(op, true));
         }
@@ -447,7 +389,7 @@ impl Fs {
 
     /// A rename's push failed: home may or may not have made it; it waits for a retry.
     pub(super) fn rename_unsettled(&self, op: &Op) {
-        if let Some(r) = write(&self.ns).renames.get_mut(&op.ino) {
+        if let Some(r) = self.names.write().renames.get_mut(&op.ino) {
             r.under_way = false;
         }
     }
@@ -466,7 +408,9 @@ impl Fs {
         {
             return attr;
         }
-        let local = read(&self.ns)
+        let local = self
+            .names
+            .read()
             .inode(op.ino)
             .ok()
             .and_then(|n| n.attr.as_ref().map(|a| a.mtime));
@@ -516,7 +460,7 @@ impl Fs {
         dirs.dedup();
         for dir in dirs {
             let (path, mtime) = {
-                let ns = read(&self.ns);
+                let ns = self.names.read();
                 if !self.pipeline.journal().dir_settled(dir) {
                     continue;
                 }
@@ -530,13 +474,13 @@ impl Fs {
             let Some(attr) = self.give_home_time(&path, mtime) else {
                 continue;
             };
-            let mut ns = write(&self.ns);
+            let mut ns = self.names.write();
             // A change of it made meanwhile stands: its own push settles the time again.
             let unchanged = ns
                 .inode(dir)
                 .is_ok_and(|n| n.attr.as_ref().is_some_and(|a| a.mtime == mtime));
             if unchanged && self.pipeline.journal().dir_settled(dir) {
-                self.adopt_attr(&mut ns, dir, attr);
+                self.names.adopt_attr(&mut ns, dir, attr);
             }
         }
     }
@@ -546,14 +490,16 @@ impl Fs {
     /// when the directory it was made in was removed or renamed at home meanwhile, or its data), and the
     /// file's other content changes go with the copy: they could land no better.
     fn set_aside(&self, op: &Op, error: &str) {
-        let file = read(&self.ns)
+        let file = self
+            .names
+            .read()
             .inode(op.ino)
             .is_ok_and(|n| n.kind == FileKind::File && n.object != 0);
         let kept = if file && matches!(op.kind, OpKind::Data | OpKind::Create { .. }) {
             let kept = self
                 .keep_locally(op.ino, &op.path)
                 .unwrap_or_else(|e| format!("(copy failed: {e})"));
-            let ns = write(&self.ns);
+            let ns = self.names.write();
             let muts = self.pipeline.journal().drop_content_ops(op.ino);
             // Under the namespace's lock, as every record (`Fs::queue`).
             self.core.store.db().submit(muts);

@@ -8,20 +8,21 @@ use larder_home::{HomeAttr, HomeError, RenameFlags, SetAttr, TimeSet, unreachabl
 
 use super::{COMPARE_MAX, Outcome, os, owner_of};
 use crate::FsError;
+use crate::changes::Changes;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Namespace, lock, read, write};
+use crate::namespace::{Namespace, lock};
 use crate::record::from_ns;
 
-impl Fs {
+impl Changes {
     /// Take one op to home. `strict` (write-through, whose caller waits for the answer): what home says
     /// is the answer, with no conflict handling: a name home has already is `EEXIST`, a name it lacks
     /// `ENOENT`, a file changed at home a conflict.
     pub(super) fn push_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
         // After a restart the object may not be in memory yet; what the push settles (where home has it,
         // its version) must reach its record.
-        let _ = self.load_inode(&mut write(&self.ns), op.ino);
+        let _ = self.names.load_inode(&mut self.names.write(), op.ino);
         // Descriptors open on a version this op takes from home read the rest of it from the cache.
-        if let Err(e) = self.keep_for_readers(op) {
+        if let Err(e) = self.data.keep_for_readers(op) {
             return match e {
                 FsError::Home(e) => self.classify(e),
                 e => Outcome::Refused(e),
@@ -110,7 +111,9 @@ impl Fs {
                 // On a home where a rename makes a new version of a file (an object store's copy), the
                 // version the next push of it is based on is the target's now, whichever way it got there.
                 // (A directory has no version to settle: not asked.)
-                let file = read(&self.ns)
+                let file = self
+                    .names
+                    .read()
                     .inode(op.ino)
                     .is_ok_and(|n| n.kind != larder_home::FileKind::Dir);
                 match renamed {
@@ -170,7 +173,7 @@ impl Fs {
     fn settle_moved_versions(&self, dir: u64) {
         use larder_home::FileKind;
         let (in_memory, stored) = {
-            let mut ns = write(&self.ns);
+            let mut ns = self.names.write();
             if ns.inode(dir).map_or(true, |n| n.kind != FileKind::Dir) {
                 return;
             }
@@ -178,7 +181,8 @@ impl Fs {
             // Files with changes queued, in memory from here on: their home paths are in memory.
             let mut files = std::collections::BTreeSet::new();
             for ino in self.pipeline.journal().inos() {
-                if self.load_inode(&mut ns, ino).is_ok() && ns.inode(ino).is_ok_and(|n| n.kind == FileKind::File) {
+                if self.names.load_inode(&mut ns, ino).is_ok() && ns.inode(ino).is_ok_and(|n| n.kind == FileKind::File)
+                {
                     files.insert(ino);
                 }
             }
@@ -255,14 +259,14 @@ impl Fs {
             if attr.kind != FileKind::File {
                 continue;
             }
-            let mut ns = write(&self.ns);
+            let mut ns = self.names.write();
             if let Ok(node) = ns.inode_mut(ino) {
                 if let Some(a) = node.attr.as_mut()
                     && a.version != attr.version
                 {
                     a.version = attr.version;
                     a.id = attr.id;
-                    self.persist(&ns, ino);
+                    self.names.persist(&ns, ino);
                 }
                 continue;
             }
@@ -301,7 +305,7 @@ impl Fs {
 
     /// Record in the namespace what a pushed op made true at home.
     pub(super) fn settle_namespace(&self, op: &Op, attr: Option<HomeAttr>) {
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let loc = |i: usize| {
             op.names
                 .get(i)
@@ -329,7 +333,7 @@ impl Fs {
                         // Not in memory (a restart since): unless moved again, the partner is where ours
                         // was, and an op that moved it again loaded it.
                         if let Ok(Some(ino)) = self.core.store.db().dentry(*dir, name.as_bytes()) {
-                            let _ = self.load_inode(&mut ns, ino);
+                            let _ = self.names.load_inode(&mut ns, ino);
                         }
                         other = partner(&ns);
                     }
@@ -337,9 +341,9 @@ impl Fs {
                         && let Some(node) = ns.inodes.get_mut(&o)
                     {
                         node.home_loc = from;
-                        self.load_home_ancestors(&mut ns, o);
+                        self.names.load_home_ancestors(&mut ns, o);
                         // Its own ops (if any) are not the ones concluding here.
-                        self.persist(&ns, o);
+                        self.names.persist(&ns, o);
                     }
                 }
                 if let Some(node) = ns.inodes.get_mut(&op.ino) {
@@ -360,7 +364,7 @@ impl Fs {
             _ => {}
         }
         // The directory it is at home in now may not have been looked up since a restart.
-        self.load_home_ancestors(&mut ns, op.ino);
+        self.names.load_home_ancestors(&mut ns, op.ino);
         if let Some(attr) = attr {
             self.settle_attr(&mut ns, op.ino, attr);
         }
@@ -380,7 +384,7 @@ impl Fs {
                 a.id = attr.id;
             }
         } else {
-            self.adopt_attr(ns, ino, attr);
+            self.names.adopt_attr(ns, ino, attr);
         }
     }
 
@@ -388,15 +392,15 @@ impl Fs {
     /// mismatch is the answer, and the data stays dirty).
     pub(super) fn push_data_op(&self, op: &Op, repeated: bool, strict: bool) -> Outcome {
         {
-            let mut ns = write(&self.ns);
-            if self.load_inode(&mut ns, op.ino).is_err() {
+            let mut ns = self.names.write();
+            if self.names.load_inode(&mut ns, op.ino).is_err() {
                 // Nothing left of it here (removed): nothing to push.
                 return Outcome::Done;
             }
         }
         // A push of the file cut short before this one (its record says what it sent) may have changed home,
         // whichever op it was: home holding what it sent is ours, not a conflict.
-        let (flush_lock, cut_short) = match read(&self.ns).inode(op.ino) {
+        let (flush_lock, cut_short) = match self.names.read().inode(op.ino) {
             Ok(n) => (n.flush_lock.clone(), n.unconfirmed.is_some()),
             Err(_) => return Outcome::Done,
         };
@@ -407,18 +411,18 @@ impl Fs {
         // and after a crash during this push home holding what that one sent would be taken for someone
         // else's change. Its version is then the one the changes are made on; its ranges are dirty still
         // (made so when it was found cut short) and go again.
-        if cut_short && let Some(attr) = self.home_has_ours(op.ino, &path) {
+        if cut_short && let Some(attr) = self.data.home_has_ours(op.ino, &path) {
             self.settle_cut_short(op.ino, attr);
         }
-        match self.push_data(op.ino, Some(path.clone()), false) {
+        match self.data.push_data(op.ino, Some(path.clone()), false) {
             Ok(()) => Outcome::Done,
             // Removed while the push ran (an unlink takes no flush lock): its data has nowhere to go.
             Err(FsError::BadHandle) if self.removed_for_good(op.ino) => Outcome::Done,
             Err(e @ FsError::Home(HomeError::Conflict | HomeError::NotFound)) if strict => Outcome::Refused(e),
             Err(FsError::Home(HomeError::Conflict)) | Err(FsError::Home(HomeError::NotFound)) => {
-                if repeated && self.home_has_ours(op.ino, &path).is_some() {
+                if repeated && self.data.home_has_ours(op.ino, &path).is_some() {
                     // An earlier attempt landed before we could record it.
-                    return match self.push_data(op.ino, Some(path), true) {
+                    return match self.data.push_data(op.ino, Some(path), true) {
                         Ok(()) => Outcome::Done,
                         Err(FsError::Home(e)) => self.classify(e),
                         Err(e) => Outcome::Refused(e),
@@ -434,7 +438,7 @@ impl Fs {
     /// Home holds what a push of `ino` cut short sent (`attr`, its attributes now): that version is the
     /// base of the next push, and the attempt is settled, on record too.
     fn settle_cut_short(&self, ino: u64, attr: HomeAttr) {
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let Ok(node) = ns.inode_mut(ino) else { return };
         if let Some(a) = node.attr.as_mut() {
             a.version = attr.version;
@@ -443,61 +447,12 @@ impl Fs {
         // (A push of the whole content cut short may have left a prefix of it: home's part ends there.)
         node.home_size = Some(node.home_size.map_or(attr.size, |h| h.min(attr.size)));
         node.unconfirmed = None;
-        self.persist(&ns, ino);
+        self.names.persist(&ns, ino);
     }
 
     /// Whether `ino` is gone from memory and from the index: removed, nothing of it left to push.
     fn removed_for_good(&self, ino: u64) -> bool {
-        !read(&self.ns).inodes.contains_key(&ino) && matches!(self.core.store.db().inode(ino), Ok(None))
-    }
-
-    /// Whether home's object at `path` is what an earlier push of `ino` made it: the bytes that push sent
-    /// (those not written again since) and its size, or, for a push of the whole content cut short, a
-    /// prefix of them (home cut the file to nothing before writing it from the start). Without a record of
-    /// that push, the cache's pending content and size.
-    /// Home's attributes if so.
-    pub(crate) fn home_has_ours(&self, ino: u64, path: &Path) -> Option<HomeAttr> {
-        let (ranges, size, whole, object) = {
-            let ns = read(&self.ns);
-            let Ok(node) = ns.inode(ino) else { return None };
-            match &node.unconfirmed {
-                Some(a) => (a.ranges.clone(), a.size, a.whole, node.object),
-                None => (
-                    node.dirty.clone(),
-                    node.attr.as_ref().map_or(0, |a| a.size),
-                    false,
-                    node.object,
-                ),
-            }
-        };
-        let attr = self.core.home.stat(path).ok()?;
-        // Where home's copy of what was sent ends.
-        let end = if whole && attr.size < size { attr.size } else { size };
-        if attr.size != end || ranges.iter().map(|r| r.end - r.start).sum::<u64>() > COMPARE_MAX {
-            tracing::info!(path = %path.display(), home_size = attr.size, size, whole, "home's file is not what an interrupted push of ours left there: its size differs");
-            return None;
-        }
-        let file = self.core.store.file(object).ok()?;
-        let ours = ranges.iter().all(|r| {
-            let stop = r.end.min(end);
-            if r.start >= stop {
-                return true;
-            }
-            let len = (stop - r.start) as usize;
-            let mut mine = vec![0u8; len];
-            let got = std::os::unix::fs::FileExt::read_at(file.as_ref(), &mut mine, r.start).unwrap_or(0);
-            mine[got..].fill(0);
-            let same = self
-                .core
-                .home
-                .read(path, &attr.version, r.start, len)
-                .is_ok_and(|theirs| theirs == mine);
-            if !same {
-                tracing::info!(path = %path.display(), range = ?(r.start..stop), whole, "home's file is not what an interrupted push of ours left there: its bytes differ");
-            }
-            same
-        });
-        ours.then_some(attr)
+        !self.names.read().inodes.contains_key(&ino) && matches!(self.core.store.db().inode(ino), Ok(None))
     }
 }
 

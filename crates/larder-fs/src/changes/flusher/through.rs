@@ -11,10 +11,11 @@ use larder_home::{FileKind, RenameFlags};
 
 use super::Outcome;
 use crate::FsResult;
+use crate::changes::Changes;
 use crate::journal::{Op, OpKind};
-use crate::namespace::{Fs, Namespace, write};
+use crate::namespace::Namespace;
 
-impl Fs {
+impl Changes {
     /// Push the held ops `seqs` (just recorded by this caller, in order), each once the ops it depends on
     /// have concluded; the first error home gave, after every one was tried (those after a refused one
     /// usually fail with it, and are undone too).
@@ -70,7 +71,7 @@ impl Fs {
 
     /// Home did not take `op`: it leaves the journal and the cache.
     fn take_back(&self, seq: u64, op: &Op) {
-        let mut ns = write(&self.ns);
+        let mut ns = self.names.write();
         let mut muts = self.pipeline.journal().finish(seq).1;
         ns.renames.remove(&op.ino);
         self.undo(&mut ns, op, &mut muts);
@@ -94,7 +95,7 @@ impl Fs {
                 if let Some((dir, n)) = name(0)
                     && ns.bound(dir, &n) == Some(op.ino)
                 {
-                    self.unbind(ns, dir, &n, false);
+                    self.names.unbind(ns, dir, &n, false);
                 }
             }
             OpKind::Unlink | OpKind::Rmdir => {
@@ -151,7 +152,8 @@ impl Fs {
         }
         let Some(node) = ns.inodes.get(&ino) else { return };
         // Its cached data went with its last name (unless open): it starts again from home's.
-        let fresh = (node.removed && node.opens() == 0 && node.kind == FileKind::File).then(|| self.alloc_object(ns));
+        let fresh =
+            (node.removed && node.opens() == 0 && node.kind == FileKind::File).then(|| self.names.alloc_object(ns));
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         if let Some(object) = fresh {
             node.object = object;

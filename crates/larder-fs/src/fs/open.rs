@@ -1,6 +1,24 @@
 //! Opening the core over a cache directory (recovery after an unclean stop included) and closing it.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use larder_cache::{Mutation, Store};
+use larder_home::{FileKind, Health, Home, unreachable};
+
+use super::Fs;
+use crate::changes::Changes;
+use crate::data::{Core, DataPath};
+use crate::journal::{Journal, Op, OpKind};
+use crate::key::HomeId;
+use crate::namespace::{Inode, Names, Namespace, ROOT, RUNNING, Unsettled, claim_ranges};
+use crate::pipeline::Pipeline;
+use crate::readahead::Readahead;
+use crate::record::InodeRecord;
+use crate::tier::{HomeTier, StoreTier, Tier, Tiers};
+use crate::{FsConfig, FsError, FsResult};
 
 impl Fs {
     /// A file system over `home`, caching in `store`. Loads the persisted namespace, drops cache objects
@@ -45,7 +63,7 @@ impl Fs {
         // are dirty now, before anything fills it (a fill over its limit evicts), not when their inode is
         // first looked up.
         for (object, ranges) in dirty {
-            super::claim_ranges(&store, object, ranges.into_iter().map(|(start, end)| start..end));
+            claim_ranges(&store, object, ranges.into_iter().map(|(start, end)| start..end));
         }
         let mut ops = Vec::new();
         db.for_each_op(|seq, bytes| match Op::decode(bytes) {
@@ -119,31 +137,38 @@ impl Fs {
             // In a cache too small for it, fetching a whole file to use one block of it only churns.
             small_file_threshold: cfg.small_file_threshold.min(store_limit / 8),
         });
-        let readahead = Readahead::new(core.clone(), cfg.ingest_streams);
+        let readahead = Arc::new(Readahead::new(core.clone(), cfg.ingest_streams));
         let conflicts = crate::changes::load_conflicts(&cfg.conflicts_dir);
+        let pipeline = Arc::new(Pipeline::new(journal, conflicts));
+        let names = Arc::new(Names::new(
+            cfg.clone(),
+            core.clone(),
+            health.clone(),
+            pipeline.clone(),
+            readahead.clone(),
+            ns,
+        ));
+        let data = Arc::new(DataPath::new(cfg.clone(), core.clone(), names.clone(), readahead));
+        let changes = Arc::new(Changes::new(
+            cfg.clone(),
+            core.clone(),
+            health.clone(),
+            names.clone(),
+            data.clone(),
+            pipeline.clone(),
+        ));
+        data.wire(&changes);
         let fs = Fs {
             cfg,
             core,
-            ns: RwLock::new(ns),
-            handles: Handles::default(),
-            mutate: Mutex::new(()),
-            readahead,
-            read_counters: ReadCounters::default(),
-            meta_counters: Default::default(),
-            pipeline: Pipeline::new(journal, conflicts),
             health,
-            invalidator: std::sync::OnceLock::new(),
-            coherence: std::sync::OnceLock::new(),
-            kernel_barrier: std::sync::OnceLock::new(),
-            invalidated: std::sync::Mutex::new(None),
-            listing_flight: Default::default(),
-            walk_ahead: Default::default(),
-            dir_clock: AtomicU64::new(1),
-            listings_carry_own: Default::default(),
-            integrity: Default::default(),
+            pipeline,
+            names,
+            data,
+            changes,
         };
         for (kept, label) in retained.kept {
-            fs.record_conflict(
+            fs.changes.record_conflict(
                 &label.path,
                 "lost+found",
                 kept.display().to_string(),
@@ -153,7 +178,7 @@ impl Fs {
                     .into(),
             );
         }
-        let taken = fs.take_in_unseen_writes(&owners);
+        let taken = fs.data.take_in_unseen_writes(&owners);
         if taken > 0 {
             tracing::warn!(
                 files = taken,
@@ -165,60 +190,16 @@ impl Fs {
 
     /// Make everything durable before the process exits.
     pub fn shutdown(&self) -> FsResult<()> {
-        self.stop_flushers();
-        let handles = self.handles.numbers();
+        self.changes.stop_flushers();
+        let handles = self.names.handles().numbers();
         for fh in handles {
-            let _ = self.release(fh);
+            let _ = self.data.release(fh);
         }
         let db = self.core.store.db();
-        db.submit(self.listings_to_keep());
+        db.submit(self.names.listings_to_keep());
         db.submit(vec![Mutation::PutMeta(RUNNING, 0)]);
         db.close()?;
         Ok(())
-    }
-
-    /// The listings taken within the validity lag, for the next start: as wall-clock times, since the
-    /// time between the stop and the start counts against the lag too.
-    fn listings_to_keep(&self) -> Vec<Mutation> {
-        let ns = read(&self.ns);
-        let now = std::time::SystemTime::now();
-        ns.inodes
-            .iter()
-            .filter_map(|(&ino, node)| {
-                let listed = node.dir.as_ref()?.listed?;
-                if !self.fresh(Some(listed)) {
-                    return None;
-                }
-                let at = now.checked_sub(listed.elapsed())?;
-                let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64;
-                Some(Mutation::PutListing(ino, ms))
-            })
-            .collect()
-    }
-
-    /// A listing of `dir` the last run took, if it is still within the validity lag: it becomes the
-    /// directory's listing (and vouches for the children in memory), so the directory is not listed again.
-    /// Not in a cluster: another node's changes while this one was down were not seen.
-    pub(crate) fn restore_listing(&self, ns: &mut Namespace, dir: u64) -> bool {
-        let Some(at) = ns.restored.remove(&dir) else {
-            return false;
-        };
-        if self.coherence.get().is_some() || !self.fresh(Some(at)) {
-            return false;
-        }
-        let children: Vec<u64> = match ns.inodes.get_mut(&dir) {
-            Some(node) if node.kind == FileKind::Dir => {
-                let d = node.dm();
-                d.listed = Some(at);
-                d.complete = false;
-                d.children.values().copied().collect()
-            }
-            _ => return false,
-        };
-        for child in children {
-            self.vouch_by_listing(ns, dir, child);
-        }
-        true
     }
 }
 

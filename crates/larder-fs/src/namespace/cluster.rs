@@ -1,0 +1,141 @@
+//! The namespace in a cluster (design note 016): the write tokens a change takes, the records of this
+//! node's changes it publishes, and forgetting what another node's change made stale.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::coherence::{Coherence, HeldRecord, bytes, held_record, resolve_known};
+use crate::namespace::{Names, read, write};
+
+impl Names {
+    /// Use `c` for writes across the cluster: publish this node's changes, apply the others' before
+    /// opens.
+    pub(crate) fn set_coherence(&self, c: Arc<dyn Coherence>) {
+        let _ = self.coherence.set(c);
+    }
+
+    /// Apply the records written before now, if in a cluster.
+    pub(crate) fn sync_cluster(&self) {
+        if let Some(c) = self.coherence.get() {
+            c.sync();
+        }
+    }
+
+    /// Take the write tokens of the existing objects at `paths` (below home's root), if in a cluster:
+    /// before a change of them is made.
+    pub(crate) fn take_tokens(&self, paths: &[&Path]) -> crate::FsResult<()> {
+        let Some(c) = self.coherence.get() else {
+            return Ok(());
+        };
+        for p in paths {
+            c.take(bytes(p)).map_err(crate::FsError::Home)?;
+        }
+        Ok(())
+    }
+
+    /// [`Fs::take_tokens`] of the object `ino`, by its path here.
+    pub(crate) fn take_token_of(&self, ino: u64) -> crate::FsResult<()> {
+        if self.coherence.get().is_none() {
+            return Ok(());
+        }
+        let path = read(&self.ns).path_of(ino)?;
+        self.take_tokens(&[&path])
+    }
+
+    /// [`Fs::take_tokens`] of directory `dir` if another node holds changes of it (it made it, or names
+    /// in it, and home has not got them): a name made in it here reaches home only after those did.
+    pub(crate) fn take_token_of_held_dir(&self, dir: u64) -> crate::FsResult<()> {
+        let Some(c) = self.coherence.get() else {
+            return Ok(());
+        };
+        let path = read(&self.ns).path_of(dir)?;
+        if c.record(bytes(&path)).is_some_and(|(r, _)| r.holder != c.me()) {
+            self.take_tokens(&[&path])?;
+        }
+        Ok(())
+    }
+
+    /// [`Fs::take_tokens`] of `name` in `parent`, if it exists here.
+    pub(crate) fn take_token_at(&self, parent: u64, name: &OsStr) -> crate::FsResult<()> {
+        if self.coherence.get().is_none() {
+            return Ok(());
+        }
+        let path = read(&self.ns).child_path(parent, name)?;
+        self.take_tokens(&[&path])
+    }
+
+    /// Publish what this node has now at the paths of `ops` (and their directories, for changes of
+    /// names), if in a cluster.
+    pub(crate) fn publish_ops(&self, ops: &[crate::journal::Op]) {
+        let Some(c) = self.coherence.get() else {
+            return;
+        };
+        let mut paths: Vec<Vec<u8>> = Vec::new();
+        for op in ops {
+            let names = !matches!(
+                op.kind,
+                crate::journal::OpKind::Data
+                    | crate::journal::OpKind::SetAttr { .. }
+                    | crate::journal::OpKind::SetXattr { .. }
+            );
+            for p in op.paths() {
+                paths.push(p.to_vec());
+                if names {
+                    let parent = Path::new(OsStr::from_bytes(p)).parent().unwrap_or(Path::new(""));
+                    paths.push(bytes(parent).to_vec());
+                }
+            }
+        }
+        paths.sort();
+        paths.dedup();
+        c.publish(self.held_records(c.me(), paths));
+    }
+
+    /// This node's records of `paths`, as it has them now: see [`held_record`].
+    pub(crate) fn held_records(&self, me: u64, paths: Vec<Vec<u8>>) -> Vec<(Vec<u8>, HeldRecord)> {
+        let ns = read(&self.ns);
+        paths
+            .into_iter()
+            .filter_map(|p| {
+                let record = held_record(&ns, me, Path::new(OsStr::from_bytes(&p)))?;
+                Some((p, record))
+            })
+            .collect()
+    }
+
+    /// Forget what this node cached of `path` and of the directory it is in, in memory and in the
+    /// kernel: another node changed it (its held record was written or removed).
+    pub(crate) fn invalidate_path(&self, path: &[u8]) {
+        let path = Path::new(OsStr::from_bytes(path));
+        tracing::debug!(path = %path.display(), "another node's change: dropping what is cached");
+        let mut kernel = Vec::new();
+        {
+            let mut ns = write(&self.ns);
+            // Under the namespace's lock: an answer taken in after this, asked for before, is not fresh.
+            *self.invalidated.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+            let (found, parent) = resolve_known(&ns, path);
+            if let Some(ino) = found
+                && let Some(node) = ns.inodes.get_mut(&ino)
+            {
+                node.checked = None;
+                node.unlist();
+                node.dm().negatives.clear();
+                kernel.push(crate::Invalidation::Inode(ino));
+            }
+            if let Some((dir, name)) = parent
+                && let Some(node) = ns.inodes.get_mut(&dir)
+            {
+                node.checked = None;
+                node.unlist();
+                node.dm().negatives.remove(&name);
+                kernel.push(crate::Invalidation::Entry(dir, name));
+                kernel.push(crate::Invalidation::Inode(dir));
+            }
+        }
+        for k in kernel {
+            self.invalidate(k);
+        }
+    }
+}
