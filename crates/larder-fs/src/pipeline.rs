@@ -133,7 +133,7 @@ pub(crate) struct MetaCounters {
     pub reloaded: AtomicU64,
     /// Entries the kernel was asked to forget, to keep memory within `--max-inodes`.
     pub trimmed: AtomicU64,
-    /// Listings made ahead of a walk (see `Fs::walk_ahead`).
+    /// Listings made ahead of a walk (see `Names::walk_ahead`).
     pub listings_ahead: AtomicU64,
 }
 

@@ -91,7 +91,7 @@ impl Changes {
     /// the wait: changes made meanwhile by other callers share that wait (group commit), and the sync that
     /// acknowledges a later change covers every earlier one. No home call is made under either.
     ///
-    /// In write-through the caller pushes its own ops ([`Fs::land`]) and gets home's answer: a change home
+    /// In write-through the caller pushes its own ops ([`Changes::land`]) and gets home's answer: a change home
     /// refuses is undone here and its error returned.
     pub(crate) fn commit(
         &self,
@@ -105,7 +105,7 @@ impl Changes {
         self.land(&held)
     }
 
-    /// [`Fs::commit`] up to the push: returns the ops the caller must [`Fs::land`] (write-through), once
+    /// [`Changes::commit`] up to the push: returns the ops the caller must [`Changes::land`] (write-through), once
     /// it let go of the object's write and flush locks, which the push takes.
     fn queue(
         &self,
@@ -132,7 +132,7 @@ impl Changes {
                 }
                 if through {
                     let mut op = op;
-                    // See Fs::land: one a crash leaves queued is pushed as a repeat.
+                    // See Changes::land: one a crash leaves queued is pushed as a repeat.
                     op.attempted = true;
                     let (seq, m) = j.record_held(op);
                     held.push(seq);
@@ -172,7 +172,7 @@ impl Changes {
         if self.cfg.sync_lag.is_zero() || self.pipeline.urgent() {
             self.pipeline.notify_one();
         }
-        // Write-through syncs nothing here: it is acknowledged once home has the change (`Fs::land`).
+        // Write-through syncs nothing here: it is acknowledged once home has the change (`Changes::land`).
         // Otherwise the change is as durable as the index promises (logged, or fsynced) before it returns.
         if !through {
             db.settle()?;
@@ -443,9 +443,9 @@ impl Changes {
         self.land(&held)
     }
 
-    /// [`Fs::remove`] of `child`, found bound as `name` in `parent`, under the namespace-change lock, up to
+    /// [`Changes::remove`] of `child`, found bound as `name` in `parent`, under the namespace-change lock, up to
     /// the push: returns the cache objects to remove once its changes are submitted, and the ops to
-    /// [`Fs::land`].
+    /// [`Changes::land`].
     fn remove_bound(
         &self,
         mutating: std::sync::MutexGuard<'_, ()>,
@@ -744,11 +744,11 @@ fn set_id_dropped(perm: u32) -> u32 {
 }
 
 /// Cache objects a removal let go of, each with whether a push reads it still: removed once the removal's
-/// changes are submitted (see `Fs::remove`).
+/// changes are submitted (see `Changes::remove`).
 type Retired = Vec<(u64, bool)>;
 
 /// What a check made before the namespace-change lock is taken does when an object it found left memory
-/// before it was read (nothing referred to it: `Fs::reclaim`): no error, but a change like any other, and
+/// before it was read (nothing referred to it: `Names::reclaim`): no error, but a change like any other, and
 /// the check is made again under the lock (`None`).
 fn left_memory<T>(e: FsError) -> FsResult<Option<T>> {
     match e {

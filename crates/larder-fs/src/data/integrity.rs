@@ -69,7 +69,7 @@ impl DataPath {
         }
     }
 
-    /// The files whose unpushed data is damaged in the cache now (see [`Fs::damaged_found`]).
+    /// The files whose unpushed data is damaged in the cache now (see [`DataPath::damaged_found`]).
     pub(crate) fn damaged_files(&self) -> Vec<DamagedFile> {
         let mut found = lock(&self.integrity.damaged);
         found.retain(|ino, (object, _)| {

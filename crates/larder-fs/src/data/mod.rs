@@ -428,7 +428,7 @@ impl DataPath {
     }
 
     /// What was written through `fh` (by the daemon, or by the kernel in the cache file) committed as
-    /// [`Fs::commit_data`] does.
+    /// [`Changes::commit_data`] does.
     fn commit_handle(&self, fh: u64, durable: bool) -> FsResult<()> {
         let ino = self.names.handles().ino(fh).ok_or(FsError::BadHandle)?;
         self.adopt_direct_writes(fh)?;

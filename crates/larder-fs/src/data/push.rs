@@ -122,7 +122,7 @@ impl DataPath {
                     // Where changes are journaled, what this push sends is on record before home sees any
                     // of it, with the flusher's record of the attempt (one sync for both): after a crash,
                     // home holding it is recognised as ours.
-                    // Submitted under the namespace's lock, as every record (`Fs::queue`).
+                    // Submitted under the namespace's lock, as every record (`Changes::queue`).
                     if node.keeps_record() {
                         self.core
                             .store
@@ -145,7 +145,7 @@ impl DataPath {
         };
         {
             let db = self.core.store.db();
-            // Write-through pushes without the sync: its op counts as a repeat after a crash (`Fs::land`).
+            // Write-through pushes without the sync: its op counts as a repeat after a crash (`Changes::land`).
             let through = self.cfg.write_mode.acknowledges_from_home();
             if let Err(e) = if through { Ok(()) } else { db.sync() } {
                 let mut ns = self.names.write();

@@ -169,7 +169,7 @@ impl Fs {
         self.names.validity_lag()
     }
 
-    /// How to wait until the invalidations sent so far reached the kernel: see [`Fs::kernel_barrier`].
+    /// How to wait until the invalidations sent so far reached the kernel: see [`Names::kernel_barrier`].
     pub fn set_kernel_barrier(&self, f: Box<dyn Fn() + Send + Sync>) {
         self.names.set_kernel_barrier(f)
     }
@@ -389,7 +389,7 @@ impl Fs {
         self.data.fallocate(fh, offset, length, mode)
     }
 
-    /// The files whose unpushed data is damaged in the cache now (see [`Fs::damaged_found`]).
+    /// The files whose unpushed data is damaged in the cache now (see [`DataPath::damaged_found`]).
     pub fn damaged_files(&self) -> Vec<DamagedFile> {
         self.data.damaged_files()
     }

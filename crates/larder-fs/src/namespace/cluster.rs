@@ -35,7 +35,7 @@ impl Names {
         Ok(())
     }
 
-    /// [`Fs::take_tokens`] of the object `ino`, by its path here.
+    /// [`Names::take_tokens`] of the object `ino`, by its path here.
     pub(crate) fn take_token_of(&self, ino: u64) -> crate::FsResult<()> {
         if self.coherence.get().is_none() {
             return Ok(());
@@ -44,7 +44,7 @@ impl Names {
         self.take_tokens(&[&path])
     }
 
-    /// [`Fs::take_tokens`] of directory `dir` if another node holds changes of it (it made it, or names
+    /// [`Names::take_tokens`] of directory `dir` if another node holds changes of it (it made it, or names
     /// in it, and home has not got them): a name made in it here reaches home only after those did.
     pub(crate) fn take_token_of_held_dir(&self, dir: u64) -> crate::FsResult<()> {
         let Some(c) = self.coherence.get() else {
@@ -57,7 +57,7 @@ impl Names {
         Ok(())
     }
 
-    /// [`Fs::take_tokens`] of `name` in `parent`, if it exists here.
+    /// [`Names::take_tokens`] of `name` in `parent`, if it exists here.
     pub(crate) fn take_token_at(&self, parent: u64, name: &OsStr) -> crate::FsResult<()> {
         if self.coherence.get().is_none() {
             return Ok(());

@@ -117,7 +117,7 @@ impl Names {
         }
     }
 
-    /// [`Fs::listing`] without waiting for a listing of the directory under way.
+    /// [`Names::listing`] without waiting for a listing of the directory under way.
     fn list_now(&self, ino: u64) -> FsResult<Vec<DirItem>> {
         let path = {
             let mut ns = write(&self.ns);
@@ -343,7 +343,7 @@ impl Names {
 
     /// Home is away: a directory listed before is served as cached.
     /// The listing of `ino` when home's answer was overtaken by a rename of it or above it
-    /// ([`Fs::moved_meanwhile`]): asked again at its new place if the rename landed (`Moved`), else
+    /// ([`Names::moved_meanwhile`]): asked again at its new place if the rename landed (`Moved`), else
     /// (landing, or tried and unsettled) the cache's entries.
     fn overtaken_listing(
         &self,

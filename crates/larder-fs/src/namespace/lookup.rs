@@ -13,7 +13,7 @@ impl Names {
         Ok(!ns.at_home(parent)?)
     }
 
-    /// Whether the entry `name` of `parent` stays as the cache has it when home lacks it: [`Fs::local_name`],
+    /// Whether the entry `name` of `parent` stays as the cache has it when home lacks it: [`Names::local_name`],
     /// or a directory with changes queued below it. Home losing a directory (removed or renamed there by
     /// others) must not take the changes made in it here with it: they stay, with their bytes, until they
     /// land or are set aside as conflicts, with a copy kept (`flusher::set_aside`).
@@ -172,7 +172,7 @@ impl Names {
         (c.attr.is_some() && (self.fresh(c.checked) || !c.dirty.is_empty())).then_some(child)
     }
 
-    /// One try of [`Fs::find`]. With `may_list`, a name home must be asked about in a directory not
+    /// One try of [`Names::find`]. With `may_list`, a name home must be asked about in a directory not
     /// listed within the validity lag is [`Found::List`]: the caller lists the directory and asks again.
     pub(super) fn find_once(&self, parent: u64, name: &OsStr, may_list: bool) -> FsResult<Found> {
         let (path, known) = {

@@ -1,7 +1,7 @@
-//! The namespace mirror: the core's shared state (`Fs`), and the checks a change makes before it is
-//! taken. The inodes and their table are the model (`model`); lookups (`lookup`), binding names home
-//! reports (`binding`), reclaiming inodes (`reclaim`), and opening and closing the core (`open`) are in
-//! their own files.
+//! The namespace component ([`Names`], design note 012): the mirror of home's names, and the checks a
+//! change makes before it is taken. The inodes and their table are the model (`model`); lookups
+//! (`lookup`), binding names home reports (`binding`), reclaiming inodes (`reclaim`), listings (`dirs`),
+//! extended attributes (`xattr`) and the namespace in a cluster (`cluster`) are in their own files.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -174,7 +174,7 @@ impl Names {
 
     /// Mark the blocks of a reloaded inode's unpushed ranges dirty in the store, so eviction spares them,
     /// and keep of an interrupted push only what the cache file still shows of it
-    /// ([`Fs::unconfirmed_as_pushed`]).
+    /// ([`Names::unconfirmed_as_pushed`]).
     pub(crate) fn reclaim_dirty(&self, node: &mut Inode) {
         claim_ranges(&self.core.store, node.object, node.dirty.iter().cloned());
         self.unconfirmed_as_pushed(node);
@@ -436,7 +436,7 @@ impl Names {
         }
     }
 
-    /// How to wait until the invalidations sent so far reached the kernel: see [`Fs::kernel_barrier`].
+    /// How to wait until the invalidations sent so far reached the kernel: see [`Names::kernel_barrier`].
     pub(crate) fn set_kernel_barrier(&self, f: Box<dyn Fn() + Send + Sync>) {
         let _ = self.kernel_barrier.set(f);
     }

@@ -53,7 +53,7 @@ pub(crate) struct Inode {
     /// When `attr` was last confirmed by home.
     pub checked: Option<Instant>,
     /// `checked` is the time of a change of ours (made here, or pushed and adopted), not of an answer
-    /// of home's: an answer home gave before it must not undo it (see `Fs::update_attr`), also after
+    /// of home's: an answer home gave before it must not undo it (see `Names::update_attr`), also after
     /// the inode left memory and came back (see `Namespace::own_changes`).
     pub own: bool,
     /// What only a directory has (`None` for other kinds, and for a directory nothing is known of yet):
@@ -106,7 +106,7 @@ pub(crate) struct Inode {
     /// not written again since, and the size. If home's version moved on, these say whether it was ours.
     pub unconfirmed: Option<Box<Attempt>>,
     /// Its extended attributes, once known (home's, with the changes made here): `None` until something
-    /// asks, and again when home's object changed (`Fs::update_attr`).
+    /// asks, and again when home's object changed (`Names::update_attr`).
     pub xattrs: Option<Box<super::Xattrs>>,
 }
 
@@ -123,10 +123,10 @@ pub(crate) struct DirState {
     /// were all made through it), or all its persisted entries were loaded. A name not bound is then not
     /// in the index either, and looking it up there is skipped.
     pub complete: bool,
-    /// When a listing of it was last opened by a user (`opendir`), in ticks of [`Fs::dir_clock`]: a walk
+    /// When a listing of it was last opened by a user (`opendir`), in ticks of [`Names::dir_clock`]: a walk
     /// of its parent revalidates it ahead only if it was, since the parent's previous listing.
     pub opened: AtomicU64,
-    /// The tick of [`Fs::dir_clock`] at its last listing at home.
+    /// The tick of [`Names::dir_clock`] at its last listing at home.
     pub listed_tick: u64,
 }
 
@@ -362,20 +362,20 @@ pub(crate) struct Namespace {
     pub next_object: u64,
     /// Renames home may have made without the cache knowing yet, per renamed inode. Kept beside the home
     /// locations, under the same lock, and changed together with them when a rename lands
-    /// (`Fs::settle_namespace`): one look tells where home has a name and whether that may be changing.
+    /// (`Changes::settle_namespace`): one look tells where home has a name and whether that may be changing.
     pub renames: HashMap<u64, Unsettled>,
     /// Inodes loaded by listings that nothing else refers to, oldest first: past [`IDLE_MAX`] of them,
     /// the oldest leave memory (see `reclaim.rs`). May name inodes gone or referred to since.
     pub idle: std::collections::VecDeque<u64>,
-    /// Inodes that could have left memory while a namespace change was being made (see `Fs::reclaim`):
+    /// Inodes that could have left memory while a namespace change was being made (see `Names::reclaim`):
     /// the next reclaim lets them go.
     pub deferred: Vec<u64>,
     /// While a removal gathers its changes to the index into one submission: the cache objects of what it
     /// removed (and whether a push reads them still), removed once that submission is made, so that a
-    /// stop before it finds the removed file whole (see `Fs::remove`).
+    /// stop before it finds the removed file whole (see `Changes::remove`).
     pub retire_later: Option<Vec<(u64, bool)>>,
     /// Listings of directories the last run took within the validity lag of its clean stop, by when
-    /// (see `Fs::restore_listing`).
+    /// (see `Names::restore_listing`).
     pub restored: HashMap<u64, Instant>,
     /// Inodes that left memory within [`OWN_CHANGE_WINDOW`] of a change of ours: when that change was
     /// made, restored as their `checked` when they come back, so that an answer home gave before it and

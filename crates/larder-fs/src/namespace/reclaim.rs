@@ -73,7 +73,7 @@ impl Names {
         self.let_go(ns, ino)
     }
 
-    /// [`Fs::reclaim`], no namespace change being made.
+    /// [`Names::reclaim`], no namespace change being made.
     fn let_go(&self, ns: &mut Namespace, ino: u64) -> bool {
         if !self.reclaimable(ns, ino) {
             return false;

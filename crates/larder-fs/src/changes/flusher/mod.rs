@@ -255,7 +255,7 @@ impl Changes {
             };
             // The attempt is on record before home sees it: after a crash, "already done" answers to
             // this op are recognised as ours. A data push records what it sends and makes that durable
-            // with this together, in one sync, just before it writes to home (`Fs::push_data`).
+            // with this together, in one sync, just before it writes to home (`DataPath::push_data`).
             if op.kind != OpKind::Data
                 && let Err(e) = self.core.store.db().sync()
             {
@@ -309,7 +309,7 @@ impl Changes {
                         }
                     }
                 }
-                // Under the namespace's lock, as every record (`Fs::queue`).
+                // Under the namespace's lock, as every record (`Changes::queue`).
                 self.core.store.db().submit(muts);
                 drop(ns);
                 if !self.cfg.write_mode.shows_home_times() {
@@ -398,7 +398,7 @@ impl Changes {
     /// or one set since. Unless later changes of it are queued (a file's data push, a time set, each
     /// giving the time again), home gets the mount's time now. Home's attributes afterwards: they are
     /// adopted, so the mount's time must be home's first. (A directory whose entries are queued gets its
-    /// time again once they have landed: [`Fs::settle_dir_times`].)
+    /// time again once they have landed: [`Changes::settle_dir_times`].)
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
         // Write-through shows home's time for what it creates (adopted now); a time set since is an op of
         // its own.
@@ -501,7 +501,7 @@ impl Changes {
                 .unwrap_or_else(|e| format!("(copy failed: {e})"));
             let ns = self.names.write();
             let muts = self.pipeline.journal().drop_content_ops(op.ino);
-            // Under the namespace's lock, as every record (`Fs::queue`).
+            // Under the namespace's lock, as every record (`Changes::queue`).
             self.core.store.db().submit(muts);
             drop(ns);
             kept
