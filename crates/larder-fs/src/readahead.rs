@@ -1,4 +1,5 @@
-//! Ingest: blocks ahead of a reader are fetched by `--ingest-streams` background workers, through the same
+//! Prefetch: a reader's window ([`window`], [`due`]), the ingest queue, and runs of blocks. Blocks ahead
+//! of a reader are fetched by `--ingest-streams` background workers, through the same
 //! single-flight fetch as demand reads, so a reader that catches up waits for the fetch under way.
 //!
 //! A job is a range of blocks of one file. A worker takes the first blocks of the job at the head of the
@@ -31,6 +32,39 @@ pub(crate) const MAX_RUN: u64 = 16 << 20;
 /// queued in: with small blocks, a share of a job per stream would otherwise be a block or two, and each
 /// run is a home round trip.
 pub(crate) const MIN_JOB: u64 = 1 << 20;
+
+/// The readahead window of a reader reading at `offset` through handle `h` (whose previous window and
+/// read it was): a reader going on where it left off, or a little further, doubles it from a block up to
+/// `max` (the pages between were read by the kernel from its page cache: another reader of the file
+/// brought them in, which must not cost this reader its window); any other read closes it. With
+/// `Prefetch::WholeFile`, the rest of the file.
+pub(crate) fn window(prefetch: crate::Prefetch, max: u64, bs: u64, h: &crate::namespace::Handle, offset: u64) -> u64 {
+    match prefetch {
+        crate::Prefetch::WholeFile => u64::MAX,
+        crate::Prefetch::Sequential if offset >= h.next_offset && offset - h.next_offset <= max => {
+            if h.window == 0 {
+                bs
+            } else {
+                (h.window * 2).min(max)
+            }
+        }
+        crate::Prefetch::Sequential => 0,
+    }
+}
+
+/// The blocks a read ending at `end` of a file of `size` bytes should queue, with its handle's `window`
+/// and the end of what the handle queued already (`queued_to`): what the window adds past that (a reader
+/// that went back before them is served by its own reads and the blocks still queued). In steps of
+/// `MIN_JOB`, or half the window if that is less (and at least a block), or up to the end: a window moving
+/// on by one read's worth each time would otherwise queue a job of a block or two, each its own home
+/// request. `None` if nothing is due.
+pub(crate) fn due(window: u64, queued_to: u64, end: u64, size: u64, bs: u64) -> Option<(u64, u64)> {
+    let first = queued_to.max(end).div_ceil(bs);
+    let last = end.saturating_add(window).min(size).div_ceil(bs);
+    let step = MIN_JOB.min(window / 2).max(bs);
+    let worth = last.saturating_sub(first) * bs >= step || last * bs >= size;
+    (window > 0 && last > first && worth).then_some((first, last))
+}
 
 /// Blocks of one version of a file to bring in.
 #[derive(Clone)]
@@ -244,4 +278,46 @@ fn drop_object(shared: &Shared, object: u64) {
     let mut q = lock(&shared.queue);
     q.jobs.retain(|j| j.file.object != object);
     q.queued_to.remove(&object);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Prefetch;
+    use crate::namespace::Handle;
+
+    #[test]
+    fn a_sequential_reader_doubles_its_window_and_a_jump_closes_it() {
+        let (bs, max) = (4096, 64 << 10);
+        let mut h = Handle::new(2, 1, None);
+        let mut offset = 0;
+        let mut windows = Vec::new();
+        for _ in 0..6 {
+            h.window = window(Prefetch::Sequential, max, bs, &h, offset);
+            h.next_offset = offset + bs;
+            offset += bs;
+            windows.push(h.window);
+        }
+        assert_eq!(windows, [4096, 8192, 16384, 32768, 65536, 65536]);
+        // A little further on (the kernel served the pages between): kept, and grown.
+        h.window = window(Prefetch::Sequential, max, bs, &h, offset + 2 * bs);
+        assert_eq!(h.window, max);
+        // Back to the start: closed.
+        assert_eq!(window(Prefetch::Sequential, max, bs, &h, 0), 0);
+        assert_eq!(window(Prefetch::WholeFile, max, bs, &h, 0), u64::MAX);
+    }
+
+    #[test]
+    fn the_window_is_queued_in_steps_not_a_block_at_a_time() {
+        let bs = 4096;
+        // Nothing without a window.
+        assert_eq!(due(0, 0, bs, 1 << 30, bs), None);
+        // A large window queues from the end of the read to the window's end.
+        assert_eq!(due(8 << 20, 0, bs, 1 << 30, bs), Some((1, ((8 << 20) + bs) / bs)));
+        // Moving on by one block past what is queued: not worth a job of a block.
+        let queued = (8 << 20) + bs;
+        assert_eq!(due(8 << 20, queued, 2 * bs, 1 << 30, bs), None);
+        // Up to the end of the file, even a block is worth it.
+        assert_eq!(due(8 << 20, 0, bs, 2 * bs, bs), Some((1, 2)));
+    }
 }

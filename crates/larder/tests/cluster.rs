@@ -694,3 +694,49 @@ fn a_node_sends_the_units_it_owns_to_a_member_with_room_rather_than_evicting_the
         m.unmount();
     }
 }
+
+fn home_ops(m: &Mount, kind: &str) -> u64 {
+    num(&m.status(), &format!("/home/ops_by_kind/{kind}"))
+}
+
+/// `ls -l` of a directory of 2,000 files on a cluster node: one listing of home and no stat, through
+/// the layer that shows other nodes' held changes as the bank's mounts are. Past the lag, the mount's
+/// root is revalidated by its own listing (which carries its attributes), not by a stat.
+#[test]
+fn a_listing_on_a_cluster_node_is_one_home_call_with_the_directorys_own_attributes() {
+    require_fuse();
+    let site = Site::new("cluster-ls", &["a"]);
+    let t = TestDir::new("cluster-ls");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(home.join("many")).unwrap();
+    for i in 0..2000 {
+        std::fs::write(home.join(format!("many/f{i}")), [i as u8]).unwrap();
+    }
+    let tls = certs(&t.root().join("tls"), &["a"]);
+    let a = site.node(&t, &tls, "a", &["--validity-lag", "2s"]);
+    wait_all_live(&[&a], &["a"]);
+    assert!(std::fs::metadata(a.path("many")).unwrap().is_dir());
+    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
+    let seen: Vec<u64> = std::fs::read_dir(a.path("many"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert_eq!(seen.len(), 2000);
+    assert!(seen.iter().all(|&len| len == 1), "every file one byte long");
+    assert_eq!(home_ops(&a, "list") - lists, 1, "one listing of the directory");
+    assert_eq!(
+        home_ops(&a, "stat") - stats,
+        0,
+        "no stat: the listing carried every attribute"
+    );
+
+    std::thread::sleep(Duration::from_millis(2500));
+    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
+    assert!(std::fs::metadata(&a.mnt).unwrap().is_dir());
+    let (stats, lists) = (home_ops(&a, "stat") - stats, home_ops(&a, "list") - lists);
+    assert!(
+        stats == 0 && lists >= 1,
+        "the root revalidated by its own listing, not a stat: {stats} stats, {lists} listings"
+    );
+    a.unmount();
+}

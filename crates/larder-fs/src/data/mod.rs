@@ -15,7 +15,7 @@ use crate::FileVersion;
 use crate::namespace::{Names, Namespace, lock};
 use crate::ranges::{add_range, subtract};
 use crate::readahead::Job;
-use crate::{Entry, FsError, FsResult, OpenReply, Prefetch};
+use crate::{Entry, FsError, FsResult, OpenReply};
 
 /// The data path component (design note 012): home, the store and the tiers between ([`Core`]), the
 /// prefetch that reads ahead of readers, open and read and write of file contents, passthrough, the

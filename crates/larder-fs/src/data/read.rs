@@ -30,22 +30,7 @@ impl DataPath {
             .names
             .handles()
             .with(fh, |h| {
-                let window = match self.cfg.prefetch {
-                    Prefetch::WholeFile => u64::MAX,
-                    // A reader going on where it left off, or a little further: the pages between were read by
-                    // the kernel from its page cache (another reader of the file brought them in), which must
-                    // not cost this reader its window.
-                    Prefetch::Sequential
-                        if offset >= h.next_offset && offset - h.next_offset <= self.cfg.readahead_max =>
-                    {
-                        if h.window == 0 {
-                            bs
-                        } else {
-                            (h.window * 2).min(self.cfg.readahead_max)
-                        }
-                    }
-                    Prefetch::Sequential => 0,
-                };
+                let window = crate::readahead::window(self.cfg.prefetch, self.cfg.readahead_max, bs, h, offset);
                 h.window = window;
                 h.next_offset = offset + size as u64;
                 (h.ino, h.object, window, h.ra_end)
@@ -125,16 +110,7 @@ impl DataPath {
             }
             pos += want as u64;
         }
-        // Queue what the window adds past the blocks already queued for this handle (a reader that went
-        // back before them is served by its own reads and the blocks still queued).
-        let first = ra_end.max(end).div_ceil(bs);
-        let last = end.saturating_add(window).min(file_size).div_ceil(bs);
-        // Queued in steps of `MIN_JOB`, or half the window if that is less (and at least a block), or up to
-        // the end: a window moving on by one read's worth each time would otherwise queue a job of a block
-        // or two, each its own home request.
-        let step = crate::readahead::MIN_JOB.min(window / 2).max(bs);
-        let worth = last.saturating_sub(first) * bs >= step || last * bs >= file_size;
-        if window > 0 && last > first && worth {
+        if let Some((first, last)) = crate::readahead::due(window, ra_end, end, file_size, bs) {
             let f = match fetching {
                 Some(f) => f,
                 None => self.fetch_state(ino, object)?,

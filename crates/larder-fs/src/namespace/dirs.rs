@@ -310,7 +310,7 @@ impl Names {
 
     /// One thread revalidating directories ahead of a walk (see [`Names::walk_ahead`]), until the core
     /// stops or is dropped.
-    fn walk_ahead_worker(fs: std::sync::Weak<Names>, ahead: Arc<WalkAhead>) {
+    fn walk_ahead_worker(names: std::sync::Weak<Names>, ahead: Arc<WalkAhead>) {
         loop {
             let dir = {
                 let mut q = crate::namespace::lock(&ahead.queue);
@@ -324,18 +324,18 @@ impl Names {
                         .unwrap_or_else(|p| p.into_inner());
                     q = next;
                     if waited.timed_out() {
-                        let stopped = fs
+                        let stopped = names
                             .upgrade()
-                            .is_none_or(|fs| fs.pipeline.stopping.load(std::sync::atomic::Ordering::SeqCst));
+                            .is_none_or(|n| n.pipeline.stopping.load(std::sync::atomic::Ordering::SeqCst));
                         if stopped {
                             return;
                         }
                     }
                 }
             };
-            let Some(fs) = fs.upgrade() else { return };
-            if fs.health.online() && fs.listing(dir).is_ok() {
-                fs.meta_counters.listings_ahead.fetch_add(1, Relaxed);
+            let Some(names) = names.upgrade() else { return };
+            if names.health.online() && names.listing(dir).is_ok() {
+                names.meta_counters.listings_ahead.fetch_add(1, Relaxed);
             }
             crate::namespace::lock(&ahead.queue).1.remove(&dir);
         }
@@ -476,19 +476,19 @@ pub(crate) struct WalkAhead {
 /// A listing of a directory under way: changes of its entries recorded meanwhile are noted by the journal
 /// until it ends.
 struct Watch<'a> {
-    fs: &'a Names,
+    names: &'a Names,
     dir: u64,
 }
 
 impl<'a> Watch<'a> {
-    fn new(fs: &'a Names, dir: u64) -> Watch<'a> {
-        fs.pipeline.journal().watch(dir);
-        Watch { fs, dir }
+    fn new(names: &'a Names, dir: u64) -> Watch<'a> {
+        names.pipeline.journal().watch(dir);
+        Watch { names, dir }
     }
 }
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        self.fs.pipeline.journal().unwatch(self.dir);
+        self.names.pipeline.journal().unwatch(self.dir);
     }
 }
