@@ -13,15 +13,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use larder_cluster::peer::{Ask, PeerClient, PeerConfig, PeerServer, PeerStats, SourceError, UnitSource, digest};
+use larder_cluster::peer::{Ask, PeerClient, PeerConfig, PeerServer, PeerStats, ServeError, UnitSource, digest};
 use larder_cluster::{MemberRecord, NodeTls, tls};
 use prost::bytes::Bytes;
 
 struct Memory(HashMap<Vec<u8>, Bytes>);
 
 impl UnitSource for Memory {
-    fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError> {
-        self.0.get(ask.key).cloned().ok_or(SourceError::NotHeld)
+    fn unit(&self, ask: &Ask) -> Result<Bytes, ServeError> {
+        self.0.get(ask.key).cloned().ok_or(ServeError::NotHeld)
     }
 }
 

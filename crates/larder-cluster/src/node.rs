@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use larder_fs::Fs;
-use larder_fs::serve::{HeldRead, HeldUnit, ServeError, UnitAsk};
+use larder_fs::serve::{HeldRead, HeldUnit, UnitAsk};
 
 use crate::coherence::EtcdCoherence;
-use crate::peer::{Ask, Bytes, HeldAsk, PeerClient, PeerStats, SourceError, UnitSource};
+use crate::peer::{Ask, Bytes, HeldAsk, PeerClient, PeerStats, ServeError, UnitSource};
 use crate::tier::Whereabouts;
 use crate::{MemberId, Membership};
 
@@ -151,57 +151,42 @@ impl AsRef<[u8]> for Shared {
     }
 }
 
-fn source_error(e: ServeError) -> SourceError {
-    match e {
-        ServeError::NotHeld => SourceError::NotHeld,
-        ServeError::OtherVersion => SourceError::OtherVersion,
-        ServeError::BadKey(why) => SourceError::BadKey(why),
-        ServeError::Failed(why) => SourceError::Failed(why),
-    }
-}
-
 impl FsUnitSource {
-    fn fs(&self) -> Result<Arc<Fs>, SourceError> {
+    fn fs(&self) -> Result<Arc<Fs>, ServeError> {
         self.fs
             .upgrade()
-            .ok_or_else(|| SourceError::Failed("shutting down".into()))
+            .ok_or_else(|| ServeError::Failed("shutting down".into()))
     }
 }
 
 impl UnitSource for FsUnitSource {
-    fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError> {
-        let data = self
-            .fs()?
-            .serve_unit(&UnitAsk {
-                key: ask.key,
-                path: ask.path,
-                index: ask.index,
-                forward: ask.forward,
-                from: ask.from,
-                asker: ask.asker,
-            })
-            .map_err(source_error)?;
+    fn unit(&self, ask: &Ask) -> Result<Bytes, ServeError> {
+        let data = self.fs()?.serve_unit(&UnitAsk {
+            key: ask.key,
+            path: ask.path,
+            index: ask.index,
+            forward: ask.forward,
+            from: ask.from,
+            asker: ask.asker,
+        })?;
         Ok(Bytes::from_owner(Shared(data)))
     }
 
-    fn read_held(&self, held: &HeldAsk) -> Result<Bytes, SourceError> {
-        let data = self
-            .fs()?
-            .serve_held(&HeldRead {
-                path: held.path,
-                revision: held.revision,
-                offset: held.offset,
-                len: held.len,
-                link: held.link,
-            })
-            .map_err(source_error)?;
+    fn read_held(&self, held: &HeldAsk) -> Result<Bytes, ServeError> {
+        let data = self.fs()?.serve_held(&HeldRead {
+            path: held.path,
+            revision: held.revision,
+            offset: held.offset,
+            len: held.len,
+            link: held.link,
+        })?;
         Ok(Bytes::from(data))
     }
 
-    fn release(&self, path: &[u8]) -> Result<i64, SourceError> {
+    fn release(&self, path: &[u8]) -> Result<i64, ServeError> {
         let fs = self.fs()?;
-        let c = self.coherence.as_ref().ok_or(SourceError::NotHeld)?;
+        let c = self.coherence.as_ref().ok_or(ServeError::NotHeld)?;
         c.give_up(path, |within| fs.give_up(path, within))
-            .map_err(SourceError::Failed)
+            .map_err(ServeError::Failed)
     }
 }

@@ -16,7 +16,7 @@ use larder_cluster::peer::proto::peer_server::Peer;
 use larder_cluster::peer::proto::{Chunk, FetchRequest, ReadHeldRequest, ReleaseRequest, Released, Taken};
 use larder_cluster::peer::{
     Admit, Ask, CHUNK, HANDSHAKE_TIMEOUT, HeldAsk, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats,
-    SourceError, UnitSource, digest,
+    ServeError, UnitSource, digest,
 };
 use larder_cluster::{MemberRecord, NodeTls, tls};
 use prost::bytes::Bytes;
@@ -31,19 +31,19 @@ struct Units(Mutex<HashMap<Vec<u8>, Bytes>>, Mutex<Vec<Asked>>);
 type Asked = (Vec<u8>, bool, Option<u64>, u64);
 
 impl UnitSource for Units {
-    fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError> {
+    fn unit(&self, ask: &Ask) -> Result<Bytes, ServeError> {
         let key = ask.key;
         self.1
             .lock()
             .unwrap()
             .push((key.to_vec(), ask.forward, ask.from, ask.asker));
         if key.starts_with(b"old") {
-            return Err(SourceError::OtherVersion);
+            return Err(ServeError::OtherVersion);
         }
         if key.starts_with(b"slow") {
             std::thread::sleep(Duration::from_secs(3));
         }
-        self.0.lock().unwrap().get(key).cloned().ok_or(SourceError::NotHeld)
+        self.0.lock().unwrap().get(key).cloned().ok_or(ServeError::NotHeld)
     }
 }
 

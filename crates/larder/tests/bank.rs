@@ -9,7 +9,10 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Mount, Rng, TestDir, assert_cli_error, assert_same_bytes, larder, num, read, require_fuse, s, walk};
+use common::{
+    Mount, Rng, TestDir, assert_cli_error, assert_ls_l_is_one_listing, assert_root_revalidated_by_listing,
+    assert_same_bytes, home_ops, larder, num, read, require_fuse, s, walk,
+};
 use larder_bank::testing::{CacheServer, Kind};
 use netns::TestNet;
 
@@ -63,10 +66,6 @@ fn bank(m: &Mount, figure: &str) -> u64 {
 }
 
 /// Home calls of `kind` the mount made.
-fn home_ops(m: &Mount, kind: &str) -> u64 {
-    num(&m.status(), &format!("/home/ops_by_kind/{kind}"))
-}
-
 /// Wait until what `m` gave the bank is written: its writer has nothing left (puts stop growing).
 fn settle(m: &Mount) {
     let mut last = u64::MAX;
@@ -196,31 +195,10 @@ fn a_listing_through_the_bank_is_one_home_call_with_the_directorys_own_attribute
         .map(|a| a.to_string())
         .collect();
     let a = site.net.mount(t.root(), "a", s(&home), &args, &[]);
-    assert!(std::fs::metadata(a.path("many")).unwrap().is_dir());
-    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
-    let seen: Vec<u64> = std::fs::read_dir(a.path("many"))
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .collect();
-    assert_eq!(seen.len(), 2000);
-    assert!(seen.iter().all(|&len| len == 1), "every file one byte long");
-    assert_eq!(home_ops(&a, "list") - lists, 1, "one listing of the directory");
-    assert_eq!(
-        home_ops(&a, "stat") - stats,
-        0,
-        "no stat: the listing carried every attribute"
-    );
-
+    assert_ls_l_is_one_listing(&a, "many", 2000);
     // Past the lag (the bank's copies expired with it), the root is asked for again.
     settle(&a);
-    std::thread::sleep(lag + Duration::from_millis(500));
-    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
-    assert!(std::fs::metadata(&a.mnt).unwrap().is_dir());
-    let (stats, lists) = (home_ops(&a, "stat") - stats, home_ops(&a, "list") - lists);
-    assert!(
-        stats == 0 && lists >= 1,
-        "the root revalidated by its own listing, not a stat: {stats} stats, {lists} listings"
-    );
+    assert_root_revalidated_by_listing(&a, lag + Duration::from_millis(500));
 }
 
 #[test]

@@ -13,7 +13,10 @@ mod site;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Mount, Rng, TestDir, assert_same_bytes, num, read, require_fuse, s, write_random};
+use common::{
+    Mount, Rng, TestDir, assert_ls_l_is_one_listing, assert_root_revalidated_by_listing, assert_same_bytes, num, read,
+    require_fuse, s, write_random,
+};
 use larder_cluster::testing::{Etcd, free_port};
 use moto::S3Test;
 use site::{NODE_OPTIONS, PEER_PORT, Site, certs};
@@ -695,10 +698,6 @@ fn a_node_sends_the_units_it_owns_to_a_member_with_room_rather_than_evicting_the
     }
 }
 
-fn home_ops(m: &Mount, kind: &str) -> u64 {
-    num(&m.status(), &format!("/home/ops_by_kind/{kind}"))
-}
-
 /// `ls -l` of a directory of 2,000 files on a cluster node: one listing of home and no stat, through
 /// the layer that shows other nodes' held changes as the bank's mounts are. Past the lag, the mount's
 /// root is revalidated by its own listing (which carries its attributes), not by a stat.
@@ -715,28 +714,7 @@ fn a_listing_on_a_cluster_node_is_one_home_call_with_the_directorys_own_attribut
     let tls = certs(&t.root().join("tls"), &["a"]);
     let a = site.node(&t, &tls, "a", &["--validity-lag", "2s"]);
     wait_all_live(&[&a], &["a"]);
-    assert!(std::fs::metadata(a.path("many")).unwrap().is_dir());
-    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
-    let seen: Vec<u64> = std::fs::read_dir(a.path("many"))
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .collect();
-    assert_eq!(seen.len(), 2000);
-    assert!(seen.iter().all(|&len| len == 1), "every file one byte long");
-    assert_eq!(home_ops(&a, "list") - lists, 1, "one listing of the directory");
-    assert_eq!(
-        home_ops(&a, "stat") - stats,
-        0,
-        "no stat: the listing carried every attribute"
-    );
-
-    std::thread::sleep(Duration::from_millis(2500));
-    let (stats, lists) = (home_ops(&a, "stat"), home_ops(&a, "list"));
-    assert!(std::fs::metadata(&a.mnt).unwrap().is_dir());
-    let (stats, lists) = (home_ops(&a, "stat") - stats, home_ops(&a, "list") - lists);
-    assert!(
-        stats == 0 && lists >= 1,
-        "the root revalidated by its own listing, not a stat: {stats} stats, {lists} listings"
-    );
+    assert_ls_l_is_one_listing(&a, "many", 2000);
+    assert_root_revalidated_by_listing(&a, Duration::from_millis(2500));
     a.unmount();
 }

@@ -80,21 +80,8 @@ pub fn digest(key: &[u8]) -> UnitDigest {
     out
 }
 
-/// What a node's read path says when a peer asks it for a unit.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// This node does not hold it (and was not asked to, or could not, fetch it).
-    #[error("not held here")]
-    NotHeld,
-    /// This node knows another version of the file than the key names.
-    #[error("another version is cached here")]
-    OtherVersion,
-    /// The key is not one this node can read.
-    #[error("unreadable key: {0}")]
-    BadKey(String),
-    #[error("{0}")]
-    Failed(String),
-}
+/// What a node's read path says when a peer asks it for a unit: the core's own answer.
+pub use larder_fs::serve::ServeError;
 
 /// What one node asks another for.
 #[derive(Clone, Copy, Debug)]
@@ -119,21 +106,21 @@ pub struct Ask<'a> {
 pub trait UnitSource: Send + Sync + 'static {
     /// The unit `ask` names. With `ask.forward`, a unit not held may be fetched (from home) to answer,
     /// and kept.
-    fn unit(&self, ask: &Ask) -> Result<Bytes, SourceError>;
+    fn unit(&self, ask: &Ask) -> Result<Bytes, ServeError>;
 
     /// Up to `len` bytes at `offset` of the file at `path` whose changes this node holds, as of its held
     /// record written at `revision` (`OtherVersion` if it published a newer one since); with `link`, the
     /// symlink's target.
-    fn read_held(&self, held: &HeldAsk) -> Result<Bytes, SourceError> {
+    fn read_held(&self, held: &HeldAsk) -> Result<Bytes, ServeError> {
         let _ = held;
-        Err(SourceError::NotHeld)
+        Err(ServeError::NotHeld)
     }
 
     /// Give up the write token of `path` to a peer that wants to change it: see `Release` in the protocol.
     /// The etcd revision at which this node's held records were gone.
-    fn release(&self, path: &[u8]) -> Result<i64, SourceError> {
+    fn release(&self, path: &[u8]) -> Result<i64, ServeError> {
         let _ = path;
-        Err(SourceError::NotHeld)
+        Err(ServeError::NotHeld)
     }
 }
 

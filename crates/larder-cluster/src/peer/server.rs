@@ -114,12 +114,12 @@ impl Service {
     }
 }
 
-fn source_status(e: SourceError) -> Status {
+fn source_status(e: ServeError) -> Status {
     match e {
-        SourceError::NotHeld => Status::not_found("not held"),
-        SourceError::OtherVersion => Status::failed_precondition("another version"),
-        SourceError::BadKey(e) => Status::invalid_argument(e),
-        SourceError::Failed(e) => Status::unavailable(e),
+        ServeError::NotHeld => Status::not_found("not held"),
+        ServeError::OtherVersion => Status::failed_precondition("another version"),
+        ServeError::BadKey(e) => Status::invalid_argument(e),
+        ServeError::Failed(e) => Status::unavailable(e),
     }
 }
 

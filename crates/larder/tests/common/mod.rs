@@ -712,3 +712,43 @@ pub fn kernel_has_passthrough() -> bool {
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) >= (6, 9)
 }
+
+/// Calls of kind `kind` (stat, list, read, ...) `m` made of its home so far.
+#[allow(dead_code)]
+pub fn home_ops(m: &Mount, kind: &str) -> u64 {
+    num(&m.status(), &format!("/home/ops_by_kind/{kind}"))
+}
+
+/// `ls -l` of `dir` on `m`, a directory of `n` files one byte long: every entry seen, for one listing of
+/// home and no stat (the listing carried every attribute).
+#[allow(dead_code)]
+pub fn assert_ls_l_is_one_listing(m: &Mount, dir: &str, n: usize) {
+    assert!(std::fs::metadata(m.path(dir)).unwrap().is_dir());
+    let (stats, lists) = (home_ops(m, "stat"), home_ops(m, "list"));
+    let seen: Vec<u64> = std::fs::read_dir(m.path(dir))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert_eq!(seen.len(), n);
+    assert!(seen.iter().all(|&len| len == 1), "every file one byte long");
+    assert_eq!(home_ops(m, "list") - lists, 1, "one listing of the directory");
+    assert_eq!(
+        home_ops(m, "stat") - stats,
+        0,
+        "no stat: the listing carried every attribute"
+    );
+}
+
+/// After `wait` (past the validity lag), a stat of `m`'s root revalidates it by its own listing, which
+/// carries its attributes, not by a stat.
+#[allow(dead_code)]
+pub fn assert_root_revalidated_by_listing(m: &Mount, wait: Duration) {
+    std::thread::sleep(wait);
+    let (stats, lists) = (home_ops(m, "stat"), home_ops(m, "list"));
+    assert!(std::fs::metadata(&m.mnt).unwrap().is_dir());
+    let (stats, lists) = (home_ops(m, "stat") - stats, home_ops(m, "list") - lists);
+    assert!(
+        stats == 0 && lists >= 1,
+        "the root revalidated by its own listing, not a stat: {stats} stats, {lists} listings"
+    );
+}
