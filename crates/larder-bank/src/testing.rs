@@ -1,6 +1,7 @@
 //! For tests of the bank, in this crate and others (feature `testing`): real memcached and Redis servers
 //! (Debian's packages), started on loopback ports of their own and stopped when dropped.
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -116,16 +117,35 @@ impl CacheServer {
                 )
             });
         self.child = Some(child);
+        // Ready once it answers its own protocol: a listening socket alone may be another process's (the
+        // port taken meanwhile), or a server not serving yet.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(self.addr()).is_err() {
+        while !self.answers() {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("{:?} on {} exited at start: {status}", self.kind, self.addr());
+            }
             assert!(
                 Instant::now() < deadline,
-                "{:?} did not start listening on {}",
+                "{:?} did not answer on {}",
                 self.kind,
                 self.addr()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether it answers a version request (memcached) or a ping (Redis).
+    fn answers(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(self.addr()) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let (ask, want): (&[u8], &[u8]) = match self.kind {
+            Kind::Memcached => (b"version\r\n", b"VERSION "),
+            Kind::Redis => (b"PING\r\n", b"+PONG"),
+        };
+        let mut got = [0u8; 64];
+        stream.write_all(ask).is_ok() && matches!(stream.read(&mut got), Ok(n) if got[..n].starts_with(want))
     }
 
     /// Kill it (SIGKILL) and wait until it is gone.
