@@ -26,7 +26,6 @@ use std::sync::Arc;
 use larder_home::{ContentId, DirEntry, Home, HomeAttr, HomeError, HomeResult, Layer, Layered, Version};
 use serde::{Deserialize, Serialize};
 
-use crate::namespace::{Namespace, ROOT};
 use crate::serve::HeldRead;
 
 /// What a node says of a path it changed and home has not got yet.
@@ -237,45 +236,6 @@ impl Layer for HeldOverlay {
             None => next.readlink(&self.at_home(path)?),
         }
     }
-}
-
-/// The inode at `path` (below home's root) in the namespace as it is in memory, asking nothing; and the
-/// deepest directory reached on the way, with the name not found in it.
-pub(crate) fn resolve_known(ns: &Namespace, path: &Path) -> (Option<u64>, Option<(u64, std::ffi::OsString)>) {
-    let mut ino = ROOT;
-    let mut last = None;
-    for part in path.components() {
-        let std::path::Component::Normal(name) = part else {
-            return (None, None);
-        };
-        let Some(&child) = ns.inodes.get(&ino).and_then(|n| n.d().children.get(name)) else {
-            return (None, Some((ino, name.to_os_string())));
-        };
-        last = Some((ino, name.to_os_string()));
-        ino = child;
-    }
-    (Some(ino), last)
-}
-
-/// This node's record of `path`: its attributes here (none if it is not here, or removed), and where
-/// home has it if that is elsewhere. Nothing for a name known only from a listing (no attributes yet):
-/// this node has nothing to say of it.
-pub(crate) fn held_record(ns: &Namespace, me: u64, path: &Path) -> Option<HeldRecord> {
-    let (found, _) = resolve_known(ns, path);
-    let node = found.and_then(|ino| ns.inodes.get(&ino).filter(|n| !n.removed).map(|n| (ino, n)));
-    let attr = match node {
-        Some((_, n)) => Some(n.attr.clone()?),
-        None => None,
-    };
-    let home_path = node
-        .and_then(|(ino, _)| ns.home_path(ino).ok().flatten())
-        .filter(|h| h.as_path() != path)
-        .map(|h| bytes(&h).to_vec());
-    Some(HeldRecord {
-        holder: me,
-        attr,
-        home_path,
-    })
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ mod changes;
 pub mod coherence;
 mod data;
 mod error;
+mod fetch;
 mod fs;
 mod journal;
 #[cfg(test)]
@@ -41,18 +42,19 @@ mod readahead;
 mod record;
 pub mod recovery;
 pub mod serve;
+mod stamp;
 pub mod tier;
 mod types;
 mod version;
 
 pub use changes::release_freed_memory;
-pub use data::{DamagedFile, VERIFY_AT_OPEN};
+pub use data::DamagedFile;
 pub use data::{PIN_SHARE, Residency, describe_residency_error};
 pub use error::{FsError, FsResult};
 pub use fs::Fs;
 pub use namespace::XattrFlags;
 pub use types::{
     Attr, Conflict, ConflictPolicy, DirItem, Drained, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply,
-    Prefetch, RefusedChange, WriteMode,
+    Prefetch, RefusedChange, VERIFY_AT_OPEN, WriteMode,
 };
 pub use version::FileVersion;

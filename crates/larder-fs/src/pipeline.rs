@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::Conflict;
 use crate::journal::Journal;
-use crate::namespace::lock;
+use larder_util::contention::lock;
 
 pub(crate) struct Pipeline {
     /// Changes not yet at home. Taken after the namespace when both are needed (design note 011).

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::FileVersion;
-use crate::data::Core;
+use crate::fetch::Core;
 use crate::key::Part;
-use crate::namespace::lock;
+use larder_util::contention::lock;
 
 /// Most jobs waiting; a submission past it is dropped (readahead is a hint).
 const QUEUE: usize = 1024;
@@ -33,19 +33,25 @@ pub(crate) const MAX_RUN: u64 = 16 << 20;
 /// run is a home round trip.
 pub(crate) const MIN_JOB: u64 = 1 << 20;
 
-/// The readahead window of a reader reading at `offset` through handle `h` (whose previous window and
-/// read it was): a reader going on where it left off, or a little further, doubles it from a block up to
+/// The readahead window of a reader reading at `offset`, whose window was `window` and whose last read
+/// ended at `next_offset`: a reader going on where it left off, or a little further, doubles it from a block up to
 /// `max` (the pages between were read by the kernel from its page cache: another reader of the file
 /// brought them in, which must not cost this reader its window); any other read closes it. With
 /// `Prefetch::WholeFile`, the rest of the file.
-pub(crate) fn window(prefetch: crate::Prefetch, max: u64, bs: u64, h: &crate::namespace::Handle, offset: u64) -> u64 {
+pub(crate) fn window(
+    prefetch: crate::Prefetch,
+    max: u64,
+    bs: u64,
+    (window, next_offset): (u64, u64),
+    offset: u64,
+) -> u64 {
     match prefetch {
         crate::Prefetch::WholeFile => u64::MAX,
-        crate::Prefetch::Sequential if offset >= h.next_offset && offset - h.next_offset <= max => {
-            if h.window == 0 {
+        crate::Prefetch::Sequential if offset >= next_offset && offset - next_offset <= max => {
+            if window == 0 {
                 bs
             } else {
-                (h.window * 2).min(max)
+                (window * 2).min(max)
             }
         }
         crate::Prefetch::Sequential => 0,
@@ -284,27 +290,26 @@ fn drop_object(shared: &Shared, object: u64) {
 mod tests {
     use super::*;
     use crate::Prefetch;
-    use crate::namespace::Handle;
 
     #[test]
     fn a_sequential_reader_doubles_its_window_and_a_jump_closes_it() {
         let (bs, max) = (4096, 64 << 10);
-        let mut h = Handle::new(2, 1, None);
+        let (mut w, mut next) = (0, 0);
         let mut offset = 0;
         let mut windows = Vec::new();
         for _ in 0..6 {
-            h.window = window(Prefetch::Sequential, max, bs, &h, offset);
-            h.next_offset = offset + bs;
+            w = window(Prefetch::Sequential, max, bs, (w, next), offset);
+            next = offset + bs;
             offset += bs;
-            windows.push(h.window);
+            windows.push(w);
         }
         assert_eq!(windows, [4096, 8192, 16384, 32768, 65536, 65536]);
         // A little further on (the kernel served the pages between): kept, and grown.
-        h.window = window(Prefetch::Sequential, max, bs, &h, offset + 2 * bs);
-        assert_eq!(h.window, max);
+        w = window(Prefetch::Sequential, max, bs, (w, next), offset + 2 * bs);
+        assert_eq!(w, max);
         // Back to the start: closed.
-        assert_eq!(window(Prefetch::Sequential, max, bs, &h, 0), 0);
-        assert_eq!(window(Prefetch::WholeFile, max, bs, &h, 0), u64::MAX);
+        assert_eq!(window(Prefetch::Sequential, max, bs, (w, next), 0), 0);
+        assert_eq!(window(Prefetch::WholeFile, max, bs, (w, next), 0), u64::MAX);
     }
 
     #[test]

@@ -5,7 +5,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use super::*;
-use crate::coherence::resolve_known;
 
 impl Changes {
     /// Drain before giving the write token of `path` up to a peer: the changes this node holds go to home
@@ -14,7 +13,7 @@ impl Changes {
     pub(crate) fn give_up(&self, path: &[u8], drain_within: std::time::Duration) -> Result<(), String> {
         let ino = {
             let ns = self.names.read();
-            resolve_known(&ns, Path::new(OsStr::from_bytes(path))).0
+            ns.resolve_known(Path::new(OsStr::from_bytes(path))).0
         };
         if let Some(ino) = ino {
             let dirty = self.names.read().inodes.get(&ino).is_some_and(|n| !n.dirty.is_empty());

@@ -38,7 +38,7 @@ pub use flusher::release_freed_memory;
 /// path.
 pub(crate) struct Changes {
     cfg: crate::FsConfig,
-    core: Arc<crate::data::Core>,
+    core: Arc<crate::fetch::Core>,
     health: Arc<larder_home::Health>,
     names: Arc<Names>,
     data: Arc<DataPath>,
@@ -48,7 +48,7 @@ pub(crate) struct Changes {
 impl Changes {
     pub(crate) fn new(
         cfg: crate::FsConfig,
-        core: Arc<crate::data::Core>,
+        core: Arc<crate::fetch::Core>,
         health: Arc<larder_home::Health>,
         names: Arc<Names>,
         data: Arc<DataPath>,
@@ -62,6 +62,28 @@ impl Changes {
             data,
             pipeline,
         }
+    }
+}
+
+impl crate::data::Intake for Changes {
+    fn commit_data(&self, ino: u64, durable: bool) -> FsResult<()> {
+        Changes::commit_data(self, ino, durable)
+    }
+
+    fn make_room(&self, bytes: u64) -> FsResult<()> {
+        Changes::make_room(self, bytes)
+    }
+
+    fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
+        Changes::create_file(self, parent, name, mode, uid, gid)
+    }
+
+    fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
+        Changes::setattr(self, ino, changes)
+    }
+
+    fn settle_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
+        Changes::settle_attr(self, ns, ino, attr)
     }
 }
 

@@ -4,7 +4,7 @@
 //! `larder status`, their damaged bytes never served nor pushed.
 //!
 //! **Before passthrough.** An open that could be served by the kernel checks the object's unverified
-//! blocks first ([`larder_cache::Store::verify`]): at once when there are at most [`VERIFY_AT_OPEN`]
+//! blocks first ([`larder_cache::Store::verify`]): at once when there are at most [`crate::VERIFY_AT_OPEN`]
 //! bytes of them (a read of that much from the cache disk), else in the background, one object at a time
 //! (the `larder-verify` thread), while the daemon serves that open's reads, checking each block at its
 //! first read as it always does; the first open after the check is passed through. A clean block that
@@ -18,11 +18,6 @@ use larder_cache::CacheError;
 
 use crate::data::DataPath;
 use crate::namespace::lock;
-
-/// Most unverified bytes an open checks before it returns, by default ([`crate::FsConfig::verify_at_open`]);
-/// an object with more is checked in the background (see the module doc). At the cache disk's
-/// 2.5–3 GB/s, about 0.1 s.
-pub const VERIFY_AT_OPEN: u64 = 256 << 20;
 
 /// A file whose data not yet at home was found damaged in the cache.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -31,7 +31,23 @@ pub(crate) struct DataPath {
     /// Files found damaged in the cache, and the background check of cache files (`integrity.rs`).
     integrity: Integrity,
     /// The change pipeline, which written data and changes made by the data path go to.
-    changes: std::sync::OnceLock<std::sync::Weak<crate::changes::Changes>>,
+    changes: std::sync::OnceLock<std::sync::Weak<dyn Intake>>,
+}
+
+/// What the data path hands up to the change pipeline (implemented by `Changes`, wired by the façade):
+/// written data to queue, room to make for writers, the changes of names and attributes a create or an
+/// allocation makes, and attributes home gave a push of a file's content.
+pub(crate) trait Intake: Send + Sync {
+    /// Make `ino`'s written data safe (see `Changes::commit_data`).
+    fn commit_data(&self, ino: u64, durable: bool) -> FsResult<()>;
+    /// Hold a writer of `bytes` back while the cache is near full of dirty data.
+    fn make_room(&self, bytes: u64) -> FsResult<()>;
+    /// Create a file, as a change of names.
+    fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry>;
+    /// Change `ino`'s attributes, as a change.
+    fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry>;
+    /// Take the attributes home gave a push of `ino`'s content.
+    fn settle_attr(&self, ns: &mut Namespace, ino: u64, attr: larder_home::HomeAttr);
 }
 
 impl DataPath {
@@ -53,12 +69,12 @@ impl DataPath {
     }
 
     /// Hand written data and changes to `changes` from now on.
-    pub(crate) fn wire(&self, changes: &Arc<crate::changes::Changes>) {
-        let _ = self.changes.set(Arc::downgrade(changes));
+    pub(crate) fn wire(&self, changes: std::sync::Weak<dyn Intake>) {
+        let _ = self.changes.set(changes);
     }
 
     /// The change pipeline: it lives as long as the file system does, and so as long as any caller here.
-    fn changes(&self) -> Arc<crate::changes::Changes> {
+    fn changes(&self) -> Arc<dyn Intake> {
         self.changes
             .get()
             .and_then(std::sync::Weak::upgrade)
@@ -513,7 +529,6 @@ impl DataPath {
 }
 
 mod allocate;
-mod fetch;
 mod integrity;
 mod passthrough;
 mod push;
@@ -522,14 +537,12 @@ mod readers;
 mod residency;
 mod serve;
 
+pub use integrity::DamagedFile;
 pub(crate) use integrity::Integrity;
-pub use integrity::{DamagedFile, VERIFY_AT_OPEN};
 pub(crate) use push::COMPARE_MAX;
 pub use residency::{PIN_SHARE, Residency, describe as describe_residency_error};
 
-pub(crate) use fetch::Core;
-
-pub(crate) use passthrough::Stamp;
+pub(crate) use crate::fetch::Core;
 
 #[cfg(test)]
 mod tests {

@@ -133,7 +133,7 @@ impl DataPath {
                     // now tells afterwards whether it did. A writer beginning during the push is told by
                     // the count of writers begun.
                     let direct = (node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0)
-                        .then(|| super::passthrough::stamp(&file, self.core.fine_times()));
+                        .then(|| crate::stamp::stamp(&file, self.core.fine_times()));
                     let begun = node.pt_begun.load(std::sync::atomic::Ordering::Relaxed);
                     (ranges, size, object, path, base, file, mtime, direct, begun)
                 }
@@ -174,8 +174,8 @@ impl DataPath {
                 // would be indexed with the cache file's bytes now, the writer's among them, which its
                 // adoption would then find unchanged.) Writers closed since have adopted all they wrote:
                 // those blocks are dirty again already, and the rest are as pushed.
-                let unchanged = |before: &Option<super::passthrough::Stamp>| {
-                    before.is_some() && super::passthrough::stamp(&file, self.core.fine_times()) == *before
+                let unchanged = |before: &Option<crate::stamp::Stamp>| {
+                    before.is_some() && crate::stamp::stamp(&file, self.core.fine_times()) == *before
                 };
                 let node = ns.inode(ino)?;
                 let writing = node.pt_writers.load(std::sync::atomic::Ordering::Relaxed) > 0;

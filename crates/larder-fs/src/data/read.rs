@@ -30,7 +30,13 @@ impl DataPath {
             .names
             .handles()
             .with(fh, |h| {
-                let window = crate::readahead::window(self.cfg.prefetch, self.cfg.readahead_max, bs, h, offset);
+                let window = crate::readahead::window(
+                    self.cfg.prefetch,
+                    self.cfg.readahead_max,
+                    bs,
+                    (h.window, h.next_offset),
+                    offset,
+                );
                 h.window = window;
                 h.next_offset = offset + size as u64;
                 (h.ino, h.object, window, h.ra_end)

@@ -11,7 +11,6 @@ use larder_home::FileKind;
 
 use super::DataPath;
 use crate::FileVersion;
-use crate::coherence::resolve_known;
 use crate::key::Part;
 use crate::namespace::{Namespace, ROOT};
 use crate::serve::{HeldRead, HeldUnit, ServeError, ServeResult, UnitAsk};
@@ -96,7 +95,7 @@ impl DataPath {
         let path = Path::new(OsStr::from_bytes(ask.path));
         let ino = {
             let ns = self.names.read();
-            match resolve_known(&ns, path) {
+            match ns.resolve_known(path) {
                 (Some(ino), _) if !ns.inode(ino).map_or(true, |n| n.removed) => ino,
                 _ => return Err(ServeError::NotHeld),
             }

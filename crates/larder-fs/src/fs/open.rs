@@ -157,7 +157,8 @@ impl Fs {
             data.clone(),
             pipeline.clone(),
         ));
-        data.wire(&changes);
+        let intake: Arc<dyn crate::data::Intake> = changes.clone();
+        data.wire(Arc::downgrade(&intake));
         let fs = Fs {
             cfg,
             core,

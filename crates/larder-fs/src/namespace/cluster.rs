@@ -6,8 +6,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::coherence::{Coherence, HeldRecord, bytes, held_record, resolve_known};
-use crate::namespace::{Names, read, write};
+use crate::coherence::{Coherence, HeldRecord, bytes};
+use crate::namespace::{Names, Namespace, read, write};
 
 impl Names {
     /// Use `c` for writes across the cluster: publish this node's changes, apply the others' before
@@ -115,7 +115,7 @@ impl Names {
             let mut ns = write(&self.ns);
             // Under the namespace's lock: an answer taken in after this, asked for before, is not fresh.
             *self.invalidated.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-            let (found, parent) = resolve_known(&ns, path);
+            let (found, parent) = ns.resolve_known(path);
             if let Some(ino) = found
                 && let Some(node) = ns.inodes.get_mut(&ino)
             {
@@ -138,4 +138,25 @@ impl Names {
             self.invalidate(k);
         }
     }
+}
+
+/// This node's record of `path`: its attributes here (none if it is not here, or removed), and where
+/// home has it if that is elsewhere. Nothing for a name known only from a listing (no attributes yet):
+/// this node has nothing to say of it.
+pub(crate) fn held_record(ns: &Namespace, me: u64, path: &Path) -> Option<HeldRecord> {
+    let (found, _) = ns.resolve_known(path);
+    let node = found.and_then(|ino| ns.inodes.get(&ino).filter(|n| !n.removed).map(|n| (ino, n)));
+    let attr = match node {
+        Some((_, n)) => Some(n.attr.clone()?),
+        None => None,
+    };
+    let home_path = node
+        .and_then(|(ino, _)| ns.home_path(ino).ok().flatten())
+        .filter(|h| h.as_path() != path)
+        .map(|h| bytes(&h).to_vec());
+    Some(HeldRecord {
+        holder: me,
+        attr,
+        home_path,
+    })
 }

@@ -35,7 +35,7 @@ pub(crate) struct Handle {
     pub writable: bool,
     /// A writer the kernel serves from the cache file (passthrough): `Some`, with what the cache file
     /// looked like when its writes were last adopted (`None` in it: look at every block next time).
-    pub pt_writer: Option<Option<crate::data::Stamp>>,
+    pub pt_writer: Option<Option<crate::stamp::Stamp>>,
 }
 
 impl Handle {

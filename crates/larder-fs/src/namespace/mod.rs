@@ -39,7 +39,7 @@ pub(crate) use model::RUNNING;
 pub(crate) use model::{Attempt, Found, Inode, Namespace, OWN_CHANGE_WINDOW, ROOT, Unsettled};
 use model::{MOVE_WAIT, NAME_MAX};
 
-pub(crate) use crate::data::Core;
+pub(crate) use crate::fetch::Core;
 
 /// The namespace component (design note 012): names, inodes, home locations and renames in flight (the
 /// table, shared by hits and taken alone by changes), open handles (sharded), the lock that serialises
@@ -365,12 +365,28 @@ impl Names {
         }
     }
 
+    /// For a file with writers the kernel serves from the cache file that wrote since their writes were
+    /// last taken in: the cache file's length and modification time, which show those writes.
+    pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, Option<std::time::SystemTime>)> {
+        if node.pt_writers.load(Relaxed) == 0 {
+            return None;
+        }
+        let m = self.core.store.file(node.object).ok()?.metadata().ok()?;
+        // The size always (only writes grow the cache file; truncations cut it and the file together);
+        // the time only if it moved since it was last taken in (a time set since must show).
+        let modified = m
+            .modified()
+            .ok()
+            .filter(|t| crate::stamp::nanos(*t) > node.pt_seen.load(Relaxed));
+        Some((m.len(), modified))
+    }
+
     pub(crate) fn attr_of(&self, ns: &Namespace, ino: u64) -> FsResult<Attr> {
         let node = ns.inode(ino)?;
         let a = node.attr.as_ref().ok_or(FsError::NotFound)?;
         // Writers the kernel serves from the cache file: their writes not adopted yet show in its size and
         // times.
-        let (size, mtime, ctime) = match self.core.written_directly(node) {
+        let (size, mtime, ctime) = match self.written_directly(node) {
             Some((len, Some(m))) => (a.size.max(len), a.mtime.max(m), a.ctime.max(m)),
             Some((len, None)) => (a.size.max(len), a.mtime, a.ctime),
             None => (a.size, a.mtime, a.ctime),

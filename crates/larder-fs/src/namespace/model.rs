@@ -393,6 +393,24 @@ pub(crate) const OWN_CHANGE_WINDOW: Duration = Duration::from_secs(600);
 const MOVED_SUBTREE_MAX: usize = 100_000;
 
 impl Namespace {
+    /// The inode at `path` (below home's root) in the namespace as it is in memory, asking nothing; and the
+    /// deepest directory reached on the way, with the name not found in it.
+    pub(crate) fn resolve_known(&self, path: &std::path::Path) -> (Option<u64>, Option<(u64, std::ffi::OsString)>) {
+        let mut ino = ROOT;
+        let mut last = None;
+        for part in path.components() {
+            let std::path::Component::Normal(name) = part else {
+                return (None, None);
+            };
+            let Some(&child) = self.inodes.get(&ino).and_then(|n| n.d().children.get(name)) else {
+                return (None, Some((ino, name.to_os_string())));
+            };
+            last = Some((ino, name.to_os_string()));
+            ino = child;
+        }
+        (Some(ino), last)
+    }
+
     /// Put `node`, loaded from its record, in memory as `ino`, with the time of a change of ours it
     /// carried when it left memory.
     pub(crate) fn insert_loaded(&mut self, ino: u64, mut node: Inode) {

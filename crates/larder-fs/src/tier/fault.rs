@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{Tier, TierError, Unit, Want};
-use crate::namespace::lock;
+use larder_util::contention::lock;
 
 /// What a [`FaultTier`] does to the calls it forwards.
 #[derive(Clone, Debug, Default)]

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use super::{Tier, TierError, Unit, Want};
 use crate::key::KeyDigest;
-use crate::namespace::lock;
+use larder_util::contention::lock;
 
 #[derive(Default)]
 struct State {

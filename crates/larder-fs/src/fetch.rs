@@ -3,16 +3,13 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::SystemTime;
 
 use larder_cache::Store;
 use larder_home::{Home, HomeError};
 
-use super::passthrough::{fine_grained_times, nanos};
 use crate::FileVersion;
 use crate::key::{Content, HomeId, Part, UnitKey};
-use crate::namespace::Inode;
+use crate::stamp::fine_grained_times;
 use crate::tier::{FetchResult, Tiers, Want};
 
 /// Home, the store and the tiers between: what a fetch needs, shared with the ingest workers.
@@ -103,18 +100,5 @@ impl Core {
     /// Whether the cache's file system stamps every write (see [`fine_grained_times`]).
     pub(crate) fn fine_times(&self) -> bool {
         fine_grained_times(self.store.dir())
-    }
-
-    /// For a file with writers the kernel serves from the cache file that wrote since their writes were
-    /// last taken in: the cache file's length and modification time, which show those writes.
-    pub(crate) fn written_directly(&self, node: &Inode) -> Option<(u64, Option<SystemTime>)> {
-        if node.pt_writers.load(Relaxed) == 0 {
-            return None;
-        }
-        let m = self.store.file(node.object).ok()?.metadata().ok()?;
-        // The size always (only writes grow the cache file; truncations cut it and the file together);
-        // the time only if it moved since it was last taken in (a time set since must show).
-        let modified = m.modified().ok().filter(|t| nanos(*t) > node.pt_seen.load(Relaxed));
-        Some((m.len(), modified))
     }
 }
