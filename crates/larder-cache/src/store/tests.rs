@@ -1,6 +1,7 @@
 //! Tests of the block store.
 
 use super::*;
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::sync::atomic::AtomicBool;
 
