@@ -539,7 +539,7 @@ impl Changes {
 
     /// A write by a caller without `CAP_FSETID` (the kernel says so, and leaves the rest to the file
     /// system): a file's set-user-ID bit goes, and its set-group-ID bit with group execute, as
-    /// [`Fs::setattr_dropping`] says.
+    /// [`crate::Fs::setattr_dropping`] says.
     pub(crate) fn drop_set_id(&self, ino: u64) -> FsResult<()> {
         let has = self
             .names
@@ -554,7 +554,7 @@ impl Changes {
         Ok(())
     }
 
-    /// [`Fs::setattr`], and with `drop_set_id`, what the kernel leaves to the file system when it lets it
+    /// [`crate::Fs::setattr`], and with `drop_set_id`, what the kernel leaves to the file system when it lets it
     /// clear set-ID bits itself (`FUSE_HANDLE_KILLPRIV_V2`, which spares a refresh of the attributes
     /// before every `chown`): a non-directory's set-user-ID bit goes, and its set-group-ID bit when group
     /// execute is set (without it the bit marks mandatory locking, and stays), unless the change sets the

@@ -1,13 +1,13 @@
 //! `fallocate(2)`: the modes programs use to size a file or to clear part of it. Each is made by the path
 //! that already makes that change, a truncation or a write, so it reaches home as one of those does.
 //!
-//! * Allocating (mode 0) extends the file when the range passes its end, as [`Fs::setattr`]'s size
+//! * Allocating (mode 0) extends the file when the range passes its end, as [`crate::Fs::setattr`]'s size
 //!   extension does: the new bytes read as zeros, home gets a truncate-extend and keeps the hole. Within
 //!   the file it changes nothing. The cache reserves no room for the range: a later write may still find
 //!   the cache full (`ENOSPC`), where a local file system would have set the blocks aside.
 //! * `FALLOC_FL_KEEP_SIZE` alone asks for blocks past the end without a new size: nothing changes.
 //! * Punching a hole (always with `KEEP_SIZE`) and zeroing a range make the range read as zeros: the
-//!   zeros go through [`Fs::write`], so they are dirty, committed at the next close or fsync and pushed as
+//!   zeros go through [`crate::Fs::write`], so they are dirty, committed at the next close or fsync and pushed as
 //!   written data. Zeroing without `KEEP_SIZE` then extends the file as allocating does.
 //!
 //! Every other mode (collapsing, inserting, unsharing, write-zeroes) is `EOPNOTSUPP`, as on a file system
@@ -58,7 +58,7 @@ impl DataPath {
         Ok(())
     }
 
-    /// Write zeros over `range` of `ino` with [`Fs::write`], through a handle of its own: the caller's
+    /// Write zeros over `range` of `ino` with [`crate::Fs::write`], through a handle of its own: the caller's
     /// may be an `O_APPEND` one, whose writes go at the end of the file whatever their offset.
     fn write_zeros(&self, ino: u64, range: std::ops::Range<u64>) -> FsResult<()> {
         let bs = self.core.store.block_size();

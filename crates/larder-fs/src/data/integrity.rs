@@ -40,7 +40,7 @@ pub(crate) struct Integrity {
 
 impl DataPath {
     /// `e` came from the store about `ino`: if it says the file's unpushed data is damaged, the file is
-    /// named (in the log once, and by [`Fs::damaged_files`] while it stays so).
+    /// named (in the log once, and by [`crate::Fs::damaged_files`] while it stays so).
     pub(crate) fn damaged_found(&self, ino: u64, e: &CacheError) {
         let CacheError::Damaged { object, .. } = e else { return };
         let path = self

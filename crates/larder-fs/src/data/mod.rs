@@ -173,7 +173,7 @@ impl DataPath {
         self.names.handles().with(fh, |h| h.object)
     }
 
-    /// End the hold [`Fs::passthrough`] took for `fh` when the kernel did not take the file after all.
+    /// End the hold [`crate::Fs::passthrough`] took for `fh` when the kernel did not take the file after all.
     pub(crate) fn unhold(&self, fh: u64) {
         if let Some((held, writer, ino, object)) = self.names.handles().with(fh, |h| {
             (

@@ -11,7 +11,7 @@ use super::*;
 /// kernel looks each one up right after.
 pub(crate) const IDLE_MAX: usize = 16_384;
 
-/// Most inodes one pass of [`Fs::trim_inodes`] lets go of or asks the kernel about.
+/// Most inodes one pass of [`crate::Fs::trim_inodes`] lets go of or asks the kernel about.
 const TRIM_BATCH: usize = 16_384;
 
 impl Names {
