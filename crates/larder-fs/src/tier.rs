@@ -202,8 +202,18 @@ struct Counters {
 impl Counters {
     /// Ask `tier` for `want`, timed.
     fn ask(&self, tier: &dyn Tier, want: &Want) -> Result<Option<Unit>, TierError> {
+        self.timed(|| tier.get(want))
+    }
+
+    /// Ask `tier` for the units of `run` in one request, timed: one ask.
+    fn ask_run(&self, tier: &dyn Tier, run: &[Want]) -> Result<Option<Vec<Unit>>, TierError> {
+        self.timed(|| tier.get_run(run))
+    }
+
+    /// Count one ask, and the time `ask` took.
+    fn timed<T>(&self, ask: impl FnOnce() -> T) -> T {
         let started = std::time::Instant::now();
-        let answer = tier.get(want);
+        let answer = ask();
         bump(&self.asks);
         self.nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -327,13 +337,19 @@ impl Tiers {
         self.ask(last, want)
     }
 
-    /// Ask tier `i` for `want`, and count what it answered. A verified answer fills the nearer tiers and
-    /// is the result. Else the error is what the read gets if `i` is the last tier (the source); a nearer
-    /// tier's failure, miss or refused answer counts as its miss, and the walk goes on.
+    /// Ask tier `i` for `want`, and count what it answered (see [`Tiers::take`]).
     fn ask(&self, i: usize, want: &Want) -> FetchResult {
         let (tier, counts) = &self.tiers[i];
+        self.take(i, want, counts.ask(tier.as_ref(), want))
+    }
+
+    /// Tier `i`'s answer for `want`, counted. A verified answer fills the nearer tiers and is the result.
+    /// Else the error is what the read gets if `i` is the last tier (the source); a nearer tier's
+    /// failure, miss or refused answer counts as its miss, and the walk goes on.
+    fn take(&self, i: usize, want: &Want, answer: Result<Option<Unit>, TierError>) -> FetchResult {
+        let (tier, counts) = &self.tiers[i];
         let last = i == self.tiers.len() - 1;
-        let unit = match counts.ask(tier.as_ref(), want) {
+        let unit = match answer {
             Ok(Some(unit)) => unit,
             Ok(None) => {
                 bump(&counts.misses);
@@ -363,54 +379,33 @@ impl Tiers {
     }
 
     /// Ask tier `i` for the units of `run` in one request, or one by one if it serves units only, and
-    /// count what it answered (one ask for the run): each verified unit fills the nearer tiers. A unit the
-    /// answer stops short of is asked for on its own.
+    /// count what it answered (one ask, and one error if it failed, for the run); each unit of the answer
+    /// is taken as [`Tiers::take`] takes one. A unit the answer stops short of is asked for on its own.
     fn ask_run(&self, i: usize, run: &[Want]) -> Vec<FetchResult> {
         let (tier, counts) = &self.tiers[i];
-        let last = i == self.tiers.len() - 1;
         if run.len() == 1 {
             return vec![self.ask(i, &run[0])];
         }
-        let started = std::time::Instant::now();
-        let answer = tier.get_run(run);
-        let units = match answer {
-            Ok(None) => return run.iter().map(|w| self.ask(i, w)).collect(),
-            Ok(Some(units)) => units,
+        match counts.ask_run(tier.as_ref(), run) {
+            Ok(None) => run.iter().map(|w| self.ask(i, w)).collect(),
+            Ok(Some(units)) => {
+                let mut units = units.into_iter();
+                run.iter()
+                    .map(|w| match units.next() {
+                        Some(unit) => self.take(i, w, Ok(Some(unit))),
+                        None => self.ask(i, w),
+                    })
+                    .collect()
+            }
             Err(e) => {
                 bump(&counts.errors);
-                if !last {
+                if i != self.tiers.len() - 1 {
                     bump(&counts.misses);
                 }
                 tracing::debug!(tier = tier.name(), error = %e, "tier failed a run");
-                bump(&counts.asks);
-                return vec![Err(e.into_home()); run.len()];
+                vec![Err(e.into_home()); run.len()]
             }
-        };
-        bump(&counts.asks);
-        self.nanos_of(counts, started);
-        let mut out = Vec::with_capacity(run.len());
-        for (j, want) in run.iter().enumerate() {
-            let Some(unit) = units.get(j) else {
-                out.push(self.ask(i, want));
-                continue;
-            };
-            if let Some(why) = unit.fault(want, !last, tier.checks_own_answers()) {
-                bump(&counts.rejected);
-                tracing::warn!(tier = tier.name(), key = %want.digest, "a tier answered with {why}; not served");
-                out.push(Err(HomeError::Os(libc::EIO)));
-                continue;
-            }
-            counts.hit(unit);
-            self.fill(&self.tiers[..i], want, unit);
-            out.push(Ok(unit.data.clone()));
         }
-        out
-    }
-
-    fn nanos_of(&self, counts: &Counters, started: std::time::Instant) {
-        counts
-            .nanos
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Offer verified `unit` to the `nearer` tiers.
