@@ -262,6 +262,14 @@ impl Journal {
         self.by_ino.get(&ino).is_some_and(|s| s.len() > 1)
     }
 
+    /// Whether a queued op of `ino` gives home its time again when it lands (a data push, a time set).
+    pub fn time_given_later(&self, ino: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|s| {
+            s.iter()
+                .any(|q| matches!(self.ops[q].kind, OpKind::Data | OpKind::SetAttr { mtime: Some(_), .. }))
+        })
+    }
+
     /// Every inode with queued ops.
     pub fn inos(&self) -> Vec<u64> {
         self.by_ino.keys().copied().collect()

@@ -469,3 +469,50 @@ fn changes_to_a_file_removed_while_open_queue_nothing() {
     fs.release(h.fh).unwrap();
     assert_eq!(fs.journal_stats().pending_ops, 1, "the removal alone");
 }
+
+/// Write-back: a directory is made, given its mode at once and filled (as `rsync -a` makes them), all
+/// before anything is pushed. Home stamps the directory with the moment it and each entry land, and the
+/// mode's push answers with home's attributes. Once all have landed, home's directory and the mount's must
+/// have the time it was made at here, not a landing's.
+#[test]
+fn a_directory_given_its_mode_after_mkdir_keeps_the_time_it_was_made_at() {
+    let s = Setup::new();
+    let fs = s.fs_layered(
+        Arc::new(FaultLayer::default()),
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            flush_threads: 4,
+            ..pushing_at_once(Duration::from_secs(60))
+        },
+    );
+    let mode = SetAttr {
+        perm: Some(0o755),
+        ..SetAttr::default()
+    };
+    let d = fs.mkdir(1, OsStr::new("d"), 0o700, 0, 0).unwrap().attr.ino;
+    fs.setattr(d, &mode).unwrap();
+    let e = fs.mkdir(d, OsStr::new("e"), 0o700, 0, 0).unwrap().attr.ino;
+    fs.setattr(e, &mode).unwrap();
+    for (dir, name) in [(e, "g"), (d, "f")] {
+        let (_, r) = fs.create(dir, OsStr::new(name), 0o644, libc::O_RDWR, 0, 0).unwrap();
+        fs.release(r.fh).unwrap();
+    }
+    let made = [(d, "d"), (e, "d/e")].map(|(ino, rel)| (ino, rel, fs.getattr(ino).unwrap().attr.mtime));
+    // Home's own stamps must differ from the times the mount shows.
+    std::thread::sleep(Duration::from_millis(50));
+    fs.start();
+    assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty, "the journal drains");
+    for (ino, rel, mtime) in made {
+        assert_eq!(
+            std::fs::metadata(s.home(rel)).unwrap().modified().unwrap(),
+            mtime,
+            "home's {rel} has a landing's time, not the one it was made at"
+        );
+        assert_eq!(
+            fs.getattr(ino).unwrap().attr.mtime,
+            mtime,
+            "the mount shows another time for {rel}"
+        );
+    }
+    fs.stop_flushers();
+}

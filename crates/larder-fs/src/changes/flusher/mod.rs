@@ -395,8 +395,9 @@ impl Changes {
     }
 
     /// Home stamps what it creates with the time of the push; the mount shows the time it was made here,
-    /// or one set since. Unless later changes of it are queued (a file's data push, a time set, each
-    /// giving the time again), home gets the mount's time now. Home's attributes afterwards: they are
+    /// or one set since. Unless a queued change of it gives the time again (a file's data push, a time
+    /// set), home gets the mount's time now: a queued change that gives none (a mode set, as `rsync` makes
+    /// after each `mkdir`) adopts home's time when it lands. Home's attributes afterwards: they are
     /// adopted, so the mount's time must be home's first. (A directory whose entries are queued gets its
     /// time again once they have landed: [`Changes::settle_dir_times`].)
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
@@ -404,7 +405,7 @@ impl Changes {
         // its own.
         if self.cfg.write_mode.shows_home_times()
             || !self.core.home.limits().times
-            || self.pipeline.journal().has_after_current(op.ino)
+            || self.pipeline.journal().time_given_later(op.ino)
         {
             return attr;
         }
