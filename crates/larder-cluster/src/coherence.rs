@@ -223,11 +223,21 @@ impl Coherence for EtcdCoherence {
         }
     }
 
-    fn take(&self, path: &[u8]) -> HomeResult<()> {
+    fn still_held(&self, path: &[u8]) -> bool {
+        match self.tokens.lock().unwrap().get(path) {
+            Some(Token::Held) => true,
+            Some(Token::GivingUp) => false,
+            // Given up, or never taken: only a node going on alone (etcd away) or keeping no tokens may.
+            None => !self.membership.online() || !self.serves,
+        }
+    }
+
+    fn take(&self, path: &[u8]) -> HomeResult<bool> {
         if !self.membership.online() {
             // etcd away: this node goes on alone; conflicts are settled at home by the policy.
-            return Ok(());
+            return Ok(false);
         }
+        let mut handed = false;
         let me = self.me();
         for _ in 0..TOKEN_TRIES {
             {
@@ -235,7 +245,7 @@ impl Coherence for EtcdCoherence {
                 let mut tokens = self.tokens.lock().unwrap();
                 loop {
                     match tokens.get(path) {
-                        Some(Token::Held) => return Ok(()),
+                        Some(Token::Held) => return Ok(handed),
                         Some(Token::GivingUp) if Instant::now() < deadline => {
                             tokens = self.tokens_changed.wait_timeout(tokens, GIVE_UP_WITHIN).unwrap().0;
                         }
@@ -249,6 +259,7 @@ impl Coherence for EtcdCoherence {
                     if let Some((r, _)) = self.record(path).filter(|(r, _)| r.holder != me) {
                         if self.live(r.holder) {
                             self.ask_to_give_up(r.holder, path)?;
+                            handed = true;
                         } else if !self.lost_home {
                             return Err(HomeError::Os(libc::EIO));
                         }
@@ -259,13 +270,16 @@ impl Coherence for EtcdCoherence {
                         tracing::debug!(error = %e, "could not let a write token go");
                     }
                     self.tokens.lock().unwrap().insert(path.to_vec(), Token::Held);
-                    return Ok(());
+                    return Ok(handed);
                 }
-                Ok(Some(holder)) => self.ask_to_give_up(holder, path)?,
+                Ok(Some(holder)) => {
+                    self.ask_to_give_up(holder, path)?;
+                    handed = true;
+                }
                 Err(e) => {
                     // etcd away: this node goes on alone; conflicts are settled at home by the policy.
                     tracing::warn!(error = %e, "cannot take a write token; changing the file alone");
-                    return Ok(());
+                    return Ok(handed);
                 }
             }
         }

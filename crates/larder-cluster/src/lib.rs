@@ -22,6 +22,7 @@
 pub mod coherence;
 pub mod held;
 pub mod identity;
+pub mod locks;
 pub mod membership;
 pub mod node;
 pub mod peer;

@@ -57,8 +57,12 @@ pub trait Coherence: Send + Sync {
     /// Publish these records of this node's changes, before the change returns.
     fn publish(&self, records: Vec<(Vec<u8>, HeldRecord)>);
     /// Take the write token of `path` before this node changes what is there: the node holding it gives
-    /// it up once home has its changes. An error means the change must not be made.
-    fn take(&self, path: &[u8]) -> HomeResult<()>;
+    /// it up once home has its changes. An error means the change must not be made. Whether another node
+    /// gave it up just now (what home has of the path is then that node's last version).
+    fn take(&self, path: &[u8]) -> HomeResult<bool>;
+    /// Whether this node may still change `path`: it has the token, is not giving it up, or goes on alone
+    /// (etcd away). Asked again under the file's write lock, which a node giving the token up takes too.
+    fn still_held(&self, path: &[u8]) -> bool;
 }
 
 const HELD: &str = "held:";
@@ -306,8 +310,11 @@ mod tests {
         }
         fn sync(&self) {}
         fn publish(&self, _: Vec<(Vec<u8>, HeldRecord)>) {}
-        fn take(&self, _: &[u8]) -> HomeResult<()> {
-            Ok(())
+        fn take(&self, _: &[u8]) -> HomeResult<bool> {
+            Ok(false)
+        }
+        fn still_held(&self, _: &[u8]) -> bool {
+            true
         }
     }
 

@@ -45,4 +45,7 @@ pub enum FsError {
     /// An operation, or a mode of one, larder does not give (`fallocate` collapsing a range, say).
     #[error("operation not supported")]
     Unsupported,
+    /// A file lock not granted (see [`crate::locks`]).
+    #[error(transparent)]
+    Lock(#[from] crate::locks::LockError),
 }

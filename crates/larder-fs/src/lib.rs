@@ -35,6 +35,7 @@ mod journal;
 #[cfg(test)]
 mod journal_model;
 pub mod key;
+pub mod locks;
 mod namespace;
 mod pipeline;
 mod ranges;

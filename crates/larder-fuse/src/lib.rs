@@ -3,6 +3,8 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod locks;
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -14,7 +16,7 @@ use std::time::SystemTime;
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use larder_cache::CacheError;
 use larder_fs::{Attr, Entry, Fs, FsError, OpenReply};
@@ -60,6 +62,11 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::NoXattr => libc::ENODATA,
         FsError::XattrUnsupported => libc::EOPNOTSUPP,
         FsError::Unsupported => libc::EOPNOTSUPP,
+        FsError::Lock(l) => match l {
+            larder_fs::locks::LockError::WouldBlock => libc::EAGAIN,
+            larder_fs::locks::LockError::Interrupted => libc::EINTR,
+            larder_fs::locks::LockError::Unavailable(_) => libc::ENOLCK,
+        },
     };
     Errno::from_i32(code)
 }
@@ -342,6 +349,15 @@ impl Filesystem for LarderFuse {
         if config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok() {
             self.killpriv.store(true, Ordering::Relaxed);
         }
+        // In a cluster, locks are the cluster's (design note 017): the kernel forwards them, POSIX locks
+        // and flock alike. Otherwise it keeps them itself, for this node.
+        if self.fs.shares_locks()
+            && config
+                .add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS)
+                .is_err()
+        {
+            tracing::warn!("the kernel does not forward file locks: they hold on this node only");
+        }
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         // Passthrough: the kernel reads files whole in the cache from their cache files. larder does not
@@ -544,9 +560,68 @@ impl Filesystem for LarderFuse {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         let _s = span!("flush", ino.0);
-        reply_empty(reply, self.fs.flush(fh.0));
+        let result = self.fs.flush(fh.0);
+        if self.fs.shares_locks() {
+            // A close by a process ends its POSIX locks on the file, after what it wrote is published.
+            self.fs.release_locks(ino.0, lock_owner.0);
+        }
+        reply_empty(reply, result);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let _s = span!("getlk", ino.0);
+        let Some(ask) = locks::ask(lock_owner.0, start, end, typ, pid) else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self.fs.getlk(ino.0, &ask) {
+            Ok(Some(l)) => reply.locked(l.start, l.end, locks::typ(l.kind), l.pid),
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let _s = span!("setlk", ino.0);
+        let Some(ask) = locks::ask(lock_owner.0, start, end, typ, pid) else {
+            return reply.error(Errno::EINVAL);
+        };
+        if !sleep || ask.kind.is_none() {
+            return reply_empty(reply, self.fs.setlk(ino.0, &ask, false, &|| false));
+        }
+        // A lock that may wait does so on a thread of its own: the request threads serve the holder.
+        let fs = self.fs.clone();
+        let tid = req.pid();
+        let spawned = std::thread::Builder::new().name("larder-lockw".into()).spawn(move || {
+            reply_empty(reply, fs.setlk(ino.0, &ask, true, &|| locks::interrupted(tid)));
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a thread to wait for a lock");
+        }
     }
 
     fn release(
@@ -555,11 +630,15 @@ impl Filesystem for LarderFuse {
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let _s = span!("release", ino.0);
+        if let Some(owner) = lock_owner.filter(|_| self.fs.shares_locks()) {
+            // The last close of an open file ends its flock.
+            self.fs.release_locks(ino.0, owner.0);
+        }
         self.closed(fh.0);
         reply_empty(reply, self.fs.release(fh.0));
     }

@@ -377,6 +377,12 @@ pub struct MountArgs {
     /// published (one etcd read). Off: they are seen when etcd's watch brings them, a moment later.
     #[arg(long, value_enum, default_value_t = OnOff::On, requires = "cluster")]
     pub close_to_open: OnOff,
+    /// File locks (flock, fcntl and lockf) across the cluster: a lock taken on one node excludes
+    /// processes on every node, taking one shows what others wrote before they released theirs, and
+    /// releasing one publishes what this node wrote. Off: locks hold on this node only, as the kernel
+    /// keeps them.
+    #[arg(long, value_enum, default_value_t = OnOff::On, requires = "cluster")]
+    pub cluster_locks: OnOff,
     /// Bytes a second of units this node owns that it may send to members with room instead of evicting
     /// them (0: evict as a lone node does).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, requires = "cluster")]

@@ -19,6 +19,7 @@ use larder_bank::{Bank, BankConfig};
 use larder_bank::{BankStat, BankTier};
 use larder_cache::{Db, Store, StoreConfig};
 use larder_cluster::coherence::EtcdCoherence;
+use larder_cluster::locks::EtcdLocks;
 use larder_cluster::node::{FsUnitSource, Migrator};
 use larder_cluster::peer::{ADMIT_GRACE, Admit, PeerClient, PeerConfig, PeerServer, PeerStats};
 use larder_cluster::tier::{PeerTier, Whereabouts};
@@ -515,6 +516,9 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     larder_fs::release_freed_memory();
     if let Some(co) = &coherence {
         co.attach(&fs);
+    }
+    if let Some(c) = cluster.as_ref().filter(|_| args.cluster_locks == OnOff::On) {
+        fs.set_lock_table(EtcdLocks::new(c.membership.clone()));
     }
     if let Some(c) = cluster.as_ref().filter(|c| c.serve) {
         // The units this node owns go to members with room rather than away, at a bounded rate.

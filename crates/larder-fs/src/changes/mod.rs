@@ -562,9 +562,6 @@ impl Changes {
     /// caller without `CAP_FSETID`.
     pub(crate) fn setattr_dropping(&self, ino: u64, changes: &SetAttr, drop_set_id: bool) -> FsResult<Entry> {
         self.names.writable()?;
-        self.names.take_token_of(ino)?;
-        // What the kernel wrote to the cache file comes first: a truncation or a size is taken after it.
-        self.data.adopt_all_direct_writes(ino);
         let (kind, flush_lock, write_lock) = {
             let ns = self.names.read();
             let node = ns.inode(ino)?;
@@ -573,8 +570,17 @@ impl Changes {
         if changes.size.is_some() && kind == FileKind::Dir {
             return Err(FsError::IsDir);
         }
-        let _f = lock(&flush_lock);
-        let _w = lock(&write_lock);
+        // The token, and still this node's once the write lock is (as for a write).
+        let (_f, _w) = loop {
+            self.names.take_token_of(ino)?;
+            // What the kernel wrote to the cache file comes first: a truncation or a size is taken after it.
+            self.data.adopt_all_direct_writes(ino);
+            let f = lock(&flush_lock);
+            let w = lock(&write_lock);
+            if self.names.token_still_held(ino) {
+                break (f, w);
+            }
+        };
         let mut ns = self.names.write();
         let path = path_bytes(&ns.path_of(ino)?);
         let now = SystemTime::now();

@@ -32,6 +32,8 @@ pub(crate) struct DataPath {
     integrity: Integrity,
     /// The change pipeline, which written data and changes made by the data path go to.
     changes: std::sync::OnceLock<std::sync::Weak<dyn Intake>>,
+    /// The cluster's locks, if the mount shares them (`locks.rs`).
+    locks: std::sync::OnceLock<Arc<dyn crate::locks::LockTable>>,
 }
 
 /// What the data path hands up to the change pipeline (implemented by `Changes`, wired by the façade):
@@ -65,6 +67,7 @@ impl DataPath {
             read_counters: Default::default(),
             integrity: Default::default(),
             changes: std::sync::OnceLock::new(),
+            locks: std::sync::OnceLock::new(),
         }
     }
 
@@ -294,14 +297,20 @@ impl DataPath {
             return Ok(0);
         }
         let ino = self.names.handles().ino(fh).ok_or(FsError::BadHandle)?;
-        // In a cluster, the write token may have gone to another node since the open: take it back.
-        self.names.take_token_of(ino)?;
         let bs = self.core.store.block_size();
         let write_lock = self.names.read().inode(ino)?.write_lock.clone();
-        // One write of a file at a time: two writers completing the same partial block from home must not
-        // undo each other, and a push must see each write whole.
         self.changes().make_room(data.len() as u64)?;
-        let _w = lock(&write_lock);
+        // One write of a file at a time: two writers completing the same partial block from home must not
+        // undo each other, and a push must see each write whole. In a cluster, the write token may have
+        // gone to another node since the open: taken back first, and still this node's once the write
+        // lock is (a node giving the token up takes that lock before it pushes).
+        let _w = loop {
+            self.names.take_token_of(ino)?;
+            let w = lock(&write_lock);
+            if self.names.token_still_held(ino) {
+                break w;
+            }
+        };
         // An append goes at the end as this node knows it: the kernel's cached size, which gave `offset`,
         // may predate a change made at home or on another node. The kernel then learns the size anew.
         let append = self.names.handles().with(fh, |h| h.append).unwrap_or(false);
@@ -530,6 +539,7 @@ impl DataPath {
 
 mod allocate;
 mod integrity;
+mod locks;
 mod passthrough;
 mod push;
 mod read;

@@ -258,6 +258,40 @@ impl Fs {
         self.names.set_coherence(c)
     }
 
+    /// Grant file locks through `table`, across the cluster (design note 017). Set before the mount
+    /// starts; without it the kernel keeps locks, for this node alone.
+    pub fn set_lock_table(&self, table: Arc<dyn crate::locks::LockTable>) {
+        self.data.set_lock_table(table)
+    }
+
+    /// Whether file locks are granted across a cluster.
+    pub fn shares_locks(&self) -> bool {
+        self.data.shares_locks()
+    }
+
+    /// The lock that would stop `ask` on `ino` (`F_GETLK`), if any.
+    pub fn getlk(&self, ino: u64, ask: &crate::locks::LockAsk) -> FsResult<Option<crate::locks::LockRange>> {
+        self.data.getlk(ino, ask)
+    }
+
+    /// Lock or unlock `ino` (`F_SETLK`, `F_SETLKW` with `wait`, `flock`): see the design note 017.
+    /// `cancelled` is asked while waiting whether the caller gave up (an interrupt).
+    pub fn setlk(
+        &self,
+        ino: u64,
+        ask: &crate::locks::LockAsk,
+        wait: bool,
+        cancelled: &dyn Fn() -> bool,
+    ) -> FsResult<()> {
+        self.data.setlk(ino, ask, wait, cancelled)
+    }
+
+    /// Every lock `owner` holds on `ino` goes: a close by its process (POSIX locks) or of its open file
+    /// (`flock`).
+    pub fn release_locks(&self, ino: u64, owner: u64) {
+        self.data.release_locks(ino, owner)
+    }
+
     /// Drain before giving the write token of `path` up to a peer: the changes this node holds go to home
     /// first (every one, in order: the journal is drained), within `drain_within`. The cluster removes
     /// this node's held records and the token after.

@@ -30,9 +30,60 @@ impl Names {
             return Ok(());
         };
         for p in paths {
-            c.take(bytes(p)).map_err(crate::FsError::Home)?;
+            if c.take(bytes(p)).map_err(crate::FsError::Home)? {
+                self.taken_over(p);
+            }
         }
         Ok(())
+    }
+
+    /// Another node gave up the token of `path` just now, once home had its changes: what this node
+    /// changes next is made on that version, so it is asked of home now (whatever the validity lag), and
+    /// this node's open handles of the file follow it.
+    fn taken_over(&self, path: &Path) {
+        let (ino, home_path) = {
+            let ns = read(&self.ns);
+            let Some(ino) = ns.resolve_known(path).0 else { return };
+            match ns.home_path(ino) {
+                Ok(Some(p)) => (ino, p),
+                _ => return,
+            }
+        };
+        if let Err(e) = self.revalidate(ino, &home_path) {
+            tracing::debug!(error = %e, path = %path.display(), "could not ask home for a file another node gave up");
+            return;
+        }
+        self.kernel_barrier();
+        self.follow_newest(ino);
+    }
+
+    /// Move this node's open handles of `ino` to the file's newest version: another node's change, taken
+    /// in under the token or a lock, is what they read from now on. (A handle the kernel serves from a
+    /// cache file directly keeps its version.)
+    pub(crate) fn follow_newest(&self, ino: u64) {
+        let object = match read(&self.ns).inode(ino) {
+            Ok(node) if node.kind == larder_home::FileKind::File => node.object,
+            _ => return,
+        };
+        for fh in self.handles().of_inode(ino) {
+            self.handles().with(fh, |h| {
+                if !h.held && h.pt_writer.is_none() {
+                    h.object = object;
+                }
+            });
+        }
+    }
+
+    /// Whether this node may still change `ino` (see [`Coherence::still_held`]); always outside a
+    /// cluster.
+    pub(crate) fn token_still_held(&self, ino: u64) -> bool {
+        let Some(c) = self.coherence.get() else {
+            return true;
+        };
+        match read(&self.ns).path_of(ino) {
+            Ok(path) => c.still_held(bytes(&path)),
+            Err(_) => true,
+        }
     }
 
     /// [`Names::take_tokens`] of the object `ino`, by its path here.

@@ -30,6 +30,8 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 
+mod locks;
+
 use crate::held::{Held, HeldMap};
 use crate::placement::{Member, MemberId, Placement};
 
@@ -256,6 +258,8 @@ struct Shared {
     held: HeldMap,
     /// A client of the current connection, for calls made on behalf of the file system.
     client: std::sync::Mutex<Option<Client>>,
+    /// Counts the changes of lock records the watch brought; waiters for a lock wake on it.
+    locks_changed: (std::sync::Mutex<u64>, std::sync::Condvar),
 }
 
 /// This node's membership: its registration, kept alive, and its view of the others.
@@ -315,6 +319,7 @@ impl Shared {
             resay: tokio::sync::Notify::new(),
             held: HeldMap::default(),
             client: std::sync::Mutex::new(None),
+            locks_changed: Default::default(),
         }
     }
 
@@ -391,6 +396,10 @@ impl Shared {
         };
         if let Some(path) = rest.strip_prefix(b"held/") {
             self.held.apply(path, value, revision);
+            return;
+        }
+        if rest.starts_with(b"locks/") {
+            self.lock_changed();
             return;
         }
         let parse = |hex: &[u8]| {

@@ -1,0 +1,214 @@
+//! The core's [`LockTable`] over etcd (design note 017): `flock` and POSIX locks that exclude processes on
+//! every node, kept in etcd under each holder's lease. A lock that must wait is woken by the
+//! membership's watch when another node's locks on the file change, and looks again at least every
+//! [`LOOK_EVERY`] meanwhile, asking its caller each time whether it gave up (an interrupt).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use larder_fs::locks::{LockAsk, LockError, LockRange, LockTable, apply, conflict, without_owner};
+
+use crate::Membership;
+
+/// Longest a waiting lock goes without looking again (a change the watch did not bring; an interrupt).
+const LOOK_EVERY: Duration = Duration::from_millis(100);
+/// Retries of a lock change another node's change overtook, before it is given up as unavailable.
+const RACES: usize = 1000;
+/// How often the keeper writes again unlocks etcd did not take.
+const RETRY_EVERY: Duration = Duration::from_millis(200);
+
+pub struct EtcdLocks {
+    membership: Arc<Membership>,
+    /// Files this node holds locks on: a close of any other file asks etcd nothing.
+    holding: Mutex<HashSet<Vec<u8>>>,
+    /// Unlocks etcd did not take (it was away), by file, with the owners' locks to drop: written again
+    /// by the keeper until it does. Others wait on them meanwhile, as on a lock still held.
+    unsent: Mutex<HashMap<Vec<u8>, Vec<LockAsk>>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> LockError {
+    LockError::Unavailable(e.to_string())
+}
+
+/// A file's locks as read: every node's (with the node), this node's own, whether other nodes hold any,
+/// and the gate's revision.
+struct Read {
+    all: Vec<(u64, LockRange)>,
+    mine: Vec<LockRange>,
+    others: bool,
+    gate: i64,
+}
+
+fn decode(value: &[u8]) -> Vec<LockRange> {
+    serde_json::from_slice(value).unwrap_or_default()
+}
+
+impl EtcdLocks {
+    pub fn new(membership: Arc<Membership>) -> Arc<EtcdLocks> {
+        let locks = Arc::new(EtcdLocks {
+            membership,
+            holding: Mutex::new(HashSet::new()),
+            unsent: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&locks);
+        let _ = std::thread::Builder::new().name("larder-locks".into()).spawn(move || {
+            loop {
+                std::thread::sleep(RETRY_EVERY);
+                let Some(l) = weak.upgrade() else { return };
+                l.send_unsent();
+            }
+        });
+        locks
+    }
+
+    fn me(&self) -> u64 {
+        self.membership.me().id
+    }
+
+    /// Every node's locks of `key`, flat, and this node's own; the gate's revision.
+    fn read(&self, key: &[u8]) -> Result<Read, LockError> {
+        let records = self.membership.read_locks(key).map_err(unavailable)?;
+        let me = self.me();
+        let mut all = Vec::new();
+        let mut mine = Vec::new();
+        let mut others = false;
+        for (node, value) in records.nodes {
+            let ranges = decode(&value);
+            if node == me {
+                mine = ranges.clone();
+            } else if !ranges.is_empty() {
+                others = true;
+            }
+            all.extend(ranges.into_iter().map(|r| (node, r)));
+        }
+        Ok(Read {
+            all,
+            mine,
+            others,
+            gate: records.gate,
+        })
+    }
+
+    /// Write this node's locks of `key` as `mine` if nothing changed since the read at `gate`.
+    fn write(&self, key: &[u8], gate: i64, mine: &[LockRange], others: bool) -> Result<bool, LockError> {
+        let value = (!mine.is_empty()).then(|| serde_json::to_vec(mine).expect("locks serialise"));
+        let written = self
+            .membership
+            .write_locks(key, gate, value, others)
+            .map_err(unavailable)?;
+        if written {
+            let mut holding = self.holding.lock().unwrap();
+            if mine.is_empty() {
+                holding.remove(key);
+            } else {
+                holding.insert(key.to_vec());
+            }
+        }
+        Ok(written)
+    }
+
+    /// Change this node's locks of `key` by `change` (unlocks: nothing to wait for), until etcd takes it.
+    fn unlock(&self, key: &[u8], change: impl Fn(&[LockRange]) -> Vec<LockRange>) -> Result<(), LockError> {
+        for _ in 0..RACES {
+            let Read { mine, others, gate, .. } = self.read(key)?;
+            let after = change(&mine);
+            if after == mine {
+                if mine.is_empty() {
+                    self.holding.lock().unwrap().remove(key);
+                }
+                return Ok(());
+            }
+            if self.write(key, gate, &after, others)? {
+                return Ok(());
+            }
+        }
+        Err(unavailable("the file's locks kept changing"))
+    }
+
+    /// An unlock etcd did not take: kept, and sent again by the keeper. The caller is told it is done
+    /// (a close or an unlock cannot fail); the others wait on the lock until it reaches etcd, or until
+    /// this node's lease runs out.
+    fn keep_unsent(&self, key: &[u8], ask: LockAsk, e: &LockError) {
+        tracing::warn!(error = %e, "cannot tell the cluster a lock was released; trying again");
+        self.unsent.lock().unwrap().entry(key.to_vec()).or_default().push(ask);
+    }
+
+    fn send_unsent(&self) {
+        let pending: Vec<(Vec<u8>, Vec<LockAsk>)> = self.unsent.lock().unwrap().drain().collect();
+        for (key, asks) in pending {
+            let undo = |mine: &[LockRange]| asks.iter().fold(mine.to_vec(), |m, a| apply(&m, a));
+            if self.unlock(&key, undo).is_err() {
+                self.unsent.lock().unwrap().entry(key).or_default().extend(asks);
+            }
+        }
+    }
+}
+
+impl LockTable for EtcdLocks {
+    fn test(&self, key: &[u8], ask: &LockAsk) -> Result<Option<LockRange>, LockError> {
+        let all = self.read(key)?.all;
+        Ok(conflict(&all, self.me(), ask).map(|(node, l)| LockRange {
+            // Another node's process is no process here.
+            pid: if *node == self.me() { l.pid } else { 0 },
+            ..*l
+        }))
+    }
+
+    fn set(&self, key: &[u8], ask: &LockAsk, wait: bool, cancelled: &dyn Fn() -> bool) -> Result<(), LockError> {
+        if ask.kind.is_none() {
+            return self.unlock(key, |mine| apply(mine, ask)).or_else(|e| {
+                self.keep_unsent(key, *ask, &e);
+                Ok(())
+            });
+        }
+        let mut races = 0;
+        loop {
+            let seen = self.membership.locks_seen();
+            let Read {
+                all,
+                mine,
+                others,
+                gate,
+            } = self.read(key)?;
+            if conflict(&all, self.me(), ask).is_some() {
+                if !wait {
+                    return Err(LockError::WouldBlock);
+                }
+                if cancelled() {
+                    return Err(LockError::Interrupted);
+                }
+                self.membership.wait_for_locks(seen, LOOK_EVERY);
+                continue;
+            }
+            if self.write(key, gate, &apply(&mine, ask), others)? {
+                return Ok(());
+            }
+            races += 1;
+            if races >= RACES {
+                return Err(unavailable("the file's locks kept changing"));
+            }
+        }
+    }
+
+    fn release_owner(&self, key: &[u8], owner: u64) -> Result<(), LockError> {
+        if !self.holding.lock().unwrap().contains(key) {
+            return Ok(());
+        }
+        self.unlock(key, |mine| without_owner(mine, owner)).or_else(|e| {
+            let all = LockAsk {
+                owner,
+                start: 0,
+                end: u64::MAX,
+                kind: None,
+                pid: 0,
+            };
+            self.keep_unsent(key, all, &e);
+            Ok(())
+        })
+    }
+
+    fn holds(&self, key: &[u8]) -> bool {
+        self.holding.lock().unwrap().contains(key)
+    }
+}

@@ -1,0 +1,111 @@
+//! The lock records of a file in etcd (design note 017): under `locks/<hex of the path>/`, a key per node
+//! holding locks on it, `n/<node>`, under that node's lease (its locks go with it), and `gate`, rewritten
+//! by every change of the file's locks. A change is one transaction made only if the gate is still the
+//! revision its maker read, so no two nodes grant each other conflicting locks.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+
+use super::{Membership, MembershipError, Shared};
+use crate::placement::MemberId;
+
+/// The lock records of one file as read at one revision.
+pub struct LockRecords {
+    /// Each node's value, by node.
+    pub nodes: Vec<(MemberId, Vec<u8>)>,
+    /// The gate's revision when read (0: none).
+    pub gate: i64,
+}
+
+fn hex(path: &[u8]) -> String {
+    path.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Shared {
+    fn lock_prefix(&self, path: &[u8]) -> String {
+        format!("{}locks/{}/", self.cfg.prefix(), hex(path))
+    }
+
+    /// A change of lock records arrived: wake the waiters.
+    pub(super) fn lock_changed(&self) {
+        let (count, changed) = &self.locks_changed;
+        *count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        changed.notify_all();
+    }
+}
+
+impl Membership {
+    /// How many changes of lock records this node has seen: pass it to [`Membership::wait_for_locks`].
+    pub fn locks_seen(&self) -> u64 {
+        *self.shared.locks_changed.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait until a change of lock records arrives after the `seen`-th, or `timeout` passes.
+    pub fn wait_for_locks(&self, seen: u64, timeout: Duration) {
+        let (count, changed) = &self.shared.locks_changed;
+        let count = count.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = changed.wait_timeout_while(count, timeout, |c| *c == seen);
+    }
+
+    /// Every node's lock records of `path`, and the gate's revision.
+    pub fn read_locks(&self, path: &[u8]) -> Result<LockRecords, MembershipError> {
+        let prefix = self.shared.lock_prefix(path);
+        let key = prefix.clone();
+        let opts = GetOptions::new().with_prefix();
+        let resp = self.call("a file's locks", async move |mut c| c.get(key, Some(opts)).await)?;
+        let mut out = LockRecords {
+            nodes: Vec::new(),
+            gate: 0,
+        };
+        for kv in resp.kvs() {
+            let Some(rest) = kv.key().strip_prefix(prefix.as_bytes()) else {
+                continue;
+            };
+            if rest == b"gate" {
+                out.gate = kv.mod_revision();
+            } else if let Some(node) = rest
+                .strip_prefix(b"n/")
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                out.nodes.push((node, kv.value().to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Write this node's lock records of `path` (`None`: it holds none now) if the gate is still at
+    /// `gate`; `others` says whether other nodes hold locks on it (if not, and neither does this node,
+    /// the gate goes too). Whether it was written.
+    pub fn write_locks(
+        &self,
+        path: &[u8],
+        gate: i64,
+        mine: Option<Vec<u8>>,
+        others: bool,
+    ) -> Result<bool, MembershipError> {
+        let prefix = self.shared.lock_prefix(path);
+        let node_key = format!("{prefix}n/{:016x}", self.shared.me.id);
+        let gate_key = format!("{prefix}gate");
+        let lease = self.shared.lease.load(Ordering::SeqCst) as i64;
+        let under_lease = || Some(PutOptions::new().with_lease(lease));
+        let mut ops = Vec::new();
+        let empty = mine.is_none() && !others;
+        match mine {
+            Some(v) => ops.push(TxnOp::put(node_key, v, under_lease())),
+            None => ops.push(TxnOp::delete(node_key, None)),
+        }
+        ops.push(if empty {
+            TxnOp::delete(gate_key.clone(), None)
+        } else {
+            TxnOp::put(gate_key.clone(), Vec::new(), under_lease())
+        });
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(gate_key, CompareOp::Equal, gate)])
+            .and_then(ops);
+        let resp = self.call("a file's locks", async move |mut c| c.txn(txn).await)?;
+        Ok(resp.succeeded())
+    }
+}

@@ -1,0 +1,212 @@
+//! File locks across a cluster (design note 017): `flock` and POSIX locks taken on one node exclude
+//! processes on the others; what a holder wrote before it let go is what the next holder reads; a waiter
+//! can be interrupted; a dead node's locks go with its lease. Each node is a daemon in a network
+//! namespace of its own, with a real etcd on the bridge (`site`); home is a directory 10 ms away in
+//! neither, pushed to an hour after a change.
+
+mod common;
+mod moto;
+mod netns;
+mod site;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Mount, TestDir, drain_ok, require_fuse};
+use site::{Site, certs};
+
+const LATE: [&str; 6] = [
+    "--write-mode",
+    "write-back",
+    "--sync-lag",
+    "1h",
+    "--emulate-wan",
+    "latency=10ms,bandwidth=1GiB/s",
+];
+
+fn wait_live(nodes: &[&Mount], n: usize) {
+    for m in nodes {
+        assert!(
+            common::wait_until(Duration::from_secs(20), || {
+                m.status()["cluster"]["members"]
+                    .as_array()
+                    .is_some_and(|ms| ms.iter().filter(|x| x["live"] == true).count() >= n)
+            }),
+            "{} never saw {n} live members",
+            m.mnt.display()
+        );
+    }
+}
+
+/// `sh -c script` with `$1` set to `arg`, in the background.
+fn sh(script: &str, arg: &std::path::Path) -> std::process::Child {
+    Command::new("sh")
+        .args(["-c", script, "sh", common::s(arg)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(child: std::process::Child, what: &str) -> String {
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{what} failed ({}): {text}", out.status);
+    text
+}
+
+fn conflicts(m: &Mount) -> String {
+    common::larder(&["conflicts", common::s(&m.mnt), "--json"]).stdout
+}
+
+/// Increments of a counter file, each under an exclusive `flock` of it (flock(1), as scripts take it).
+const FLOCK_COUNTER: &str = r#"
+    for i in $(seq 1 40); do
+        flock -x "$1" sh -c 'n=$(cat "$1"); echo $((n + 1)) > "$1"' sh "$1" || exit 1
+    done
+"#;
+
+/// The same under `fcntl` locks (Python's `lockf`), the file opened before it is locked, as most
+/// programs do: the lock must show the file as the last holder left it, through that open file.
+const LOCKF_COUNTER: &str = r#"
+import fcntl, os, sys
+p = sys.argv[1]
+for _ in range(40):
+    with open(p, "r+") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX)
+        n = int(f.read().strip() or 0)
+        f.seek(0)
+        f.truncate()
+        f.write(str(n + 1))
+        f.flush()
+        fcntl.lockf(f, fcntl.LOCK_UN)
+"#;
+
+#[test]
+fn counters_under_flock_and_lockf_on_two_nodes_lose_no_increment() {
+    require_fuse();
+    let t = TestDir::new("cl-counter");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("flocked"), b"0").unwrap();
+    std::fs::write(home.join("lockfed"), b"0").unwrap();
+    let site = Site::new("cl-counter", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+
+    let runs = [a.path("flocked"), b.path("flocked")].map(|p| sh(FLOCK_COUNTER, &p));
+    for r in runs {
+        finish(r, "a flock counter");
+    }
+    let runs = [a.path("lockfed"), b.path("lockfed")].map(|p| {
+        Command::new("python3")
+            .args(["-c", LOCKF_COUNTER, common::s(&p)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    });
+    for r in runs {
+        finish(r, "a lockf counter");
+    }
+    for (m, n) in [(&a, "a"), (&b, "b")] {
+        for f in ["flocked", "lockfed"] {
+            assert_eq!(
+                std::fs::read_to_string(m.path(f)).unwrap().trim(),
+                "80",
+                "{f} as node {n} shows it: increments were lost"
+            );
+        }
+    }
+    drain_ok(&a, 60);
+    drain_ok(&b, 60);
+    for f in ["flocked", "lockfed"] {
+        assert_eq!(
+            std::fs::read_to_string(home.join(f)).unwrap().trim(),
+            "80",
+            "{f} at home"
+        );
+    }
+    for m in [&a, &b] {
+        let c = conflicts(m);
+        assert!(
+            !c.contains("flocked") && !c.contains("lockfed"),
+            "conflict copies were made: {c}"
+        );
+    }
+    b.unmount();
+    a.unmount();
+}
+
+#[test]
+fn a_waiter_for_a_lock_held_on_another_node_can_be_interrupted_and_gets_it_when_its_holder_dies() {
+    require_fuse();
+    let t = TestDir::new("cl-wait");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("f"), b"x").unwrap();
+    let site = Site::new("cl-wait", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+
+    // A holds an exclusive lock, by a process that keeps it.
+    let holder = sh("exec flock -x \"$1\" sleep 60", &a.path("f"));
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            Command::new("flock")
+                .args(["-n", "-x", common::s(&b.path("f")), "true"])
+                .status()
+                .is_ok_and(|s| !s.success())
+        }),
+        "b's non-blocking flock never saw a's lock"
+    );
+    // A shared lock is refused too, and fcntl's F_GETLK on B names the lock.
+    let probe = Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl,struct,sys\nf=open(sys.argv[1],'r')\nr=fcntl.fcntl(f,fcntl.F_GETLK,struct.pack('hhqqi',fcntl.F_RDLCK,0,0,0,0))\nprint(struct.unpack('hhqqi',r)[0]==fcntl.F_WRLCK)",
+            common::s(&b.path("f")),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout).trim(),
+        "True",
+        "F_GETLK on b: {probe:?}"
+    );
+
+    // A waiter on B is interrupted by Ctrl-C (SIGINT) and gives up at once.
+    let waiter = sh("exec flock -x \"$1\" true", &b.path("f"));
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = waiter.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let began = Instant::now();
+    let out = waiter.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the waiter got a lock a's process holds");
+    assert!(
+        began.elapsed() < Duration::from_secs(3),
+        "the interrupted waiter took {:?} to give up",
+        began.elapsed()
+    );
+
+    // A dies holding it (its daemon killed): its lock goes with its lease, and B's waiter gets it.
+    let waiter = sh("exec flock -w 60 -x \"$1\" true", &b.path("f"));
+    std::thread::sleep(Duration::from_millis(300));
+    common::signal(a.pid, libc::SIGKILL);
+    assert!(common::wait_until(Duration::from_secs(10), || !common::alive(a.pid)));
+    a.force_cleanup();
+    a.disarm();
+    let began = Instant::now();
+    finish(waiter, "b's flock after a died");
+    assert!(began.elapsed() < Duration::from_secs(40), "took {:?}", began.elapsed());
+    let _ = holder.wait_with_output();
+    b.unmount();
+}
