@@ -231,3 +231,17 @@ fn held_records_reach_another_node_by_its_watch_or_at_once_by_a_sync_and_a_stale
     assert!(!c.view().live.contains(&1), "a's lease ran out");
     assert_eq!(c.held().get(b"d").unwrap().value, b"dir", "a's record stays");
 }
+
+#[test]
+fn more_held_records_than_etcd_takes_in_one_transaction_are_published_all() {
+    let etcd = Etcd::start();
+    let a = Membership::join(config(&etcd, "big"), record(1, "10.0.0.1:7000")).unwrap();
+    let b = Membership::join(config(&etcd, "big"), record(2, "10.0.0.2:7000")).unwrap();
+    // As a node republishes what it changed while etcd was away: 300 paths at once.
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..300)
+        .map(|i| (format!("d/f{i}").into_bytes(), b"x".to_vec()))
+        .collect();
+    a.publish_held(&records).expect("etcd took every record");
+    b.sync_held().unwrap();
+    assert_eq!(b.held().children(b"d").len(), 300, "b has every record");
+}

@@ -218,6 +218,9 @@ impl MembershipConfig {
     }
 }
 
+/// Operations etcd takes in one transaction by default (`--max-txn-ops`).
+const TXN_OPS: usize = 128;
+
 /// Why joining failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MembershipError {
@@ -650,18 +653,23 @@ impl Membership {
         self.handle.block_on(timed(cfg, what, f(client)))
     }
 
-    /// Write held records (path and value) in one transaction, and apply them here at once; the revision
-    /// they were written at.
+    /// Write held records (path and value), and apply them here at once; the revision the last were
+    /// written at. One transaction for a change's records; more (in order) when there are more than
+    /// etcd takes in one (its default limit is 128 operations: a node republishing what it changed while
+    /// etcd was away).
     pub fn publish_held(&self, records: &[(Vec<u8>, Vec<u8>)]) -> Result<i64, MembershipError> {
-        let mut ops: Vec<TxnOp> = records
-            .iter()
-            .map(|(path, value)| TxnOp::put(self.shared.cfg.held_key(path), value.clone(), None))
-            .collect();
-        ops.push(TxnOp::put(self.shared.cfg.held_mark(), Vec::new(), None));
-        let resp = self.call("held records", async move |mut c| c.txn(Txn::new().and_then(ops)).await)?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        for (path, value) in records {
-            self.shared.held.apply(path, Some(value), revision);
+        let mut revision = 0;
+        for batch in records.chunks(TXN_OPS - 1) {
+            let mut ops: Vec<TxnOp> = batch
+                .iter()
+                .map(|(path, value)| TxnOp::put(self.shared.cfg.held_key(path), value.clone(), None))
+                .collect();
+            ops.push(TxnOp::put(self.shared.cfg.held_mark(), Vec::new(), None));
+            let resp = self.call("held records", async move |mut c| c.txn(Txn::new().and_then(ops)).await)?;
+            revision = resp.header().map_or(0, |h| h.revision());
+            for (path, value) in batch {
+                self.shared.held.apply(path, Some(value), revision);
+            }
         }
         Ok(revision)
     }
