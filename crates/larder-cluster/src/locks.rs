@@ -22,6 +22,9 @@ pub struct EtcdLocks {
     membership: Arc<Membership>,
     /// Files this node holds locks on: a close of any other file asks etcd nothing.
     holding: Mutex<HashSet<Vec<u8>>>,
+    /// The revision of this node's last change of each file's locks (the gate's, once written): a gate
+    /// still there when read next means no other node changed its locks on the file meanwhile.
+    last_written: Mutex<HashMap<Vec<u8>, i64>>,
     /// Unlocks etcd did not take (it was away), by file, with the owners' locks to drop: written again
     /// by the keeper until it does. Others wait on them meanwhile, as on a lock still held.
     unsent: Mutex<HashMap<Vec<u8>, Vec<LockAsk>>>,
@@ -31,12 +34,10 @@ fn unavailable(e: impl std::fmt::Display) -> LockError {
     LockError::Unavailable(e.to_string())
 }
 
-/// A file's locks as read: every node's (with the node), this node's own, whether other nodes hold any,
-/// and the gate's revision.
+/// A file's locks as read: every node's (with the node), this node's own, and the gate's revision.
 struct Read {
     all: Vec<(u64, LockRange)>,
     mine: Vec<LockRange>,
-    others: bool,
     gate: i64,
 }
 
@@ -49,6 +50,7 @@ impl EtcdLocks {
         let locks = Arc::new(EtcdLocks {
             membership,
             holding: Mutex::new(HashSet::new()),
+            last_written: Mutex::new(HashMap::new()),
             unsent: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&locks);
@@ -72,46 +74,48 @@ impl EtcdLocks {
         let me = self.me();
         let mut all = Vec::new();
         let mut mine = Vec::new();
-        let mut others = false;
         for (node, value) in records.nodes {
             let ranges = decode(&value);
             if node == me {
                 mine = ranges.clone();
-            } else if !ranges.is_empty() {
-                others = true;
             }
             all.extend(ranges.into_iter().map(|r| (node, r)));
         }
         Ok(Read {
             all,
             mine,
-            others,
             gate: records.gate,
         })
     }
 
-    /// Write this node's locks of `key` as `mine` if nothing changed since the read at `gate`.
-    fn write(&self, key: &[u8], gate: i64, mine: &[LockRange], others: bool) -> Result<bool, LockError> {
+    /// Write this node's locks of `key` as `mine` if nothing changed since the read at `gate`. Whether it
+    /// was written.
+    fn write(&self, key: &[u8], gate: i64, mine: &[LockRange]) -> Result<bool, LockError> {
         let value = (!mine.is_empty()).then(|| serde_json::to_vec(mine).expect("locks serialise"));
-        let written = self
-            .membership
-            .write_locks(key, gate, value, others)
-            .map_err(unavailable)?;
-        if written {
-            let mut holding = self.holding.lock().unwrap();
-            if mine.is_empty() {
-                holding.remove(key);
-            } else {
-                holding.insert(key.to_vec());
-            }
+        let written = self.membership.write_locks(key, gate, value).map_err(unavailable)?;
+        let Some(revision) = written else {
+            return Ok(false);
+        };
+        let mut holding = self.holding.lock().unwrap();
+        let mut last = self.last_written.lock().unwrap();
+        if mine.is_empty() {
+            holding.remove(key);
+        } else {
+            holding.insert(key.to_vec());
         }
-        Ok(written)
+        last.insert(key.to_vec(), revision);
+        Ok(true)
+    }
+
+    /// Whether a gate read at `gate` was last written by another node (or this node holds nothing there).
+    fn others_since(&self, key: &[u8], gate: i64) -> bool {
+        self.last_written.lock().unwrap().get(key) != Some(&gate)
     }
 
     /// Change this node's locks of `key` by `change` (unlocks: nothing to wait for), until etcd takes it.
     fn unlock(&self, key: &[u8], change: impl Fn(&[LockRange]) -> Vec<LockRange>) -> Result<(), LockError> {
         for _ in 0..RACES {
-            let Read { mine, others, gate, .. } = self.read(key)?;
+            let Read { mine, gate, .. } = self.read(key)?;
             let after = change(&mine);
             if after == mine {
                 if mine.is_empty() {
@@ -119,7 +123,7 @@ impl EtcdLocks {
                 }
                 return Ok(());
             }
-            if self.write(key, gate, &after, others)? {
+            if self.write(key, gate, &after)? {
                 return Ok(());
             }
         }
@@ -155,22 +159,17 @@ impl LockTable for EtcdLocks {
         }))
     }
 
-    fn set(&self, key: &[u8], ask: &LockAsk, wait: bool, cancelled: &dyn Fn() -> bool) -> Result<(), LockError> {
+    fn set(&self, key: &[u8], ask: &LockAsk, wait: bool, cancelled: &dyn Fn() -> bool) -> Result<bool, LockError> {
         if ask.kind.is_none() {
-            return self.unlock(key, |mine| apply(mine, ask)).or_else(|e| {
+            return self.unlock(key, |mine| apply(mine, ask)).map(|()| false).or_else(|e| {
                 self.keep_unsent(key, *ask, &e);
-                Ok(())
+                Ok(false)
             });
         }
         let mut races = 0;
         loop {
             let seen = self.membership.locks_seen();
-            let Read {
-                all,
-                mine,
-                others,
-                gate,
-            } = self.read(key)?;
+            let Read { all, mine, gate } = self.read(key)?;
             if conflict(&all, self.me(), ask).is_some() {
                 if !wait {
                     return Err(LockError::WouldBlock);
@@ -181,8 +180,9 @@ impl LockTable for EtcdLocks {
                 self.membership.wait_for_locks(seen, LOOK_EVERY);
                 continue;
             }
-            if self.write(key, gate, &apply(&mine, ask), others)? {
-                return Ok(());
+            let others_since = self.others_since(key, gate);
+            if self.write(key, gate, &apply(&mine, ask))? {
+                return Ok(others_since);
             }
             races += 1;
             if races >= RACES {

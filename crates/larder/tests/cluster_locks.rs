@@ -210,3 +210,200 @@ fn a_waiter_for_a_lock_held_on_another_node_can_be_interrupted_and_gets_it_when_
     let _ = holder.wait_with_output();
     b.unmount();
 }
+
+/// Every line of `text`, checked: no NUL, and each node's lines in the order it wrote them.
+fn lines_in_order(text: &str, prefix: char, n: usize) -> usize {
+    let mine: Vec<usize> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("a mangled line in {text:?}")))
+        .collect();
+    assert!(
+        mine.windows(2).all(|w| w[0] < w[1]),
+        "{prefix}'s lines are out of order: {mine:?}"
+    );
+    assert!(mine.len() <= n);
+    mine.len()
+}
+
+#[test]
+fn writers_on_two_nodes_at_once_get_no_error_and_lose_nothing_they_were_told_was_written() {
+    require_fuse();
+    let t = TestDir::new("cl-race");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("over"), b"start\n").unwrap();
+    std::fs::write(home.join("log"), b"").unwrap();
+    let site = Site::new("cl-race", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+
+    // Overwrites: each `echo > f` must succeed, and the file end as the last one to get the token left it.
+    let over = "for i in $(seq 1 30); do echo \"$X$i\" > \"$1\" || exit 1; done";
+    let runs = [(&a, "a"), (&b, "b")].map(|(m, x)| {
+        Command::new("sh")
+            .args(["-c", over, "sh", common::s(&m.path("over"))])
+            .env("X", x)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    });
+    for r in runs {
+        finish(r, "overwrites");
+    }
+    let last = std::fs::read_to_string(a.path("over")).unwrap();
+    assert!(
+        last == "a30\n" || last == "b30\n",
+        "the file ended as {last:?}, not a last write"
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.path("over")).unwrap(),
+        last,
+        "b shows another file"
+    );
+
+    // Appends: every line each node was told it wrote is there, in its order.
+    let append = "for i in $(seq 1 30); do echo \"$X$i\" >> \"$1\" || exit 1; done";
+    let runs = [(&a, "a"), (&b, "b")].map(|(m, x)| {
+        Command::new("sh")
+            .args(["-c", append, "sh", common::s(&m.path("log"))])
+            .env("X", x)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    });
+    for r in runs {
+        finish(r, "appends");
+    }
+    for m in [&a, &b] {
+        let text = std::fs::read_to_string(m.path("log")).unwrap();
+        assert!(!text.contains('\0'), "a NUL byte in {text:?}");
+        assert_eq!(lines_in_order(&text, 'a', 30), 30, "a's appends lost: {text:?}");
+        assert_eq!(lines_in_order(&text, 'b', 30), 30, "b's appends lost: {text:?}");
+    }
+    drain_ok(&a, 60);
+    drain_ok(&b, 60);
+    assert_eq!(std::fs::read_to_string(home.join("over")).unwrap(), last, "home");
+    assert_eq!(
+        std::fs::read_to_string(home.join("log")).unwrap().lines().count(),
+        60,
+        "home's log"
+    );
+    for m in [&a, &b] {
+        let c = conflicts(m);
+        assert!(
+            !c.contains("over") && !c.contains("log"),
+            "conflict copies were made: {c}"
+        );
+    }
+    b.unmount();
+    a.unmount();
+}
+
+/// Inserts into one SQLite database (rollback journal, SQLite's default) by `procs` processes, each
+/// committing `rows` rows one at a time, waiting up to 60 s for the database's locks.
+const SQLITE_WRITERS: &str = r#"
+import sqlite3, sys, multiprocessing as mp
+db, node, procs, rows = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def work(k):
+    c = sqlite3.connect(db, timeout=60)
+    for i in range(rows):
+        c.execute("insert into t values (?, ?)", (node, k * 1000 + i))
+        c.commit()
+    c.close()
+ps = [mp.Process(target=work, args=(k,)) for k in range(procs)]
+[p.start() for p in ps]
+[p.join() for p in ps]
+bad = [p.exitcode for p in ps if p.exitcode != 0]
+sys.exit(f"{len(bad)} writers failed: {bad}" if bad else 0)
+"#;
+
+fn sqlite(db: &std::path::Path, sql: &str) -> String {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1],timeout=60)\nprint(c.execute(sys.argv[2]).fetchone()[0])",
+            common::s(db),
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{sql}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn sqlite_in_rollback_mode_from_three_nodes_at_once_keeps_every_row() {
+    require_fuse();
+    let t = TestDir::new("cl-sqlite");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let made = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nc.execute('create table t(node, n)')\nc.commit()",
+            common::s(&home.join("db")),
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let site = Site::new("cl-sqlite", &["a", "b", "c"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b", "c"]);
+    let nodes: Vec<Mount> = ["a", "b", "c"].iter().map(|n| site.node(&t, &tls, n, &LATE)).collect();
+    wait_live(&nodes.iter().collect::<Vec<_>>(), 3);
+
+    let (procs, rows) = (2, 10);
+    let runs: Vec<_> = nodes
+        .iter()
+        .zip(["a", "b", "c"])
+        .map(|(m, n)| {
+            Command::new("python3")
+                .args([
+                    "-c",
+                    SQLITE_WRITERS,
+                    common::s(&m.path("db")),
+                    n,
+                    &procs.to_string(),
+                    &rows.to_string(),
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for r in runs {
+        finish(r, "sqlite writers");
+    }
+    let want = (3 * procs * rows).to_string();
+    for m in &nodes {
+        assert_eq!(
+            sqlite(&m.path("db"), "pragma integrity_check"),
+            "ok",
+            "{}",
+            m.mnt.display()
+        );
+        assert_eq!(
+            sqlite(&m.path("db"), "select count(*) from t"),
+            want,
+            "{}",
+            m.mnt.display()
+        );
+    }
+    for m in &nodes {
+        drain_ok(m, 60);
+    }
+    assert_eq!(sqlite(&home.join("db"), "pragma integrity_check"), "ok", "home");
+    assert_eq!(sqlite(&home.join("db"), "select count(*) from t"), want, "home");
+    for m in &nodes {
+        let c = conflicts(m);
+        assert!(!c.contains("\"db"), "conflict copies were made: {c}");
+    }
+    for m in nodes {
+        m.unmount();
+    }
+}

@@ -1,7 +1,9 @@
 //! The lock records of a file in etcd (design note 017): under `locks/<hex of the path>/`, a key per node
 //! holding locks on it, `n/<node>`, under that node's lease (its locks go with it), and `gate`, rewritten
-//! by every change of the file's locks. A change is one transaction made only if the gate is still the
-//! revision its maker read, so no two nodes grant each other conflicting locks.
+//! by every change of the file's locks, under the lease of the node that made it. A change is one
+//! transaction made only if the gate is still the revision its maker read, so no two nodes grant each
+//! other conflicting locks; and a node that finds the gate at its own last write knows no other node
+//! changed its locks on the file since.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -77,35 +79,25 @@ impl Membership {
     }
 
     /// Write this node's lock records of `path` (`None`: it holds none now) if the gate is still at
-    /// `gate`; `others` says whether other nodes hold locks on it (if not, and neither does this node,
-    /// the gate goes too). Whether it was written.
-    pub fn write_locks(
-        &self,
-        path: &[u8],
-        gate: i64,
-        mine: Option<Vec<u8>>,
-        others: bool,
-    ) -> Result<bool, MembershipError> {
+    /// `gate`. The revision it was written at, if it was. (The gate stays once no node holds a lock: it
+    /// goes with the lease of the node that wrote it last.)
+    pub fn write_locks(&self, path: &[u8], gate: i64, mine: Option<Vec<u8>>) -> Result<Option<i64>, MembershipError> {
         let prefix = self.shared.lock_prefix(path);
         let node_key = format!("{prefix}n/{:016x}", self.shared.me.id);
         let gate_key = format!("{prefix}gate");
         let lease = self.shared.lease.load(Ordering::SeqCst) as i64;
         let under_lease = || Some(PutOptions::new().with_lease(lease));
-        let mut ops = Vec::new();
-        let empty = mine.is_none() && !others;
-        match mine {
-            Some(v) => ops.push(TxnOp::put(node_key, v, under_lease())),
-            None => ops.push(TxnOp::delete(node_key, None)),
-        }
-        ops.push(if empty {
-            TxnOp::delete(gate_key.clone(), None)
-        } else {
-            TxnOp::put(gate_key.clone(), Vec::new(), under_lease())
-        });
+        let ops = vec![
+            match mine {
+                Some(v) => TxnOp::put(node_key, v, under_lease()),
+                None => TxnOp::delete(node_key, None),
+            },
+            TxnOp::put(gate_key.clone(), Vec::new(), under_lease()),
+        ];
         let txn = Txn::new()
             .when(vec![Compare::mod_revision(gate_key, CompareOp::Equal, gate)])
             .and_then(ops);
         let resp = self.call("a file's locks", async move |mut c| c.txn(txn).await)?;
-        Ok(resp.succeeded())
+        Ok(resp.succeeded().then(|| resp.header().map_or(0, |h| h.revision())))
     }
 }

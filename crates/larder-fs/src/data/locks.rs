@@ -48,8 +48,8 @@ impl DataPath {
         if table.holds(&key) {
             self.publish_writes(ino)?;
         }
-        table.set(&key, ask, wait, cancelled)?;
-        if ask.kind.is_some() {
+        let others = table.set(&key, ask, wait, cancelled)?;
+        if ask.kind.is_some() && others {
             self.take_in_changes(ino);
         }
         Ok(())

@@ -46,8 +46,14 @@ impl DataPath {
             let ns = self.names.read();
             let node = ns.inode(ino)?;
             if node.object != opened {
-                // Home has another version now: this handle's version is gone, and mixing is not allowed.
-                return Err(FsError::Home(HomeError::Stale));
+                if self.names.coherence().is_none() {
+                    // Home has another version now: this handle's version is gone, and mixing is not
+                    // allowed.
+                    return Err(FsError::Home(HomeError::Stale));
+                }
+                // In a cluster, an open file reads the newest version the nodes made, as NFS's clients do
+                // (design note 017): another node's change is taken in under the token or a lock.
+                self.names.handles().with(fh, |h| h.object = node.object);
             }
             let attr = node.attr.as_ref().ok_or(FsError::BadHandle)?;
             (node.object, attr.size)
