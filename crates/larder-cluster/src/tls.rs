@@ -307,6 +307,8 @@ fn issue_valid(
 pub struct NodeTls {
     name: String,
     fingerprint: String,
+    /// The CA's certificate's [`fingerprint`]: the cluster's, once the first node joined with it.
+    ca_fingerprint: String,
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
 }
@@ -331,6 +333,10 @@ impl NodeTls {
         check_name(name)?;
         let ca_path = dir.join(CA_CERT);
         let ca_pem = read(&ca_path, NO_CA)?;
+        let ca_fingerprint = parse_certs(&ca_path, &ca_pem)?
+            .first()
+            .map(|c| fingerprint(c))
+            .unwrap_or_default();
         let roots = Arc::new(root_store(&ca_path, &ca_pem)?);
         let (cert_path, key_path) = node_paths(dir, name);
         let chain = parse_certs(&cert_path, &read(&cert_path, NO_CERT)?)?;
@@ -367,6 +373,7 @@ impl NodeTls {
         Ok(NodeTls {
             name: name.to_string(),
             fingerprint: fingerprint(&chain[0]),
+            ca_fingerprint,
             server: Arc::new(server),
             client: Arc::new(client),
         })
@@ -375,6 +382,11 @@ impl NodeTls {
     /// This node's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The fingerprint of the CA this node's certificate comes from.
+    pub fn ca_fingerprint(&self) -> &str {
+        &self.ca_fingerprint
     }
 
     /// This node's certificate's fingerprint, for its membership record.

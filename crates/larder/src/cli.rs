@@ -83,6 +83,9 @@ pub struct ClusterMembersArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Every member etcd has a record of, gone ones too (else the live and the leaving).
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Args, Debug)]
@@ -383,6 +386,10 @@ pub struct MountArgs {
     /// keeps them.
     #[arg(long, value_enum, default_value_t = OnOff::On, requires = "cluster")]
     pub cluster_locks: OnOff,
+    /// Remove the record of a member not live for this long from etcd (it is listed, and asked for
+    /// nothing, no more; it registers again when it comes back).
+    #[arg(long, default_value = "1h", value_parser = parse_duration, requires = "cluster")]
+    pub forget_gone_after: Duration,
     /// Bytes a second of units this node owns that it may send to members with room instead of evicting
     /// them (0: evict as a lone node does).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, requires = "cluster")]

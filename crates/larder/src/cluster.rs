@@ -12,7 +12,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Init(args) => init(args),
         ClusterCommand::Cert(args) => cert(args),
-        ClusterCommand::Members(args) => crate::status::members(&args.mountpoint, args.json),
+        ClusterCommand::Members(args) => crate::status::members(&args.mountpoint, args.json, args.all),
         ClusterCommand::Leave(args) => leave(args),
     }
 }

@@ -355,6 +355,10 @@ fn join_cluster(args: &MountArgs, cache_dir: &Path) -> Result<Option<Cluster>> {
         serve,
     };
     let mut cfg = MembershipConfig::new(endpoints.0.clone(), args.cluster_name.clone());
+    // A node of another cluster's CA, pointed at this cluster's etcd and name, is refused: the others
+    // could neither verify it nor ask back a token it took.
+    cfg.ca = Some(tls.ca_fingerprint().to_string());
+    cfg.forget_after = args.forget_gone_after;
     if endpoints.tls() {
         cfg.tls =
             Some(EtcdTls::load(tls_dir, tls.name()).map_err(|e| anyhow!("--cluster-tls {}: {e}", tls_dir.display()))?);

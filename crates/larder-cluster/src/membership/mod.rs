@@ -173,6 +173,12 @@ pub struct MembershipConfig {
     pub hint_for: Duration,
     /// TLS to etcd (endpoints `https://`), with the node's certificate as its client certificate.
     pub tls: Option<crate::tls::EtcdTls>,
+    /// The fingerprint of the CA this node's certificates come from: written into etcd by the first node
+    /// that joins, and a node of another CA is refused (`None`: not checked).
+    pub ca: Option<String>,
+    /// A member not live for this long (as this node saw it) has its record removed from etcd: it is no
+    /// longer listed, nor asked for anything. It registers again when it comes back.
+    pub forget_after: Duration,
 }
 
 impl MembershipConfig {
@@ -185,6 +191,8 @@ impl MembershipConfig {
             timeout: Duration::from_secs(2),
             hint_for: Duration::from_secs(600),
             tls: None,
+            ca: None,
+            forget_after: Duration::from_secs(3600),
         }
     }
 
@@ -198,6 +206,11 @@ impl MembershipConfig {
 
     fn live_key(&self, id: MemberId) -> String {
         format!("{}live/{id:016x}", self.prefix())
+    }
+
+    /// The fingerprint of the cluster's CA.
+    fn ca_key(&self) -> String {
+        format!("{}ca", self.prefix())
     }
 
     fn held_prefix(&self) -> Vec<u8> {
@@ -240,6 +253,12 @@ pub enum MembershipError {
     BadName(String),
     #[error("cannot start the membership's runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(
+        "this node's certificates come from another CA than the cluster's: its CA's fingerprint is {ours}, \
+         the cluster's is {cluster} (--cluster-tls must hold the ca.pem the cluster's other nodes use, or \
+         --cluster-name must name another cluster)"
+    )]
+    ForeignCa { ours: String, cluster: String },
 }
 
 /// Shared between the handle and its background task.
@@ -263,6 +282,8 @@ struct Shared {
     client: std::sync::Mutex<Option<Client>>,
     /// Counts the changes of lock records the watch brought; waiters for a lock wake on it.
     locks_changed: (std::sync::Mutex<u64>, std::sync::Condvar),
+    /// Members this node has seen not live, with when it first did: forgotten after `forget_after`.
+    gone_since: std::sync::Mutex<BTreeMap<MemberId, Instant>>,
 }
 
 /// This node's membership: its registration, kept alive, and its view of the others.
@@ -323,6 +344,7 @@ impl Shared {
             held: HeldMap::default(),
             client: std::sync::Mutex::new(None),
             locks_changed: Default::default(),
+            gone_since: Default::default(),
         }
     }
 
@@ -336,8 +358,85 @@ impl Shared {
             })
     }
 
+    /// Remove the records of members this node has seen not live for longer than `forget_after`, each
+    /// only if it is still not live (its liveness key absent). Best effort: tried again at the next tick.
+    async fn forget_gone(&self, client: &mut Client) {
+        let view = self.view.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let due: Vec<MemberId> = {
+            let mut gone = self.gone_since.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            gone.retain(|id, _| view.members.contains_key(id) && !view.live.contains(id));
+            for id in view
+                .members
+                .keys()
+                .filter(|id| !view.live.contains(id) && **id != self.me.id)
+            {
+                gone.entry(*id).or_insert(now);
+            }
+            gone.iter()
+                .filter(|(_, since)| now.duration_since(**since) >= self.cfg.forget_after)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in due {
+            let txn = Txn::new()
+                .when(vec![Compare::create_revision(
+                    self.cfg.live_key(id),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then(vec![TxnOp::delete(self.cfg.member_key(id), None)]);
+            match timed(&self.cfg, "a gone member's removal", client.txn(txn)).await {
+                Ok(_) => {
+                    tracing::info!(
+                        member = format!("{id:016x}"),
+                        "forgot a member gone longer than the set time"
+                    );
+                    self.gone_since.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                }
+                Err(e) => tracing::debug!(error = %e, "could not remove a gone member's record"),
+            }
+        }
+    }
+
+    /// The cluster's CA, as the first node to join wrote it, must be this node's.
+    async fn check_ca(&self, client: &mut Client) -> Result<(), MembershipError> {
+        let Some(ours) = &self.cfg.ca else {
+            return Ok(());
+        };
+        let key = self.cfg.ca_key();
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(key.clone(), ours.clone(), None)])
+            .or_else(vec![TxnOp::get(key, None)]);
+        let resp = timed(&self.cfg, "the cluster's CA", client.txn(txn)).await?;
+        if resp.succeeded() {
+            return Ok(());
+        }
+        let cluster = resp
+            .op_responses()
+            .into_iter()
+            .find_map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        if &cluster == ours {
+            Ok(())
+        } else {
+            Err(MembershipError::ForeignCa {
+                ours: ours.clone(),
+                cluster,
+            })
+        }
+    }
+
     /// Write this node's record, and its liveness key under a new lease; the lease id.
     async fn register(&self, client: &mut Client) -> Result<i64, MembershipError> {
+        self.check_ca(client).await?;
         let record = serde_json::to_vec(&self.me).expect("a record serialises");
         timed(
             &self.cfg,
@@ -492,6 +591,7 @@ impl Shared {
             tokio::select! {
                 _ = self.resay.notified() => self.say(client, lease).await?,
                 _ = tick.tick() => {
+                    self.forget_gone(client).await;
                     timed(&self.cfg, "keep-alive", keeper.keep_alive()).await?;
                     match timed(&self.cfg, "keep-alive", acks.message()).await? {
                         Some(ack) if ack.ttl() > 0 => self.renewed_ms.store(now_ms(), Ordering::SeqCst),
@@ -743,13 +843,13 @@ impl Membership {
     /// Make sure every held record written before this call is applied here (the watch may lag a
     /// moment): one linearizable read of the mark every write of records rewrites, and if the watch has
     /// not brought that write yet, a read of the records written since the last one applied. Removals
-    /// are left to the watch.
-    pub fn sync_held(&self) -> Result<(), MembershipError> {
+    /// are left to the watch. Whether records were written that the watch had not brought.
+    pub fn sync_held(&self) -> Result<bool, MembershipError> {
         let mark = self.shared.cfg.held_mark();
         let resp = self.call("the held records' mark", async move |mut c| c.get(mark, None).await)?;
         let written = resp.kvs().first().map_or(0, |kv| kv.mod_revision());
         if written <= self.shared.held.applied() {
-            return Ok(());
+            return Ok(false);
         }
         let since = self.shared.held.applied() + 1;
         let prefix = self.shared.cfg.held_prefix();
@@ -764,7 +864,7 @@ impl Membership {
         if let Some(h) = resp.header() {
             self.shared.held.applied_up_to(h.revision());
         }
-        Ok(())
+        Ok(true)
     }
 }
 

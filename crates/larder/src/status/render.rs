@@ -249,15 +249,19 @@ pub fn run(args: StatusArgs) -> Result<()> {
 }
 
 /// `larder cluster members MNT`: the members of the cluster the mount is in, as its node sees them.
-pub fn members(mountpoint: &std::path::Path, json: bool) -> Result<()> {
+pub fn members(mountpoint: &std::path::Path, json: bool, all: bool) -> Result<()> {
     let socket = mounts::daemon_socket(&mounts::absolute(mountpoint)?)?;
     let status = control::status(&socket)?;
-    let Some(c) = status.cluster else {
+    let Some(mut c) = status.cluster else {
         bail!(
             "{} is not in a cluster (mounted without --cluster)",
             mountpoint.display()
         );
     };
+    if !all {
+        // Live members, the leaving among them; gone ones only when asked for.
+        c.members.retain(|m| m.live);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&c)?);
         return Ok(());

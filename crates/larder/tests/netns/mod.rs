@@ -168,6 +168,25 @@ impl TestNet {
     /// Mount `home` (a directory or a URL) for node `name` at `ROOT/mnt-NAME` with cache dir
     /// `ROOT/cache-NAME`, the daemon in the node's namespace, with `args` and `env`.
     pub fn mount(&self, root: &Path, name: &str, home: &str, args: &[String], env: &[(&str, &str)]) -> Mount {
+        let cache = root.join(format!("cache-{name}"));
+        match self.try_mount(root, name, home, args, env) {
+            Ok(m) => m,
+            Err(out) => panic!(
+                "larder mount {home} for node {name} failed:\n{out}\n--- daemon log ---\n{}",
+                log_tail(&cache, 60)
+            ),
+        }
+    }
+
+    /// [`TestNet::mount`], or what `larder mount` said when it failed.
+    pub fn try_mount(
+        &self,
+        root: &Path,
+        name: &str,
+        home: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Mount, crate::common::Output> {
         let mnt = root.join(format!("mnt-{name}"));
         let cache = root.join(format!("cache-{name}"));
         std::fs::create_dir_all(&mnt).unwrap();
@@ -175,21 +194,14 @@ impl TestNet {
         let prefix = node.prefix();
         let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match Mount::try_new_under(&prefix, home, &mnt, &cache, &args, env) {
-            Ok(m) => {
-                assert!(
-                    node.holds(m.pid),
-                    "node {name}'s daemon (pid {}) is not in {}",
-                    m.pid,
-                    node.netns
-                );
-                m
-            }
-            Err(out) => panic!(
-                "larder mount {home} for node {name} failed:\n{out}\n--- daemon log ---\n{}",
-                log_tail(&cache, 60)
-            ),
-        }
+        let m = Mount::try_new_under(&prefix, home, &mnt, &cache, &args, env)?;
+        assert!(
+            node.holds(m.pid),
+            "node {name}'s daemon (pid {}) is not in {}",
+            m.pid,
+            node.netns
+        );
+        Ok(m)
     }
 
     pub fn node(&self, name: &str) -> &Node {

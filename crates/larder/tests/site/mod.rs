@@ -79,6 +79,14 @@ impl Site {
         self.net.mount(t.root(), name, home, args, env)
     }
 
+    /// [`Site::node`], or what `larder mount` said when it failed.
+    pub fn try_node(&self, t: &TestDir, tls: &Path, name: &str, extra: &[&str]) -> Result<Mount, common::Output> {
+        let mut args = self.cluster_options(name, tls, true);
+        args.extend(NODE_OPTIONS.iter().chain(extra).map(|a| a.to_string()));
+        self.net
+            .try_mount(t.root(), name, s(&t.root().join("home")), &args, &[])
+    }
+
     /// Node `name` of the directory home `t/home`, serving the others, with `extra` options.
     pub fn node(&self, t: &TestDir, tls: &Path, name: &str, extra: &[&str]) -> Mount {
         let mut args = self.cluster_options(name, tls, true);
