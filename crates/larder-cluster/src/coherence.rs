@@ -286,14 +286,15 @@ impl Coherence for EtcdCoherence {
         Err(HomeError::Os(libc::EIO))
     }
 
-    fn sync(&self) {
+    fn sync(&self) -> bool {
         // etcd away: no open waits for it; the watch brings what was missed once it is back.
         if !self.sync || !self.membership.online() {
-            return;
+            return false;
         }
-        if let Err(e) = self.membership.sync_held() {
+        self.membership.sync_held().unwrap_or_else(|e| {
             tracing::debug!(error = %e, "could not read the held records; going on with what this node knows");
-        }
+            false
+        })
     }
 
     fn publish(&self, records: Vec<(Vec<u8>, HeldRecord)>) {

@@ -15,6 +15,8 @@ use crate::Membership;
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// Retries of a lock change another node's change overtook, before it is given up as unavailable.
 const RACES: usize = 1000;
+/// Files whose locks this node remembers as it last wrote them, at most.
+const KNOWN_MAX: usize = 10_000;
 /// How often the keeper writes again unlocks etcd did not take.
 const RETRY_EVERY: Duration = Duration::from_millis(200);
 
@@ -25,6 +27,10 @@ pub struct EtcdLocks {
     /// The revision of this node's last change of each file's locks (the gate's, once written): a gate
     /// still there when read next means no other node changed its locks on the file meanwhile.
     last_written: Mutex<HashMap<Vec<u8>, i64>>,
+    /// Each file's locks as this node last wrote them: its next change is tried on them at once (one
+    /// transaction, made only if the gate is still that write's), and read afresh only if that fails
+    /// or they show a conflict.
+    known: Mutex<HashMap<Vec<u8>, Read>>,
     /// Unlocks etcd did not take (it was away), by file, with the owners' locks to drop: written again
     /// by the keeper until it does. Others wait on them meanwhile, as on a lock still held.
     unsent: Mutex<HashMap<Vec<u8>, Vec<LockAsk>>>,
@@ -35,6 +41,7 @@ fn unavailable(e: impl std::fmt::Display) -> LockError {
 }
 
 /// A file's locks as read: every node's (with the node), this node's own, and the gate's revision.
+#[derive(Clone)]
 struct Read {
     all: Vec<(u64, LockRange)>,
     mine: Vec<LockRange>,
@@ -51,6 +58,7 @@ impl EtcdLocks {
             membership,
             holding: Mutex::new(HashSet::new()),
             last_written: Mutex::new(HashMap::new()),
+            known: Mutex::new(HashMap::new()),
             unsent: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&locks);
@@ -88,14 +96,43 @@ impl EtcdLocks {
         })
     }
 
-    /// Write this node's locks of `key` as `mine` if nothing changed since the read at `gate`. Whether it
-    /// was written.
-    fn write(&self, key: &[u8], gate: i64, mine: &[LockRange]) -> Result<bool, LockError> {
+    /// `key`'s locks as this node last wrote them, else as etcd has them now.
+    fn known_or_read(&self, key: &[u8]) -> Result<(Read, bool), LockError> {
+        if let Some(r) = self.known.lock().unwrap().get(key) {
+            return Ok((r.clone(), true));
+        }
+        Ok((self.read(key)?, false))
+    }
+
+    /// Write this node's locks of `key` as `mine` if nothing changed since `read` (at its gate). Whether
+    /// it was written.
+    fn write(&self, key: &[u8], read: &Read, mine: &[LockRange]) -> Result<bool, LockError> {
         let value = (!mine.is_empty()).then(|| serde_json::to_vec(mine).expect("locks serialise"));
-        let written = self.membership.write_locks(key, gate, value).map_err(unavailable)?;
+        let written = self
+            .membership
+            .write_locks(key, read.gate, value)
+            .map_err(unavailable)?;
         let Some(revision) = written else {
+            self.known.lock().unwrap().remove(key);
             return Ok(false);
         };
+        let me = self.me();
+        let mut all: Vec<(u64, LockRange)> = read.all.iter().filter(|(n, _)| *n != me).copied().collect();
+        all.extend(mine.iter().map(|l| (me, *l)));
+        {
+            let mut known = self.known.lock().unwrap();
+            if known.len() >= KNOWN_MAX {
+                known.clear();
+            }
+            known.insert(
+                key.to_vec(),
+                Read {
+                    all,
+                    mine: mine.to_vec(),
+                    gate: revision,
+                },
+            );
+        }
         let mut holding = self.holding.lock().unwrap();
         let mut last = self.last_written.lock().unwrap();
         if mine.is_empty() {
@@ -115,15 +152,15 @@ impl EtcdLocks {
     /// Change this node's locks of `key` by `change` (unlocks: nothing to wait for), until etcd takes it.
     fn unlock(&self, key: &[u8], change: impl Fn(&[LockRange]) -> Vec<LockRange>) -> Result<(), LockError> {
         for _ in 0..RACES {
-            let Read { mine, gate, .. } = self.read(key)?;
-            let after = change(&mine);
-            if after == mine {
-                if mine.is_empty() {
+            let (read, _) = self.known_or_read(key)?;
+            let after = change(&read.mine);
+            if after == read.mine {
+                if read.mine.is_empty() {
                     self.holding.lock().unwrap().remove(key);
                 }
                 return Ok(());
             }
-            if self.write(key, gate, &after)? {
+            if self.write(key, &read, &after)? {
                 return Ok(());
             }
         }
@@ -152,6 +189,7 @@ impl EtcdLocks {
 impl LockTable for EtcdLocks {
     fn test(&self, key: &[u8], ask: &LockAsk) -> Result<Option<LockRange>, LockError> {
         let all = self.read(key)?.all;
+        self.known.lock().unwrap().remove(key);
         Ok(conflict(&all, self.me(), ask).map(|(node, l)| LockRange {
             // Another node's process is no process here.
             pid: if *node == self.me() { l.pid } else { 0 },
@@ -167,10 +205,20 @@ impl LockTable for EtcdLocks {
             });
         }
         let mut races = 0;
+        let mut fresh = false;
         loop {
             let seen = self.membership.locks_seen();
-            let Read { all, mine, gate } = self.read(key)?;
-            if conflict(&all, self.me(), ask).is_some() {
+            let (read, cached) = if fresh {
+                (self.read(key)?, false)
+            } else {
+                self.known_or_read(key)?
+            };
+            if conflict(&read.all, self.me(), ask).is_some() {
+                if cached {
+                    // What this node last wrote may be out of date: asked afresh before it waits.
+                    fresh = true;
+                    continue;
+                }
                 if !wait {
                     return Err(LockError::WouldBlock);
                 }
@@ -180,10 +228,11 @@ impl LockTable for EtcdLocks {
                 self.membership.wait_for_locks(seen, LOOK_EVERY);
                 continue;
             }
-            let others_since = self.others_since(key, gate);
-            if self.write(key, gate, &apply(&mine, ask))? {
+            let others_since = self.others_since(key, read.gate);
+            if self.write(key, &read, &apply(&read.mine, ask))? {
                 return Ok(others_since);
             }
+            fresh = true;
             races += 1;
             if races >= RACES {
                 return Err(unavailable("the file's locks kept changing"));

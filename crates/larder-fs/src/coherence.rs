@@ -52,8 +52,8 @@ pub trait Coherence: Send + Sync {
     fn live(&self, node: u64) -> bool;
     /// Bytes `ask` names from `holder`.
     fn read_held(&self, holder: u64, ask: &HeldRead) -> HomeResult<Vec<u8>>;
-    /// Apply every record written before now (before an open).
-    fn sync(&self);
+    /// Apply every record written before now (before an open); whether any was new here.
+    fn sync(&self) -> bool;
     /// Publish these records of this node's changes, before the change returns.
     fn publish(&self, records: Vec<(Vec<u8>, HeldRecord)>);
     /// Take the write token of `path` before this node changes what is there: the node holding it gives
@@ -308,7 +308,9 @@ mod tests {
         fn read_held(&self, holder: u64, ask: &HeldRead) -> HomeResult<Vec<u8>> {
             Ok(format!("{holder}:{}:{}", String::from_utf8_lossy(ask.path), ask.revision).into_bytes())
         }
-        fn sync(&self) {}
+        fn sync(&self) -> bool {
+            false
+        }
         fn publish(&self, _: Vec<(Vec<u8>, HeldRecord)>) {}
         fn take(&self, _: &[u8]) -> HomeResult<bool> {
             Ok(false)

@@ -140,6 +140,16 @@ fn counters_under_flock_and_lockf_on_two_nodes_lose_no_increment() {
             "conflict copies were made: {c}"
         );
     }
+    // A lock file removed while locked, as lock-file tools do: its close still releases the lock, and
+    // the name is free on the other node.
+    finish(
+        sh("exec flock -x \"$1\" rm \"$1\"", &a.path("lockfile")),
+        "flock, then rm",
+    );
+    finish(
+        sh("exec flock -n -x \"$1\" true", &b.path("lockfile")),
+        "b's flock of the name again",
+    );
     b.unmount();
     a.unmount();
 }
@@ -406,4 +416,61 @@ fn sqlite_in_rollback_mode_from_three_nodes_at_once_keeps_every_row() {
     for m in nodes {
         m.unmount();
     }
+}
+
+/// WAL mode from two nodes is not supported (its `-shm` index must be memory every process shares), but
+/// no process may die of it: each either commits or gets an error.
+const SQLITE_WAL: &str = r#"
+import sqlite3, sys, multiprocessing as mp, signal
+db, node = sys.argv[1], sys.argv[2]
+def work(k):
+    try:
+        c = sqlite3.connect(db, timeout=3)
+        for i in range(10):
+            c.execute("insert into t values (?, ?)", (node, k * 1000 + i))
+            c.commit()
+        c.close()
+    except sqlite3.Error as e:
+        print(f"an error, as may be: {e}")
+ps = [mp.Process(target=work, args=(k,)) for k in range(10)]
+[p.start() for p in ps]
+[p.join() for p in ps]
+killed = [signal.Signals(-p.exitcode).name for p in ps if p.exitcode < 0]
+sys.exit(f"writers died of {killed}" if killed else 0)
+"#;
+
+#[test]
+fn sqlite_in_wal_mode_from_two_nodes_kills_no_process() {
+    require_fuse();
+    let t = TestDir::new("cl-wal");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let site = Site::new("cl-wal", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+    let made = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nc.execute('pragma journal_mode=wal')\nc.execute('create table t(node, n)')\nc.commit()",
+            common::s(&a.path("db")),
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let runs = [(&a, "a"), (&b, "b")].map(|(m, n)| {
+        Command::new("python3")
+            .args(["-c", SQLITE_WAL, common::s(&m.path("db")), n])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    });
+    for r in runs {
+        let out = finish(r, "sqlite in WAL mode");
+        eprintln!("{out}");
+    }
+    b.unmount();
+    a.unmount();
 }

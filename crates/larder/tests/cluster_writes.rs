@@ -148,6 +148,66 @@ fn names_made_renamed_and_removed_on_one_node_show_on_another_at_once() {
 }
 
 #[test]
+fn renames_and_drains_on_one_node_are_seen_at_the_next_lookup_or_open_on_another() {
+    require_fuse();
+    let t = TestDir::new("cw-next");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(home.join("d")).unwrap();
+    let site = Site::new("cw-next", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+
+    // B knew the old name: the new one is there at B's next lookup, every time.
+    for i in 0..30 {
+        let (x, y) = (format!("d/x{i}"), format!("d/y{i}"));
+        std::fs::write(a.path(&x), format!("v{i}")).unwrap();
+        assert_eq!(read(&b.path(&x)), format!("v{i}").as_bytes());
+        std::fs::rename(a.path(&x), a.path(&y)).unwrap();
+        match std::fs::read(b.path(&y)) {
+            Ok(bytes) => assert_eq!(bytes, format!("v{i}").as_bytes()),
+            Err(e) => panic!("round {i}: b cannot open the new name {y}: {e}"),
+        }
+        assert!(!b.path(&x).exists(), "round {i}: b still has the old name");
+    }
+
+    // A directory made, filled and renamed on A: its files are at their new paths on B at once.
+    for i in 0..5 {
+        let (made, moved) = (format!("made{i}"), format!("moved{i}"));
+        std::fs::create_dir_all(a.path(&format!("{made}/sub"))).unwrap();
+        std::fs::write(a.path(&format!("{made}/f")), b"f").unwrap();
+        std::fs::write(a.path(&format!("{made}/sub/g")), b"g").unwrap();
+        std::fs::rename(a.path(&made), a.path(&moved)).unwrap();
+        let mut listed: Vec<String> = std::fs::read_dir(b.path(&moved))
+            .unwrap_or_else(|e| panic!("round {i}: {e}"))
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        listed.sort();
+        assert_eq!(listed, ["f", "sub"], "round {i}: b lists the moved directory so");
+        assert_eq!(read(&b.path(&format!("{moved}/f"))), b"f", "round {i}");
+        assert_eq!(read(&b.path(&format!("{moved}/sub/g"))), b"g", "round {i}");
+        assert!(!b.path(&made).exists(), "round {i}: b still has the old directory");
+    }
+
+    // A drained: its held version is gone, home has it; B's next reads get it, never ESTALE.
+    for i in 0..5 {
+        let f = format!("drained{i}");
+        std::fs::write(a.path(&f), format!("w{i}")).unwrap();
+        drain_ok(&a, 60);
+        for _ in 0..20 {
+            match std::fs::read(b.path(&f)) {
+                Ok(bytes) => assert_eq!(bytes, format!("w{i}").as_bytes(), "round {i}"),
+                Err(e) => panic!("round {i}: b's read after a drained: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    b.unmount();
+    a.unmount();
+}
+
+#[test]
 fn bytes_held_by_a_dead_node_are_an_error_or_homes_version_never_a_mix_and_come_back_with_it() {
     require_fuse();
     let t = TestDir::new("cw-dead");
@@ -377,16 +437,51 @@ fn with_etcd_away_a_node_writes_alone_and_publishes_once_etcd_is_back() {
     // A writes alone; B reads what it knows.
     std::fs::write(a.path("f"), b"written while etcd was away").unwrap();
     std::fs::write(a.path("g"), b"made while etcd was away").unwrap();
+    // More changes than etcd takes in one transaction (128 operations).
+    std::fs::create_dir(a.path("many")).unwrap();
+    for i in 0..200 {
+        std::fs::write(a.path(&format!("many/{i}")), format!("{i}")).unwrap();
+    }
     assert_eq!(read(&b.path("f")), b"old");
     site.etcd.run();
     // Once etcd is back, A publishes what it changed meanwhile, and B reads it.
     assert!(
         common::wait_until(Duration::from_secs(30), || std::fs::read(b.path("g"))
             .is_ok_and(|d| d == b"made while etcd was away")
-            && std::fs::read(b.path("f")).is_ok_and(|d| d == b"written while etcd was away")),
+            && std::fs::read(b.path("f")).is_ok_and(|d| d == b"written while etcd was away")
+            && std::fs::read(b.path("many/199")).is_ok_and(|d| d == b"199")),
         "b never saw a's changes made while etcd was away: {}",
         b.status()["cluster"]
     );
+    // Once both journals are empty, no held record is left in etcd, and A logged its retries a few
+    // times at most.
+    drain_ok(&a, 60);
+    drain_ok(&b, 60);
+    // etcd's JSON gateway: how many keys start with the held records' prefix.
+    let count = r#"
+import base64, json, sys, urllib.request
+b = lambda x: base64.b64encode(x).decode()
+prefix = sys.argv[2].encode()
+end = prefix[:-1] + bytes([prefix[-1] + 1])
+body = json.dumps({"key": b(prefix), "range_end": b(end), "count_only": True}).encode()
+print(json.load(urllib.request.urlopen(sys.argv[1] + "/v3/kv/range", body)).get("count", 0))
+"#;
+    let held = || {
+        let out = common::run_cmd(
+            "python3",
+            &["-c", count, &site.etcd.endpoint(), "/larder/test/held/"],
+            Duration::from_secs(10),
+        );
+        assert!(out.success(), "{out}");
+        out.stdout.trim().parse::<usize>().unwrap()
+    };
+    assert!(
+        common::wait_until(Duration::from_secs(10), || held() == 0),
+        "{} held records stayed in etcd after both journals drained",
+        held()
+    );
+    let retries = a.log().matches("could not publish").count();
+    assert!(retries <= 3, "a logged {retries} failed publications");
     b.unmount();
     a.unmount();
 }

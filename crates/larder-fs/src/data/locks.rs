@@ -24,11 +24,26 @@ impl DataPath {
         self.locks.get().is_some()
     }
 
-    /// The table and the key of `ino`'s locks: its path below home's root.
+    /// The table and the key of `ino`'s locks: its path below home's root when this node first locked it
+    /// (and kept while it holds locks on it: a file removed or renamed while locked is unlocked by the
+    /// key it was locked by).
     fn lock_key(&self, ino: u64) -> FsResult<(&Arc<dyn LockTable>, Vec<u8>)> {
         let table = self.locks.get().ok_or(FsError::Unsupported)?;
+        if let Some(key) = self.lock_keys.lock().unwrap_or_else(|p| p.into_inner()).get(&ino) {
+            return Ok((table, key.clone()));
+        }
         let path = self.names.read().path_of(ino)?;
         Ok((table, path.as_os_str().as_bytes().to_vec()))
+    }
+
+    /// Keep `key` as `ino`'s while this node holds locks by it.
+    fn note_lock_key(&self, table: &Arc<dyn LockTable>, ino: u64, key: Vec<u8>) {
+        let mut keys = self.lock_keys.lock().unwrap_or_else(|p| p.into_inner());
+        if table.holds(&key) {
+            keys.insert(ino, key);
+        } else {
+            keys.remove(&ino);
+        }
     }
 
     /// The lock that would stop `ask` on `ino` (`F_GETLK`), if any.
@@ -48,8 +63,9 @@ impl DataPath {
         if table.holds(&key) {
             self.publish_writes(ino)?;
         }
-        let others = table.set(&key, ask, wait, cancelled)?;
-        if ask.kind.is_some() && others {
+        let others = table.set(&key, ask, wait, cancelled);
+        self.note_lock_key(table, ino, key);
+        if ask.kind.is_some() && others? {
             self.take_in_changes(ino);
         }
         Ok(())
@@ -69,6 +85,7 @@ impl DataPath {
         if let Err(e) = table.release_owner(&key, owner) {
             tracing::warn!(error = %e, path = %Path::new(OsStr::from_bytes(&key)).display(), "could not release a file's locks");
         }
+        self.note_lock_key(table, ino, key);
     }
 
     /// What was written to `ino` made safe and published, as at a close.

@@ -34,6 +34,8 @@ pub(crate) struct DataPath {
     changes: std::sync::OnceLock<std::sync::Weak<dyn Intake>>,
     /// The cluster's locks, if the mount shares them (`locks.rs`).
     locks: std::sync::OnceLock<Arc<dyn crate::locks::LockTable>>,
+    /// The lock key of each file this node holds locks on, as it was when locked.
+    lock_keys: std::sync::Mutex<std::collections::HashMap<u64, Vec<u8>>>,
 }
 
 /// What the data path hands up to the change pipeline (implemented by `Changes`, wired by the façade):
@@ -68,6 +70,7 @@ impl DataPath {
             integrity: Default::default(),
             changes: std::sync::OnceLock::new(),
             locks: std::sync::OnceLock::new(),
+            lock_keys: Default::default(),
         }
     }
 

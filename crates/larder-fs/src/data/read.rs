@@ -9,7 +9,22 @@ impl DataPath {
     pub(crate) fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         use std::sync::atomic::Ordering::Relaxed;
         let started = std::time::Instant::now();
-        let result = self.read_range(fh, offset, size);
+        let mut result = self.read_range(fh, offset, size);
+        if matches!(result, Err(FsError::Home(HomeError::Stale)))
+            && self.names.coherence().is_some()
+            && let Some(ino) = self.names.handles().ino(fh)
+        {
+            // In a cluster the version read is gone from where it was (its holder pushed it and forgot
+            // it, or published a newer one): the newest is taken in and read instead, as a lock would.
+            self.names.sync_cluster();
+            if let Ok(node) = self.names.write().inode_mut(ino) {
+                node.checked = None;
+            }
+            if self.names.getattr(ino).is_ok() {
+                self.names.follow_newest(ino);
+                result = self.read_range(fh, offset, size);
+            }
+        }
         if let Ok(data) = &result {
             self.read_counters.reads.fetch_add(1, Relaxed);
             self.read_counters.bytes.fetch_add(data.len() as u64, Relaxed);

@@ -93,21 +93,60 @@ impl DataPath {
             return Err(ServeError::OtherVersion);
         }
         let path = Path::new(OsStr::from_bytes(ask.path));
-        let ino = {
+        let known = {
             let ns = self.names.read();
             match ns.resolve_known(path) {
-                (Some(ino), _) if !ns.inode(ino).map_or(true, |n| n.removed) => ino,
-                _ => return Err(ServeError::NotHeld),
+                (Some(ino), _) if !ns.inode(ino).map_or(true, |n| n.removed) => Some(ino),
+                _ => None,
             }
         };
         let failed = |e: crate::FsError| ServeError::Failed(e.to_string());
-        if ask.link {
-            return self.names.readlink(ino).map_err(failed);
+        // A file whose record is still this node's may have left memory once home had its changes (the
+        // record goes a moment later): looked up again, its bytes are the same.
+        let (ino, looked_up) = match known {
+            Some(ino) => (ino, Vec::new()),
+            None if own.is_some() => {
+                let looked_up = self.look_up_path(path).map_err(|_| ServeError::NotHeld)?;
+                (*looked_up.last().ok_or(ServeError::NotHeld)?, looked_up)
+            }
+            None => return Err(ServeError::NotHeld),
+        };
+        let result = if ask.link {
+            self.names.readlink(ino).map_err(failed)
+        } else {
+            self.open_here(ino).map_err(failed).and_then(|fh| {
+                let data = self.read(fh, ask.offset, ask.len.min(u32::MAX as u64) as u32);
+                let _ = self.release(fh);
+                data.map_err(failed)
+            })
+        };
+        for ino in looked_up.into_iter().rev() {
+            self.names.forget(ino, 1);
         }
-        let fh = self.open_here(ino).map_err(failed)?;
-        let data = self.read(fh, ask.offset, ask.len.min(u32::MAX as u64) as u32);
-        let _ = self.release(fh);
-        data.map_err(failed)
+        result
+    }
+
+    /// Look up each name of `path` from the root, as the kernel would; the inodes, each looked up once
+    /// (the caller forgets them).
+    fn look_up_path(&self, path: &Path) -> crate::FsResult<Vec<u64>> {
+        let mut inos = Vec::new();
+        let mut at = ROOT;
+        for c in path.components() {
+            let Component::Normal(name) = c else { continue };
+            match self.names.lookup(at, name) {
+                Ok(e) => {
+                    at = e.attr.ino;
+                    inos.push(at);
+                }
+                Err(e) => {
+                    for ino in inos.into_iter().rev() {
+                        self.names.forget(ino, 1);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(inos)
     }
 
     /// Every unit this node holds whole of the files it knows clean and at home, with the version home

@@ -16,11 +16,9 @@ impl Names {
         let _ = self.coherence.set(c);
     }
 
-    /// Apply the records written before now, if in a cluster.
-    pub(crate) fn sync_cluster(&self) {
-        if let Some(c) = self.coherence.get() {
-            c.sync();
-        }
+    /// Apply the records written before now, if in a cluster; whether any was new here.
+    pub(crate) fn sync_cluster(&self) -> bool {
+        self.coherence.get().is_some_and(|c| c.sync())
     }
 
     /// Take the write tokens of the existing objects at `paths` (below home's root), if in a cluster:
@@ -72,6 +70,24 @@ impl Names {
                 }
             });
         }
+    }
+
+    /// Whether another node's record says `name` in `parent` exists; if so, what this node cached of it
+    /// and its directory is dropped first (the record's own invalidation may still be on its way).
+    pub(crate) fn held_elsewhere(&self, parent: u64, name: &OsStr) -> bool {
+        let Some(c) = self.coherence.get() else {
+            return false;
+        };
+        let Ok(path) = read(&self.ns).child_path(parent, name) else {
+            return false;
+        };
+        let held = c
+            .record(bytes(&path))
+            .is_some_and(|(r, _)| r.holder != c.me() && r.attr.is_some());
+        if held {
+            self.invalidate_path(bytes(&path));
+        }
+        held
     }
 
     /// Whether this node may still change `ino` (see [`Coherence::still_held`]); always outside a
@@ -138,6 +154,14 @@ impl Names {
                     paths.push(bytes(parent).to_vec());
                 }
             }
+            if let crate::journal::OpKind::Rename { to, .. } = &op.kind {
+                // What this node holds below a directory it renamed is published at its new paths (and
+                // gone from the old): the others would see the directory empty until it reached home.
+                for below in own_below(c.as_ref(), &op.path) {
+                    paths.push([to.as_slice(), &below[op.path.len()..]].concat());
+                    paths.push(below);
+                }
+            }
         }
         paths.sort();
         paths.dedup();
@@ -194,6 +218,30 @@ impl Names {
 /// This node's record of `path`: its attributes here (none if it is not here, or removed), and where
 /// home has it if that is elsewhere. Nothing for a name known only from a listing (no attributes yet):
 /// this node has nothing to say of it.
+/// The paths strictly below `dir` that this node holds records of.
+fn own_below(c: &dyn Coherence, dir: &[u8]) -> Vec<Vec<u8>> {
+    let me = c.me();
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_vec()];
+    while let Some(d) = todo.pop() {
+        for (name, record, _) in c.children(&d) {
+            if record.holder != me {
+                continue;
+            }
+            let path = [d.as_slice(), b"/", name.as_slice()].concat();
+            if record
+                .attr
+                .as_ref()
+                .is_some_and(|a| a.kind == larder_home::FileKind::Dir)
+            {
+                todo.push(path.clone());
+            }
+            out.push(path);
+        }
+    }
+    out
+}
+
 pub(crate) fn held_record(ns: &Namespace, me: u64, path: &Path) -> Option<HeldRecord> {
     let (found, _) = ns.resolve_known(path);
     let node = found.and_then(|ino| ns.inodes.get(&ino).filter(|n| !n.removed).map(|n| (ino, n)));

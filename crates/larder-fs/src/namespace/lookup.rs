@@ -80,6 +80,19 @@ impl Names {
 
     /// Look `name` up in `parent`; counts one kernel reference on success.
     pub(crate) fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
+        match self.lookup_once(parent, name) {
+            // In a cluster, a name another node made (or renamed to) just before is found at once: a
+            // lookup that finds nothing applies the records written before it (one etcd read) and, if it
+            // brought any, or another node's record names it (applied while this lookup used what was
+            // cached before), looks again.
+            Err(FsError::NotFound) if self.sync_cluster() | self.held_elsewhere(parent, name) => {
+                self.lookup_once(parent, name)
+            }
+            other => other,
+        }
+    }
+
+    fn lookup_once(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         {
             // A hit (see `find_once`) is answered and counted in one critical section, with the namespace
             // shared: hits wait for no other hit.
