@@ -18,8 +18,11 @@ use crate::peer::{HeldAsk, PeerClient, PeerError};
 const KEEP_EVERY: Duration = Duration::from_millis(200);
 /// Longest a node giving up a write token may take to push its changes to home.
 const GIVE_UP_WITHIN: Duration = Duration::from_secs(30);
-/// Times a node asks for a token held elsewhere before it gives up.
-const TOKEN_TRIES: usize = 5;
+/// Times a node asks for a token held elsewhere (or takes it again, having given one up meanwhile)
+/// before it gives up.
+const TOKEN_TRIES: usize = 10;
+/// How long a node that gave a token up lets the asker have it before its own writers ask for it back.
+const COURTESY: Duration = Duration::from_millis(20);
 
 /// A write token as this node has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +47,13 @@ pub struct EtcdCoherence {
     /// The write tokens this node has, or is giving up; `tokens_changed` wakes writers waiting.
     tokens: Mutex<HashMap<Vec<u8>, Token>>,
     tokens_changed: Condvar,
+    /// Counts the give-ups begun: a token taken while one began may have been given up meanwhile, and
+    /// is taken again rather than believed held.
+    give_ups: std::sync::atomic::AtomicU64,
+    /// When this node last gave each token up: its own writers wait [`COURTESY`] before they ask for it
+    /// back, so that the node that asked makes its change first (else, asking at once, they won the
+    /// token back each time and the asker gave up).
+    given: Mutex<HashMap<Vec<u8>, Instant>>,
 }
 
 fn decode(value: &[u8]) -> Option<HeldRecord> {
@@ -67,6 +77,8 @@ impl EtcdCoherence {
             serves,
             tokens: Mutex::new(HashMap::new()),
             tokens_changed: Condvar::new(),
+            give_ups: Default::default(),
+            given: Mutex::new(HashMap::new()),
         })
     }
 
@@ -74,7 +86,13 @@ impl EtcdCoherence {
     /// and start the keeper.
     pub fn attach(self: &Arc<Self>, fs: &Arc<Fs>) {
         let weak = Arc::downgrade(fs);
-        self.membership.held().set_hook(Box::new(move |path| {
+        let me = self.me();
+        self.membership.held().set_hook(Box::new(move |path, value| {
+            // This node's own records (written, or removed once home had its changes) say what its
+            // namespace and the kernel know already: nothing to drop, and nothing to ask home again.
+            if decode(value).is_some_and(|r| r.holder == me) {
+                return;
+            }
             if let Some(fs) = weak.upgrade() {
                 fs.invalidate_path(path);
             }
@@ -120,7 +138,11 @@ impl EtcdCoherence {
     /// the token. This node's writers of the path wait meanwhile. The revision at which this node's held
     /// records were gone.
     pub fn give_up(&self, path: &[u8], drain: impl FnOnce(Duration) -> Result<(), String>) -> Result<i64, String> {
-        self.tokens.lock().unwrap().insert(path.to_vec(), Token::GivingUp);
+        {
+            let mut tokens = self.tokens.lock().unwrap();
+            self.give_ups.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokens.insert(path.to_vec(), Token::GivingUp);
+        }
         let result = (|| {
             drain(GIVE_UP_WITHIN)?;
             let mut gone = 0;
@@ -134,6 +156,11 @@ impl EtcdCoherence {
             self.membership.drop_token(path).map_err(|e| e.to_string())?;
             Ok(gone)
         })();
+        if result.is_ok() {
+            let mut given = self.given.lock().unwrap();
+            given.retain(|_, at| at.elapsed() < COURTESY);
+            given.insert(path.to_vec(), Instant::now());
+        }
         self.tokens.lock().unwrap().remove(path);
         self.tokens_changed.notify_all();
         result
@@ -239,6 +266,10 @@ impl Coherence for EtcdCoherence {
         }
         let mut handed = false;
         let me = self.me();
+        let given = self.given.lock().unwrap().get(path).copied();
+        if let Some(wait) = given.map(|at| COURTESY.saturating_sub(at.elapsed())) {
+            std::thread::sleep(wait);
+        }
         for _ in 0..TOKEN_TRIES {
             {
                 let deadline = Instant::now() + GIVE_UP_WITHIN;
@@ -253,6 +284,7 @@ impl Coherence for EtcdCoherence {
                     }
                 }
             }
+            let epoch = self.give_ups.load(std::sync::atomic::Ordering::SeqCst);
             match self.membership.take_token(path) {
                 Ok(None) => {
                     // A holder of changes of the path that has no token (gone, or its lease was renewed).
@@ -269,7 +301,12 @@ impl Coherence for EtcdCoherence {
                     {
                         tracing::debug!(error = %e, "could not let a write token go");
                     }
-                    self.tokens.lock().unwrap().insert(path.to_vec(), Token::Held);
+                    let mut tokens = self.tokens.lock().unwrap();
+                    if self.give_ups.load(std::sync::atomic::Ordering::SeqCst) != epoch {
+                        // This node gave a token up meanwhile, perhaps this one: take it again.
+                        continue;
+                    }
+                    tokens.insert(path.to_vec(), Token::Held);
                     return Ok(handed);
                 }
                 Ok(Some(holder)) => {

@@ -22,7 +22,8 @@ pub struct Held {
 }
 
 /// Called with each path whose record was written or removed.
-pub type HeldHook = Box<dyn Fn(&[u8]) + Send + Sync>;
+/// Called with a path whose record changed, and the record's value: the new one, or the one removed.
+pub type HeldHook = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
 
 #[derive(Default)]
 pub struct HeldMap {
@@ -79,7 +80,7 @@ impl HeldMap {
     /// the map has, or than a removal applied ahead of the watch, is ignored (a sync and the watch may
     /// bring the same event twice, and the watch may bring a write after its removal was learnt).
     pub fn apply(&self, path: &[u8], value: Option<&[u8]>, revision: i64) {
-        let changed = {
+        let changed: Option<Vec<u8>> = {
             let mut map = self.records.write().unwrap_or_else(|p| p.into_inner());
             let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
             if value.is_none() && revision > self.applied() {
@@ -91,7 +92,7 @@ impl HeldMap {
                     if map.get(path).is_some_and(|h| h.revision >= revision)
                         || removed.get(path).is_some_and(|&r| r >= revision)
                     {
-                        false
+                        None
                     } else {
                         map.insert(
                             path.to_vec(),
@@ -100,14 +101,17 @@ impl HeldMap {
                                 revision,
                             },
                         );
-                        true
+                        Some(v.to_vec())
                     }
                 }
-                None => map.get(path).is_some_and(|h| h.revision < revision) && map.remove(path).is_some(),
+                None if map.get(path).is_some_and(|h| h.revision < revision) => map.remove(path).map(|h| h.value),
+                None => None,
             }
         };
-        if changed && let Some(hook) = self.hook.get() {
-            hook(path);
+        if let Some(value) = changed
+            && let Some(hook) = self.hook.get()
+        {
+            hook(path, &value);
         }
     }
 
@@ -123,21 +127,26 @@ impl HeldMap {
     /// Replace every record with `fresh` (a full load at `revision`), calling the hook for each path
     /// whose record changed or went.
     pub fn replace(&self, fresh: BTreeMap<Vec<u8>, Held>, revision: i64) {
-        let changed: Vec<Vec<u8>> = {
+        let changed: Vec<(Vec<u8>, Vec<u8>)> = {
             let mut map = self.records.write().unwrap_or_else(|p| p.into_inner());
-            let mut changed: Vec<Vec<u8>> = map
+            let mut changed: Vec<(Vec<u8>, Vec<u8>)> = map
                 .iter()
                 .filter(|(k, v)| fresh.get(*k) != Some(v))
-                .map(|(k, _)| k.clone())
+                .map(|(k, v)| (k.clone(), fresh.get(k).unwrap_or(v).value.clone()))
                 .collect();
-            changed.extend(fresh.keys().filter(|k| !map.contains_key(*k)).cloned());
+            changed.extend(
+                fresh
+                    .iter()
+                    .filter(|(k, _)| !map.contains_key(*k))
+                    .map(|(k, v)| (k.clone(), v.value.clone())),
+            );
             *map = fresh;
             changed
         };
         self.applied_up_to(revision);
         if let Some(hook) = self.hook.get() {
-            for path in changed {
-                hook(&path);
+            for (path, value) in changed {
+                hook(&path, &value);
             }
         }
     }
@@ -154,7 +163,7 @@ mod tests {
         let m = HeldMap::default();
         let heard = Arc::new(Mutex::new(Vec::new()));
         let h = heard.clone();
-        m.set_hook(Box::new(move |p| h.lock().unwrap().push(p.to_vec())));
+        m.set_hook(Box::new(move |p, _| h.lock().unwrap().push(p.to_vec())));
         m.apply(b"a/b", Some(b"1"), 5);
         m.apply(b"a/b", Some(b"0"), 4); // older: ignored
         m.apply(b"a/b", Some(b"1"), 5); // again: ignored
@@ -211,7 +220,7 @@ mod tests {
         let m = HeldMap::default();
         let heard = Arc::new(Mutex::new(Vec::new()));
         let h = heard.clone();
-        m.set_hook(Box::new(move |p| {
+        m.set_hook(Box::new(move |p, _| {
             h.lock().unwrap().push(String::from_utf8(p.to_vec()).unwrap())
         }));
         m.apply(b"gone", Some(b"v"), 1);

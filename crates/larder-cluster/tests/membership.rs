@@ -201,7 +201,8 @@ fn held_records_reach_another_node_by_its_watch_or_at_once_by_a_sync_and_a_stale
     let b = Membership::join(config(&etcd, "h"), record(2, "10.0.0.2:7000")).unwrap();
     let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let h = heard.clone();
-    b.held().set_hook(Box::new(move |p| h.lock().unwrap().push(p.to_vec())));
+    b.held()
+        .set_hook(Box::new(move |p, _| h.lock().unwrap().push(p.to_vec())));
 
     let rev = a
         .publish_held(&[(b"d/f".to_vec(), b"one".to_vec()), (b"d".to_vec(), b"dir".to_vec())])
