@@ -38,14 +38,37 @@ fn wait_live(nodes: &[&Mount], n: usize) {
     }
 }
 
-/// `sh -c script` with `$1` set to `arg`, in the background.
-fn sh(script: &str, arg: &std::path::Path) -> std::process::Child {
-    Command::new("sh")
-        .args(["-c", script, "sh", common::s(arg)])
+/// Nodes A and B of one cluster (`LATE`), each in a namespace of its own, over the directory home
+/// `t/home` holding `files`; both see each other live.
+fn two_nodes(label: &str, files: &[(&str, &[u8])]) -> (TestDir, std::path::PathBuf, Site, Mount, Mount) {
+    let t = TestDir::new(label);
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    for (name, content) in files {
+        std::fs::write(home.join(name), content).unwrap();
+    }
+    let site = Site::new(label, &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &LATE);
+    let b = site.node(&t, &tls, "b", &LATE);
+    wait_live(&[&a, &b], 2);
+    (t, home, site, a, b)
+}
+
+/// `program args` with `env`, in the background, its output kept.
+fn spawn(program: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+    Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// `sh -c script` with `$1` set to `arg`, in the background.
+fn sh(script: &str, arg: &std::path::Path) -> std::process::Child {
+    spawn("sh", &["-c", script, "sh", common::s(arg)], &[])
 }
 
 fn finish(child: std::process::Child, what: &str) -> String {
@@ -89,29 +112,14 @@ for _ in range(40):
 #[test]
 fn counters_under_flock_and_lockf_on_two_nodes_lose_no_increment() {
     require_fuse();
-    let t = TestDir::new("cl-counter");
-    let home = t.root().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::write(home.join("flocked"), b"0").unwrap();
-    std::fs::write(home.join("lockfed"), b"0").unwrap();
-    let site = Site::new("cl-counter", &["a", "b"]);
-    let tls = certs(&t.root().join("tls"), &["a", "b"]);
-    let a = site.node(&t, &tls, "a", &LATE);
-    let b = site.node(&t, &tls, "b", &LATE);
-    wait_live(&[&a, &b], 2);
+    let (_t, home, _site, a, b) = two_nodes("cl-counter", &[("flocked", b"0"), ("lockfed", b"0")]);
 
     let runs = [a.path("flocked"), b.path("flocked")].map(|p| sh(FLOCK_COUNTER, &p));
     for r in runs {
         finish(r, "a flock counter");
     }
-    let runs = [a.path("lockfed"), b.path("lockfed")].map(|p| {
-        Command::new("python3")
-            .args(["-c", LOCKF_COUNTER, common::s(&p)])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    });
+    let runs =
+        [a.path("lockfed"), b.path("lockfed")].map(|p| spawn("python3", &["-c", LOCKF_COUNTER, common::s(&p)], &[]));
     for r in runs {
         finish(r, "a lockf counter");
     }
@@ -157,15 +165,7 @@ fn counters_under_flock_and_lockf_on_two_nodes_lose_no_increment() {
 #[test]
 fn a_waiter_for_a_lock_held_on_another_node_can_be_interrupted_and_gets_it_when_its_holder_dies() {
     require_fuse();
-    let t = TestDir::new("cl-wait");
-    let home = t.root().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::write(home.join("f"), b"x").unwrap();
-    let site = Site::new("cl-wait", &["a", "b"]);
-    let tls = certs(&t.root().join("tls"), &["a", "b"]);
-    let a = site.node(&t, &tls, "a", &LATE);
-    let b = site.node(&t, &tls, "b", &LATE);
-    wait_live(&[&a, &b], 2);
+    let (_t, _home, _site, a, b) = two_nodes("cl-wait", &[("f", b"x")]);
 
     // A holds an exclusive lock, by a process that keeps it.
     let holder = sh("exec flock -x \"$1\" sleep 60", &a.path("f"));
@@ -239,28 +239,12 @@ fn lines_in_order(text: &str, prefix: char, n: usize) -> usize {
 #[test]
 fn writers_on_two_nodes_at_once_get_no_error_and_lose_nothing_they_were_told_was_written() {
     require_fuse();
-    let t = TestDir::new("cl-race");
-    let home = t.root().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::write(home.join("over"), b"start\n").unwrap();
-    std::fs::write(home.join("log"), b"").unwrap();
-    let site = Site::new("cl-race", &["a", "b"]);
-    let tls = certs(&t.root().join("tls"), &["a", "b"]);
-    let a = site.node(&t, &tls, "a", &LATE);
-    let b = site.node(&t, &tls, "b", &LATE);
-    wait_live(&[&a, &b], 2);
+    let (_t, home, _site, a, b) = two_nodes("cl-race", &[("over", b"start\n"), ("log", b"")]);
 
     // Overwrites: each `echo > f` must succeed, and the file end as the last one to get the token left it.
     let over = "for i in $(seq 1 30); do echo \"$X$i\" > \"$1\" || exit 1; done";
-    let runs = [(&a, "a"), (&b, "b")].map(|(m, x)| {
-        Command::new("sh")
-            .args(["-c", over, "sh", common::s(&m.path("over"))])
-            .env("X", x)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    });
+    let runs =
+        [(&a, "a"), (&b, "b")].map(|(m, x)| spawn("sh", &["-c", over, "sh", common::s(&m.path("over"))], &[("X", x)]));
     for r in runs {
         finish(r, "overwrites");
     }
@@ -277,15 +261,8 @@ fn writers_on_two_nodes_at_once_get_no_error_and_lose_nothing_they_were_told_was
 
     // Appends: every line each node was told it wrote is there, in its order.
     let append = "for i in $(seq 1 30); do echo \"$X$i\" >> \"$1\" || exit 1; done";
-    let runs = [(&a, "a"), (&b, "b")].map(|(m, x)| {
-        Command::new("sh")
-            .args(["-c", append, "sh", common::s(&m.path("log"))])
-            .env("X", x)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    });
+    let runs =
+        [(&a, "a"), (&b, "b")].map(|(m, x)| spawn("sh", &["-c", append, "sh", common::s(&m.path("log"))], &[("X", x)]));
     for r in runs {
         finish(r, "appends");
     }
@@ -442,14 +419,7 @@ sys.exit(f"writers died of {killed}" if killed else 0)
 #[test]
 fn sqlite_in_wal_mode_from_two_nodes_kills_no_process() {
     require_fuse();
-    let t = TestDir::new("cl-wal");
-    let home = t.root().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    let site = Site::new("cl-wal", &["a", "b"]);
-    let tls = certs(&t.root().join("tls"), &["a", "b"]);
-    let a = site.node(&t, &tls, "a", &LATE);
-    let b = site.node(&t, &tls, "b", &LATE);
-    wait_live(&[&a, &b], 2);
+    let (_t, _home, _site, a, b) = two_nodes("cl-wal", &[]);
     let made = Command::new("python3")
         .args([
             "-c",
@@ -459,14 +429,8 @@ fn sqlite_in_wal_mode_from_two_nodes_kills_no_process() {
         .status()
         .unwrap();
     assert!(made.success());
-    let runs = [(&a, "a"), (&b, "b")].map(|(m, n)| {
-        Command::new("python3")
-            .args(["-c", SQLITE_WAL, common::s(&m.path("db")), n])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    });
+    let runs =
+        [(&a, "a"), (&b, "b")].map(|(m, n)| spawn("python3", &["-c", SQLITE_WAL, common::s(&m.path("db")), n], &[]));
     for r in runs {
         let out = finish(r, "sqlite in WAL mode");
         eprintln!("{out}");
