@@ -409,7 +409,7 @@ def work(k):
         c.close()
     except sqlite3.Error as e:
         print(f"an error, as may be: {e}")
-ps = [mp.Process(target=work, args=(k,)) for k in range(10)]
+ps = [mp.Process(target=work, args=(k,)) for k in range(3)]
 [p.start() for p in ps]
 [p.join() for p in ps]
 killed = [signal.Signals(-p.exitcode).name for p in ps if p.exitcode < 0]
