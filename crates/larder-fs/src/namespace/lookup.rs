@@ -85,7 +85,7 @@ impl Names {
             // lookup that finds nothing applies the records written before it (one etcd read) and, if it
             // brought any, or another node's record names it (applied while this lookup used what was
             // cached before), looks again.
-            Err(FsError::NotFound) if self.sync_cluster() | self.held_elsewhere(parent, name) => {
+            Err(FsError::NotFound) if self.sync_cluster() || self.held_elsewhere(parent, name) => {
                 self.lookup_once(parent, name)
             }
             other => other,
