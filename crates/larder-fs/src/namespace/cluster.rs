@@ -38,6 +38,11 @@ impl Names {
     /// Another node gave up the token of `path` just now, once home had its changes: what this node
     /// changes next is made on that version, so it is asked of home now (whatever the validity lag), and
     /// this node's open handles of the file follow it.
+    ///
+    /// The kernel's invalidations are sent, not waited for: the change may be the kernel's own writeback
+    /// of a mapped page, which the invalidation thread is waiting on (an invalidation of a mapped file
+    /// writes its dirty pages back first), or a write whose pages the kernel keeps locked until the
+    /// answer. Opens and locks, which order what is read next, wait for the kernel themselves.
     fn taken_over(&self, path: &Path) {
         let (ino, home_path) = {
             let ns = read(&self.ns);
@@ -51,7 +56,6 @@ impl Names {
             tracing::debug!(error = %e, path = %path.display(), "could not ask home for a file another node gave up");
             return;
         }
-        self.kernel_barrier();
         self.follow_newest(ino);
     }
 
