@@ -10,6 +10,7 @@ use std::time::Duration;
 use larder_fs::locks::{LockAsk, LockError, LockRange, LockTable, apply, conflict, without_owner};
 
 use crate::Membership;
+use crate::membership::LockRecords;
 
 /// Longest a waiting lock goes without looking again (a change the watch did not bring; an interrupt).
 const LOOK_EVERY: Duration = Duration::from_millis(100);
@@ -78,7 +79,10 @@ impl EtcdLocks {
 
     /// Every node's locks of `key`, flat, and this node's own; the gate's revision.
     fn read(&self, key: &[u8]) -> Result<Read, LockError> {
-        let records = self.membership.read_locks(key).map_err(unavailable)?;
+        Ok(self.flatten(self.membership.read_locks(key).map_err(unavailable)?))
+    }
+
+    fn flatten(&self, records: LockRecords) -> Read {
         let me = self.me();
         let mut all = Vec::new();
         let mut mine = Vec::new();
@@ -89,11 +93,11 @@ impl EtcdLocks {
             }
             all.extend(ranges.into_iter().map(|r| (node, r)));
         }
-        Ok(Read {
+        Read {
             all,
             mine,
             gate: records.gate,
-        })
+        }
     }
 
     /// `key`'s locks as this node last wrote them, else as etcd has them now.
@@ -104,17 +108,20 @@ impl EtcdLocks {
         Ok((self.read(key)?, false))
     }
 
-    /// Write this node's locks of `key` as `mine` if nothing changed since `read` (at its gate). Whether
-    /// it was written.
-    fn write(&self, key: &[u8], read: &Read, mine: &[LockRange]) -> Result<bool, LockError> {
+    /// Write this node's locks of `key` as `mine` if nothing changed since `read` (at its gate); if
+    /// something did, the locks as they are now (one round trip either way).
+    fn write(&self, key: &[u8], read: &Read, mine: &[LockRange]) -> Result<Result<(), Read>, LockError> {
         let value = (!mine.is_empty()).then(|| serde_json::to_vec(mine).expect("locks serialise"));
         let written = self
             .membership
             .write_locks(key, read.gate, value)
             .map_err(unavailable)?;
-        let Some(revision) = written else {
-            self.known.lock().unwrap().remove(key);
-            return Ok(false);
+        let revision = match written {
+            Ok(revision) => revision,
+            Err(now) => {
+                self.known.lock().unwrap().remove(key);
+                return Ok(Err(self.flatten(now)));
+            }
         };
         let me = self.me();
         let mut all: Vec<(u64, LockRange)> = read.all.iter().filter(|(n, _)| *n != me).copied().collect();
@@ -141,7 +148,7 @@ impl EtcdLocks {
             holding.insert(key.to_vec());
         }
         last.insert(key.to_vec(), revision);
-        Ok(true)
+        Ok(Ok(()))
     }
 
     /// Whether a gate read at `gate` was last written by another node (or this node holds nothing there).
@@ -151,8 +158,12 @@ impl EtcdLocks {
 
     /// Change this node's locks of `key` by `change` (unlocks: nothing to wait for), until etcd takes it.
     fn unlock(&self, key: &[u8], change: impl Fn(&[LockRange]) -> Vec<LockRange>) -> Result<(), LockError> {
+        let mut now = None;
         for _ in 0..RACES {
-            let (read, _) = self.known_or_read(key)?;
+            let read = match now.take() {
+                Some(read) => read,
+                None => self.known_or_read(key)?.0,
+            };
             let after = change(&read.mine);
             if after == read.mine {
                 if read.mine.is_empty() {
@@ -160,8 +171,9 @@ impl EtcdLocks {
                 }
                 return Ok(());
             }
-            if self.write(key, &read, &after)? {
-                return Ok(());
+            match self.write(key, &read, &after)? {
+                Ok(()) => return Ok(()),
+                Err(fresh) => now = Some(fresh),
             }
         }
         Err(unavailable("the file's locks kept changing"))
@@ -206,12 +218,14 @@ impl LockTable for EtcdLocks {
         }
         let mut races = 0;
         let mut fresh = false;
+        // The locks as a failed transaction found them: the next try starts from those.
+        let mut now: Option<Read> = None;
         loop {
             let seen = self.membership.locks_seen();
-            let (read, cached) = if fresh {
-                (self.read(key)?, false)
-            } else {
-                self.known_or_read(key)?
+            let (read, cached) = match now.take() {
+                Some(read) => (read, false),
+                None if fresh => (self.read(key)?, false),
+                None => self.known_or_read(key)?,
             };
             if conflict(&read.all, self.me(), ask).is_some() {
                 if cached {
@@ -226,13 +240,14 @@ impl LockTable for EtcdLocks {
                     return Err(LockError::Interrupted);
                 }
                 self.membership.wait_for_locks(seen, LOOK_EVERY);
+                fresh = true;
                 continue;
             }
             let others_since = self.others_since(key, read.gate);
-            if self.write(key, &read, &apply(&read.mine, ask))? {
-                return Ok(others_since);
+            match self.write(key, &read, &apply(&read.mine, ask))? {
+                Ok(()) => return Ok(others_since),
+                Err(found) => now = Some(found),
             }
-            fresh = true;
             races += 1;
             if races >= RACES {
                 return Err(unavailable("the file's locks kept changing"));

@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::{Membership, MembershipError, Shared};
 use crate::placement::MemberId;
@@ -57,31 +57,19 @@ impl Membership {
         let key = prefix.clone();
         let opts = GetOptions::new().with_prefix();
         let resp = self.call("a file's locks", async move |mut c| c.get(key, Some(opts)).await)?;
-        let mut out = LockRecords {
-            nodes: Vec::new(),
-            gate: 0,
-        };
-        for kv in resp.kvs() {
-            let Some(rest) = kv.key().strip_prefix(prefix.as_bytes()) else {
-                continue;
-            };
-            if rest == b"gate" {
-                out.gate = kv.mod_revision();
-            } else if let Some(node) = rest
-                .strip_prefix(b"n/")
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u64::from_str_radix(h, 16).ok())
-            {
-                out.nodes.push((node, kv.value().to_vec()));
-            }
-        }
-        Ok(out)
+        Ok(records(&prefix, resp.kvs()))
     }
 
     /// Write this node's lock records of `path` (`None`: it holds none now) if the gate is still at
-    /// `gate`. The revision it was written at, if it was. (The gate stays once no node holds a lock: it
-    /// goes with the lease of the node that wrote it last.)
-    pub fn write_locks(&self, path: &[u8], gate: i64, mine: Option<Vec<u8>>) -> Result<Option<i64>, MembershipError> {
+    /// `gate`: the revision it was written at, or, if another node changed the file's locks since, the
+    /// records as they are now (read in the same transaction). (The gate stays once no node holds a lock:
+    /// it goes with the lease of the node that wrote it last.)
+    pub fn write_locks(
+        &self,
+        path: &[u8],
+        gate: i64,
+        mine: Option<Vec<u8>>,
+    ) -> Result<Result<i64, LockRecords>, MembershipError> {
         let prefix = self.shared.lock_prefix(path);
         let node_key = format!("{prefix}n/{:016x}", self.shared.me.id);
         let gate_key = format!("{prefix}gate");
@@ -96,8 +84,42 @@ impl Membership {
         ];
         let txn = Txn::new()
             .when(vec![Compare::mod_revision(gate_key, CompareOp::Equal, gate)])
-            .and_then(ops);
+            .and_then(ops)
+            .or_else(vec![TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix()))]);
         let resp = self.call("a file's locks", async move |mut c| c.txn(txn).await)?;
-        Ok(resp.succeeded().then(|| resp.header().map_or(0, |h| h.revision())))
+        if resp.succeeded() {
+            return Ok(Ok(resp.header().map_or(0, |h| h.revision())));
+        }
+        let now = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => Some(records(&prefix, g.kvs())),
+            _ => None,
+        });
+        match now {
+            Some(now) => Ok(Err(now)),
+            None => self.read_locks(path).map(Err),
+        }
     }
+}
+
+/// The lock records under `prefix` among `kvs`.
+fn records(prefix: &str, kvs: &[KeyValue]) -> LockRecords {
+    let mut out = LockRecords {
+        nodes: Vec::new(),
+        gate: 0,
+    };
+    for kv in kvs {
+        let Some(rest) = kv.key().strip_prefix(prefix.as_bytes()) else {
+            continue;
+        };
+        if rest == b"gate" {
+            out.gate = kv.mod_revision();
+        } else if let Some(node) = rest
+            .strip_prefix(b"n/")
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        {
+            out.nodes.push((node, kv.value().to_vec()));
+        }
+    }
+    out
 }

@@ -31,6 +31,7 @@ use etcd_client::{
 use serde::{Deserialize, Serialize};
 
 mod locks;
+pub use locks::LockRecords;
 
 use crate::held::{Held, HeldMap};
 use crate::placement::{Member, MemberId, Placement};
