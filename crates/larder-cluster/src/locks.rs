@@ -108,16 +108,17 @@ impl EtcdLocks {
         Ok((self.read(key)?, false))
     }
 
-    /// Write this node's locks of `key` as `mine` if nothing changed since `read` (at its gate); if
-    /// something did, the locks as they are now (one round trip either way).
-    fn write(&self, key: &[u8], read: &Read, mine: &[LockRange]) -> Result<Result<(), Read>, LockError> {
+    /// Write this node's locks of `key` as `mine` if nothing changed since `read` (at its gate): the held
+    /// records' mark as of the write; if something did change, the locks as they are now (one round trip
+    /// either way).
+    fn write(&self, key: &[u8], read: &Read, mine: &[LockRange]) -> Result<Result<Option<i64>, Read>, LockError> {
         let value = (!mine.is_empty()).then(|| serde_json::to_vec(mine).expect("locks serialise"));
         let written = self
             .membership
             .write_locks(key, read.gate, value)
             .map_err(unavailable)?;
-        let revision = match written {
-            Ok(revision) => revision,
+        let (revision, held_mark) = match written {
+            Ok(w) => (w.revision, w.held_mark),
             Err(now) => {
                 self.known.lock().unwrap().remove(key);
                 return Ok(Err(self.flatten(now)));
@@ -148,7 +149,7 @@ impl EtcdLocks {
             holding.insert(key.to_vec());
         }
         last.insert(key.to_vec(), revision);
-        Ok(Ok(()))
+        Ok(Ok(held_mark))
     }
 
     /// Whether a gate read at `gate` was last written by another node (or this node holds nothing there).
@@ -172,11 +173,20 @@ impl EtcdLocks {
                 return Ok(());
             }
             match self.write(key, &read, &after)? {
-                Ok(()) => return Ok(()),
+                Ok(_) => return Ok(()),
                 Err(fresh) => now = Some(fresh),
             }
         }
         Err(unavailable("the file's locks kept changing"))
+    }
+
+    /// The held records other nodes published before a lock was granted, applied here (the node that
+    /// unlocked published its writes first): read only if the mark, as the lock's transaction found it,
+    /// moved past what the watch brought.
+    fn take_in_records(&self, held_mark: Option<i64>) {
+        if let Err(e) = self.membership.sync_held_to(held_mark.unwrap_or(0)) {
+            tracing::debug!(error = %e, "could not read the held records for a lock; going on with what this node knows");
+        }
     }
 
     /// An unlock etcd did not take: kept, and sent again by the keeper. The caller is told it is done
@@ -245,7 +255,12 @@ impl LockTable for EtcdLocks {
             }
             let others_since = self.others_since(key, read.gate);
             match self.write(key, &read, &apply(&read.mine, ask))? {
-                Ok(()) => return Ok(others_since),
+                Ok(held_mark) => {
+                    if others_since {
+                        self.take_in_records(held_mark);
+                    }
+                    return Ok(others_since);
+                }
                 Err(found) => now = Some(found),
             }
             races += 1;

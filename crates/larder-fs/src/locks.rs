@@ -63,7 +63,8 @@ pub trait LockTable: Send + Sync {
     /// Lock or unlock as `ask` says. With `wait`, a conflicting lock is waited for until it goes, or until
     /// `cancelled` says the caller gave up (asked again every moment while waiting). Whether another node
     /// changed its locks on `key` since this node last changed its own: if not, no other node can have
-    /// released a lock (and published its writes) meanwhile.
+    /// released a lock (and published its writes) meanwhile; if so, what the others published before
+    /// the lock was granted has been taken in (the cluster's records applied).
     fn set(&self, key: &[u8], ask: &LockAsk, wait: bool, cancelled: &dyn Fn() -> bool) -> Result<bool, LockError>;
     /// Drop every lock `owner` holds on `key` (its file closed).
     fn release_owner(&self, key: &[u8], owner: u64) -> Result<(), LockError>;

@@ -61,15 +61,16 @@ impl Membership {
     }
 
     /// Write this node's lock records of `path` (`None`: it holds none now) if the gate is still at
-    /// `gate`: the revision it was written at, or, if another node changed the file's locks since, the
-    /// records as they are now (read in the same transaction). (The gate stays once no node holds a lock:
-    /// it goes with the lease of the node that wrote it last.)
+    /// `gate`: the revision it was written at and the held records' mark as of it (see
+    /// [`Membership::sync_held_to`]), or, if another node changed the file's locks since, the records as
+    /// they are now (read in the same transaction). (The gate stays once no node holds a lock: it goes
+    /// with the lease of the node that wrote it last.)
     pub fn write_locks(
         &self,
         path: &[u8],
         gate: i64,
         mine: Option<Vec<u8>>,
-    ) -> Result<Result<i64, LockRecords>, MembershipError> {
+    ) -> Result<Result<Written, LockRecords>, MembershipError> {
         let prefix = self.shared.lock_prefix(path);
         let node_key = format!("{prefix}n/{:016x}", self.shared.me.id);
         let gate_key = format!("{prefix}gate");
@@ -81,24 +82,36 @@ impl Membership {
                 None => TxnOp::delete(node_key, None),
             },
             TxnOp::put(gate_key.clone(), Vec::new(), under_lease()),
+            TxnOp::get(self.shared.cfg.held_mark(), None),
         ];
         let txn = Txn::new()
             .when(vec![Compare::mod_revision(gate_key, CompareOp::Equal, gate)])
             .and_then(ops)
             .or_else(vec![TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix()))]);
         let resp = self.call("a file's locks", async move |mut c| c.txn(txn).await)?;
-        if resp.succeeded() {
-            return Ok(Ok(resp.header().map_or(0, |h| h.revision())));
-        }
-        let now = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(g) => Some(records(&prefix, g.kvs())),
+        let got = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => Some(g),
             _ => None,
         });
-        match now {
-            Some(now) => Ok(Err(now)),
+        if resp.succeeded() {
+            return Ok(Ok(Written {
+                revision: resp.header().map_or(0, |h| h.revision()),
+                held_mark: got.and_then(|g| g.kvs().first().map(|kv| kv.mod_revision())),
+            }));
+        }
+        match got {
+            Some(g) => Ok(Err(records(&prefix, g.kvs()))),
             None => self.read_locks(path).map(Err),
         }
     }
+}
+
+/// A change of a node's lock records etcd took.
+pub struct Written {
+    /// The revision it was written at.
+    pub revision: i64,
+    /// The held records' mark as of that revision (`None`: there is none yet).
+    pub held_mark: Option<i64>,
 }
 
 /// The lock records under `prefix` among `kvs`.

@@ -31,7 +31,7 @@ use etcd_client::{
 use serde::{Deserialize, Serialize};
 
 mod locks;
-pub use locks::LockRecords;
+pub use locks::{LockRecords, Written};
 
 use crate::held::{Held, HeldMap};
 use crate::placement::{Member, MemberId, Placement};
@@ -848,7 +848,12 @@ impl Membership {
     pub fn sync_held(&self) -> Result<bool, MembershipError> {
         let mark = self.shared.cfg.held_mark();
         let resp = self.call("the held records' mark", async move |mut c| c.get(mark, None).await)?;
-        let written = resp.kvs().first().map_or(0, |kv| kv.mod_revision());
+        self.sync_held_to(resp.kvs().first().map_or(0, |kv| kv.mod_revision()))
+    }
+
+    /// [`Membership::sync_held`] with the held records' mark already read (as `written`, its revision):
+    /// the records written since this node applied them last are read only if the mark moved.
+    pub fn sync_held_to(&self, written: i64) -> Result<bool, MembershipError> {
         if written <= self.shared.held.applied() {
             return Ok(false);
         }

@@ -96,7 +96,7 @@ impl DataPath {
 
     /// What other nodes changed of `ino` taken in, for a lock just granted.
     fn take_in_changes(&self, ino: u64) {
-        self.names.sync_cluster();
+        // The lock table applied the records published before the lock was granted.
         if let Err(e) = self.names.getattr(ino) {
             tracing::debug!(error = %e, ino, "could not revalidate a file just locked");
             return;
