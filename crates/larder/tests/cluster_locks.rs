@@ -84,13 +84,9 @@ fn finish(child: std::process::Child, what: &str) -> String {
 
 /// [`finish`], failing if `child` is still running after `limit` (a hang: it is killed, not waited for).
 fn finish_within(mut child: std::process::Child, what: &str, limit: Duration) -> String {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{what} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    if !common::wait_until(limit, || child.try_wait().unwrap().is_some()) {
+        let _ = child.kill();
+        panic!("{what} still running after {limit:?}");
     }
     finish(child, what)
 }
