@@ -355,6 +355,73 @@ impl Journal {
         out
     }
 
+    /// What of the file `ino` at `path` another node can take over with its write token, this node unable
+    /// to push (design note 016): its queued ops, if each is a data push or a change of its attributes
+    /// and no queued op of another object makes, moves or removes a name on its path (a push of one under
+    /// way is the caller's to wait for). The ops' kinds, and whether a push of one was begun (it may have
+    /// reached home). Why not otherwise.
+    pub fn handover_of(&self, ino: u64, path: &[u8]) -> Result<(Vec<OpKind>, bool), &'static str> {
+        let mut kinds = Vec::new();
+        let mut begun = false;
+        for s in self.by_ino.get(&ino).into_iter().flatten() {
+            let op = &self.ops[s];
+            if !matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. }) {
+                return Err("its names or extended attributes changed here");
+            }
+            begun |= op.attempted;
+            kinds.push(op.kind.clone());
+        }
+        let on_path = |p: &[u8]| p == path || ancestors(path).any(|a| a == p);
+        let blocks = self.ops.values().any(|op| {
+            op.ino != ino
+                && !matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. } | OpKind::SetXattr { .. })
+                && op.paths().any(on_path)
+        });
+        if blocks {
+            return Err("a name on its path changed here");
+        }
+        Ok((kinds, begun))
+    }
+
+    /// Whether a queued op names `path`, a path below it, or makes, moves or removes a name above it: a
+    /// change of `path` made elsewhere may depend on it reaching home first.
+    pub fn touches_path(&self, path: &[u8]) -> bool {
+        let below = |p: &[u8]| path.is_empty() || p.len() > path.len() && p.starts_with(path) && p[path.len()] == b'/';
+        self.ops.values().any(|op| {
+            let names = !matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. } | OpKind::SetXattr { .. });
+            op.paths()
+                .any(|p| p == path || below(p) || (names && ancestors(path).any(|a| a == p)))
+        })
+    }
+
+    /// Keep the flushers off the queued ops of `ino` (while another node takes them over); the seqs kept.
+    pub fn hold_ino(&mut self, ino: u64) -> Vec<u64> {
+        let seqs: Vec<u64> = self
+            .by_ino
+            .get(&ino)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|s| !self.held.contains(s))
+            .collect();
+        self.held.extend(seqs.iter().copied());
+        seqs
+    }
+
+    /// Give the flushers back the ops [`Journal::hold_ino`] kept (those still queued).
+    pub fn unhold(&mut self, seqs: &[u64]) {
+        for s in seqs {
+            self.held.remove(s);
+        }
+    }
+
+    /// Whether an op of `ino` is under way.
+    pub fn under_way(&self, ino: u64) -> bool {
+        self.by_ino
+            .get(&ino)
+            .is_some_and(|s| s.iter().any(|q| self.inflight.contains_key(q)))
+    }
+
     /// Names of `dir` with queued changes.
     pub fn pinned_in(&self, dir: u64) -> HashSet<Vec<u8>> {
         self.names
@@ -638,6 +705,125 @@ mod tests {
 
     fn op(ino: u64, path: &str, kind: OpKind) -> Op {
         Op::new(ino, path.as_bytes().to_vec(), Vec::new(), kind)
+    }
+
+    fn chmod(perm: u32) -> OpKind {
+        OpKind::SetAttr {
+            perm: Some(perm),
+            uid: None,
+            gid: None,
+            atime: None,
+            mtime: None,
+        }
+    }
+
+    /// A file home has, changed here in its data and attributes only, can be handed over; one this node
+    /// made, renamed or gave extended attributes, or one under a directory it made or moved, cannot.
+    #[test]
+    fn only_a_file_home_has_changed_in_data_and_attributes_is_handed_over() {
+        let mut j = Journal::default();
+        assert_eq!(j.handover_of(5, b"d/f"), Ok((Vec::new(), false)), "nothing queued");
+        j.record(op(5, "d/f", OpKind::Data));
+        j.record(op(5, "d/f", chmod(0o600)));
+        // Another file's changes, and the directory's attributes, are no business of this file's.
+        j.record(op(6, "d/g", OpKind::Data));
+        j.record(op(2, "d", chmod(0o700)));
+        let (kinds, begun) = j.handover_of(5, b"d/f").unwrap();
+        assert_eq!(kinds, vec![OpKind::Data, chmod(0o600)]);
+        assert!(!begun);
+        // A push begun (and failed: home away) may have reached home.
+        let data = j.by_ino[&5]
+            .iter()
+            .copied()
+            .find(|s| j.ops[s].kind == OpKind::Data)
+            .unwrap();
+        j.begin(data);
+        j.fail(data, "home away".into(), Some(Duration::from_secs(60)));
+        assert_eq!(j.handover_of(5, b"d/f").map(|(_, begun)| begun), Ok(true));
+
+        // Made here: its creation is not the other node's to make.
+        let mut made = Journal::default();
+        made.record(op(
+            5,
+            "d/f",
+            OpKind::Create {
+                mode: 0o644,
+                uid: None,
+                gid: None,
+            },
+        ));
+        made.record(op(5, "d/f", OpKind::Data));
+        assert!(made.handover_of(5, b"d/f").is_err());
+        // Extended attributes changed here.
+        let mut x = Journal::default();
+        x.record(op(
+            5,
+            "d/f",
+            OpKind::SetXattr {
+                name: b"user.a".to_vec(),
+                value: None,
+            },
+        ));
+        assert!(x.handover_of(5, b"d/f").is_err());
+        // Under a directory made here, or a name on its path removed here.
+        for other in [
+            OpKind::Mkdir {
+                mode: 0o755,
+                uid: None,
+                gid: None,
+            },
+            OpKind::Unlink,
+        ] {
+            let mut under = Journal::default();
+            under.record(op(2, "d", other));
+            under.record(op(5, "d/f", OpKind::Data));
+            assert!(under.handover_of(5, b"d/f").is_err());
+            assert!(under.touches_path(b"d/f"));
+        }
+    }
+
+    /// What is queued of a path, below it, or of a name above it, touches it; attribute changes above
+    /// it and other paths do not.
+    #[test]
+    fn a_path_is_touched_by_its_ops_those_below_it_and_name_changes_above_it() {
+        let mut j = Journal::default();
+        j.record(op(2, "d", chmod(0o700)));
+        j.record(op(6, "d/g", OpKind::Data));
+        j.record(op(7, "dx/f", OpKind::Data));
+        assert!(!j.touches_path(b"d/f"));
+        assert!(j.touches_path(b"d"), "d/g is below d");
+        assert!(j.touches_path(b"d/g"));
+        assert!(j.touches_path(b""), "everything is below the root");
+        j.record(op(
+            8,
+            "d/h",
+            OpKind::Rename {
+                to: b"d/f".to_vec(),
+                no_replace: false,
+                exchange: false,
+                replaced: false,
+            },
+        ));
+        assert!(j.touches_path(b"d/f"), "a rename onto it");
+    }
+
+    /// Ops held for a hand-over are left alone by the flushers until let go, and coalesce with nothing.
+    #[test]
+    fn ops_held_for_a_handover_are_not_pushed_until_let_go() {
+        let mut j = Journal::default();
+        j.record(op(5, "f", OpKind::Data));
+        j.record(op(6, "g", OpKind::Data));
+        let held = j.hold_ino(5);
+        assert_eq!(held.len(), 1);
+        let ready: Vec<u64> = j.ready(Duration::ZERO, true, 10);
+        assert_eq!(ready.len(), 1);
+        assert_eq!(j.get(ready[0]).unwrap().ino, 6);
+        assert!(j.hold_ino(5).is_empty(), "held already");
+        j.unhold(&held);
+        assert_eq!(j.ready(Duration::ZERO, true, 10).len(), 2);
+        j.hold_ino(5);
+        assert!(!j.drop_content_ops(5).is_empty());
+        assert!(!j.has(5), "dropped once taken over");
     }
 
     #[test]
