@@ -2,17 +2,18 @@
 //! protocol (bytes a holder has), and the keeper that retries what could not be published and removes
 //! this node's records once home has all its changes.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use larder_fs::Fs;
-use larder_fs::coherence::{Coherence, HeldRecord};
+use larder_fs::coherence::{Coherence, GiveUp, Handover, HeldRecord, held_version};
 use larder_fs::serve::HeldRead;
-use larder_home::{HomeError, HomeResult};
+use larder_home::{HomeError, HomeResult, Version};
 
 use crate::Membership;
-use crate::peer::{HeldAsk, PeerClient, PeerError};
+use crate::membership::MemberRecord;
+use crate::peer::{HeldAsk, PeerClient, PeerError, Release, ServeError};
 
 /// How often the keeper looks at this node's records.
 const KEEP_EVERY: Duration = Duration::from_millis(200);
@@ -23,6 +24,8 @@ const GIVE_UP_WITHIN: Duration = Duration::from_secs(30);
 const TOKEN_TRIES: usize = 10;
 /// How long a node that gave a token up lets the asker have it before its own writers ask for it back.
 const COURTESY: Duration = Duration::from_millis(20);
+/// Most paths [`EtcdCoherence::pushed`] remembers.
+const PUSHED_KEPT: usize = 100_000;
 
 /// A write token as this node has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +33,13 @@ enum Token {
     Held,
     /// Being given up to a peer: this node's writers wait until that is done.
     GivingUp,
+    /// Its changes handed over to the peer `to`, at this node's record `revision`: this node's writers
+    /// wait for the peer's answer, or until `until`, after which the changes are this node's again.
+    Handing {
+        revision: i64,
+        to: u64,
+        until: Instant,
+    },
 }
 
 pub struct EtcdCoherence {
@@ -54,6 +64,29 @@ pub struct EtcdCoherence {
     /// back, so that the node that asked makes its change first (else, asking at once, they won the
     /// token back each time and the asker gave up).
     given: Mutex<HashMap<Vec<u8>, Instant>>,
+    /// Paths whose tokens a thread of this node is asking for: one at a time per path (a second asking
+    /// the same holder would find a hand-over to this node under way).
+    taking: Mutex<HashSet<Vec<u8>>>,
+    taking_done: Condvar,
+    /// The file system, once attached: what a hand-over gives and takes.
+    fs: OnceLock<Weak<Fs>>,
+    /// The revision of this node's last record of each path it removed once home had the change: the
+    /// version a node that read it then has cached, which home has now (see `Release::Gone`). Forgotten
+    /// when a record of the path is published again; cleared whole past [`PUSHED_KEPT`] paths.
+    pushed: Mutex<HashMap<Vec<u8>, i64>>,
+}
+
+/// This node's turn at asking for the token of a path ([`EtcdCoherence::turn`]).
+struct Turn<'a> {
+    c: &'a EtcdCoherence,
+    path: Vec<u8>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.c.taking.lock().unwrap().remove(&self.path);
+        self.c.taking_done.notify_all();
+    }
 }
 
 fn decode(value: &[u8]) -> Option<HeldRecord> {
@@ -79,7 +112,28 @@ impl EtcdCoherence {
             tokens_changed: Condvar::new(),
             give_ups: Default::default(),
             given: Mutex::new(HashMap::new()),
+            taking: Mutex::new(HashSet::new()),
+            taking_done: Condvar::new(),
+            fs: OnceLock::new(),
+            pushed: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn fs(&self) -> Option<Arc<Fs>> {
+        self.fs.get().and_then(Weak::upgrade)
+    }
+
+    /// Wait until no other thread of this node asks for the token of `path`, then ask.
+    fn turn(&self, path: &[u8]) -> Turn<'_> {
+        let mut taking = self.taking.lock().unwrap();
+        while taking.contains(path) {
+            taking = self.taking_done.wait(taking).unwrap();
+        }
+        taking.insert(path.to_vec());
+        Turn {
+            c: self,
+            path: path.to_vec(),
+        }
     }
 
     /// Follow the records for `fs`: drop what it cached of every path another node's record changed,
@@ -98,6 +152,7 @@ impl EtcdCoherence {
             }
         }));
         fs.set_coherence(self.clone());
+        let _ = self.fs.set(Arc::downgrade(fs));
         let me = Arc::downgrade(self);
         let fs = Arc::downgrade(fs);
         let _ = std::thread::Builder::new()
@@ -105,20 +160,96 @@ impl EtcdCoherence {
             .spawn(move || keep(me, fs));
     }
 
-    /// Ask `holder` to give up the token of `path`; once it did, its record of the path is gone here.
-    fn ask_to_give_up(&self, holder: u64, path: &[u8]) -> HomeResult<()> {
+    /// Ask `holder` to give up the token of `path`. Whether it pushed its changes to home (its record of
+    /// the path is gone here then), rather than hand them over to this node, which took them.
+    fn ask_to_give_up(&self, holder: u64, path: &[u8]) -> HomeResult<bool> {
         let view = self.membership.view();
         let member = view.members.get(&holder).ok_or(HomeError::Os(libc::EIO))?;
         match self.client.release(member, path, GIVE_UP_WITHIN) {
-            Ok(gone) => {
-                self.membership.held().apply(path, None, gone);
-                Ok(())
+            Ok(Release::Gone { revision, pushed }) => {
+                self.membership.held().apply(path, None, revision);
+                if let (Some((pushed, version)), Some(fs)) = (pushed, self.fs()) {
+                    fs.rebase(path, &held_version(holder, pushed), Version(version));
+                }
+                Ok(true)
             }
+            Ok(Release::HandOver(h)) => self.take_over(member, path, &h).map(|()| false),
             Err(e) => {
                 tracing::warn!(holder = format!("{holder:016x}"), error = %e, "a node would not give up a file's write token");
                 Err(HomeError::Os(libc::EIO))
             }
         }
+    }
+
+    /// Make the changes of `path` `holder` hands over this node's own, then tell it so: it drops its own
+    /// and lets the token go. Told that the holder kept them (it stopped waiting), this node drops its
+    /// copy. Any other failure to tell leaves both with the changes (never neither): the one that pushes
+    /// second finds home changed, and its copy is kept as a conflict.
+    fn take_over(&self, holder: &MemberRecord, path: &[u8], h: &Handover) -> HomeResult<()> {
+        let eio = HomeError::Os(libc::EIO);
+        let fs = self.fs().ok_or(HomeError::Os(libc::EIO))?;
+        if let Err(e) = fs.take_handover(path, h) {
+            tracing::warn!(holder = format!("{:016x}", holder.id), error = %e, "could not take over the changes a node handed over");
+            if let Err(e) = self.client.handed_over(holder, path, h.revision, false) {
+                tracing::debug!(error = %e, "could not tell a node its hand-over was not taken");
+            }
+            return Err(eio);
+        }
+        match self.client.handed_over(holder, path, h.revision, true) {
+            Ok(_) => Ok(()),
+            Err(PeerError::OtherVersion) => {
+                tracing::warn!(
+                    holder = format!("{:016x}", holder.id),
+                    "the node handing a file over kept its changes; dropping the copy taken"
+                );
+                fs.abandon_handover(path);
+                let me = self.me();
+                if let Some((_, revision)) = self.record(path).filter(|(r, _)| r.holder == me)
+                    && let Err(e) = self.membership.unpublish_held(path, revision)
+                {
+                    tracing::debug!(error = %e, "could not remove this node's record of a file it did not take over");
+                }
+                Err(eio)
+            }
+            Err(e) => {
+                tracing::warn!(holder = format!("{:016x}", holder.id), error = %e, "could not tell a node its hand-over was taken; both keep the changes");
+                Err(eio)
+            }
+        }
+    }
+
+    /// The changes of hand-overs no answer came for in time are this node's again.
+    fn take_back_unanswered(&self) {
+        let now = Instant::now();
+        let late: Vec<(Vec<u8>, i64, u64)> = self
+            .tokens
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(p, t)| match *t {
+                Token::Handing { revision, to, until } if until <= now => Some((p.clone(), revision, to)),
+                _ => None,
+            })
+            .collect();
+        for (path, revision, to) in late {
+            if self.handed_over(&path, to, revision, false).is_ok() {
+                tracing::warn!(path = %String::from_utf8_lossy(&path), node = format!("{to:016x}"), "a node a file's changes were handed over to never answered; they are this node's again");
+            }
+        }
+    }
+
+    /// Remove this node's record of `path` at `revision`, home having the change (see
+    /// [`Membership::unpublish_held`]); remembered in [`EtcdCoherence::pushed`].
+    fn remove_pushed(&self, path: &[u8], revision: i64) -> Result<Option<i64>, crate::MembershipError> {
+        let at = self.membership.unpublish_held(path, revision)?;
+        if at.is_some() {
+            let mut pushed = self.pushed.lock().unwrap();
+            if pushed.len() >= PUSHED_KEPT {
+                pushed.clear();
+            }
+            pushed.insert(path.to_vec(), revision);
+        }
+        Ok(at)
     }
 
     /// This node's records and their revisions.
@@ -133,37 +264,124 @@ impl EtcdCoherence {
             .collect()
     }
 
-    /// Give the write token of `path` up to a peer that asked: `drain` first sends this node's changes to
-    /// home (within the time it is given; see [`Fs::give_up`]), then this node's held records go, then
-    /// the token. This node's writers of the path wait meanwhile. The revision at which this node's held
-    /// records were gone.
-    pub fn give_up(&self, path: &[u8], drain: impl FnOnce(Duration) -> Result<(), String>) -> Result<i64, String> {
+    /// Give the write token of `path` up to `to`, a peer that asked (see [`Fs::give_up`]): this node's
+    /// changes go to home first, and then its held records and the token; or, home unable to take them,
+    /// they are handed over to the peer, and the token goes once it answers ([`EtcdCoherence::handed_over`]).
+    /// This node's writers of the path wait meanwhile.
+    pub fn give_up(&self, path: &[u8], to: u64) -> Result<Release, ServeError> {
         {
+            // A hand-over of it under way (to another asker) is settled first.
+            let deadline = Instant::now() + GIVE_UP_WITHIN;
             let mut tokens = self.tokens.lock().unwrap();
+            while matches!(tokens.get(path), Some(Token::Handing { .. })) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(ServeError::Failed("a hand-over of it is under way".into()));
+                }
+                tokens = self.tokens_changed.wait_timeout(tokens, left).unwrap().0;
+            }
             self.give_ups.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tokens.insert(path.to_vec(), Token::GivingUp);
         }
         let result = (|| {
-            drain(GIVE_UP_WITHIN)?;
-            let mut gone = 0;
-            for (p, revision) in self.own() {
-                let at = self
-                    .membership
-                    .unpublish_held(&p, revision)
-                    .map_err(|e| e.to_string())?;
-                gone = gone.max(at.unwrap_or(0));
+            let fs = self.fs().ok_or("shutting down")?;
+            match fs.give_up(path, GIVE_UP_WITHIN)? {
+                GiveUp::Drained => {
+                    let mut gone = 0;
+                    for (p, revision) in self.own() {
+                        let at = self.remove_pushed(&p, revision).map_err(|e| e.to_string())?;
+                        gone = gone.max(at.unwrap_or(0));
+                    }
+                    self.membership.drop_token(path).map_err(|e| e.to_string())?;
+                    Ok(Release::Gone {
+                        revision: gone,
+                        pushed: None,
+                    })
+                }
+                GiveUp::NothingHere => {
+                    self.membership.drop_token(path).map_err(|e| e.to_string())?;
+                    let last = self.pushed.lock().unwrap().get(path).copied();
+                    let pushed = last.zip(fs.home_version(path)).map(|(r, v)| (r, v.0));
+                    Ok(Release::Gone { revision: 0, pushed })
+                }
+                GiveUp::HandOver(h) => {
+                    if self.unpublished.lock().unwrap().contains(path) {
+                        let _ = fs.handed_over(path, false);
+                        return Err("this node's record of it is not published yet".to_string());
+                    }
+                    Ok(Release::HandOver(h))
+                }
             }
-            self.membership.drop_token(path).map_err(|e| e.to_string())?;
-            Ok(gone)
         })();
-        if result.is_ok() {
+        match &result {
+            Ok(Release::HandOver(h)) => {
+                // An asker that never answers does not keep the changes from home: the keeper takes them
+                // back after this.
+                let until = Instant::now() + GIVE_UP_WITHIN;
+                let handing = Token::Handing {
+                    revision: h.revision,
+                    to,
+                    until,
+                };
+                self.tokens.lock().unwrap().insert(path.to_vec(), handing);
+                return result.map_err(ServeError::Failed);
+            }
+            Ok(Release::Gone { .. }) => {
+                let mut given = self.given.lock().unwrap();
+                given.retain(|_, at| at.elapsed() < COURTESY);
+                given.insert(path.to_vec(), Instant::now());
+                self.tokens.lock().unwrap().remove(path);
+            }
+            Err(_) => {
+                self.tokens.lock().unwrap().remove(path);
+            }
+        }
+        self.tokens_changed.notify_all();
+        result.map_err(ServeError::Failed)
+    }
+
+    /// `requester` answered the hand-over of `path` this node made at its record `revision`: `taken`, its
+    /// changes of the path are dropped here and the token goes; else they are this node's again (its
+    /// record published anew, if the peer's replaced it). `OtherVersion` if no such hand-over is under
+    /// way (the answer came too late, and this node kept its changes). The revision at which this
+    /// node's record was gone (0: the peer's replaced it).
+    pub fn handed_over(&self, path: &[u8], requester: u64, revision: i64, taken: bool) -> Result<i64, ServeError> {
+        {
+            let mut tokens = self.tokens.lock().unwrap();
+            match tokens.get(path) {
+                Some(Token::Handing { revision: r, to, .. }) if *r == revision && *to == requester => {}
+                _ => return Err(ServeError::OtherVersion),
+            }
+            tokens.insert(path.to_vec(), Token::GivingUp);
+        }
+        let fs = self.fs();
+        let mut gone = 0;
+        if taken {
+            if let Some(fs) = &fs
+                && let Err(e) = fs.handed_over(path, true)
+            {
+                tracing::warn!(error = %e, "could not record dropping a file's changes handed over");
+            }
+            match self.membership.unpublish_held(path, revision) {
+                Ok(at) => gone = at.unwrap_or(0),
+                Err(e) => tracing::debug!(error = %e, "could not remove the record of a file handed over"),
+            }
+            if let Err(e) = self.membership.drop_token(path) {
+                tracing::debug!(error = %e, "could not let the token of a file handed over go; the next ask takes it");
+            }
             let mut given = self.given.lock().unwrap();
             given.retain(|_, at| at.elapsed() < COURTESY);
             given.insert(path.to_vec(), Instant::now());
+            self.tokens.lock().unwrap().remove(path);
+        } else {
+            if let Some(fs) = &fs {
+                let _ = fs.handed_over(path, false);
+                self.publish(fs.held_records(self.me(), vec![path.to_vec()]));
+            }
+            self.tokens.lock().unwrap().insert(path.to_vec(), Token::Held);
         }
-        self.tokens.lock().unwrap().remove(path);
         self.tokens_changed.notify_all();
-        result
+        Ok(gone)
     }
 }
 
@@ -176,6 +394,7 @@ fn keep(c: Weak<EtcdCoherence>, fs: Weak<Fs>) {
         let (Some(c), Some(fs)) = (c.upgrade(), fs.upgrade()) else {
             return;
         };
+        c.take_back_unanswered();
         if !c.membership.online() {
             continue;
         }
@@ -193,7 +412,7 @@ fn keep(c: Weak<EtcdCoherence>, fs: Weak<Fs>) {
             continue;
         }
         for (path, revision) in own {
-            if let Err(e) = c.membership.unpublish_held(&path, revision) {
+            if let Err(e) = c.remove_pushed(&path, revision) {
                 tracing::debug!(error = %e, "could not remove a held record; trying again later");
                 break;
             }
@@ -253,7 +472,7 @@ impl Coherence for EtcdCoherence {
     fn still_held(&self, path: &[u8]) -> bool {
         match self.tokens.lock().unwrap().get(path) {
             Some(Token::Held) => true,
-            Some(Token::GivingUp) => false,
+            Some(Token::GivingUp | Token::Handing { .. }) => false,
             // Given up, or never taken: only a node going on alone (etcd away) or keeping no tokens may.
             None => !self.membership.online() || !self.serves,
         }
@@ -270,6 +489,10 @@ impl Coherence for EtcdCoherence {
         if let Some(wait) = given.map(|at| COURTESY.saturating_sub(at.elapsed())) {
             std::thread::sleep(wait);
         }
+        if self.tokens.lock().unwrap().get(path) == Some(&Token::Held) {
+            return Ok(false);
+        }
+        let _turn = self.turn(path);
         for _ in 0..TOKEN_TRIES {
             {
                 let deadline = Instant::now() + GIVE_UP_WITHIN;
@@ -277,7 +500,7 @@ impl Coherence for EtcdCoherence {
                 loop {
                     match tokens.get(path) {
                         Some(Token::Held) => return Ok(handed),
-                        Some(Token::GivingUp) if Instant::now() < deadline => {
+                        Some(Token::GivingUp | Token::Handing { .. }) if Instant::now() < deadline => {
                             tokens = self.tokens_changed.wait_timeout(tokens, GIVE_UP_WITHIN).unwrap().0;
                         }
                         _ => break,
@@ -290,8 +513,7 @@ impl Coherence for EtcdCoherence {
                     // A holder of changes of the path that has no token (gone, or its lease was renewed).
                     if let Some((r, _)) = self.record(path).filter(|(r, _)| r.holder != me) {
                         if self.live(r.holder) {
-                            self.ask_to_give_up(r.holder, path)?;
-                            handed = true;
+                            handed |= self.ask_to_give_up(r.holder, path)?;
                         } else if !self.lost_home {
                             return Err(HomeError::Os(libc::EIO));
                         }
@@ -310,8 +532,7 @@ impl Coherence for EtcdCoherence {
                     return Ok(handed);
                 }
                 Ok(Some(holder)) => {
-                    self.ask_to_give_up(holder, path)?;
-                    handed = true;
+                    handed |= self.ask_to_give_up(holder, path)?;
                 }
                 Err(e) => {
                     // etcd away: this node goes on alone; conflicts are settled at home by the policy.
@@ -346,6 +567,12 @@ impl Coherence for EtcdCoherence {
             .collect();
         if records.is_empty() {
             return;
+        }
+        {
+            let mut pushed = self.pushed.lock().unwrap();
+            for (p, _) in &records {
+                pushed.remove(p);
+            }
         }
         if !self.membership.online() {
             // Published by the keeper once etcd is back; no change waits for etcd meanwhile.

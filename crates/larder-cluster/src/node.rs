@@ -12,7 +12,7 @@ use larder_fs::Fs;
 use larder_fs::serve::{HeldRead, HeldUnit, UnitAsk};
 
 use crate::coherence::EtcdCoherence;
-use crate::peer::{Ask, Bytes, HeldAsk, PeerClient, PeerStats, ServeError, UnitSource};
+use crate::peer::{Ask, Bytes, HeldAsk, PeerClient, PeerStats, Release, ServeError, UnitSource};
 use crate::tier::Whereabouts;
 use crate::{MemberId, Membership};
 
@@ -183,10 +183,17 @@ impl UnitSource for FsUnitSource {
         Ok(Bytes::from(data))
     }
 
-    fn release(&self, path: &[u8]) -> Result<i64, ServeError> {
-        let fs = self.fs()?;
-        let c = self.coherence.as_ref().ok_or(ServeError::NotHeld)?;
-        c.give_up(path, |within| fs.give_up(path, within))
-            .map_err(ServeError::Failed)
+    fn release(&self, path: &[u8], requester: MemberId) -> Result<Release, ServeError> {
+        self.coherence
+            .as_ref()
+            .ok_or(ServeError::NotHeld)?
+            .give_up(path, requester)
+    }
+
+    fn handed_over(&self, path: &[u8], requester: MemberId, revision: i64, taken: bool) -> Result<i64, ServeError> {
+        self.coherence
+            .as_ref()
+            .ok_or(ServeError::NotHeld)?
+            .handed_over(path, requester, revision, taken)
     }
 }

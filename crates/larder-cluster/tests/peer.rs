@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_cluster::peer::proto::peer_server::Peer;
-use larder_cluster::peer::proto::{Chunk, FetchRequest, ReadHeldRequest, ReleaseRequest, Released, Taken};
+use larder_cluster::peer::proto::{
+    Chunk, FetchRequest, HandedOverRequest, ReadHeldRequest, ReleaseRequest, Released, Taken,
+};
 use larder_cluster::peer::{
     Admit, Ask, CHUNK, HANDSHAKE_TIMEOUT, HeldAsk, PeerClient, PeerConfig, PeerError, PeerServer, PeerStats,
     ServeError, UnitSource, digest,
@@ -267,6 +269,10 @@ impl Peer for Liar {
 
     async fn release(&self, _: Request<ReleaseRequest>) -> Result<Response<Released>, Status> {
         Err(Status::unimplemented("a liar releases nothing"))
+    }
+
+    async fn handed_over(&self, _: Request<HandedOverRequest>) -> Result<Response<Released>, Status> {
+        Err(Status::unimplemented("a liar hands nothing over"))
     }
 
     async fn take(&self, _: Request<FetchRequest>) -> Result<Response<Taken>, Status> {

@@ -39,6 +39,36 @@ pub struct HeldRecord {
     pub home_path: Option<Vec<u8>>,
 }
 
+/// A file's changes handed over with its write token by a node that could not push them to home: the
+/// taker copies the version the giver's record names and makes it its own change, on the giver's base.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Handover {
+    /// The giver, and the revision of its record of the file: the bytes are read as of it.
+    pub holder: u64,
+    pub revision: i64,
+    /// The version home had when the giver changed the file: the taker's push is made on it.
+    pub base: String,
+    /// The rest of the giver's state of the file, as its journal encodes it: its queued changes of the
+    /// file's attributes, made again by the taker, and what a push of the giver's cut short sent (home
+    /// holding those bytes is no conflict).
+    pub state: Vec<u8>,
+}
+
+/// How a node asked for a file's write token let its changes go ([`crate::Fs::give_up`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum GiveUp {
+    /// Home has every change of this node's (its journal drained): its records can all go.
+    Drained,
+    /// Nothing of the file is queued here, and this node publishes no record of it: home's version is
+    /// the newest, whatever else waits for home. (The cluster tells the asker which version that is if
+    /// this node pushed it: the asker may have cached it as this node's held version, and home may be
+    /// away; see [`crate::Fs::rebase`].)
+    NothingHere,
+    /// Home could not take the changes: these go to the asker instead. The giver keeps them, and its
+    /// flushers off them, until [`crate::Fs::handed_over`].
+    HandOver(Handover),
+}
+
 /// What a node's file system needs of the cluster for writes across it. Implemented over etcd and the
 /// peer protocol by the daemon; the file system sees only this.
 pub trait Coherence: Send + Sync {

@@ -485,3 +485,140 @@ print(json.load(urllib.request.urlopen(sys.argv[1] + "/v3/kv/range", body)).get(
     b.unmount();
     a.unmount();
 }
+
+/// Append `line` to `path`; the error if the write or the close fails.
+fn append(path: &Path, line: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().append(true).open(path)?;
+    std::io::Write::write_all(&mut f, line)?;
+    f.sync_all()
+}
+
+#[test]
+fn with_home_away_a_file_another_node_changed_is_handed_over_peer_to_peer_and_every_write_lands() {
+    require_fuse();
+    let t = TestDir::new("cw-handover");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    // Over three blocks, so that the copy a hand-over makes spans several.
+    let mut want: Vec<u8> = (0..(3 << 20) + 1000).map(|i| (i % 251) as u8).collect();
+    std::fs::write(home.join("f"), &want).unwrap();
+    let away = t.root().join("home-away");
+    let opts = [
+        "--write-mode",
+        "write-back",
+        "--sync-lag",
+        "1s",
+        "--fault-file",
+        common::s(&away),
+    ];
+    let site = Site::new("cw-handover", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &opts);
+    let b = site.node(&t, &tls, "b", &opts);
+    wait_live(&[&a, &b], 2);
+    assert_same_bytes(&read(&a.path("f")), &want, "a before");
+    assert_same_bytes(&read(&b.path("f")), &want, "b before");
+    // A writes `g`; B reads it from A (as A's held version); then home has it, and A keeps its token.
+    std::fs::write(a.path("g"), b"g from a\n").unwrap();
+    let mut g = b"g from a\n".to_vec();
+    assert_eq!(read(&b.path("g")), g, "b reads g from a");
+    drain_ok(&a, 60);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || common::num(
+            &a.status(),
+            "/cluster/held_here"
+        ) == 0),
+        "a forgets its record of g once home has it"
+    );
+
+    // Home goes away. A changes a block in the middle of the file, its mode, and its end.
+    std::fs::write(&away, b"").unwrap();
+    let middle = b"written on a while home is away";
+    let at = (1 << 20) + 5;
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(a.path("f")).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, middle, at as u64).unwrap();
+        f.sync_all().unwrap();
+    }
+    want[at..at + middle.len()].copy_from_slice(middle);
+    std::fs::set_permissions(a.path("f"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    append(&a.path("f"), b"appended on a\n").unwrap();
+    want.extend_from_slice(b"appended on a\n");
+
+    // A file open on A before it hands the file over reads the newest version after.
+    let held_open = std::fs::File::open(a.path("f")).unwrap();
+
+    // B changes it next: A cannot push, so it hands its changes over with the token, peer to peer, and
+    // B's write lands on them (refused with EIO before, once A had tried home for 30 s).
+    let mut turns = vec![(&b, "b"), (&a, "a"), (&b, "b")];
+    for (round, (node, name)) in turns.drain(..).enumerate() {
+        let line = format!("appended on {name} in round {round}\n");
+        append(&node.path("f"), line.as_bytes())
+            .unwrap_or_else(|e| panic!("{name}'s append in round {round}: {e}\n{}", node.log()));
+        want.extend_from_slice(line.as_bytes());
+        assert_same_bytes(&read(&a.path("f")), &want, &format!("a after round {round}"));
+        assert_same_bytes(&read(&b.path("f")), &want, &format!("b after round {round}"));
+        assert_eq!(
+            std::fs::metadata(a.path("f")).unwrap().mode() & 0o777,
+            0o600,
+            "the mode a set goes with the changes"
+        );
+        let mut through_handle = vec![0u8; want.len()];
+        std::os::unix::fs::FileExt::read_exact_at(&held_open, &mut through_handle, 0).unwrap();
+        assert_same_bytes(&through_handle, &want, &format!("a's open file after round {round}"));
+    }
+    drop(held_open);
+    // A has nothing of `g` queued (its other changes wait for home): it gives the token up at once, and
+    // tells B which version home has of what B read from it (B cannot ask home).
+    append(&b.path("g"), b"g from b\n").unwrap();
+    g.extend_from_slice(b"g from b\n");
+    assert_same_bytes(&read(&a.path("g")), &g, "a reads b's change of g");
+    assert_eq!(
+        std::fs::read(home.join("f")).unwrap().len(),
+        (3 << 20) + 1000,
+        "home has none of it yet"
+    );
+    // Only B, the last to change the file, queues it: A dropped what it handed over.
+    assert_eq!(
+        common::num(&a.status(), "/journal/pending_ops"),
+        0,
+        "{}",
+        a.status()["journal"]
+    );
+    assert!(common::num(&b.status(), "/journal/pending_ops") >= 1);
+
+    // B dies with the changes unpushed: what it acknowledged is in its cache.
+    common::signal(b.pid, libc::SIGKILL);
+    assert!(common::wait_until(Duration::from_secs(10), || !common::alive(b.pid)));
+    b.force_cleanup();
+    b.disarm();
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            a.status()["cluster"]["members"]
+                .as_array()
+                .is_some_and(|ms| ms.iter().filter(|x| x["live"] == true).count() == 1)
+        }),
+        "b was never counted gone"
+    );
+    // Home comes back; B is mounted again on its cache and pushes what it took over, on A's base.
+    std::fs::remove_file(&away).unwrap();
+    let b = site.node(&t, &tls, "b", &opts);
+    wait_live(&[&a, &b], 2);
+    drain_ok(&b, 60);
+    drain_ok(&a, 60);
+    assert_same_bytes(
+        &std::fs::read(home.join("f")).unwrap(),
+        &want,
+        "home after both drained",
+    );
+    assert_eq!(std::fs::metadata(home.join("f")).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::read(home.join("g")).unwrap(), g, "{}\n{}", b.log(), a.log());
+    assert_eq!(common::names(&home), vec!["f", "g"], "no conflict copy at home");
+    for m in [&a, &b] {
+        let listed = common::larder(&["conflicts", common::s(&m.mnt), "--json"]).stdout;
+        assert!(listed.contains("[]"), "conflicts on {}: {listed}", m.mnt.display());
+    }
+    assert_same_bytes(&read(&a.path("f")), &want, "a at the end");
+    b.unmount();
+    a.unmount();
+}

@@ -13,11 +13,14 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::proto::peer_client::PeerClient as RawClient;
-use super::proto::{Chunk, FetchRequest, ReadHeldRequest, ReleaseRequest};
+use super::proto::{Chunk, FetchRequest, HandedOverRequest, ReadHeldRequest, ReleaseRequest};
 use super::*;
 use crate::membership::MemberRecord;
 use crate::placement::{MemberId, UnitDigest};
 use crate::tls;
+
+/// Longest a peer may take to answer that a hand-over was taken (it drops its copy of the changes).
+const HANDED_OVER_WITHIN: Duration = Duration::from_secs(10);
 
 /// A peer's breaker: failures in a row, and until when it is open.
 #[derive(Default)]
@@ -245,27 +248,65 @@ impl PeerClient {
         result
     }
 
-    /// Ask `peer` to give up the write token of `path` (pushing its changes to home first), waiting at
-    /// most `within`.
-    pub fn release(&self, peer: &MemberRecord, path: &[u8], within: Duration) -> Result<i64, PeerError> {
+    /// Ask `peer` to give up the write token of `path` (pushing its changes to home first, or handing them
+    /// over), waiting at most `within`.
+    pub fn release(&self, peer: &MemberRecord, path: &[u8], within: Duration) -> Result<Release, PeerError> {
         self.allowed(peer.id)?;
         let channel = self.channel(peer)?;
         let request = ReleaseRequest {
             path: Bytes::copy_from_slice(path),
             requester: self.me,
         };
+        let holder = peer.id;
+        self.within(peer, within, async move {
+            let r = RawClient::new(channel).release(request).await?.into_inner();
+            Ok(match r.hand_over {
+                None => Release::Gone {
+                    revision: r.revision,
+                    pushed: (r.pushed_revision != 0 && !r.pushed_version.is_empty())
+                        .then_some((r.pushed_revision, r.pushed_version)),
+                },
+                Some(h) => Release::HandOver(larder_fs::coherence::Handover {
+                    holder,
+                    revision: h.revision,
+                    base: h.base,
+                    state: h.state.to_vec(),
+                }),
+            })
+        })
+    }
+
+    /// Answer `peer`'s hand-over of `path` at `revision`: see `HandedOver` in the protocol.
+    pub fn handed_over(&self, peer: &MemberRecord, path: &[u8], revision: i64, taken: bool) -> Result<i64, PeerError> {
+        self.allowed(peer.id)?;
+        let channel = self.channel(peer)?;
+        let request = HandedOverRequest {
+            path: Bytes::copy_from_slice(path),
+            requester: self.me,
+            revision,
+            taken,
+        };
+        self.within(peer, HANDED_OVER_WITHIN, async move {
+            Ok(RawClient::new(channel)
+                .handed_over(request)
+                .await?
+                .into_inner()
+                .revision)
+        })
+    }
+
+    /// `call` to `peer`, waiting at most `within`; a failure or timeout counts against the peer.
+    fn within<T>(
+        &self,
+        peer: &MemberRecord,
+        within: Duration,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, PeerError> {
         let result = self
             .runtime
-            .block_on(async move {
-                tokio::time::timeout(within, async move {
-                    RawClient::new(channel)
-                        .release(request)
-                        .await
-                        .map(|r| r.into_inner().revision)
-                        .map_err(status_error)
-                })
-                .await
-            })
+            .block_on(
+                async move { tokio::time::timeout(within, async move { call.await.map_err(status_error) }).await },
+            )
             .unwrap_or(Err(PeerError::Timeout(within)));
         self.record(
             peer.id,

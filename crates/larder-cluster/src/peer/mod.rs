@@ -116,12 +116,32 @@ pub trait UnitSource: Send + Sync + 'static {
         Err(ServeError::NotHeld)
     }
 
-    /// Give up the write token of `path` to a peer that wants to change it: see `Release` in the protocol.
-    /// The etcd revision at which this node's held records were gone.
-    fn release(&self, path: &[u8]) -> Result<i64, ServeError> {
-        let _ = path;
+    /// Give up the write token of `path` to `requester`, a peer that wants to change it: see `Release` in
+    /// the protocol.
+    fn release(&self, path: &[u8], requester: MemberId) -> Result<Release, ServeError> {
+        let _ = (path, requester);
         Err(ServeError::NotHeld)
     }
+
+    /// `requester` answered the hand-over of `path` this node made at `revision`: see `HandedOver` in the
+    /// protocol. The etcd revision at which this node's record of it was gone (0: replaced).
+    fn handed_over(&self, path: &[u8], requester: MemberId, revision: i64, taken: bool) -> Result<i64, ServeError> {
+        let _ = (path, requester, revision, taken);
+        Err(ServeError::NotHeld)
+    }
+}
+
+/// How a peer gave a write token up: see `Release` in the protocol.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Release {
+    /// Its changes are at home, and its held records were gone at this etcd revision (0: it had none of
+    /// the path). `pushed`: the revision of its last record of the path and the version home has of it.
+    Gone {
+        revision: i64,
+        pushed: Option<(i64, String)>,
+    },
+    /// Home could not take its changes: they are handed over (its `holder` is the peer).
+    HandOver(larder_fs::coherence::Handover),
 }
 
 /// A read of bytes a peer holds: see [`UnitSource::read_held`].

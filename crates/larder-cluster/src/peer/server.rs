@@ -19,7 +19,9 @@ use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
 use super::proto::peer_server::{Peer, PeerServer as RawServer};
-use super::proto::{Chunk, FetchRequest, ReadHeldRequest, ReleaseRequest, Released, Taken};
+use super::proto::{
+    Chunk, FetchRequest, HandOver, HandedOverRequest, ReadHeldRequest, ReleaseRequest, Released, Taken,
+};
 use super::*;
 use crate::placement::UnitDigest;
 use crate::tls;
@@ -59,8 +61,42 @@ impl Peer for Service {
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<Released>, Status> {
         let req = request.into_inner();
-        let revision = tokio::task::block_in_place(|| self.source.release(&req.path)).map_err(source_status)?;
-        Ok(Response::new(Released { revision }))
+        let released =
+            tokio::task::block_in_place(|| self.source.release(&req.path, req.requester)).map_err(source_status)?;
+        Ok(Response::new(match released {
+            Release::Gone { revision, pushed } => {
+                let (pushed_revision, pushed_version) = pushed.unwrap_or_default();
+                Released {
+                    revision,
+                    hand_over: None,
+                    pushed_revision,
+                    pushed_version,
+                }
+            }
+            Release::HandOver(h) => Released {
+                revision: 0,
+                pushed_revision: 0,
+                pushed_version: String::new(),
+                hand_over: Some(HandOver {
+                    revision: h.revision,
+                    base: h.base,
+                    state: h.state.into(),
+                }),
+            },
+        }))
+    }
+
+    async fn handed_over(&self, request: Request<HandedOverRequest>) -> Result<Response<Released>, Status> {
+        let req = request.into_inner();
+        let revision = tokio::task::block_in_place(|| {
+            self.source
+                .handed_over(&req.path, req.requester, req.revision, req.taken)
+        })
+        .map_err(source_status)?;
+        Ok(Response::new(Released {
+            revision,
+            ..Default::default()
+        }))
     }
 
     async fn take(&self, request: Request<FetchRequest>) -> Result<Response<Taken>, Status> {

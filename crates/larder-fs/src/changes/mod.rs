@@ -43,6 +43,8 @@ pub(crate) struct Changes {
     names: Arc<Names>,
     data: Arc<DataPath>,
     pipeline: Arc<crate::pipeline::Pipeline>,
+    /// Files whose changes are being handed over to another node, by path.
+    handing: std::sync::Mutex<std::collections::HashMap<Vec<u8>, cluster::Handing>>,
 }
 
 impl Changes {
@@ -61,6 +63,7 @@ impl Changes {
             names,
             data,
             pipeline,
+            handing: Default::default(),
         }
     }
 }

@@ -20,7 +20,7 @@ use larder_cache::Store;
 use larder_home::{RenameFlags, SetAttr, StatFs};
 
 use crate::changes::{Changes, release_freed_memory};
-use crate::coherence::{Coherence, HeldRecord};
+use crate::coherence::{Coherence, GiveUp, Handover, HeldRecord};
 use crate::data::{Core, DamagedFile, DataPath, Residency};
 use crate::namespace::{Names, XattrFlags, lock};
 use crate::pipeline::Pipeline;
@@ -292,11 +292,39 @@ impl Fs {
         self.data.release_locks(ino, owner)
     }
 
-    /// Drain before giving the write token of `path` up to a peer: the changes this node holds go to home
-    /// first (every one, in order: the journal is drained), within `drain_within`. The cluster removes
-    /// this node's held records and the token after.
-    pub fn give_up(&self, path: &[u8], drain_within: std::time::Duration) -> Result<(), String> {
+    /// Let this node's changes of `path` go before it gives the file's write token up to a peer: pushed
+    /// to home (the whole journal is drained, within `drain_within`), or, when home cannot take them, handed
+    /// over to the peer (see [`GiveUp`]). The cluster removes this node's held records and the token after.
+    pub fn give_up(&self, path: &[u8], drain_within: std::time::Duration) -> Result<GiveUp, String> {
         self.changes.give_up(path, drain_within)
+    }
+
+    /// The peer `path`'s changes were handed over to answered: with `taken`, it has them, and they are
+    /// dropped here; else they are this node's again, pushed to home as before.
+    pub fn handed_over(&self, path: &[u8], taken: bool) -> FsResult<()> {
+        self.changes.handed_over(path, taken)
+    }
+
+    /// Make the changes of `path` another node hands over (`h`) this node's own, durably: see
+    /// [`Handover`].
+    pub fn take_handover(&self, path: &[u8], h: &Handover) -> FsResult<()> {
+        self.changes.take_handover(path, h)
+    }
+
+    /// The home version of `path` as this node has it clean, if it does.
+    pub fn home_version(&self, path: &[u8]) -> Option<larder_home::Version> {
+        self.changes.home_version(path)
+    }
+
+    /// `path`, cached here as `from` (another node's held version), is `to` at home now: see
+    /// [`GiveUp::NothingHere`].
+    pub fn rebase(&self, path: &[u8], from: &larder_home::Version, to: larder_home::Version) {
+        self.changes.rebase(path, from, to)
+    }
+
+    /// Undo [`Fs::take_handover`] of `path`: the giver kept its changes.
+    pub fn abandon_handover(&self, path: &[u8]) {
+        self.changes.abandon_handover(path)
     }
 
     /// This node's records of `paths`, as it has them now: see [`held_record`].

@@ -210,7 +210,7 @@ impl Changes {
     }
 
     /// Drop the local changes of `ino` (they were kept elsewhere): the next access reads home's version.
-    pub(super) fn discard_local(&self, ino: u64) {
+    pub(crate) fn discard_local(&self, ino: u64) {
         let mut ns = self.names.write();
         let Some(node) = ns.inodes.get_mut(&ino) else { return };
         node.dirty.clear();
@@ -219,7 +219,7 @@ impl Changes {
         node.checked = None;
         if let Some(a) = node.attr.as_mut() {
             // No version home could have: the next revalidation takes home's as new.
-            a.version = Version("discarded".into());
+            a.version = Version(super::DISCARDED.into());
         }
         let (old, pushing) = (node.object, node.pushing);
         let object = self.names.alloc_object(&mut ns);

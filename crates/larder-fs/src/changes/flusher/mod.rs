@@ -19,6 +19,10 @@ use crate::journal::{Op, OpKind};
 use crate::namespace::lock;
 use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, RefusedChange, WriteMode};
 
+/// The version of a file whose local changes were dropped: none home could have, so that the next
+/// revalidation takes home's as new.
+pub(crate) const DISCARDED: &str = "discarded";
+
 /// Attempts at an op home refuses before its change is set aside as a conflict.
 const MAX_ATTEMPTS: u32 = 6;
 /// How often an idle pusher looks at the journal: a change made within the sync lag wakes nobody, and
