@@ -70,10 +70,11 @@ pub struct EtcdCoherence {
     taking_done: Condvar,
     /// The file system, once attached: what a hand-over gives and takes.
     fs: OnceLock<Weak<Fs>>,
-    /// The revision of this node's last record of each path it removed once home had the change: the
-    /// version a node that read it then has cached, which home has now (see `Release::Gone`). Forgotten
-    /// when a record of the path is published again; cleared whole past [`PUSHED_KEPT`] paths.
-    pushed: Mutex<HashMap<Vec<u8>, i64>>,
+    /// The revision of this node's last record of each path it removed once home had the change (the
+    /// version a node that read it then has cached), and the version home made of it then (see
+    /// `Release::Gone`). Forgotten when a record of the path is published again; cleared whole past
+    /// [`PUSHED_KEPT`] paths.
+    pushed: Mutex<HashMap<Vec<u8>, (i64, String)>>,
 }
 
 /// This node's turn at asking for the token of a path ([`EtcdCoherence::turn`]).
@@ -239,15 +240,16 @@ impl EtcdCoherence {
     }
 
     /// Remove this node's record of `path` at `revision`, home having the change (see
-    /// [`Membership::unpublish_held`]); remembered in [`EtcdCoherence::pushed`].
-    fn remove_pushed(&self, path: &[u8], revision: i64) -> Result<Option<i64>, crate::MembershipError> {
+    /// [`Membership::unpublish_held`]); remembered in [`EtcdCoherence::pushed`] with the version home
+    /// has of it, as `fs` knows it.
+    fn remove_pushed(&self, fs: &Fs, path: &[u8], revision: i64) -> Result<Option<i64>, crate::MembershipError> {
         let at = self.membership.unpublish_held(path, revision)?;
-        if at.is_some() {
+        if let (Some(_), Some(version)) = (at, fs.home_version(path)) {
             let mut pushed = self.pushed.lock().unwrap();
             if pushed.len() >= PUSHED_KEPT {
                 pushed.clear();
             }
-            pushed.insert(path.to_vec(), revision);
+            pushed.insert(path.to_vec(), (revision, version.0));
         }
         Ok(at)
     }
@@ -289,7 +291,7 @@ impl EtcdCoherence {
                 GiveUp::Drained => {
                     let mut gone = 0;
                     for (p, revision) in self.own() {
-                        let at = self.remove_pushed(&p, revision).map_err(|e| e.to_string())?;
+                        let at = self.remove_pushed(&fs, &p, revision).map_err(|e| e.to_string())?;
                         gone = gone.max(at.unwrap_or(0));
                     }
                     self.membership.drop_token(path).map_err(|e| e.to_string())?;
@@ -300,8 +302,7 @@ impl EtcdCoherence {
                 }
                 GiveUp::NothingHere => {
                     self.membership.drop_token(path).map_err(|e| e.to_string())?;
-                    let last = self.pushed.lock().unwrap().get(path).copied();
-                    let pushed = last.zip(fs.home_version(path)).map(|(r, v)| (r, v.0));
+                    let pushed = self.pushed.lock().unwrap().get(path).cloned();
                     Ok(Release::Gone { revision: 0, pushed })
                 }
                 GiveUp::HandOver(h) => {
@@ -412,7 +413,7 @@ fn keep(c: Weak<EtcdCoherence>, fs: Weak<Fs>) {
             continue;
         }
         for (path, revision) in own {
-            if let Err(e) = c.remove_pushed(&path, revision) {
+            if let Err(e) = c.remove_pushed(&fs, &path, revision) {
                 tracing::debug!(error = %e, "could not remove a held record; trying again later");
                 break;
             }
@@ -485,10 +486,6 @@ impl Coherence for EtcdCoherence {
         }
         let mut handed = false;
         let me = self.me();
-        let given = self.given.lock().unwrap().get(path).copied();
-        if let Some(wait) = given.map(|at| COURTESY.saturating_sub(at.elapsed())) {
-            std::thread::sleep(wait);
-        }
         if self.tokens.lock().unwrap().get(path) == Some(&Token::Held) {
             return Ok(false);
         }
@@ -506,6 +503,11 @@ impl Coherence for EtcdCoherence {
                         _ => break,
                     }
                 }
+            }
+            // A token this node gave up just now (while this writer waited, too) is the asker's first.
+            let given = self.given.lock().unwrap().get(path).copied();
+            if let Some(wait) = given.map(|at| COURTESY.saturating_sub(at.elapsed())) {
+                std::thread::sleep(wait);
             }
             let epoch = self.give_ups.load(std::sync::atomic::Ordering::SeqCst);
             match self.membership.take_token(path) {
@@ -541,6 +543,7 @@ impl Coherence for EtcdCoherence {
                 }
             }
         }
+        tracing::warn!(path = %String::from_utf8_lossy(path), tries = TOKEN_TRIES, "could not take a file's write token: other nodes took it back each time");
         Err(HomeError::Os(libc::EIO))
     }
 
