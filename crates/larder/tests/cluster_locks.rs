@@ -12,7 +12,7 @@ mod site;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Mount, TestDir, drain_ok, require_fuse};
+use common::{Mount, TestDir, drain_ok, read, require_fuse};
 use site::{Site, certs};
 
 const LATE: [&str; 6] = [
@@ -295,6 +295,55 @@ fn writers_on_two_nodes_at_once_get_no_error_and_lose_nothing_they_were_told_was
             !c.contains("over") && !c.contains("log"),
             "conflict copies were made: {c}"
         );
+    }
+    b.unmount();
+    a.unmount();
+}
+
+#[test]
+fn with_home_away_appenders_on_two_nodes_at_once_lose_nothing_and_home_gets_it_all_later() {
+    require_fuse();
+    let t = TestDir::new("cl-away");
+    let home = t.root().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("log"), b"").unwrap();
+    let away = t.root().join("home-away");
+    let opts = [LATE.as_slice(), &["--fault-file", common::s(&away)]].concat();
+    let site = Site::new("cl-away", &["a", "b"]);
+    let tls = certs(&t.root().join("tls"), &["a", "b"]);
+    let a = site.node(&t, &tls, "a", &opts);
+    let b = site.node(&t, &tls, "b", &opts);
+    wait_live(&[&a, &b], 2);
+    assert_eq!(read(&a.path("log")), b"");
+    assert_eq!(read(&b.path("log")), b"");
+    std::fs::write(&away, b"").unwrap();
+
+    // Each append takes the token from the other node, which cannot push: every handover is a copy of
+    // the file peer to peer, and none may fail or lose a line.
+    let append = "for i in $(seq 1 20); do echo \"$X$i\" >> \"$1\" || exit 1; done";
+    let runs =
+        [(&a, "a"), (&b, "b")].map(|(m, x)| spawn("sh", &["-c", append, "sh", common::s(&m.path("log"))], &[("X", x)]));
+    for r in runs {
+        finish_within(r, "appends with home away", Duration::from_secs(120));
+    }
+    let text = std::fs::read_to_string(a.path("log")).unwrap();
+    for m in [&a, &b] {
+        let here = std::fs::read_to_string(m.path("log")).unwrap();
+        assert_eq!(here, text, "{} shows another file", m.mnt.display());
+        assert!(!here.contains('\0'), "a NUL byte in {here:?}");
+        assert_eq!(lines_in_order(&here, 'a', 20), 20, "a's appends lost: {here:?}");
+        assert_eq!(lines_in_order(&here, 'b', 20), 20, "b's appends lost: {here:?}");
+    }
+    assert_eq!(std::fs::read(home.join("log")).unwrap(), b"", "home has nothing yet");
+
+    std::fs::remove_file(&away).unwrap();
+    drain_ok(&a, 90);
+    drain_ok(&b, 90);
+    assert_eq!(std::fs::read_to_string(home.join("log")).unwrap(), text, "home");
+    assert_eq!(common::names(&home), vec!["log"], "no conflict copy at home");
+    for m in [&a, &b] {
+        let c = conflicts(m);
+        assert!(!c.contains("log"), "conflict copies were made: {c}");
     }
     b.unmount();
     a.unmount();
