@@ -46,6 +46,17 @@ fn wait_live(nodes: &[&Mount], n: usize) {
     }
 }
 
+/// Wait until `m` holds no record (its journal drained, its records removed).
+fn wait_records_gone(m: &Mount, what: &str) {
+    assert!(
+        common::wait_until(Duration::from_secs(10), || common::num(
+            &m.status(),
+            "/cluster/held_here"
+        ) == 0),
+        "{what}"
+    );
+}
+
 #[test]
 fn what_one_node_closed_another_opens_before_home_has_it_and_its_cached_pages_go() {
     require_fuse();
@@ -88,13 +99,7 @@ fn what_one_node_closed_another_opens_before_home_has_it_and_its_cached_pages_go
 
     // Once A drains, home has them, and B still reads them (now from home).
     drain_ok(&a, 60);
-    assert!(
-        common::wait_until(Duration::from_secs(10), || common::num(
-            &a.status(),
-            "/cluster/held_here"
-        ) == 0),
-        "a forgets its record once home has the change"
-    );
+    wait_records_gone(&a, "a forgets its record once home has the change");
     assert_eq!(std::fs::read(home.join("f")).unwrap(), new);
     assert!(
         common::wait_until(Duration::from_secs(10), || b.status()["cluster"].is_object()
@@ -523,13 +528,7 @@ fn with_home_away_a_file_another_node_changed_is_handed_over_peer_to_peer_and_ev
     let mut g = b"g from a\n".to_vec();
     assert_eq!(read(&b.path("g")), g, "b reads g from a");
     drain_ok(&a, 60);
-    assert!(
-        common::wait_until(Duration::from_secs(10), || common::num(
-            &a.status(),
-            "/cluster/held_here"
-        ) == 0),
-        "a forgets its record of g once home has it"
-    );
+    wait_records_gone(&a, "a forgets its record of g once home has it");
 
     // Home goes away. A changes a block in the middle of the file, its mode, and its end.
     std::fs::write(&away, b"").unwrap();

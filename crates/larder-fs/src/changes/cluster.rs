@@ -21,6 +21,9 @@ const HOME_LOOK_EVERY: Duration = Duration::from_millis(100);
 /// away, it fails at once).
 const PUSH_END_WAIT: Duration = Duration::from_secs(5);
 
+/// One of a file's locks (`Inode::flush_lock`, `Inode::write_lock`).
+type FileLock = Arc<std::sync::Mutex<()>>;
+
 /// What of a file's state in the journal and namespace goes with a hand-over ([`Handover::state`]).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct HandedState {
@@ -191,17 +194,10 @@ impl Changes {
             self.pipeline.journal().unhold(&seqs);
             return Ok(());
         }
-        let (flush_lock, write_lock) = {
-            let ns = self.names.read();
-            let node = ns.inode(ino)?;
-            (node.flush_lock.clone(), node.write_lock.clone())
-        };
+        let (flush_lock, write_lock) = self.file_locks(ino)?;
         let _f = lock(&flush_lock);
         let _w = lock(&write_lock);
-        let muts = self.pipeline.journal().drop_content_ops(ino);
-        self.core.store.db().submit(muts);
-        self.discard_local(ino);
-        self.core.store.db().settle()?;
+        self.drop_taken(ino)?;
         tracing::info!(path = %String::from_utf8_lossy(path), "another node took this node's changes of a file over");
         Ok(())
     }
@@ -237,11 +233,7 @@ impl Changes {
             tracing::warn!(path = %at.display(), want = %want.0, have = ?version, "a file handed over is of another version here");
             return Err(eio());
         }
-        let (flush_lock, write_lock) = {
-            let ns = self.names.read();
-            let node = ns.inode(ino)?;
-            (node.flush_lock.clone(), node.write_lock.clone())
-        };
+        let (flush_lock, write_lock) = self.file_locks(ino)?;
         let _f = lock(&flush_lock);
         let _w = lock(&write_lock);
         let copied = self.copy_held(ino, at, &want);
@@ -276,7 +268,9 @@ impl Changes {
         });
         if let Err(e) = &result {
             tracing::warn!(path = %at.display(), error = %e, "could not take over a file's changes another node handed over");
-            self.drop_taken(ino);
+            if let Err(e) = self.drop_taken(ino) {
+                tracing::warn!(error = %e, "could not record dropping a file's changes taken over");
+            }
         } else {
             self.data.label_unpushed(ino);
             tracing::info!(path = %at.display(), "took over another node's changes of a file");
@@ -365,18 +359,26 @@ impl Changes {
 
     /// Undo what [`Changes::take_handover`] made of `path`: the giver kept its changes after all.
     pub(crate) fn abandon_handover(&self, path: &[u8]) {
-        if let Some(ino) = self.known(path) {
-            self.drop_taken(ino);
+        if let Some(ino) = self.known(path)
+            && let Err(e) = self.drop_taken(ino)
+        {
+            tracing::warn!(error = %e, "could not record dropping a file's changes taken over");
         }
     }
 
-    /// Drop this node's queued changes of `ino` and what it cached of it.
-    fn drop_taken(&self, ino: u64) {
+    /// Drop this node's queued changes of `ino` and what it cached of it, on record.
+    fn drop_taken(&self, ino: u64) -> FsResult<()> {
         let muts = self.pipeline.journal().drop_content_ops(ino);
         self.core.store.db().submit(muts);
         self.discard_local(ino);
-        if let Err(e) = self.core.store.db().settle() {
-            tracing::warn!(error = %e, "could not record dropping a file's changes taken over");
-        }
+        self.core.store.db().settle()?;
+        Ok(())
+    }
+
+    /// The flush and write locks of `ino`.
+    fn file_locks(&self, ino: u64) -> FsResult<(FileLock, FileLock)> {
+        let ns = self.names.read();
+        let node = ns.inode(ino)?;
+        Ok((node.flush_lock.clone(), node.write_lock.clone()))
     }
 }
