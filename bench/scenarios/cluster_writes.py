@@ -29,7 +29,9 @@ B (n1). Files are 4 KiB.
 3. Token handoff: A and B append a line to one file in turns (50 turns each). Each turn's first append
    takes the token from the other node, which first pushes its changes to home; a second append by the
    same node, holding the token, is the same-run baseline. The file is checked through both mounts and,
-   once drained, at home.
+   once drained, at home. Then the same with home away (both mounts' `--fault-file` present while they
+   append): each handoff hands the giver's changes over peer to peer, a copy of the file; home is back
+   before the drain.
 4. Locks across nodes (design note 017): on a fresh pair, A and B take and drop an exclusive `flock` of one
    file in turns (every lock follows the other node's unlock), each call timed, against the same pair
    taking it again on one node (no other node's change to take in). A counter file incremented under
@@ -293,9 +295,9 @@ def op_latencies(node, rel, files, home_names, seconds):
 
 # 3. Token handoff.
 
-def handoff(a, b, rel, turns, seconds):
+def handoff(a, b, rel, turns, seconds, before_drain=None):
     """A and B append to one file in turns: per turn, an append that takes the token, then one that
-    holds it."""
+    holds it. `before_drain` is called once the appends are read back, before the nodes drain."""
     name = "log"
     take, hold, take_open = [], [], []
     expect = []
@@ -345,6 +347,8 @@ def handoff(a, b, rel, turns, seconds):
             check(f"read on {node.name}", read_file(os.path.join(node.path(rel), name))[0])
         except OSError as e:
             checks[f"read on {node.name}"] = f"error: {e}"
+    if before_drain:
+        before_drain()
     for node in (b, a):  # B holds the last changes
         H.run([H.LARDER, "drain", node.mnt, "--timeout", "120s"], timeout=180, check=False)
     with open(os.path.join(a.ctx.home, rel, name), "rb") as f:
@@ -508,13 +512,17 @@ def run(ctx):
            "network": f"bridge {C.BRIDGE} {C.BRIDGE_IP}/{C.PREFIX}, blackhole {C.BLACKHOLE}, a namespace per node",
            "visible": {}, "ops": {}, "probe": {}, "held_records": {}, "nodes": {}}
     olds = {}
-    for d in ("ops-alone", "ops-on", "ops-off", "handoff", "locks", "locks-alone"):
+    for d in ("ops-alone", "ops-on", "ops-off", "handoff", "handoff-away", "locks", "locks-alone"):
         fresh_dir(ctx, f"{ROOT}/{d}")
     for c2o in ("on", "off"):
         for case in ("rewrite", "new"):
             olds[c2o, case] = fresh_dir(ctx, f"{ROOT}/visible-{c2o}-{case}", REWRITE_SET if case == "rewrite" else 0)
-    with open(os.path.join(ctx.home, ROOT, "handoff", "log"), "wb"):
-        pass
+    for d in ("handoff", "handoff-away"):
+        with open(os.path.join(ctx.home, ROOT, d, "log"), "wb"):
+            pass
+    away = os.path.join(ctx.work, "cluster-writes-home-away")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(away)
     with C.network(ctx, 3) as shared:
         with C.nodes(ctx, shared, "cw-alone", [ALONE], cluster=False, access=ACCESS) as (n,):
             log(f"cluster_writes: a node alone: {a.cw_files} files written, rewritten, read; cached files")
@@ -550,6 +558,19 @@ def run(ctx):
             log(f"cluster_writes: A and B append to one file in turns ({a.cw_turns} turns)")
             res["handoff"] = handoff(na, nb, rel, a.cw_turns, a.cw_seconds)
             res["nodes"]["handoff"] = {x.name: node_figures(x) for x in (na, nb)}
+        rel = f"{ROOT}/handoff-away"
+        with C.nodes(ctx, shared, "cw-away", [A, B], access=ACCESS, flags=["--fault-file", away]) as (na, nb):
+            log(f"cluster_writes: A and B append to one file in turns with home away ({a.cw_turns} turns)")
+            for n in (na, nb):  # the file in both caches before home goes
+                read_file(os.path.join(n.path(rel), "log"))
+            with open(away, "wb"):
+                pass
+            try:
+                res["handoff_away"] = handoff(na, nb, rel, a.cw_turns, a.cw_seconds, lambda: os.remove(away))
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(away)
+            res["nodes"]["handoff_away"] = {x.name: node_figures(x) for x in (na, nb)}
         res["locks"] = {}
         rel = f"{ROOT}/locks"
         with pair(ctx, shared, "cw-locks") as (na, nb):
@@ -709,27 +730,35 @@ def report(r, ctx):
               f"{PROBE_FILES} files it has cached, before and after A's passes:", "",
               md(["close-to-open", "when", "held records", "B's open, median ms", "p99 ms",
                   "open+read+close, median ms"], rows), ""]
-    h = r.get("handoff") or {}
-    rows = [["append taking the token (open+write+close)", H.get(h, "take", "n"), H.get(h, "take", "p50_ms"),
-             H.get(h, "take", "p90_ms"), H.get(h, "take", "p99_ms"), H.get(h, "take", "max_ms")],
-            ["of which the open", H.get(h, "take_open", "n"), H.get(h, "take_open", "p50_ms"),
-             H.get(h, "take_open", "p90_ms"), H.get(h, "take_open", "p99_ms"), H.get(h, "take_open", "max_ms")],
-            ["append holding the token", H.get(h, "hold", "n"), H.get(h, "hold", "p50_ms"),
-             H.get(h, "hold", "p90_ms"), H.get(h, "hold", "p99_ms"), H.get(h, "hold", "max_ms")]]
-    ok = ", ".join(f"{k}: {'yes' if v is True else ('**no**' if v is False else v)}"
-                   for k, v in (h.get("content_ok") or {}).items())
+    h, ha = r.get("handoff") or {}, r.get("handoff_away") or {}
+    rows = []
+    for what, x in (("home there: the giver pushes", h), ("home away: the giver hands its changes over", ha)):
+        if not x:
+            continue
+        for call, key in (("append taking the token (open+write+close)", "take"), ("of which the open", "take_open"),
+                          ("append holding the token", "hold")):
+            rows.append([what, call, H.get(x, key, "n"), H.get(x, key, "p50_ms"), H.get(x, key, "p90_ms"),
+                         H.get(x, key, "p99_ms"), H.get(x, key, "max_ms")])
+    ratio = None
+    if H.get(ha, "take", "p50_ms") and H.get(h, "take", "p50_ms"):
+        ratio = round(H.get(ha, "take", "p50_ms") / H.get(h, "take", "p50_ms"), 2)
     lines += [f"**Token handoff**: A and B append a line to one file in turns ({h.get('turns')} turns each), "
-              "two appends a turn: the first takes the token from the other node (which pushes its changes "
-              "to home first), the second holds it. The very first append (nobody to take the token from, "
-              f"{H.fmt(h.get('first_append_ms'))} ms) is left out.", "",
-              md(["append", "count", "median ms", "p90 ms", "p99 ms", "max ms"], rows), "",
-              f"The file as expected: {ok}."]
-    if h.get("content_lost"):
-        lines.append("")
-    for where, x in (h.get("content_lost") or {}).items():
-        lines.append(f"- {where}: {x['bytes']} bytes of {x['expected']}; missing appends: "
-                     f"{', '.join(x['missing']) or 'none'}; unexpected lines: {len(x['unexpected'])}; the rest in "
-                     f"order: {'yes' if x['rest_in_order'] else 'no'}.")
+              "two appends a turn: the first takes the token from the other node, the second holds it. With "
+              "home there the giver pushes its changes to home first; with home away (`--fault-file`) it "
+              "hands them over peer to peer, and the taker copies the file. The very first append (nobody to "
+              f"take the token from, {H.fmt(h.get('first_append_ms'))} ms) is left out. A take with home away "
+              f"÷ with home there, medians: {H.fmt(ratio)}.", "",
+              md(["case", "append", "count", "median ms", "p90 ms", "p99 ms", "max ms"], rows), ""]
+    for what, x in (("home there", h), ("home away", ha)):
+        if not x:
+            continue
+        ok = ", ".join(f"{k}: {'yes' if v is True else ('**no**' if v is False else v)}"
+                       for k, v in (x.get("content_ok") or {}).items())
+        lines.append(f"The file as expected, {what}: {ok}." + (f" {len(x['errors'])} appends failed." if x.get("errors") else ""))
+        for where, lost in (x.get("content_lost") or {}).items():
+            lines.append(f"- {where}: {lost['bytes']} bytes of {lost['expected']}; missing appends: "
+                         f"{', '.join(lost['missing']) or 'none'}; unexpected lines: {len(lost['unexpected'])}; "
+                         f"the rest in order: {'yes' if lost['rest_in_order'] else 'no'}.")
     lk = r.get("locks") or {}
     rows = []
     for case, what in (("turns", "in turns: each lock follows the other node's unlock"),
