@@ -1,5 +1,6 @@
-//! Directory listings: opendir fixes a snapshot of the children for the handle; a listing is taken from
-//! home only when the cached one is past the validity lag and home's directory version has changed.
+//! Directory listings: opendir fixes a snapshot of the children for the handle (taken again at a rewind);
+//! a listing is taken from home only when the cached one is past the validity lag and home's directory
+//! version has changed.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -71,10 +72,22 @@ impl Names {
         Ok(self.new_handle(&ns, ino, Some(entries)))
     }
 
-    /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
+    /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`). A read from the start
+    /// of a handle read before is a rewind (`rewinddir`, or a seek to 0): the listing is taken again, so
+    /// that names made or removed since the open are seen, as POSIX asks.
     pub(crate) fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
-        let entries = self.handles.with(fh, |h| h.entries.clone()).ok_or(FsError::BadHandle)?;
-        let entries = entries.ok_or(FsError::NotDir)?;
+        let (ino, entries, read_from) = self
+            .handles
+            .with(fh, |h| (h.ino, h.entries.clone(), h.read_from))
+            .ok_or(FsError::BadHandle)?;
+        let mut entries = entries.ok_or(FsError::NotDir)?;
+        if offset == 0 && read_from {
+            self.sync_cluster();
+            entries = Arc::new(self.listing(ino)?);
+            let again = entries.clone();
+            self.handles.with(fh, |h| h.entries = Some(again));
+        }
+        self.handles.with(fh, |h| h.read_from = true);
         Ok(entries
             .iter()
             .enumerate()

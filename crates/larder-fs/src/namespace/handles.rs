@@ -19,8 +19,10 @@ pub(crate) struct Handle {
     /// The cache object (content version) the file had when this handle opened it. A handle reads that
     /// version only: once revalidation moves the file to another, its reads fail with `ESTALE`.
     pub object: u64,
-    /// Directory handles: the listing as it was at opendir.
+    /// Directory handles: the listing as it was at opendir, or at the last rewind.
     pub entries: Option<Arc<Vec<DirItem>>>,
+    /// Directory handles: entries were read from it (a read from the start after that is a rewind).
+    pub read_from: bool,
     /// Where the next sequential read would start, the readahead window, and where the blocks queued
     /// for this handle end.
     pub next_offset: u64,
@@ -44,6 +46,7 @@ impl Handle {
             ino,
             object,
             entries,
+            read_from: false,
             next_offset: 0,
             window: 0,
             ra_end: 0,
