@@ -606,9 +606,18 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         metrics::serve(addr, source.clone())?;
     }
 
+    // The source is the home as it was given (what mount(8), fstab and tools comparing the two name),
+    // unless it cannot stand in a mount option (a comma) or may carry a secret (user info): then the
+    // home's description.
+    let source = if args.home.contains([',', '@']) {
+        home_url.clone()
+    } else {
+        args.home.clone()
+    };
     let mut options = vec![
-        MountOption::FSName(format!("{}{home_url}", mounts::SOURCE_PREFIX)),
-        MountOption::Subtype("larder".into()),
+        MountOption::FSName(source),
+        // A kernel option, not fusermount's alone: a mount made directly is of type `fuse.larder` too.
+        MountOption::CUSTOM("subtype=larder".into()),
         MountOption::DefaultPermissions,
     ];
     options.push(if write_mode == WriteMode::ReadOnly {

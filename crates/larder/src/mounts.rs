@@ -11,8 +11,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use crate::cli::UnmountArgs;
 use crate::control;
 
-/// The source (fsname) of every larder mount begins with this, followed by the home's URL.
-pub const SOURCE_PREFIX: &str = "larder:";
+/// The type of a larder mount: `fuse`, of subtype `larder`.
+pub const FSTYPE: &str = "fuse.larder";
+/// Mounts of earlier larder daemons were of type `fuse`, their source this followed by the home's URL.
+const SOURCE_PREFIX: &str = "larder:";
 
 /// What is mounted at a path.
 #[derive(Debug, PartialEq, Eq)]
@@ -93,7 +95,7 @@ fn topmost(mountpoint: &Path) -> Option<MountEntry> {
 
 impl MountEntry {
     fn is_larder(&self) -> bool {
-        self.fstype.starts_with("fuse") && self.source.starts_with(SOURCE_PREFIX)
+        self.fstype == FSTYPE || (self.fstype == "fuse" && self.source.starts_with(SOURCE_PREFIX))
     }
 }
 

@@ -64,3 +64,39 @@ fn rewinddir_sees_names_made_and_removed_since_the_opendir() {
     assert_eq!(after, made);
     m.unmount();
 }
+
+/// The type and source `/proc/self/mountinfo` shows for the mount at `mnt`.
+fn type_and_source(mnt: &Path) -> (String, String) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mnt.to_str().unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let sep = fields.iter().position(|f| *f == "-")?;
+            (fields[4] == want).then(|| (fields[sep + 1].to_string(), fields[sep + 2].to_string()))
+        })
+        .last()
+        .unwrap_or_else(|| panic!("{want} is not in mountinfo"))
+}
+
+#[test]
+fn a_mount_is_of_type_fuse_larder_and_its_source_is_the_home_as_given() {
+    require_fuse();
+    let t = TestDir::new("mount-type");
+    let m = t.mount(&[]);
+    let (fstype, source) = type_and_source(&m.mnt);
+    assert_eq!(fstype, "fuse.larder", "as mount -t and fstab name it");
+    assert_eq!(
+        source,
+        t.home.to_str().unwrap(),
+        "the home as larder mount was given it"
+    );
+    // larder's own commands still know it for theirs.
+    assert_eq!(
+        m.status()["home"]["url"].as_str().map(|u| u.starts_with("file://")),
+        Some(true),
+        "{}",
+        m.status()["home"]
+    );
+    m.unmount();
+}
