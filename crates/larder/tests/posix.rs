@@ -69,13 +69,14 @@ fn rewinddir_sees_names_made_and_removed_since_the_opendir() {
 fn type_and_source(mnt: &Path) -> (String, String) {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let want = mnt.to_str().unwrap();
+    // The topmost mount there: the last line naming it.
     info.lines()
-        .filter_map(|l| {
+        .rev()
+        .find_map(|l| {
             let fields: Vec<&str> = l.split(' ').collect();
             let sep = fields.iter().position(|f| *f == "-")?;
             (fields[4] == want).then(|| (fields[sep + 1].to_string(), fields[sep + 2].to_string()))
         })
-        .last()
         .unwrap_or_else(|| panic!("{want} is not in mountinfo"))
 }
 
