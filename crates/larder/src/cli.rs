@@ -441,6 +441,10 @@ pub struct MountArgs {
     /// when the mount is ready, through $NOTIFY_SOCKET).
     #[arg(long)]
     pub foreground: bool,
+    /// Print nothing once mounted, even on a terminal (by default a terminal is told the daemon's pid;
+    /// anything else, mount(8) included, gets nothing on success).
+    #[arg(long)]
+    pub quiet: bool,
     /// Take options from this TOML file: its keys are the long options above without their dashes
     /// (`validity-lag = "30s"`, `no-dedup = true`), and `home` and `mountpoint`; the command line's
     /// options override the file's.

@@ -106,6 +106,10 @@ pub fn mount(args: MountArgs) -> Result<()> {
     for line in BufReader::new(stdout).lines() {
         let line = line?;
         if line == "READY" {
+            // Silent on success, as mount helpers are, unless a person is watching.
+            if args.quiet || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                return Ok(());
+            }
             let mnt = mounts::absolute(&args.mountpoint)?;
             println!(
                 "larder: serving {} at {} (pid {})",

@@ -93,6 +93,7 @@ fn from_helper(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut positional = Vec::new();
     let mut options = Vec::new();
     let mut read_only = false;
+    let mut verbose = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let s = a
@@ -109,7 +110,8 @@ fn from_helper(args: &[OsString]) -> Result<Vec<OsString>> {
             }
             "-f" => return Ok(Vec::new()),
             "-r" => read_only = true,
-            "-n" | "-s" | "-v" | "-w" => {}
+            "-v" => verbose = true,
+            "-n" | "-s" | "-w" => {}
             _ if s.starts_with("-o") => options.push(s[2..].to_string()),
             _ if s.starts_with('-') => bail!("mount.fuse.larder: unknown flag {s}"),
             _ => positional.push(a.clone()),
@@ -145,6 +147,10 @@ fn from_helper(args: &[OsString]) -> Result<Vec<OsString>> {
     }
     if read_only {
         out.push("--read-only".into());
+    }
+    // mount(8)'s helpers are silent on success; `-v` asks for words.
+    if !verbose && !out.iter().any(|a| a == "--quiet") {
+        out.push("--quiet".into());
     }
     Ok(out)
 }
@@ -305,12 +311,19 @@ mod tests {
                 "/mnt/x",
                 "--cache-dir=/var/cache/x",
                 "--validity-lag=30s",
-                "--no-dedup"
+                "--no-dedup",
+                "--quiet"
             ]
         );
         let ro = helper(&["/h", "/m", "-o", "ro"]).unwrap();
-        assert_eq!(ro, ["larder", "mount", "/h", "/m", "--read-only"]);
+        assert_eq!(ro, ["larder", "mount", "/h", "/m", "--read-only", "--quiet"]);
         assert!(helper(&["/h", "/m", "-f"]).unwrap().is_empty());
+        // `-v` lets a terminal hear of the mount; `quiet` given as an option is not given twice.
+        assert_eq!(helper(&["/h", "/m", "-v"]).unwrap(), ["larder", "mount", "/h", "/m"]);
+        assert_eq!(
+            helper(&["/h", "/m", "-o", "quiet"]).unwrap(),
+            ["larder", "mount", "/h", "/m", "--quiet"]
+        );
     }
 
     #[test]

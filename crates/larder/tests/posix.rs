@@ -7,7 +7,7 @@ use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use common::{TestDir, require_fuse};
+use common::{COMMAND_DEADLINE, LARDER, Mount, TestDir, require_fuse, run_cmd, s};
 
 /// The names `readdir` gives from the directory stream's position on, without `.` and `..`.
 ///
@@ -98,6 +98,31 @@ fn a_mount_is_of_type_fuse_larder_and_its_source_is_the_home_as_given() {
         Some(true),
         "{}",
         m.status()["home"]
+    );
+    m.unmount();
+}
+
+#[test]
+fn larder_mount_is_silent_on_success_unless_a_terminal_watches() {
+    require_fuse();
+    let t = TestDir::new("silent");
+    let args = ["mount", s(&t.home), s(&t.mnt), "--cache-dir", s(&t.cache)];
+    let out = common::larder(&args);
+    assert!(out.success(), "{out}");
+    let m = Mount::adopt(&t.mnt, &t.cache, None);
+    assert_eq!(
+        out.stdout, "",
+        "a mount whose output goes to a pipe says nothing on success"
+    );
+    m.unmount();
+    // On a terminal (script(1) gives it one) it says what it serves, and its daemon's pid.
+    let line = format!("{LARDER} {}", args.join(" "));
+    let out = run_cmd("script", &["-qec", &line, "/dev/null"], COMMAND_DEADLINE);
+    assert!(out.success(), "{out}");
+    let m = Mount::adopt(&t.mnt, &t.cache, None);
+    assert!(
+        out.stdout.contains("serving") && out.stdout.contains(&format!("(pid {})", m.pid)),
+        "{out}"
     );
     m.unmount();
 }

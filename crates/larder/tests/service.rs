@@ -69,6 +69,7 @@ fn mount_t_fuse_larder_mounts_with_the_options_of_larder_mount() {
         "mount -t fuse.larder failed:\n{out}\n{}",
         log_tail(&t.cache, 40)
     );
+    assert_eq!(out.stdout, "", "a mount helper is silent on success");
     let m = adopt(&t.mnt, &t.cache);
     assert_eq!(std::fs::read(m.path("old")).unwrap(), b"from home");
     // The options reached the daemon: its lag and write-back mode.
