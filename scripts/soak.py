@@ -934,7 +934,7 @@ class Soak:
             if p.returncode != 0:
                 raise Failure(f"mounting home fresh (read-only) failed:\n{p.stdout}{p.stderr}")
             m = re.search(r"\(pid (\d+)\)", p.stdout)
-            fresh_pid = int(m.group(1)) if m else None
+            fresh_pid = int(m.group(1)) if m else self.status(root).get("pid")
         try:
             try:
                 got = snapshot(self.home if not self.s3 else root)
