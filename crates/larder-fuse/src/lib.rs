@@ -42,6 +42,8 @@ pub fn errno(e: &FsError) -> Errno {
         },
         FsError::Cache(c) => match c {
             CacheError::NoSpace => libc::ENOSPC,
+            // A write past the largest file the cache disk's file system holds is the caller's to hear.
+            CacheError::Io(e) if e.raw_os_error() == Some(libc::EFBIG) => libc::EFBIG,
             CacheError::Io(_) => libc::EIO,
             CacheError::Index(_) => libc::EIO,
             CacheError::Damaged { .. } => libc::EIO,

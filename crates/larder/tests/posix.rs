@@ -126,3 +126,28 @@ fn larder_mount_is_silent_on_success_unless_a_terminal_watches() {
     );
     m.unmount();
 }
+
+#[test]
+fn a_write_past_the_largest_file_the_cache_disk_holds_is_efbig_and_changes_nothing() {
+    require_fuse();
+    let t = TestDir::new("efbig");
+    std::fs::write(t.home.join("f"), b"home's bytes").unwrap();
+    let m = t.mount(&[]);
+    let f = std::fs::OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    // Past ext4's 16 TiB (and xfs's 8 EiB is beyond what FUSE's offsets reach): the cache file refuses it.
+    let at = (1u64 << 44) + 4096;
+    let probe = t.root().join("probe");
+    let local = std::fs::File::create(&probe).unwrap();
+    let cache_disk_refuses = std::os::unix::fs::FileExt::write_at(&local, b"x", at).is_err();
+    drop(local);
+    if !cache_disk_refuses {
+        eprintln!("skipped: this disk's file system holds files past {at} bytes");
+        return;
+    }
+    let e = std::os::unix::fs::FileExt::write_at(&f, b"x", at).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "{e}");
+    drop(f);
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), b"home's bytes");
+    assert_eq!(std::fs::metadata(m.path("f")).unwrap().len(), 12);
+    m.unmount();
+}
