@@ -151,3 +151,19 @@ fn a_write_past_the_largest_file_the_cache_disk_holds_is_efbig_and_changes_nothi
     assert_eq!(std::fs::metadata(m.path("f")).unwrap().len(), 12);
     m.unmount();
 }
+
+#[test]
+fn a_device_node_can_be_made_but_not_opened() {
+    require_fuse();
+    let t = TestDir::new("nodev");
+    let m = t.mount(&[]);
+    let dev = cstr(&m.path("null"));
+    // /dev/null's numbers: 1, 3.
+    let made = unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(made, 0, "mknod: {}", std::io::Error::last_os_error());
+    let meta = std::fs::metadata(m.path("null")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type()));
+    let e = std::fs::File::open(m.path("null")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "the mount is nodev: {e}");
+    m.unmount();
+}
