@@ -174,7 +174,14 @@ fn watch_signals(set: libc::sigset_t, mountpoint: PathBuf) {
         });
 }
 
-pub(crate) fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
+/// Longest a mount waits for the daemon of a mount that is gone to finish closing the same cache dir
+/// (an unmount returns before its daemon has put the cache on record and exited).
+const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Take the cache dir `dir` for this process, for a mount at `mountpoint` (noted in the lock file, with
+/// this process's pid). Another larder holding it is an error at once, unless the mount it noted is gone:
+/// that daemon is closing the cache, and is waited for, at most [`CLOSING_WAIT`].
+pub(crate) fn lock_cache_dir(dir: &Path, mountpoint: Option<&Path>) -> Result<std::fs::File> {
     let path = dir.join("lock");
     let file = larder_util::private::options()
         .create(true)
@@ -182,17 +189,31 @@ pub(crate) fn lock_cache_dir(dir: &Path) -> Result<std::fs::File> {
         .read(true)
         .write(true)
         .open(&path)?;
+    let deadline = std::time::Instant::now() + CLOSING_WAIT;
     // SAFETY: flock on a valid open descriptor.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let holder = std::fs::read_to_string(&path).unwrap_or_default();
-        bail!(
-            "cache dir {} is in use by another larder (pid {})",
-            dir.display(),
-            holder.trim()
-        );
+        let mut lines = holder.lines();
+        let pid = lines.next().unwrap_or_default().trim().to_string();
+        let closing = lines
+            .next()
+            .is_some_and(|m| !matches!(mounts::mounted_at(Path::new(m)), mounts::Mounted::Larder));
+        if !closing || std::time::Instant::now() >= deadline {
+            bail!(
+                "cache dir {} is in use by another larder (pid {pid}){}",
+                dir.display(),
+                if closing { ", still closing it" } else { "" }
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     file.set_len(0)?;
-    (&file).write_all(std::process::id().to_string().as_bytes())?;
+    let mut note = std::process::id().to_string();
+    if let Some(m) = mountpoint {
+        note.push('\n');
+        note.push_str(&m.to_string_lossy());
+    }
+    (&file).write_all(note.as_bytes())?;
     Ok(file)
 }
 
@@ -423,7 +444,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
     unsafe { libc::umask(0) };
     let signals = block_signals();
     let p = preflight::check(args)?;
-    let _lock = lock_cache_dir(&p.cache_dir)?;
+    let _lock = lock_cache_dir(&p.cache_dir, Some(&p.mountpoint))?;
     make_cache_dir_private(&p.cache_dir)?;
     // A cache dir whose index is lost or damaged while it holds changes not yet at home never comes up
     // looking healthy: refused, with the command that saves them (`recover.rs`).

@@ -121,7 +121,7 @@ pub fn run(args: RecoverArgs) -> Result<()> {
     if to.exists() && std::fs::read_dir(&to).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("{} is not an empty directory", to.display());
     }
-    let _lock = crate::daemon::lock_cache_dir(&cache).context("(unmount it first)")?;
+    let _lock = crate::daemon::lock_cache_dir(&cache, None).context("(unmount it first)")?;
     let objects = cache.join("objects");
     // The index, where it opens: what it says, and what its log could not give.
     let (index_state, from_index) = match unpushed::index_found(&cache) {

@@ -167,3 +167,40 @@ fn a_device_node_can_be_made_but_not_opened() {
     assert_eq!(e.raw_os_error(), Some(libc::EACCES), "the mount is nodev: {e}");
     m.unmount();
 }
+
+#[test]
+fn a_mount_right_after_an_unmount_waits_for_the_old_daemon_to_close_the_cache() {
+    require_fuse();
+    let t = TestDir::new("remount-at-once");
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1h"]);
+    std::fs::write(m.path("kept"), b"written before the unmount").unwrap();
+    let old = m.pid;
+    // The old daemon is held (stopped) through the kernel's unmount, as a busy one closing its cache is.
+    // (umount(8) would stat the mount point first, which a stopped daemon never answers: the system call.)
+    std::process::Command::new("sync").status().unwrap();
+    common::signal(old, libc::SIGSTOP);
+    let gone = unsafe { libc::umount2(cstr(&m.mnt).as_ptr(), 0) };
+    if gone != 0 {
+        let e = std::io::Error::last_os_error();
+        common::signal(old, libc::SIGCONT);
+        panic!("umount2: {e}");
+    }
+    m.disarm();
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        common::signal(old, libc::SIGCONT);
+    });
+    let began = std::time::Instant::now();
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1h"]);
+    resume.join().unwrap();
+    assert!(
+        began.elapsed() >= std::time::Duration::from_millis(1000),
+        "mounted while the old daemon still held the cache"
+    );
+    assert!(
+        common::wait_until(std::time::Duration::from_secs(10), || !common::alive(old)),
+        "the old daemon is gone"
+    );
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"written before the unmount");
+    m.unmount();
+}
