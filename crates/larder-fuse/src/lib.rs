@@ -493,6 +493,13 @@ impl Filesystem for LarderFuse {
         reply: ReplyEmpty,
     ) {
         let _s = span!("rename", parent.0);
+        // A whiteout (overlayfs's) is not made, so such a rename is refused, as by a file system without
+        // them, rather than done as a plain one; so is any flag larder does not know.
+        let known = fuser::RenameFlags::RENAME_NOREPLACE | fuser::RenameFlags::RENAME_EXCHANGE;
+        if !known.contains(flags) {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        }
         let flags = RenameFlags {
             no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
