@@ -240,3 +240,28 @@ fn a_rename_asking_for_a_whiteout_is_refused_and_renames_nothing() {
     assert_eq!(std::fs::read(m.path("b")).unwrap(), b"a");
     m.unmount();
 }
+
+#[test]
+fn a_directory_removed_or_replaced_by_a_rename_has_no_links_left() {
+    require_fuse();
+    let t = TestDir::new("dir-nlink");
+    let m = t.mount(&[]);
+    let nlink = |f: &std::fs::File| std::os::unix::fs::MetadataExt::nlink(&f.metadata().unwrap());
+    for d in ["a", "b", "c"] {
+        std::fs::create_dir(m.path(d)).unwrap();
+    }
+    let replaced = std::fs::File::open(m.path("b")).unwrap();
+    let removed = std::fs::File::open(m.path("c")).unwrap();
+    assert_eq!(nlink(&replaced), 2);
+    std::fs::rename(m.path("a"), m.path("b")).unwrap();
+    std::fs::remove_dir(m.path("c")).unwrap();
+    // As on a local file system: the directory replaced, and the one removed, have no name left.
+    assert_eq!(nlink(&replaced), 0, "the directory the rename replaced");
+    assert_eq!(nlink(&removed), 0, "the directory removed");
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::nlink(&std::fs::metadata(m.path("b")).unwrap()),
+        2
+    );
+    drop((replaced, removed));
+    m.unmount();
+}

@@ -407,11 +407,9 @@ impl Names {
                 a.blocks.max(self.core.store.allocated_blocks(node.object))
             },
             perm: a.perm,
-            nlink: if node.removed && node.kind != FileKind::Dir {
-                0
-            } else {
-                a.nlink
-            },
+            // Gone from every name (a directory removed, or replaced by a rename, too): no link left, as
+            // a local file system says of what is still open.
+            nlink: if node.removed { 0 } else { a.nlink },
             uid: a.uid,
             gid: a.gid,
             rdev: a.rdev,
