@@ -265,3 +265,34 @@ fn a_directory_removed_or_replaced_by_a_rename_has_no_links_left() {
     drop((replaced, removed));
     m.unmount();
 }
+
+#[test]
+fn a_files_times_stay_as_the_mount_made_them_once_pushed_and_asked_of_home_again() {
+    require_fuse();
+    let t = TestDir::new("times");
+    std::fs::write(t.home.join("old"), b"from home").unwrap();
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1s", "--validity-lag", "1s"]);
+    let times = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let s = std::fs::metadata(p).unwrap();
+        (
+            s.mtime(),
+            s.mtime_nsec(),
+            s.ctime(),
+            s.ctime_nsec(),
+            s.atime(),
+            s.atime_nsec(),
+        )
+    };
+    std::fs::write(m.path("new"), b"written through the mount").unwrap();
+    std::fs::set_permissions(m.path("old"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let before = (times(&m.path("new")), times(&m.path("old")));
+    // Home's clock moves on before the pushes land, so its times would differ.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    common::drain_ok(&m, 60);
+    // Past the validity lag: asked of home again.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let after = (times(&m.path("new")), times(&m.path("old")));
+    assert_eq!(after, before, "(mtime, ctime, atime) of new and old");
+    m.unmount();
+}

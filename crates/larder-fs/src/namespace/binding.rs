@@ -76,6 +76,9 @@ impl Names {
             attr.mtime = local.mtime;
             attr.version = local.version.clone();
         }
+        if let Some(local) = &node.attr {
+            keep_own_times(local, &mut attr);
+        }
         if node.attr.as_ref() != Some(&attr) || new_object.is_some() {
             node.attr = Some(attr);
             self.persist(ns, ino);
@@ -102,11 +105,15 @@ impl Names {
     pub(crate) fn adopt_attr(&self, ns: &mut Namespace, ino: u64, attr: HomeAttr) {
         if let Some(node) = ns.inodes.get_mut(&ino) {
             let mut attr = attr;
-            if !node.dirty.is_empty()
-                && let Some(local) = &node.attr
-            {
-                attr.size = local.size;
-                attr.mtime = local.mtime;
+            if let Some(local) = &node.attr {
+                if !node.dirty.is_empty() {
+                    attr.size = local.size;
+                    attr.mtime = local.mtime;
+                }
+                // Home's answer to our own change: its access and change times are those of the push,
+                // not of anything done through the mount.
+                attr.atime = local.atime;
+                attr.ctime = local.ctime;
             }
             node.attr = Some(attr);
             node.checked = Some(Instant::now());
@@ -328,4 +335,19 @@ fn linked_inode(ns: &Namespace, kind: FileKind, attr: &HomeAttr) -> Option<u64> 
     let node = ns.inodes.get(&ino)?;
     let same = node.kind == kind && !node.removed && node.attr.as_ref().is_some_and(|a| a.id == attr.id);
     same.then_some(ino)
+}
+
+/// Home's attributes `attr` of an object the cache knows as `local`: if home's object is the one the cache
+/// knows (same version, size, modification time, mode, owner and links), its access and change times stay
+/// the cache's. Home moves them when a push lands (and its clock is not the mount's): a file's times change
+/// only when something is done to it, through the mount or at home.
+fn keep_own_times(local: &HomeAttr, attr: &mut HomeAttr) {
+    let same = local.version == attr.version
+        && local.size == attr.size
+        && local.mtime == attr.mtime
+        && (local.perm, local.uid, local.gid, local.nlink) == (attr.perm, attr.uid, attr.gid, attr.nlink);
+    if same {
+        attr.atime = local.atime;
+        attr.ctime = local.ctime;
+    }
 }
