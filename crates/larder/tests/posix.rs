@@ -296,3 +296,25 @@ fn a_files_times_stay_as_the_mount_made_them_once_pushed_and_asked_of_home_again
     assert_eq!(after, before, "(mtime, ctime, atime) of new and old");
     m.unmount();
 }
+
+#[test]
+fn a_truncated_file_counts_no_more_blocks_than_its_new_size_holds() {
+    require_fuse();
+    let t = TestDir::new("blocks");
+    std::fs::write(t.home.join("f"), vec![7u8; 5 << 20]).unwrap();
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1h"]);
+    let blocks = |p: &Path| std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap());
+    assert!(blocks(&m.path("f")) >= (5 << 20) / 512, "home's figure before");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("f"))
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let after = blocks(&m.path("f"));
+    assert!(
+        after <= (4 << 20) / 512,
+        "{after} blocks of 512 bytes for a file of 4 MiB"
+    );
+    m.unmount();
+}

@@ -397,14 +397,17 @@ impl Names {
             size,
             // Local changes not yet at home: what the cache copy takes (a sparse file's holes take nothing),
             // or home's figure if larger (parts of the file not cached here).
+            // (Home's figure counts no more than the file's size now: a truncation here cut the rest.)
             blocks: if node.dirty.is_empty() && node.home_size.is_none() {
                 a.blocks
             } else if node.home_size == Some(0) {
                 // Nothing of it at home: the cache file holds the pages written here and nothing else (no
                 // stat of the cache file for every answer about a file being written).
-                a.blocks.max(pages_of(&node.dirty))
+                a.blocks.min(size.div_ceil(512)).max(pages_of(&node.dirty))
             } else {
-                a.blocks.max(self.core.store.allocated_blocks(node.object))
+                a.blocks
+                    .min(size.div_ceil(512))
+                    .max(self.core.store.allocated_blocks(node.object))
             },
             perm: a.perm,
             // Gone from every name (a directory removed, or replaced by a rename, too): no link left, as
