@@ -631,13 +631,15 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         metrics::serve(addr, source.clone())?;
     }
 
-    // The source is the home as it was given (what mount(8), fstab and tools comparing the two name),
-    // unless it cannot stand in a mount option (a comma) or may carry a secret (user info): then the
-    // home's description.
+    // The source is the home as it was given (what mount(8), fstab and tools comparing the two name; a
+    // path made absolute), unless it cannot stand in a mount option (a comma) or may carry a secret (user
+    // info): then the home's description.
     let source = if args.home.contains([',', '@']) {
         home_url.clone()
-    } else {
+    } else if args.home.contains("://") {
         args.home.clone()
+    } else {
+        mounts::absolute(Path::new(&args.home)).map_or_else(|_| args.home.clone(), |p| p.display().to_string())
     };
     let mut options = vec![
         MountOption::FSName(source),
