@@ -52,6 +52,19 @@ pub enum Command {
     /// A cluster of nodes: its own CA and a certificate for each node; its members.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Change a mount between read-only and read-write in place (what `mount -o remount,ro` runs).
+    #[command(hide = true)]
+    Remount(RemountArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RemountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// The options mount(8) gives: `ro` or `rw` and the kernel's flags of the mount; larder's own options
+    /// cannot change without a new mount, and are refused by name.
+    #[arg(short = 'o', default_value = "")]
+    pub options: String,
 }
 
 #[derive(Subcommand, Debug)]

@@ -119,6 +119,20 @@ fn from_helper(args: &[OsString]) -> Result<Vec<OsString>> {
     }
     let [home, mountpoint] = <[OsString; 2]>::try_from(positional)
         .map_err(|p| anyhow!("mount.fuse.larder takes HOME and MOUNTPOINT, got {} arguments", p.len()))?;
+    // `mount -o remount,...`: the mount changes in place (`larder remount`), not a new one.
+    if options.iter().flat_map(|o| o.split(',')).any(|o| o == "remount") {
+        let mut o = options.join(",");
+        if read_only {
+            o.push_str(",ro");
+        }
+        return Ok(vec![
+            "larder".into(),
+            "remount".into(),
+            mountpoint,
+            "-o".into(),
+            o.into(),
+        ]);
+    }
     let mount = Cli::command();
     let mount = mount.find_subcommand("mount").expect("larder has a mount command");
     let mut out: Vec<OsString> = vec!["larder".into(), "mount".into(), home, mountpoint];
@@ -323,6 +337,11 @@ mod tests {
         assert_eq!(
             helper(&["/h", "/m", "-o", "quiet"]).unwrap(),
             ["larder", "mount", "/h", "/m", "--quiet"]
+        );
+        // A remount changes the mount in place.
+        assert_eq!(
+            helper(&["/h", "/m", "-o", "ro,nosuid,remount,user_id=0"]).unwrap(),
+            ["larder", "remount", "/m", "-o", "ro,nosuid,remount,user_id=0"]
         );
     }
 

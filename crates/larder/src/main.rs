@@ -49,6 +49,7 @@ fn main() -> ExitCode {
         cli::Command::Recover(args) => recover::run(args),
         cli::Command::Demo(args) => demo::run(args),
         cli::Command::Cluster(command) => cluster::run(command),
+        cli::Command::Remount(args) => mounts::remount(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::cli::UnmountArgs;
+use crate::cli::{RemountArgs, UnmountArgs};
 use crate::control;
 
 /// The type of a larder mount: `fuse`, of subtype `larder`.
@@ -346,4 +346,73 @@ mod tests {
         assert_eq!(absolute(Path::new("/a/./b/../c")).unwrap(), PathBuf::from("/a/c"));
         assert_eq!(unescape("/mnt/my\\040dir"), "/mnt/my dir");
     }
+}
+
+/// What the kernel shows of a FUSE mount's own options, given back by mount(8) on a remount: kept as they are.
+const FUSE_SHOWN: [&str; 6] = [
+    "user_id",
+    "group_id",
+    "default_permissions",
+    "allow_other",
+    "max_read",
+    "blksize",
+];
+
+/// `larder remount MNT -o OPTS` (mount(8)'s `-o remount,...` through the helper): the mount goes
+/// read-only or read-write in place, keeping the kernel flags `OPTS` names (nosuid and nodev always).
+/// larder's own options cannot change without a new mount: refused by name. Read-write is refused for a
+/// mount whose daemon was started read-only (it cannot write).
+pub fn remount(args: RemountArgs) -> Result<()> {
+    let mnt = absolute(&args.mountpoint)?;
+    if !matches!(mounted_at(&mnt), Mounted::Larder) {
+        bail!("{} is not a larder mount", mnt.display());
+    }
+    let mut flags = libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV;
+    let mut read_only = false;
+    for opt in args.options.split(',').filter(|o| !o.is_empty()) {
+        let key = opt.split_once('=').map_or(opt, |(k, _)| k);
+        match key {
+            "ro" => read_only = true,
+            "rw" => read_only = false,
+            "noexec" => flags |= libc::MS_NOEXEC,
+            "noatime" => flags |= libc::MS_NOATIME,
+            "nodiratime" => flags |= libc::MS_NODIRATIME,
+            "strictatime" => flags |= libc::MS_STRICTATIME,
+            "relatime" => flags |= libc::MS_RELATIME,
+            "lazytime" => flags |= libc::MS_LAZYTIME,
+            "remount" | "nosuid" | "nodev" | "exec" | "atime" | "diratime" | "norelatime" | "nolazytime"
+            | "defaults" | "auto" | "noauto" | "_netdev" | "nofail" | "silent" | "async" => {}
+            _ if FUSE_SHOWN.contains(&key) || key.starts_with("x-") || key == "comment" => {}
+            _ => bail!(
+                "mount option '{key}' cannot change on a remount, which changes ro and rw only: unmount {} and mount it again",
+                mnt.display()
+            ),
+        }
+    }
+    if read_only {
+        flags |= libc::MS_RDONLY;
+    } else {
+        let status = crate::status::fetch(&mnt)?;
+        if status.write_mode == "read-only" {
+            bail!(
+                "{} was mounted --read-only: its daemon cannot write; unmount it and mount it again without --read-only",
+                mnt.display()
+            );
+        }
+    }
+    let target = CString::new(mnt.as_os_str().as_bytes())?;
+    // SAFETY: a remount of an existing mount point by path, with no source, type or data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        bail!("cannot remount {}: {}", mnt.display(), std::io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -275,3 +275,63 @@ fn the_service_unit_is_one_systemd_accepts() {
         "systemd-analyze verify: {out}"
     );
 }
+
+/// The options /proc/self/mountinfo shows for the mount at `mnt` (its per-mount flags).
+fn mount_flags(mnt: &Path) -> String {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mnt.to_str().unwrap();
+    info.lines()
+        .rev()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f[4] == want).then(|| f[5].to_string())
+        })
+        .unwrap_or_else(|| panic!("{want} is not mounted"))
+}
+
+#[test]
+fn mount_o_remount_turns_a_mount_read_only_and_back_in_place() {
+    let t = TestDir::new("remount");
+    let _helper = Helper::install();
+    let m = t.mount(&[]);
+    let pid = m.pid;
+    std::fs::write(m.path("before"), b"written read-write").unwrap();
+    let remount = |opts: &str| run_cmd("mount", &["-o", opts, s(&m.mnt)], COMMAND_DEADLINE);
+
+    let out = remount("remount,ro");
+    assert!(out.success(), "mount -o remount,ro failed:\n{out}");
+    assert!(
+        mount_flags(&m.mnt).split(',').any(|f| f == "ro"),
+        "{}",
+        mount_flags(&m.mnt)
+    );
+    let e = std::fs::write(m.path("refused"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    assert_eq!(std::fs::read(m.path("before")).unwrap(), b"written read-write");
+
+    let out = remount("remount,rw");
+    assert!(out.success(), "mount -o remount,rw failed:\n{out}");
+    std::fs::write(m.path("after"), b"written again").unwrap();
+    assert_eq!(
+        m.status()["pid"].as_i64(),
+        Some(pid as i64),
+        "the same daemon serves it"
+    );
+    let flags = mount_flags(&m.mnt);
+    assert!(flags.contains("nosuid") && flags.contains("nodev"), "{flags}");
+
+    // larder's own options need a new mount: refused by name, and nothing changes.
+    let out = remount("remount,validity-lag=5s");
+    assert!(!out.success(), "a remount changed larder's options:\n{out}");
+    assert!(out.stderr.contains("'validity-lag'"), "{out}");
+    std::fs::write(m.path("still"), b"still read-write").unwrap();
+    m.unmount();
+
+    // A mount started read-only cannot be made read-write in place: its daemon cannot write.
+    let t = TestDir::new("remount-ro");
+    let m = t.mount(&["--read-only"]);
+    let out = run_cmd("mount", &["-o", "remount,rw", s(&m.mnt)], COMMAND_DEADLINE);
+    assert!(!out.success(), "a read-only daemon's mount was made read-write:\n{out}");
+    assert!(out.stderr.contains("--read-only"), "{out}");
+    m.unmount();
+}
