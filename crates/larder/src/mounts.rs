@@ -316,38 +316,6 @@ pub fn unmount(args: UnmountArgs) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_users_socket_is_one_of_that_user_bound_where_their_daemon_put_it() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (elsewhere, there) = (tmp.path().join("elsewhere"), tmp.path().join("there"));
-        for d in [&elsewhere, &there] {
-            std::fs::create_dir(d).unwrap();
-        }
-        let name = format!("{:016x}.sock", fnv64(tmp.path().as_os_str().as_bytes()));
-        // Not a socket: passed over.
-        std::fs::write(elsewhere.join(&name), b"").unwrap();
-        let _listener = std::os::unix::net::UnixListener::bind(there.join(&name)).unwrap();
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        let dirs = [elsewhere.clone(), tmp.path().join("missing"), there.clone()];
-        assert_eq!(owners_socket(me, &name, &dirs), Some(there.join(&name)));
-        // Found among the sockets bound, in a directory not named.
-        assert_eq!(owners_socket(me, &name, &dirs[..1]), Some(there.join(&name)));
-        // Another user's socket of that name is not theirs.
-        assert_eq!(owners_socket(me + 1, &name, &dirs), None);
-    }
-
-    #[test]
-    fn paths_are_cleaned() {
-        assert_eq!(absolute(Path::new("/a/./b/../c")).unwrap(), PathBuf::from("/a/c"));
-        assert_eq!(unescape("/mnt/my\\040dir"), "/mnt/my dir");
-    }
-}
-
 /// What the kernel shows of a FUSE mount's own options, given back by mount(8) on a remount: kept as they are.
 const FUSE_SHOWN: [&str; 6] = [
     "user_id",
@@ -415,4 +383,36 @@ pub fn remount(args: RemountArgs) -> Result<()> {
         bail!("cannot remount {}: {}", mnt.display(), std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_users_socket_is_one_of_that_user_bound_where_their_daemon_put_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (elsewhere, there) = (tmp.path().join("elsewhere"), tmp.path().join("there"));
+        for d in [&elsewhere, &there] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let name = format!("{:016x}.sock", fnv64(tmp.path().as_os_str().as_bytes()));
+        // Not a socket: passed over.
+        std::fs::write(elsewhere.join(&name), b"").unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(there.join(&name)).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let dirs = [elsewhere.clone(), tmp.path().join("missing"), there.clone()];
+        assert_eq!(owners_socket(me, &name, &dirs), Some(there.join(&name)));
+        // Found among the sockets bound, in a directory not named.
+        assert_eq!(owners_socket(me, &name, &dirs[..1]), Some(there.join(&name)));
+        // Another user's socket of that name is not theirs.
+        assert_eq!(owners_socket(me + 1, &name, &dirs), None);
+    }
+
+    #[test]
+    fn paths_are_cleaned() {
+        assert_eq!(absolute(Path::new("/a/./b/../c")).unwrap(), PathBuf::from("/a/c"));
+        assert_eq!(unescape("/mnt/my\\040dir"), "/mnt/my dir");
+    }
 }
