@@ -125,6 +125,14 @@ impl EtcdLocks {
             }
         };
         let me = self.me();
+        // Two threads of this node writing the same key (a close's unlock, the next process's lock) take
+        // their answers in here in either order: only a write later than the last one noted is, else the
+        // earlier one's view (nothing held, say) would undo the later's, and its unlock never be sent.
+        let mut last = self.last_written.lock().unwrap();
+        if last.get(key).is_some_and(|&r| r > revision) {
+            return Ok(Ok(held_mark));
+        }
+        last.insert(key.to_vec(), revision);
         let mut all: Vec<(u64, LockRange)> = read.all.iter().filter(|(n, _)| *n != me).copied().collect();
         all.extend(mine.iter().map(|l| (me, *l)));
         {
@@ -142,13 +150,11 @@ impl EtcdLocks {
             );
         }
         let mut holding = self.holding.lock().unwrap();
-        let mut last = self.last_written.lock().unwrap();
         if mine.is_empty() {
             holding.remove(key);
         } else {
             holding.insert(key.to_vec());
         }
-        last.insert(key.to_vec(), revision);
         Ok(Ok(held_mark))
     }
 
@@ -167,7 +173,11 @@ impl EtcdLocks {
             };
             let after = change(&read.mine);
             if after == read.mine {
-                if read.mine.is_empty() {
+                // Nothing held here: forgotten, unless another thread's lock was noted since this read
+                // (checked under the lock `write` notes its answers under).
+                let _notes = self.last_written.lock().unwrap();
+                let none = self.known.lock().unwrap().get(key).is_some_and(|r| r.mine.is_empty());
+                if read.mine.is_empty() && none {
                     self.holding.lock().unwrap().remove(key);
                 }
                 return Ok(());

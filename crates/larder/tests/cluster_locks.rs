@@ -125,12 +125,12 @@ fn counters_under_flock_and_lockf_on_two_nodes_lose_no_increment() {
 
     let runs = [a.path("flocked"), b.path("flocked")].map(|p| sh(FLOCK_COUNTER, &p));
     for r in runs {
-        finish(r, "a flock counter");
+        finish_within(r, "a flock counter", Duration::from_secs(180));
     }
     let runs =
         [a.path("lockfed"), b.path("lockfed")].map(|p| spawn("python3", &["-c", LOCKF_COUNTER, common::s(&p)], &[]));
     for r in runs {
-        finish(r, "a lockf counter");
+        finish_within(r, "a lockf counter", Duration::from_secs(180));
     }
     for (m, n) in [(&a, "a"), (&b, "b")] {
         for f in ["flocked", "lockfed"] {
