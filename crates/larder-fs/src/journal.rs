@@ -358,17 +358,15 @@ impl Journal {
     /// What of the file `ino` at `path` another node can take over with its write token, this node unable
     /// to push (design note 016): its queued ops, if each is a data push or a change of its attributes
     /// and no queued op of another object makes, moves or removes a name on its path (a push of one under
-    /// way is the caller's to wait for). The ops' kinds, and whether a push of one was begun (it may have
-    /// reached home). Why not otherwise.
-    pub fn handover_of(&self, ino: u64, path: &[u8]) -> Result<(Vec<OpKind>, bool), &'static str> {
+    /// way is the caller's to wait for). The ops' kinds; why not otherwise. (What a push of it begun
+    /// sent is the file's `unconfirmed`, which goes with it.)
+    pub fn handover_of(&self, ino: u64, path: &[u8]) -> Result<Vec<OpKind>, &'static str> {
         let mut kinds = Vec::new();
-        let mut begun = false;
         for s in self.by_ino.get(&ino).into_iter().flatten() {
             let op = &self.ops[s];
             if !matches!(op.kind, OpKind::Data | OpKind::SetAttr { .. }) {
                 return Err("its names or extended attributes changed here");
             }
-            begun |= op.attempted;
             kinds.push(op.kind.clone());
         }
         let on_path = |p: &[u8]| p == path || ancestors(path).any(|a| a == p);
@@ -380,7 +378,7 @@ impl Journal {
         if blocks {
             return Err("a name on its path changed here");
         }
-        Ok((kinds, begun))
+        Ok(kinds)
     }
 
     /// Whether a queued op names `path`, a path below it, or makes, moves or removes a name above it: a
@@ -722,16 +720,14 @@ mod tests {
     #[test]
     fn only_a_file_home_has_changed_in_data_and_attributes_is_handed_over() {
         let mut j = Journal::default();
-        assert_eq!(j.handover_of(5, b"d/f"), Ok((Vec::new(), false)), "nothing queued");
+        assert_eq!(j.handover_of(5, b"d/f"), Ok(Vec::new()), "nothing queued");
         j.record(op(5, "d/f", OpKind::Data));
         j.record(op(5, "d/f", chmod(0o600)));
         // Another file's changes, and the directory's attributes, are no business of this file's.
         j.record(op(6, "d/g", OpKind::Data));
         j.record(op(2, "d", chmod(0o700)));
-        let (kinds, begun) = j.handover_of(5, b"d/f").unwrap();
-        assert_eq!(kinds, vec![OpKind::Data, chmod(0o600)]);
-        assert!(!begun);
-        // A push begun (and failed: home away) may have reached home.
+        assert_eq!(j.handover_of(5, b"d/f"), Ok(vec![OpKind::Data, chmod(0o600)]));
+        // A push begun (and failed: home away) does not keep the file from being handed over.
         let data = j.by_ino[&5]
             .iter()
             .copied()
@@ -739,7 +735,7 @@ mod tests {
             .unwrap();
         j.begin(data);
         j.fail(data, "home away".into(), Some(Duration::from_secs(60)));
-        assert_eq!(j.handover_of(5, b"d/f").map(|(_, begun)| begun), Ok(true));
+        assert_eq!(j.handover_of(5, b"d/f"), Ok(vec![OpKind::Data, chmod(0o600)]));
 
         // Made here: its creation is not the other node's to make.
         let mut made = Journal::default();

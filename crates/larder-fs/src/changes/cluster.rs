@@ -113,7 +113,7 @@ impl Changes {
             return Err("this node writes through to home".into());
         }
         let c = self.names.coherence().ok_or("not in a cluster")?;
-        let (kinds, _) = self.pipeline.journal().handover_of(ino, path)?;
+        let kinds = self.pipeline.journal().handover_of(ino, path)?;
         let ns = self.names.read();
         let node = ns.inode(ino).map_err(|e| e.to_string())?;
         let attr = node.attr.as_ref().ok_or("its attributes are not known")?;
