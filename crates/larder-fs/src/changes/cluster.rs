@@ -126,10 +126,10 @@ impl Changes {
         if ns.home_path(ino).ok().flatten().as_deref() != Some(Path::new(OsStr::from_bytes(path))) {
             return Err("home has it under another name".into());
         }
-        let base = attr.version.0.clone();
-        if base.is_empty() || base == super::flusher::DISCARDED || parse_held(&attr.version).is_some() {
+        if !homes(&attr.version) {
             return Err("the version its changes were made on is not home's".into());
         }
+        let base = attr.version.0.clone();
         let (record, revision) = c
             .record(path)
             .filter(|(r, _)| r.holder == c.me())
@@ -285,7 +285,7 @@ impl Changes {
         let (object, size) = {
             let ns = self.names.read();
             let node = ns.inode(ino)?;
-            if !node.dirty.is_empty() || node.home_size.is_some() || self.pipeline.journal().has(ino) {
+            if !self.unchanged_here(node, ino) {
                 // Changes of its own (made while etcd was away): not this node's to mix with the giver's.
                 return Err(FsError::Home(HomeError::Conflict));
             }
@@ -321,19 +321,10 @@ impl Changes {
     /// or knows no home version of it): what a node that pushed it tells the node it gives the token up to.
     pub(crate) fn home_version(&self, path: &[u8]) -> Option<Version> {
         let ino = self.known(path)?;
-        if self.pipeline.journal().has(ino) {
-            return None;
-        }
         let ns = self.names.read();
         let node = ns.inode(ino).ok()?;
         let v = &node.attr.as_ref()?.version;
-        let home = node.dirty.is_empty()
-            && node.home_size.is_none()
-            && !node.removed
-            && !v.0.is_empty()
-            && v.0 != super::flusher::DISCARDED
-            && parse_held(v).is_none();
-        home.then(|| v.clone())
+        (self.unchanged_here(node, ino) && !node.removed && homes(v)).then(|| v.clone())
     }
 
     /// The file at `path` is cached here as `from` (another node's held version), which home has as
@@ -342,14 +333,11 @@ impl Changes {
     /// another version, or changes of it.
     pub(crate) fn rebase(&self, path: &[u8], from: &Version, to: Version) {
         let Some(ino) = self.known(path) else { return };
-        if self.pipeline.journal().has(ino) {
-            return;
-        }
         let mut ns = self.names.write();
-        let Ok(node) = ns.inode_mut(ino) else { return };
-        if !node.dirty.is_empty() || node.home_size.is_some() {
+        if !ns.inode(ino).is_ok_and(|node| self.unchanged_here(node, ino)) {
             return;
         }
+        let Ok(node) = ns.inode_mut(ino) else { return };
         if let Some(a) = node.attr.as_mut().filter(|a| &a.version == from) {
             tracing::debug!(path = %String::from_utf8_lossy(path), from = %from.0, to = %to.0, "a held version is home's now");
             a.version = to;
@@ -375,10 +363,22 @@ impl Changes {
         Ok(())
     }
 
+    /// Whether `node` (inode `ino`) has no change of this node's: nothing written, cut or queued. The
+    /// caller holds the namespace (taken before the journal, as everywhere).
+    fn unchanged_here(&self, node: &crate::namespace::Inode, ino: u64) -> bool {
+        node.dirty.is_empty() && node.home_size.is_none() && !self.pipeline.journal().has(ino)
+    }
+
     /// The flush and write locks of `ino`.
     fn file_locks(&self, ino: u64) -> FsResult<(FileLock, FileLock)> {
         let ns = self.names.read();
         let node = ns.inode(ino)?;
         Ok((node.flush_lock.clone(), node.write_lock.clone()))
     }
+}
+
+/// Whether `v` is a version home gave: not another node's held version, nor none, nor one larder set
+/// when it dropped a file's local changes.
+fn homes(v: &Version) -> bool {
+    !v.0.is_empty() && v.0 != super::flusher::DISCARDED && parse_held(v).is_none()
 }
