@@ -219,6 +219,14 @@ impl EtcdCoherence {
         }
     }
 
+    /// The token of `path` is another node's now: this node's writers let it have it first ([`COURTESY`]).
+    fn given_up(&self, path: &[u8]) {
+        let mut given = self.given.lock().unwrap();
+        given.retain(|_, at| at.elapsed() < COURTESY);
+        given.insert(path.to_vec(), Instant::now());
+        self.tokens.lock().unwrap().remove(path);
+    }
+
     /// The changes of hand-overs no answer came for in time are this node's again.
     fn take_back_unanswered(&self) {
         let now = Instant::now();
@@ -327,12 +335,7 @@ impl EtcdCoherence {
                 self.tokens.lock().unwrap().insert(path.to_vec(), handing);
                 return result.map_err(ServeError::Failed);
             }
-            Ok(Release::Gone { .. }) => {
-                let mut given = self.given.lock().unwrap();
-                given.retain(|_, at| at.elapsed() < COURTESY);
-                given.insert(path.to_vec(), Instant::now());
-                self.tokens.lock().unwrap().remove(path);
-            }
+            Ok(Release::Gone { .. }) => self.given_up(path),
             Err(_) => {
                 self.tokens.lock().unwrap().remove(path);
             }
@@ -370,10 +373,7 @@ impl EtcdCoherence {
             if let Err(e) = self.membership.drop_token(path) {
                 tracing::debug!(error = %e, "could not let the token of a file handed over go; the next ask takes it");
             }
-            let mut given = self.given.lock().unwrap();
-            given.retain(|_, at| at.elapsed() < COURTESY);
-            given.insert(path.to_vec(), Instant::now());
-            self.tokens.lock().unwrap().remove(path);
+            self.given_up(path);
         } else {
             if let Some(fs) = &fs {
                 let _ = fs.handed_over(path, false);
