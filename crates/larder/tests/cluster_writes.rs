@@ -31,19 +31,37 @@ fn tree(root: &Path) -> Vec<String> {
         .collect()
 }
 
+/// How many members `m` counts live.
+fn live_members(m: &Mount) -> usize {
+    m.status()["cluster"]["members"]
+        .as_array()
+        .map_or(0, |ms| ms.iter().filter(|x| x["live"] == true).count())
+}
+
 fn wait_live(nodes: &[&Mount], n: usize) {
     for m in nodes {
         assert!(
-            common::wait_until(Duration::from_secs(20), || {
-                let st = m.status();
-                st["cluster"]["members"]
-                    .as_array()
-                    .is_some_and(|ms| ms.iter().filter(|x| x["live"] == true).count() >= n)
-            }),
+            common::wait_until(Duration::from_secs(20), || live_members(m) >= n),
             "{} never saw {n} live members",
             m.mnt.display()
         );
     }
+}
+
+/// Kill `victim`'s daemon (SIGKILL: what it holds stays unpushed) and wait until its lease runs out (10
+/// s) and `watcher` counts `live` members live.
+fn kill_node(victim: Mount, watcher: &Mount, live: usize) {
+    common::signal(victim.pid, libc::SIGKILL);
+    assert!(common::wait_until(Duration::from_secs(10), || !common::alive(
+        victim.pid
+    )));
+    victim.force_cleanup();
+    let gone = victim.mnt.display().to_string();
+    victim.disarm();
+    assert!(
+        common::wait_until(Duration::from_secs(30), || live_members(watcher) == live),
+        "{gone} was never counted gone"
+    );
 }
 
 /// Wait until `m` holds no record (its journal drained, its records removed).
@@ -241,20 +259,7 @@ fn bytes_held_by_a_dead_node_are_an_error_or_homes_version_never_a_mix_and_come_
     drop(opened);
 
     // A dies with its change unpushed.
-    common::signal(a.pid, libc::SIGKILL);
-    assert!(common::wait_until(Duration::from_secs(10), || !common::alive(a.pid)));
-    a.force_cleanup();
-    a.disarm();
-    // Its lease runs out (10 s): the others count it gone.
-    assert!(
-        common::wait_until(Duration::from_secs(30), || {
-            let st = b.status();
-            st["cluster"]["members"]
-                .as_array()
-                .is_some_and(|ms| ms.iter().filter(|x| x["live"] == true).count() == 2)
-        }),
-        "a was never counted gone"
-    );
+    kill_node(a, &b, 2);
     let err = match std::fs::read(b.path("f")) {
         Ok(bytes) => panic!("b read {} bytes held by a dead node", bytes.len()),
         Err(e) => e,
@@ -587,18 +592,7 @@ fn with_home_away_a_file_another_node_changed_is_handed_over_peer_to_peer_and_ev
     assert!(common::num(&b.status(), "/journal/pending_ops") >= 1);
 
     // B dies with the changes unpushed: what it acknowledged is in its cache.
-    common::signal(b.pid, libc::SIGKILL);
-    assert!(common::wait_until(Duration::from_secs(10), || !common::alive(b.pid)));
-    b.force_cleanup();
-    b.disarm();
-    assert!(
-        common::wait_until(Duration::from_secs(30), || {
-            a.status()["cluster"]["members"]
-                .as_array()
-                .is_some_and(|ms| ms.iter().filter(|x| x["live"] == true).count() == 1)
-        }),
-        "b was never counted gone"
-    );
+    kill_node(b, &a, 1);
     // Home comes back; B is mounted again on its cache and pushes what it took over, on A's base.
     std::fs::remove_file(&away).unwrap();
     let b = site.node(&t, &tls, "b", &opts);

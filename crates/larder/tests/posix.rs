@@ -67,17 +67,9 @@ fn rewinddir_sees_names_made_and_removed_since_the_opendir() {
 
 /// The type and source `/proc/self/mountinfo` shows for the mount at `mnt`.
 fn type_and_source(mnt: &Path) -> (String, String) {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = mnt.to_str().unwrap();
-    // The topmost mount there: the last line naming it.
-    info.lines()
-        .rev()
-        .find_map(|l| {
-            let fields: Vec<&str> = l.split(' ').collect();
-            let sep = fields.iter().position(|f| *f == "-")?;
-            (fields[4] == want).then(|| (fields[sep + 1].to_string(), fields[sep + 2].to_string()))
-        })
-        .unwrap_or_else(|| panic!("{want} is not in mountinfo"))
+    let f = common::mountinfo(mnt).unwrap_or_else(|| panic!("{} is not in mountinfo", mnt.display()));
+    let sep = f.iter().position(|x| x == "-").expect("mountinfo's separator");
+    (f[sep + 1].clone(), f[sep + 2].clone())
 }
 
 #[test]

@@ -278,15 +278,7 @@ fn the_service_unit_is_one_systemd_accepts() {
 
 /// The options /proc/self/mountinfo shows for the mount at `mnt` (its per-mount flags).
 fn mount_flags(mnt: &Path) -> String {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = mnt.to_str().unwrap();
-    info.lines()
-        .rev()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f[4] == want).then(|| f[5].to_string())
-        })
-        .unwrap_or_else(|| panic!("{want} is not mounted"))
+    common::mountinfo(mnt).unwrap_or_else(|| panic!("{} is not mounted", mnt.display()))[5].clone()
 }
 
 #[test]

@@ -121,11 +121,19 @@ impl TestDir {
 
 /// Whether a mount of any kind is at `mnt` (from /proc/self/mountinfo; never touches the mount itself).
 pub fn is_mounted(mnt: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
+    mountinfo(mnt).is_some()
+}
+
+/// The fields of the line of /proc/self/mountinfo of the topmost mount at `mnt` (the last naming it): its
+/// per-mount options at 5, and after the `-` field its type, source and options.
+#[allow(dead_code)]
+pub fn mountinfo(mnt: &Path) -> Option<Vec<String>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = mnt.to_string_lossy().replace(' ', "\\040");
-    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|f| f == want))
+    info.lines()
+        .rev()
+        .map(|l| l.split(' ').map(str::to_string).collect::<Vec<_>>())
+        .find(|f| f.get(4) == Some(&want))
 }
 
 /// Whether process `pid` exists (zombies of our own children count; the daemons are not our children).
