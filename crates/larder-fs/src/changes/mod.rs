@@ -20,7 +20,7 @@ use larder_home::{FileKind, HomeAttr, RenameFlags, SetAttr, TimeSet, Version};
 use crate::data::DataPath;
 use crate::journal::{Op, OpKind};
 use crate::namespace::{Inode, Names, Namespace, ROOT, check_name, lock};
-use crate::ranges::{add_range, blocks_of};
+use crate::ranges::{add_range, blocks_in};
 use crate::record::to_ns;
 use crate::{Entry, FsError, FsResult};
 
@@ -683,7 +683,7 @@ impl Changes {
                 return Ok(());
             }
             let bs = self.core.store.block_size();
-            let blocks: Vec<u32> = node.dirty.iter().flat_map(|r| blocks_of(r, bs)).collect();
+            let blocks = blocks_in(&node.dirty, bs);
             (node.object, blocks, node.attr.as_ref().map_or(0, |a| a.size))
         };
         if !self.cfg.write_mode.acknowledges_from_home() {

@@ -23,9 +23,9 @@ impl DataPath {
         let (object, blocks): (u64, Vec<std::ops::Range<u32>>) = {
             let ns = self.names.read();
             let node = ns.inode(ino)?;
-            (node.object, node.dirty.iter().map(|r| blocks_of(r, bs)).collect())
+            (node.object, crate::ranges::block_runs(&node.dirty, bs))
         };
-        for b in blocks.into_iter().filter(|b| !b.is_empty()) {
+        for b in blocks {
             let found = self.core.store.verify_range(object, b.start..=b.end - 1)?;
             if let Some(&block) = found.damaged.first() {
                 let e = larder_cache::CacheError::Damaged { object, block };
