@@ -112,9 +112,9 @@ fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
     })
 }
 
-fn reply_entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
+fn reply_entry(reply: ReplyEntry, r: Result<Entry, FsError>, generation: u32) {
     match r {
-        Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
+        Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(generation.into())),
         Err(e) => reply.error(errno(&e)),
     }
 }
@@ -170,6 +170,7 @@ enum AnyReply {
         reply: ReplyCreate,
         ttl: std::time::Duration,
         attr: FileAttr,
+        generation: u32,
     },
 }
 
@@ -184,16 +185,24 @@ impl AnyReply {
     fn passthrough(self, fh: u64, flags: FopenFlags, id: &BackingId) {
         match self {
             AnyReply::Open(r) => r.opened_passthrough(FileHandle(fh), flags, id),
-            AnyReply::Create { reply, ttl, attr } => {
-                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(fh), flags, id)
-            }
+            AnyReply::Create {
+                reply,
+                ttl,
+                attr,
+                generation,
+            } => reply.created_passthrough(&ttl, &attr, Generation(generation.into()), FileHandle(fh), flags, id),
         }
     }
 
     fn plain(self, fh: u64, flags: FopenFlags) {
         match self {
             AnyReply::Open(r) => r.opened(FileHandle(fh), flags),
-            AnyReply::Create { reply, ttl, attr } => reply.created(&ttl, &attr, Generation(0), FileHandle(fh), flags),
+            AnyReply::Create {
+                reply,
+                ttl,
+                attr,
+                generation,
+            } => reply.created(&ttl, &attr, Generation(generation.into()), FileHandle(fh), flags),
         }
     }
 
@@ -345,6 +354,10 @@ impl Filesystem for LarderFuse {
         // home has a new version (an inode invalidation, and an open without FOPEN_KEEP_CACHE), which is
         // the only time its pages are wrong.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // File handles (`name_to_handle_at`, an NFS server re-exporting the mount) stay good after the kernel
+        // drops the inode and across remounts: it looks the inode up by number (`.`) and its directory
+        // (`..`), which `Fs::lookup` answers from the persistent inode numbers.
+        let _ = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT);
         // larder clears set-user-ID and set-group-ID bits itself (`Fs::setattr_dropping`): otherwise the
         // kernel asks for the attributes again before every chown of a file (`tar x` and `cp -a` as root
         // chown every file), to compute the mode it would send.
@@ -382,7 +395,7 @@ impl Filesystem for LarderFuse {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _s = span!("lookup", parent.0);
-        reply_entry(reply, self.fs.lookup(parent.0, name));
+        reply_entry(reply, self.fs.lookup(parent.0, name), self.fs.generation());
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -455,12 +468,17 @@ impl Filesystem for LarderFuse {
         reply_entry(
             reply,
             self.fs.mknod(parent.0, name, mode, rdev as u64, req.uid(), req.gid()),
+            self.fs.generation(),
         );
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
         let _s = span!("mkdir", parent.0);
-        reply_entry(reply, self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()));
+        reply_entry(
+            reply,
+            self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()),
+            self.fs.generation(),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -479,6 +497,7 @@ impl Filesystem for LarderFuse {
             reply,
             self.fs
                 .symlink(parent.0, link_name, target.as_os_str().as_bytes(), req.uid(), req.gid()),
+            self.fs.generation(),
         );
     }
 
@@ -509,7 +528,7 @@ impl Filesystem for LarderFuse {
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let _s = span!("link", ino.0);
-        reply_entry(reply, self.fs.link(ino.0, newparent.0, newname));
+        reply_entry(reply, self.fs.link(ino.0, newparent.0, newname), self.fs.generation());
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -800,6 +819,7 @@ impl Filesystem for LarderFuse {
                     reply,
                     ttl: e.ttl,
                     attr: file_attr(&e.attr),
+                    generation: self.fs.generation(),
                 },
             ),
             Err(e) => reply.error(errno(&e)),

@@ -299,3 +299,123 @@ fn a_truncated_file_counts_no_more_blocks_than_its_new_size_holds() {
     );
     m.unmount();
 }
+
+/// A file handle of `path` (`name_to_handle_at`): its bytes, type and length as the kernel gave them.
+fn handle_of(path: &Path) -> Vec<u8> {
+    // `struct file_handle` (two 32-bit fields) and up to 128 bytes of handle: room for any FUSE handle.
+    let mut buf = vec![0u32; 2 + 32];
+    buf[0] = 128;
+    let mut mount_id = 0;
+    let p = cstr(path);
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::file_handle,
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    let len = 8 + buf[0] as usize;
+    buf.iter().flat_map(|w| w.to_ne_bytes()).take(len).collect()
+}
+
+/// Open the file `handle` names on the mount at `mnt` (`open_by_handle_at`, read-only).
+fn open_handle(mnt: &Path, handle: &[u8]) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let root = std::fs::File::open(mnt)?;
+    let mut buf = vec![0u32; handle.len().div_ceil(4)];
+    for (i, chunk) in handle.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        buf[i] = u32::from_ne_bytes(w);
+    }
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            root.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::file_handle,
+            libc::O_RDONLY,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Drop the kernel's cached dentries and inodes (and pages): its next use of a file handle must ask larder.
+fn drop_kernel_caches() {
+    std::process::Command::new("sync").status().unwrap();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+}
+
+#[test]
+fn file_handles_stay_good_after_the_kernel_drops_its_caches_and_across_a_remount() {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    require_fuse();
+    let t = TestDir::new("handles");
+    std::fs::create_dir_all(t.home.join("d/sub")).unwrap();
+    std::fs::write(t.home.join("d/sub/f"), b"from home").unwrap();
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1h"]);
+    std::fs::write(m.path("d/made"), b"made here").unwrap();
+    std::fs::write(m.path("d/gone"), b"removed later").unwrap();
+    let names = ["d/sub/f", "d/made", "d/sub", "d"];
+    let handles: Vec<(Vec<u8>, u64)> = names
+        .iter()
+        .map(|n| (handle_of(&m.path(n)), std::fs::metadata(m.path(n)).unwrap().ino()))
+        .collect();
+    let gone = handle_of(&m.path("d/gone"));
+    std::fs::remove_file(m.path("d/gone")).unwrap();
+
+    let check = |mnt: &Path, when: &str| {
+        for (name, (h, ino)) in names.iter().zip(&handles) {
+            let mut f = open_handle(mnt, h).unwrap_or_else(|e| panic!("{when}: open_by_handle_at {name}: {e}"));
+            assert_eq!(f.metadata().unwrap().ino(), *ino, "{when}: {name} is another file");
+            if !f.metadata().unwrap().is_dir() {
+                let mut s = String::new();
+                f.read_to_string(&mut s).unwrap();
+                let want = if *name == "d/made" { "made here" } else { "from home" };
+                assert_eq!(s, want, "{when}: {name}");
+            }
+        }
+        let e = open_handle(mnt, &gone).map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::ESTALE),
+            "{when}: the removed file's handle"
+        );
+    };
+    check(&m.mnt, "with the kernel's caches");
+    drop_kernel_caches();
+    check(&m.mnt, "after the kernel dropped its caches");
+    m.unmount();
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1h"]);
+    check(&m.mnt, "after a remount");
+    m.unmount();
+
+    // A cache made anew in the same place gives its numbers out again: the old handles are stale, not
+    // another file's.
+    std::fs::remove_dir_all(&t.cache).unwrap();
+    let m = t.mount(&[]);
+    for _ in names {
+        let _ = std::fs::metadata(m.path("d/sub/f")).unwrap();
+    }
+    for (name, (h, _)) in names.iter().zip(&handles) {
+        match open_handle(&m.mnt, h) {
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{name} on a new cache: {e}"),
+            Ok(f) => panic!(
+                "{name}'s handle opened inode {} of a new cache",
+                f.metadata().unwrap().ino()
+            ),
+        }
+    }
+    m.unmount();
+}

@@ -62,7 +62,7 @@ const BATCH_WINDOW: Duration = Duration::from_millis(10);
 pub type MetaKey = &'static str;
 
 /// The keys of the `meta` table: a logged [`Mutation::PutMeta`] names one of them.
-const META_KEYS: &[&str] = &["format", "next_ino", "next_object", "running"];
+const META_KEYS: &[&str] = &["format", "next_ino", "next_object", "running", "generation"];
 
 fn meta_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<MetaKey, D::Error> {
     let key = <String as serde::Deserialize>::deserialize(d)?;

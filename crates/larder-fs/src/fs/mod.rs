@@ -44,6 +44,8 @@ pub struct Fs {
     pub(crate) names: Arc<Names>,
     pub(crate) data: Arc<DataPath>,
     pub(crate) changes: Arc<Changes>,
+    /// The generation of every inode number this cache gives out (see [`Fs::generation`]).
+    generation: u32,
 }
 
 impl Fs {
@@ -55,6 +57,16 @@ impl Fs {
     /// Whether home is believed reachable.
     pub fn home_online(&self) -> bool {
         self.health.online()
+    }
+
+    /// The generation the kernel is told for every inode, and puts in the file handles it makes
+    /// (`name_to_handle_at`, an NFS server's handles): drawn at random when the cache directory is made and
+    /// kept in its index. Inode numbers are never given out twice by one cache, so within it the number
+    /// alone names the file; a handle made on an earlier cache in the same place (wiped, made again, its
+    /// numbers given out anew) carries another generation, and the kernel answers `ESTALE` for it instead
+    /// of opening whatever file has that number now.
+    pub fn generation(&self) -> u32 {
+        self.generation
     }
 
     /// How changes reach home.
@@ -186,8 +198,16 @@ impl Fs {
     }
 
     /// Look `name` up in `parent`; counts one kernel reference on success.
+    ///
+    /// `.` and `..` are the kernel's lookups of an inode by its number alone, and of its parent, for a file
+    /// handle (`open_by_handle_at`, an NFS server) whose inode it no longer holds: see
+    /// `Names::lookup_number`.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
-        self.names.lookup(parent, name)
+        match name.as_encoded_bytes() {
+            b"." => self.names.lookup_number(parent),
+            b".." => self.names.lookup_parent(parent),
+            _ => self.names.lookup(parent, name),
+        }
     }
 
     /// The kernel dropped `n` references to `ino`.

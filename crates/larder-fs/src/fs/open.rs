@@ -42,6 +42,18 @@ impl Fs {
         between: Vec<Arc<dyn Tier>>,
     ) -> FsResult<Fs> {
         let db = store.db().clone();
+        let generation = match db.meta("generation")? {
+            Some(g) => g as u32,
+            None => {
+                let mut bytes = [0u8; 4];
+                getrandom::fill(&mut bytes)
+                    .map_err(|e| FsError::Cache(larder_cache::CacheError::Index(e.to_string())))?;
+                // Not 0: the generation of a handle no cache made.
+                let g = u32::from_ne_bytes(bytes).max(1);
+                db.submit(vec![larder_cache::Mutation::PutMeta("generation", g as u64)]);
+                g
+            }
+        };
         let mut ns = Namespace {
             next_ino: db.meta("next_ino")?.unwrap_or(ROOT + 1),
             next_object: db.meta("next_object")?.unwrap_or(1),
@@ -167,6 +179,7 @@ impl Fs {
             names,
             data,
             changes,
+            generation,
         };
         for (kept, label) in retained.kept {
             fs.changes.record_conflict(

@@ -78,6 +78,63 @@ impl Names {
         Ok(Some(ino))
     }
 
+    /// The inode numbered `ino`, found by its number alone: the kernel's lookup of `.` in it, for a file
+    /// handle (`open_by_handle_at`, an NFS server's) whose inode it no longer holds, dropped from its
+    /// caches or made before a remount. Inode numbers are persistent (003): one not in memory is loaded
+    /// from its record in the index through the name that record gives, its directories first, and
+    /// answered only if that name still leads to it. A number no file has any more is `ESTALE`. Counts one
+    /// kernel reference.
+    pub(crate) fn lookup_number(&self, ino: u64) -> FsResult<Entry> {
+        {
+            let ns = read(&self.ns);
+            if let Some(node) = ns.inodes.get(&ino) {
+                node.lookups.fetch_add(1, Relaxed);
+                return self.entry(&ns, ino);
+            }
+        }
+        let mut ns = write(&self.ns);
+        self.load_number(&mut ns, ino, 0)?;
+        ns.inode(ino)?.lookups.fetch_add(1, Relaxed);
+        self.entry(&ns, ino)
+    }
+
+    /// The directory `ino` (a directory's number in a file handle) is in: the kernel's lookup of `..`,
+    /// to connect a directory found by its handle to the tree. The root is its own parent. Counts one
+    /// kernel reference, on the parent.
+    pub(crate) fn lookup_parent(&self, ino: u64) -> FsResult<Entry> {
+        let parent = {
+            let mut ns = write(&self.ns);
+            self.load_number(&mut ns, ino, 0)?;
+            if ino == ROOT { ROOT } else { ns.inode(ino)?.parent }
+        };
+        self.lookup_number(parent)
+    }
+
+    /// Bring inode `ino` into memory from the index by its number (see [`Names::lookup_number`]); `depth`
+    /// counts the directories above the first one asked for, so that an index whose records name each
+    /// other as parents cannot recurse without end.
+    fn load_number(&self, ns: &mut Namespace, ino: u64, depth: usize) -> FsResult<()> {
+        let stale = || FsError::Home(HomeError::Stale);
+        if ns.inodes.contains_key(&ino) {
+            return Ok(());
+        }
+        let rec = self
+            .core
+            .store
+            .db()
+            .inode(ino)?
+            .and_then(|b| InodeRecord::decode(&b))
+            .ok_or_else(stale)?;
+        if rec.parent == ino || depth > 4096 {
+            return Err(stale());
+        }
+        self.load_number(ns, rec.parent, depth + 1)?;
+        match self.load_child(ns, rec.parent, OsStr::from_bytes(&rec.name))? {
+            Some(found) if found == ino => Ok(()),
+            _ => Err(stale()),
+        }
+    }
+
     /// Look `name` up in `parent`; counts one kernel reference on success.
     pub(crate) fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         match self.lookup_once(parent, name) {
