@@ -38,6 +38,7 @@ pub const CACHE_EVICTIONS: &str = "larder_cache_evictions";
 pub const CACHE_CORRUPT: &str = "larder_cache_corrupt_blocks";
 pub const CACHE_DAMAGED: &str = "larder_cache_damaged_blocks";
 pub const CACHE_INSERTED: &str = "larder_cache_inserted_bytes";
+pub const CACHE_CHECKSUMMED: &str = "larder_cache_checksummed_bytes";
 pub const CACHE_LOGICAL: &str = "larder_cache_logical_bytes";
 pub const CACHE_PINNED: &str = "larder_cache_pinned_bytes";
 pub const CACHE_DEDUP_SAVED: &str = "larder_cache_dedup_saved_bytes";
@@ -255,6 +256,12 @@ impl Figures<'_> {
             CACHE_INSERTED,
             "Bytes put into the local cache (fetched from home or written here).",
             store.inserted_bytes,
+        )?;
+        counter(
+            enc,
+            CACHE_CHECKSUMMED,
+            "Bytes read back from cache files to be checksummed (commits, pushes, passthrough writers' closes, first reads).",
+            store.checksummed_bytes,
         )?;
         gauge(
             enc,

@@ -419,3 +419,71 @@ fn file_handles_stay_good_after_the_kernel_drops_its_caches_and_across_a_remount
     }
     m.unmount();
 }
+
+/// The value of the Prometheus metric `name` the daemon serves at `addr`.
+fn metric(addr: &str, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).unwrap();
+    resp.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l[name.len()..].trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{resp}"))
+}
+
+#[test]
+fn a_file_written_in_small_pieces_with_gaps_is_checksummed_once_not_once_a_piece() {
+    use std::io::Read;
+    use std::os::unix::fs::FileExt;
+    require_fuse();
+    let t = TestDir::new("pieces");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let m = t.mount(&[
+        "--metrics-addr",
+        &addr,
+        "--write-mode",
+        "write-back",
+        "--sync-lag",
+        "1h",
+    ]);
+    // As xfstests' fstest writes: 512 bytes in every 1,024, so that no two pieces touch (8,192 ranges).
+    const SIZE: u64 = 8 << 20;
+    let f = std::fs::File::create(m.path("pieces")).unwrap();
+    for offset in (0..SIZE).step_by(1024) {
+        f.write_all_at(&[7; 512], offset).unwrap();
+    }
+    drop(f);
+    // Closes of readers: nothing written since, nothing to read back.
+    for _ in 0..3 {
+        let mut b = [0u8; 1];
+        std::fs::File::open(m.path("pieces"))
+            .unwrap()
+            .read_exact(&mut b)
+            .unwrap();
+    }
+    let checksummed = metric(&addr, "larder_cache_checksummed_bytes_total");
+    assert!(
+        checksummed <= 2.0 * SIZE as f64,
+        "{checksummed} bytes read back to checksum a file of {SIZE} written once"
+    );
+    let mut content = Vec::new();
+    std::fs::File::open(m.path("pieces"))
+        .unwrap()
+        .read_to_end(&mut content)
+        .unwrap();
+    assert_eq!(content.len() as u64, SIZE - 512);
+    assert!(
+        content
+            .chunks(1024)
+            .all(|c| c[..512] == [7; 512] && c[512..].iter().all(|&b| b == 0))
+    );
+    m.unmount();
+}

@@ -48,6 +48,12 @@ impl Store {
         Ok(())
     }
 
+    /// The checksum of `bytes` read back from a cache file, counted in [`StoreStats::checksummed_bytes`].
+    pub(super) fn checksum_read(&self, bytes: &[u8]) -> u32 {
+        self.checksummed.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        crc32c::crc32c(bytes)
+    }
+
     /// Re-read blocks `indexes` of `object` (the first `size` bytes of it) from its cache file and record
     /// them, with their checksums, as clean or dirty. A block not present is skipped; one wholly past `size`
     /// is dropped. One that cannot be read is reported, and when marking clean, dropped.
@@ -109,7 +115,7 @@ impl Store {
                         let mut buf = vec![0u8; len];
                         match &file {
                             Ok(f) => read_block(f, &mut buf, index as u64 * bs)
-                                .map(|()| crc32c::crc32c(&buf))
+                                .map(|()| self.checksum_read(&buf))
                                 .map_err(io_err),
                             Err(e) => Err(CacheError::Index(e.clone())),
                         }

@@ -135,6 +135,9 @@ pub struct StoreStats {
     pub damaged_blocks: u64,
     /// Bytes put into the cache (blocks fetched from home, and written here).
     pub inserted_bytes: u64,
+    /// Bytes read back from cache files to be checksummed: indexing at commits and after pushes, taking
+    /// in what the kernel wrote through passthrough, and the checks of blocks not verified since the start.
+    pub checksummed_bytes: u64,
     /// Bytes of file data the cache holds, counting each file once (`bytes_used` counts each stored
     /// copy once: identical small files share one).
     pub logical_bytes: u64,
@@ -190,6 +193,8 @@ pub struct Store {
     /// Blocks in the shards' `damaged` sets.
     damaged: AtomicU64,
     inserted: AtomicU64,
+    /// See [`StoreStats::checksummed_bytes`].
+    checksummed: AtomicU64,
     /// The last average block distance: when, over how many units, and its value.
     abd: Mutex<Option<(std::time::Instant, usize, Option<f64>)>>,
     /// Emptied files of removed objects, kept for new ones (see `spare.rs`).
@@ -439,7 +444,7 @@ impl Store {
                 // The first read of the block since the start: its checksum, checked without the lock, is
                 // taken as the block's only if the block is still the one that was looked at.
                 let mut whole = vec![0u8; blen];
-                let ok = read_block(&file, &mut whole, start).is_ok() && crc32c::crc32c(&whole) == crc;
+                let ok = read_block(&file, &mut whole, start).is_ok() && self.checksum_read(&whole) == crc;
                 let mut st = lock(&shard.state);
                 match st.blocks.get_mut(&key) {
                     Some(e) if e.generation == generation && e.crc == crc && !e.verified => {
@@ -562,6 +567,7 @@ impl Store {
             corrupt_blocks: self.corrupt.load(Ordering::Relaxed),
             damaged_blocks: self.damaged.load(Ordering::Relaxed),
             inserted_bytes: self.inserted.load(Ordering::Relaxed),
+            checksummed_bytes: self.checksummed.load(Ordering::Relaxed),
             logical_bytes: self.logical.load(Ordering::Relaxed),
             bytes_pinned: self.pinned.load(Ordering::Relaxed),
             dedup_contents,

@@ -100,6 +100,7 @@ impl Store {
             corrupt: AtomicU64::new(0),
             damaged: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
+            checksummed: AtomicU64::new(0),
             abd: Mutex::new(None),
             spares: Mutex::new(spare::Spares::default()),
             space,

@@ -23,7 +23,7 @@ impl Store {
             let start = index * bs;
             let len = (size - start).min(bs) as usize;
             read_block(&file, &mut buf[..len], start).map_err(io_err)?;
-            let crc = crc32c::crc32c(&buf[..len]);
+            let crc = self.checksum_read(&buf[..len]);
             match known.get(&(index as u32)) {
                 Some(&(l, c, dirty)) if l as usize == len && c == crc && !(dirty && c == 0) => {}
                 _ => changed.push((index as u32, crc)),

@@ -144,7 +144,7 @@ impl Store {
             .into_iter()
             .map(|(index, len, crc, generation, stamp)| {
                 let bytes = &mut buf[..len as usize];
-                let ok = read_block(&file, bytes, index as u64 * bs).is_ok() && crc32c::crc32c(bytes) == crc;
+                let ok = read_block(&file, bytes, index as u64 * bs).is_ok() && self.checksum_read(bytes) == crc;
                 (index, crc, generation, stamp, ok)
             })
             .collect();
