@@ -53,7 +53,7 @@ pub use data::DamagedFile;
 pub use data::{PIN_SHARE, Residency, describe_residency_error};
 pub use error::{FsError, FsResult};
 pub use fs::Fs;
-pub use namespace::XattrFlags;
+pub use namespace::{Atime, AtimePolicy, XattrFlags};
 pub use types::{
     Attr, Conflict, ConflictPolicy, DirItem, Drained, Entry, FsConfig, FsStats, Invalidation, JournalStats, OpenReply,
     Prefetch, RefusedChange, VERIFY_AT_OPEN, WriteMode,

@@ -46,6 +46,8 @@ pub struct FsConfig {
     /// before the kernel may read the file directly (passthrough); past it the daemon serves that open,
     /// and the file is checked in the background (`integrity.rs`).
     pub verify_at_open: u64,
+    /// When reads move access times (`mount -o relatime|strictatime|noatime,nodiratime`).
+    pub atime: crate::Atime,
 }
 
 /// Most unverified bytes an open checks before it returns, by default ([`crate::FsConfig::verify_at_open`]);
@@ -172,6 +174,7 @@ impl Default for FsConfig {
             home_id: None,
             max_inodes: 131_072,
             verify_at_open: VERIFY_AT_OPEN,
+            atime: crate::Atime::default(),
         }
     }
 }
@@ -213,6 +216,8 @@ pub struct DirItem {
 pub enum Invalidation {
     /// The file's data and attributes (home has a new version).
     Inode(u64),
+    /// The file's attributes only (its access time moved while the kernel may hold the old one).
+    Attr(u64),
     /// A name in a directory (home no longer has it, or has something else there).
     Entry(u64, OsString),
 }

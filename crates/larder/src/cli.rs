@@ -252,6 +252,24 @@ impl From<ConflictPolicyArg> for larder_fs::ConflictPolicy {
     }
 }
 
+/// `--atime`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AtimeArg {
+    Relatime,
+    Strictatime,
+    Noatime,
+}
+
+impl From<AtimeArg> for larder_fs::AtimePolicy {
+    fn from(a: AtimeArg) -> Self {
+        match a {
+            AtimeArg::Relatime => larder_fs::AtimePolicy::Relative,
+            AtimeArg::Strictatime => larder_fs::AtimePolicy::Strict,
+            AtimeArg::Noatime => larder_fs::AtimePolicy::Never,
+        }
+    }
+}
+
 /// `--prefetch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PrefetchArg {
@@ -331,6 +349,14 @@ pub struct MountArgs {
     /// kernel offers it; what it wrote is taken in at close and fsync).
     #[arg(long)]
     pub no_passthrough: bool,
+    /// When a read moves a file's access time, as mount(8)'s options of the same names: relatime (when it
+    /// is not after the file's last change, or is a day old), strictatime (every read), noatime (never).
+    /// Access times are the mount's: never sent to home.
+    #[arg(long, value_enum, default_value_t = AtimeArg::Relatime)]
+    pub atime: AtimeArg,
+    /// Reads of directories (listings) never move their access time.
+    #[arg(long)]
+    pub nodiratime: bool,
     /// Most files the daemon keeps in memory (about 1 KiB each) beside directories and files being
     /// changed or open: past it, the kernel is asked to forget some, and a later lookup loads them from
     /// the index, asking home nothing within the validity lag (0: no limit).

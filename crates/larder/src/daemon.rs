@@ -294,6 +294,8 @@ fn forward_invalidations(fs: &Arc<Fs>, notifier: fuser::Notifier) {
             // The kernel may not have the entry or inode cached (ENOENT): nothing to drop, then.
             let _ = match &sent {
                 Sent::Drop(larder_fs::Invalidation::Inode(ino)) => notifier.inval_inode(fuser::INodeNo(*ino), 0, 0),
+                // A negative offset: the attributes alone, no page.
+                Sent::Drop(larder_fs::Invalidation::Attr(ino)) => notifier.inval_inode(fuser::INodeNo(*ino), -1, 0),
                 Sent::Drop(larder_fs::Invalidation::Entry(parent, name)) => {
                     notifier.inval_entry(fuser::INodeNo(*parent), name)
                 }
@@ -492,6 +494,10 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         max_inodes: args.max_inodes,
         home_id: None,
         verify_at_open: args.verify_at_open,
+        atime: larder_fs::Atime {
+            policy: args.atime.into(),
+            no_dirs: args.nodiratime,
+        },
     };
     let home_url = p.home.describe();
     // Layers, inside out: the backend (with emulation, the tests' fault switch and counters), then the
@@ -647,6 +653,10 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
         MountOption::CUSTOM("subtype=larder".into()),
         MountOption::DefaultPermissions,
     ];
+    // Shown in /proc/mounts as the mount's option; larder follows it (the kernel moves no FUSE atime).
+    if args.atime == crate::cli::AtimeArg::Noatime {
+        options.push(MountOption::NoAtime);
+    }
     options.push(if write_mode == WriteMode::ReadOnly {
         MountOption::RO
     } else {

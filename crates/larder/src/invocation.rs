@@ -20,7 +20,7 @@ const HELPER_NAMES: [&str; 2] = ["mount.fuse.larder", "mount.larder"];
 
 /// Mount options of mount(8) and fstab that are not larder's: the kernel's generic ones (larder's mount is
 /// always nodev and nosuid as FUSE makes it), and those only mount(8), systemd or fstab read.
-const GENERIC: [&str; 28] = [
+const GENERIC: [&str; 23] = [
     "rw",
     "defaults",
     "auto",
@@ -39,12 +39,7 @@ const GENERIC: [&str; 28] = [
     "exec",
     "noexec",
     "atime",
-    "noatime",
-    "relatime",
-    "norelatime",
-    "strictatime",
     "diratime",
-    "nodiratime",
     "async",
     "lazytime",
     "nolazytime",
@@ -141,6 +136,18 @@ fn from_helper(args: &[OsString]) -> Result<Vec<OsString>> {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
+        // The atime options are larder's to follow: the kernel leaves a FUSE file's atime to the daemon.
+        let atime = match key {
+            "noatime" => Some("--atime=noatime"),
+            "relatime" => Some("--atime=relatime"),
+            "strictatime" | "norelatime" => Some("--atime=strictatime"),
+            "nodiratime" => Some("--nodiratime"),
+            _ => None,
+        };
+        if let (Some(a), None) = (atime, value) {
+            out.push(a.into());
+            continue;
+        }
         if value.is_none() && (GENERIC.contains(&key) || key == "ro") {
             read_only |= key == "ro";
             continue;
@@ -342,6 +349,37 @@ mod tests {
         assert_eq!(
             helper(&["/h", "/m", "-o", "ro,nosuid,remount,user_id=0"]).unwrap(),
             ["larder", "remount", "/m", "-o", "ro,nosuid,remount,user_id=0"]
+        );
+    }
+
+    #[test]
+    fn atime_options_are_passed_to_larder_which_follows_them() {
+        let got = helper(&["/h", "/m", "-o", "noatime,nodiratime,cache-dir=/c"]).unwrap();
+        assert_eq!(
+            got,
+            [
+                "larder",
+                "mount",
+                "/h",
+                "/m",
+                "--atime=noatime",
+                "--nodiratime",
+                "--cache-dir=/c",
+                "--quiet"
+            ]
+        );
+        for (opt, want) in [
+            ("strictatime", "--atime=strictatime"),
+            ("norelatime", "--atime=strictatime"),
+            ("relatime", "--atime=relatime"),
+        ] {
+            let got = helper(&["/h", "/m", "-o", opt]).unwrap();
+            assert!(got.iter().any(|a| a == want), "{opt}: {got:?}");
+        }
+        // `atime` and `diratime` are the defaults' names: nothing to pass.
+        assert_eq!(
+            helper(&["/h", "/m", "-o", "atime,diratime"]).unwrap(),
+            ["larder", "mount", "/h", "/m", "--quiet"]
         );
     }
 

@@ -337,19 +337,21 @@ pub fn remount(args: RemountArgs) -> Result<()> {
     }
     let mut flags = libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV;
     let mut read_only = false;
+    // The atime options asked for, if any: larder follows the ones it was mounted with.
+    let mut atime: Option<&str> = None;
+    let mut nodiratime = false;
     for opt in args.options.split(',').filter(|o| !o.is_empty()) {
         let key = opt.split_once('=').map_or(opt, |(k, _)| k);
         match key {
             "ro" => read_only = true,
             "rw" => read_only = false,
             "noexec" => flags |= libc::MS_NOEXEC,
-            "noatime" => flags |= libc::MS_NOATIME,
-            "nodiratime" => flags |= libc::MS_NODIRATIME,
-            "strictatime" => flags |= libc::MS_STRICTATIME,
-            "relatime" => flags |= libc::MS_RELATIME,
+            "noatime" | "relatime" | "strictatime" => atime = Some(key),
+            "norelatime" => atime = Some("strictatime"),
+            "nodiratime" => nodiratime = true,
             "lazytime" => flags |= libc::MS_LAZYTIME,
-            "remount" | "nosuid" | "nodev" | "exec" | "atime" | "diratime" | "norelatime" | "nolazytime"
-            | "defaults" | "auto" | "noauto" | "_netdev" | "nofail" | "silent" | "async" => {}
+            "remount" | "nosuid" | "nodev" | "exec" | "atime" | "diratime" | "nolazytime" | "defaults" | "auto"
+            | "noauto" | "_netdev" | "nofail" | "silent" | "async" => {}
             _ if FUSE_SHOWN.contains(&key) || key.starts_with("x-") || key == "comment" => {}
             _ => bail!(
                 "mount option '{key}' cannot change on a remount, which changes ro and rw only: unmount {} and mount it again",
@@ -357,16 +359,34 @@ pub fn remount(args: RemountArgs) -> Result<()> {
             ),
         }
     }
-    if read_only {
-        flags |= libc::MS_RDONLY;
-    } else {
-        let status = crate::status::fetch(&mnt)?;
-        if status.write_mode == "read-only" {
+    let status = crate::status::fetch(&mnt)?;
+    // The daemon's atime options stay: asking for others is refused by name, and the kernel's flags say
+    // what the daemon does (a remount without them would clear them).
+    let mounted_noatime = status.atime == "noatime";
+    if let Some(a) = atime {
+        let asked = if nodiratime && a != "noatime" {
+            format!("{a},nodiratime")
+        } else {
+            a.to_string()
+        };
+        if !status.atime.is_empty() && asked != status.atime {
             bail!(
-                "{} was mounted --read-only: its daemon cannot write; unmount it and mount it again without --read-only",
-                mnt.display()
+                "mount options '{asked}' cannot change on a remount: {} reads with '{}'; unmount it and mount it again",
+                mnt.display(),
+                status.atime
             );
         }
+    }
+    if mounted_noatime {
+        flags |= libc::MS_NOATIME;
+    }
+    if read_only {
+        flags |= libc::MS_RDONLY;
+    } else if status.write_mode == "read-only" {
+        bail!(
+            "{} was mounted --read-only: its daemon cannot write; unmount it and mount it again without --read-only",
+            mnt.display()
+        );
     }
     let target = CString::new(mnt.as_os_str().as_bytes())?;
     // SAFETY: a remount of an existing mount point by path, with no source, type or data.

@@ -487,3 +487,69 @@ fn a_file_written_in_small_pieces_with_gaps_is_checksummed_once_not_once_a_piece
     );
     m.unmount();
 }
+
+/// The access time of `path`, in nanoseconds.
+fn atime_ns(path: &Path) -> i128 {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    m.atime() as i128 * 1_000_000_000 + m.atime_nsec() as i128
+}
+
+/// Read all of `path` (a file) or list it (a directory).
+fn read_it(path: &Path) {
+    if path.is_dir() {
+        let _ = std::fs::read_dir(path).unwrap().count();
+    } else {
+        let _ = std::fs::read(path).unwrap();
+    }
+}
+
+#[test]
+fn reads_move_access_times_as_the_mounts_atime_option_says() {
+    require_fuse();
+    let nap = || std::thread::sleep(std::time::Duration::from_millis(30));
+    // For each option: whether a first read after a write moves atime, and whether a second read does.
+    for (opts, first, second, dirs) in [
+        (vec![], true, false, true),
+        (vec!["--atime", "strictatime"], true, true, true),
+        (vec!["--atime", "noatime"], false, false, false),
+        (vec!["--nodiratime"], true, false, false),
+    ] {
+        let t = TestDir::new("atime");
+        std::fs::write(t.home.join("cold"), vec![3u8; 100_000]).unwrap();
+        let m = t.mount(&opts);
+        std::fs::create_dir(m.path("d")).unwrap();
+        std::fs::write(m.path("d/f"), b"written here").unwrap();
+        // Written here (read again through its cache file: passthrough), never read yet (its first read is
+        // the daemon's, from home; the second is the kernel's from the cache file), and a directory.
+        for name in ["d/f", "cold", "d"] {
+            let p = m.path(name);
+            let want_first = if name == "d" { first && dirs } else { first };
+            let want_second = if name == "d" { second && dirs } else { second };
+            // A move may reach the kernel's cached attributes a moment after the read (an invalidation
+            // larder sends): waited for, within a bound. No move is checked at once and again after it.
+            let after = |before: i128, want: bool| {
+                let bound = std::time::Duration::from_millis(if want { 2000 } else { 300 });
+                let moved = common::wait_until(bound, || atime_ns(&p) > before);
+                if !want {
+                    assert!(!moved, "{opts:?} {name}: a read moved atime");
+                }
+                (moved, atime_ns(&p))
+            };
+            let a0 = atime_ns(&p);
+            nap();
+            read_it(&p);
+            let (moved, a1) = after(a0, want_first);
+            assert_eq!(moved, want_first, "{opts:?} {name}: first read: {a0} -> {a1}");
+            nap();
+            read_it(&p);
+            let (moved, a2) = after(a1, want_second);
+            assert_eq!(moved, want_second, "{opts:?} {name}: second read: {a1} -> {a2}");
+        }
+        let kept = atime_ns(&m.path("d/f"));
+        m.unmount();
+        let m = t.mount(&opts);
+        assert_eq!(atime_ns(&m.path("d/f")), kept, "{opts:?}: after a remount");
+        m.unmount();
+    }
+}

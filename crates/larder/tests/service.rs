@@ -316,6 +316,12 @@ fn mount_o_remount_turns_a_mount_read_only_and_back_in_place() {
     let out = remount("remount,validity-lag=5s");
     assert!(!out.success(), "a remount changed larder's options:\n{out}");
     assert!(out.stderr.contains("'validity-lag'"), "{out}");
+    // So is another atime option than the daemon follows; the one it follows is accepted.
+    let out = remount("remount,noatime");
+    assert!(!out.success(), "a remount changed the atime option:\n{out}");
+    assert!(out.stderr.contains("'noatime'"), "{out}");
+    let out = remount("remount,relatime");
+    assert!(out.success(), "mount -o remount,relatime failed:\n{out}");
     std::fs::write(m.path("still"), b"still read-write").unwrap();
     m.unmount();
 

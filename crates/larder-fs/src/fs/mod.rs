@@ -69,6 +69,11 @@ impl Fs {
         self.generation
     }
 
+    /// When reads move access times.
+    pub fn atime(&self) -> crate::Atime {
+        self.cfg.atime
+    }
+
     /// How changes reach home.
     pub fn write_mode(&self) -> crate::WriteMode {
         self.cfg.write_mode
@@ -243,8 +248,16 @@ impl Fs {
     }
 
     /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`).
+    /// A listing from the start is a read of the directory: its access time moves as the mount's atime
+    /// option says.
     pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
-        self.names.readdir(fh, offset)
+        let entries = self.names.readdir(fh, offset)?;
+        if offset == 0
+            && let Some(ino) = self.names.handles().ino(fh)
+        {
+            self.names.accessed(ino);
+        }
+        Ok(entries)
     }
 
     /// Close an open directory.
@@ -392,8 +405,16 @@ impl Fs {
     ///
     /// In a cluster, the changes other nodes published before the open are applied first: what another
     /// node closed is what this open sees.
+    ///
+    /// An open for reading counts as a read for the access time: the reads that follow may never reach
+    /// larder (the kernel serves them from the cache file through passthrough, or from its page cache).
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<OpenReply> {
-        self.data.open(ino, flags)
+        let reply = self.data.open(ino, flags)?;
+        if flags & libc::O_ACCMODE != libc::O_WRONLY && flags & libc::O_NOATIME == 0 && self.names.accessed(ino) {
+            // The kernel's attributes may be fresh still: a read from its page cache would not refresh them.
+            self.names.invalidate(crate::Invalidation::Attr(ino));
+        }
+        Ok(reply)
     }
 
     /// Whether passthrough was asked for in the configuration.
@@ -434,8 +455,13 @@ impl Fs {
     }
 
     /// Read up to `size` bytes at `offset`.
+    /// A read through the mount moves the file's access time as the mount's atime option says.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        self.data.read(fh, offset, size)
+        let data = self.data.read(fh, offset, size)?;
+        if let Some(ino) = self.names.handles().ino(fh) {
+            self.names.accessed(ino);
+        }
+        Ok(data)
     }
 
     /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.

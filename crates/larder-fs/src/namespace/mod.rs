@@ -20,6 +20,7 @@ use crate::readahead::Readahead;
 use crate::record::InodeRecord;
 use crate::{Attr, DirItem, Entry, FsConfig, FsError, FsResult, OpenReply};
 
+mod atime;
 mod binding;
 mod cluster;
 mod dirs;
@@ -29,6 +30,7 @@ mod model;
 mod reclaim;
 mod xattr;
 
+pub use atime::{Atime, AtimePolicy};
 pub(crate) use dirs::WalkAhead;
 pub use xattr::XattrFlags;
 pub(crate) use xattr::{Xattrs, check_name as check_xattr_name, kept as xattr_kept};

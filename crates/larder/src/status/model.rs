@@ -82,6 +82,9 @@ pub struct Status {
     pub tiers: Tiers,
     pub files_cached: u64,
     pub write_mode: String,
+    /// The mount's atime options, as mount(8) spells them (`relatime`, `strictatime,nodiratime`, ...).
+    #[serde(default)]
+    pub atime: String,
     /// How durable a change is when its call returns: `process` (survives the daemon's death) or `power`.
     #[serde(default)]
     pub durability: String,

@@ -183,6 +183,7 @@ impl StatusSource {
             },
             files_cached: store.objects,
             write_mode: self.fs.write_mode().as_str().to_string(),
+            atime: self.fs.atime().describe(),
             durability: self.fs.durability().name().to_string(),
             journal: JournalStatus {
                 pending_ops: j.pending_ops,
