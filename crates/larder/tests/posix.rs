@@ -553,3 +553,49 @@ fn reads_move_access_times_as_the_mounts_atime_option_says() {
         m.unmount();
     }
 }
+
+#[test]
+fn a_write_through_mmap_moves_mtime_and_ctime_at_once_to_the_time_of_the_write() {
+    use std::os::unix::fs::MetadataExt;
+    require_fuse();
+    let t = TestDir::new("mmap-times");
+    let m = t.mount(&[]);
+    let p = m.path("mapped");
+    std::fs::write(&p, vec![1u8; 4096]).unwrap();
+    let ns = |m: &std::fs::Metadata| {
+        (
+            m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+        )
+    };
+    let (mtime0, ctime0) = ns(&std::fs::metadata(&p).unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // As xfs_io's `mmap` and `mwrite` do (xfstests generic/080 and 215): another process opens the file
+    // (whole in the cache: the kernel maps the cache file itself), writes through a shared mapping, says
+    // when, and exits 200 ms later without unmapping or closing.
+    let script = format!(
+        "import mmap, os, sys, time\n\
+         fd = os.open({:?}, os.O_RDWR)\n\
+         m = mmap.mmap(fd, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n\
+         m[0:4096] = bytes([9]) * 4096\n\
+         print(time.time_ns(), flush=True)\n\
+         time.sleep(0.2)\n\
+         os._exit(0)\n",
+        p.to_str().unwrap()
+    );
+    let out = run_cmd("python3", &["-c", &script], COMMAND_DEADLINE);
+    assert!(out.success(), "{out}");
+    let written: i128 = out.stdout.trim().parse().unwrap();
+    let (mtime1, ctime1) = ns(&std::fs::metadata(&p).unwrap());
+    assert!(
+        mtime1 > mtime0 && ctime1 > ctime0,
+        "after the writer exited: mtime {mtime0} -> {mtime1}, ctime {ctime0} -> {ctime1}"
+    );
+    assert!(
+        mtime1 <= written,
+        "mtime is {} ms after the write: the time the write was taken in, not its own",
+        (mtime1 - written) / 1_000_000
+    );
+    assert_eq!(std::fs::read(&p).unwrap(), vec![9u8; 4096]);
+    m.unmount();
+}

@@ -54,6 +54,9 @@ impl DataPath {
         if first {
             self.seen(ino, &m);
         }
+        // Attributes the kernel holds from before (kept for the validity lag) would hide this writer's
+        // writes from `stat`: dropped, and answers are not kept while it is open (`Names::entry`).
+        self.names.invalidate(crate::Invalidation::Attr(ino));
         true
     }
 
@@ -99,7 +102,15 @@ impl DataPath {
         if removed {
             return Ok(false);
         }
-        self.take_in(ino, object, &m, SystemTime::now())
+        // The time of the last write, as the kernel stamped the cache file when it was written (an `mmap`
+        // write: at its page fault), not the time it is taken in.
+        let written = m.modified().unwrap_or_else(|_| SystemTime::now());
+        let taken = self.take_in(ino, object, &m, written)?;
+        if taken {
+            // The kernel may hold attributes from before, given while no writer was open.
+            self.names.invalidate(crate::Invalidation::Attr(ino));
+        }
+        Ok(taken)
     }
 
     /// Compare the cache file of `ino` (`object`, whose metadata is `m`) with the index and take in what

@@ -424,10 +424,14 @@ impl Names {
         })
     }
 
+    /// The answer about `ino`, and how long the kernel may keep it: the validity lag, or not at all while
+    /// writers the kernel serves from the cache file are open (their writes, through `mmap` too, move the
+    /// size and times behind the daemon's back: each `stat` asks again, and sees them).
     pub(crate) fn entry(&self, ns: &Namespace, ino: u64) -> FsResult<Entry> {
+        let writing = ns.inode(ino)?.pt_writers.load(Relaxed) > 0;
         Ok(Entry {
             attr: self.attr_of(ns, ino)?,
-            ttl: self.cfg.validity_lag,
+            ttl: if writing { Duration::ZERO } else { self.cfg.validity_lag },
         })
     }
 
