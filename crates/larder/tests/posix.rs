@@ -599,3 +599,49 @@ fn a_write_through_mmap_moves_mtime_and_ctime_at_once_to_the_time_of_the_write()
     assert_eq!(std::fs::read(&p).unwrap(), vec![9u8; 4096]);
     m.unmount();
 }
+
+/// `setxattr(2)` of `name` with `value` on `path`: its errno on failure.
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    let (p, n) = (cstr(path), CString::new(name).unwrap());
+    match unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
+    }
+}
+
+#[test]
+fn an_xattr_home_has_no_room_for_is_refused_at_the_call_and_what_is_taken_reaches_home() {
+    require_fuse();
+    let t = TestDir::new("xattr-room");
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "1h"]);
+    // The file system home is on, asked directly beside it, is the oracle.
+    let oracle = t.home.parent().unwrap().join("oracle");
+    let mut taken = Vec::new();
+    for (i, len) in [10usize, 1000, 3000, 8000, 32000, 65536].into_iter().enumerate() {
+        std::fs::write(&oracle, b"").unwrap();
+        let name = format!("user.v{i}");
+        let value = vec![b'a' + i as u8; len];
+        let want = set_xattr(&oracle, &name, &value);
+        let f = m.path(&format!("f{i}"));
+        std::fs::write(&f, b"x").unwrap();
+        let got = set_xattr(&f, &name, &value);
+        assert_eq!(got.is_ok(), want.is_ok(), "a value of {len} bytes: mount {got:?}, home's file system {want:?}");
+        if let Err(e) = got {
+            assert!(e == libc::ENOSPC || e == libc::E2BIG, "a value of {len} bytes: errno {e}");
+        } else {
+            taken.push((format!("f{i}"), name, value));
+        }
+    }
+    assert!(!taken.is_empty());
+    let out = run_cmd(LARDER, &["drain", s(&m.mnt), "--timeout", "60s"], COMMAND_DEADLINE);
+    assert!(out.success(), "drain: {out}");
+    for (file, name, value) in &taken {
+        let p = cstr(&t.home.join(file));
+        let n = CString::new(name.as_str()).unwrap();
+        let mut buf = vec![0u8; 70000];
+        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert_eq!(r, value.len() as isize, "{file} {name} at home");
+        assert_eq!(&buf[..value.len()], &value[..]);
+    }
+    m.unmount();
+}

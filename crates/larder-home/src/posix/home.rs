@@ -17,7 +17,7 @@ use super::sys::{
     posix_content_id, stat_at, stat_fd, timespec,
 };
 use super::write::write_at;
-use super::xattr::{check_xattrs, set_xattr_at, xattrs_at};
+use super::xattr::{check_xattrs, measure_room, set_xattr_at, xattrs_at};
 use crate::{
     ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
     Version,
@@ -269,7 +269,13 @@ impl Home for PosixHome {
     }
 
     fn check_xattrs(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
-        check_xattrs(xattrs)
+        // Measured at the first check (a few calls on a file of its own at home, bounded as every call is),
+        // then known: the root's file system does not change under a home.
+        let room = *self.xattr_room.get_or_init(|| {
+            let root = self.root();
+            self.run(move || Ok(measure_room(root.as_raw_fd()))).unwrap_or(None)
+        });
+        check_xattrs(xattrs, room)
     }
 
     fn statfs(&self) -> HomeResult<StatFs> {

@@ -44,6 +44,8 @@ pub struct PosixHome {
     /// away (a dead mount cleared, not yet mounted again), the path names the empty directory beneath:
     /// that is not the home, and reconnecting to it would push changes where nobody sees them.
     mount_point: bool,
+    /// The room one object has for extended attributes, measured at the first check (`xattr.rs`).
+    xattr_room: std::sync::OnceLock<Option<usize>>,
 }
 
 impl PosixHome {
@@ -69,6 +71,7 @@ impl PosixHome {
             pool: op_timeout.map(|_| Pool::new()),
             limits: HomeLimits::posix(name_max),
             mount_point,
+            xattr_room: std::sync::OnceLock::new(),
         })
     }
 

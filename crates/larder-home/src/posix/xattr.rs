@@ -19,13 +19,12 @@ const SIZE_MAX: usize = 65536;
 const SIZE_TRIES: usize = 8;
 
 /// Whether one object of a POSIX file system may hold all of `xattrs`: names of 1 to 255 bytes (else
-/// `ERANGE`), values of at most 64 KiB, and names and values of at most 64 KiB together (else `E2BIG`).
-/// Linux bounds each value and the list of names at 64 KiB; the bound on the sum is stricter than that on
-/// purpose, as a change refused here fails at the call rather than when it is pushed home later. The file
-/// system may hold less still: ext4 keeps an inode's extended attributes in the inode and one 4 KiB block
-/// (`ENOSPC` past that), which only the call itself finds out.
-pub(super) fn check_xattrs(xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
-    let mut total = 0;
+/// `ERANGE`), values of at most 64 KiB each and a list of names of at most 64 KiB, as Linux takes (else
+/// `E2BIG`); and, where the home's room for them was measured (`room`, see [`measure_room`]), their cost
+/// ([`cost`]) within it (else `ENOSPC`, what ext4 answers when an inode's attributes fill its block). A
+/// change refused here fails at the call rather than at every push to home later.
+pub(super) fn check_xattrs(xattrs: &[(Vec<u8>, Vec<u8>)], room: Option<usize>) -> HomeResult<()> {
+    let (mut names, mut spent) = (0, 0);
     for (name, value) in xattrs {
         if name.contains(&0) {
             return Err(HomeError::InvalidName("attribute name contains NUL".into()));
@@ -36,12 +35,72 @@ pub(super) fn check_xattrs(xattrs: &[(Vec<u8>, Vec<u8>)]) -> HomeResult<()> {
         if value.len() > SIZE_MAX {
             return Err(HomeError::Os(libc::E2BIG));
         }
-        total += name.len() + value.len();
+        names += name.len() + 1;
+        spent += cost(name.len(), value.len());
     }
-    if total > SIZE_MAX {
+    if names > SIZE_MAX {
         return Err(HomeError::Os(libc::E2BIG));
     }
+    if room.is_some_and(|room| spent > room) {
+        return Err(HomeError::Os(libc::ENOSPC));
+    }
     Ok(())
+}
+
+/// What an attribute takes of an object's room, as ext4 counts it (a 16-byte entry, the name and the value
+/// each rounded up to 4 bytes; the name counted whole, its namespace prefix too, which errs on the safe
+/// side). XFS and btrfs count differently, but each takes a set of attributes whose cost is within the
+/// cost of the largest single value it takes.
+pub(super) fn cost(name: usize, value: usize) -> usize {
+    16 + name.next_multiple_of(4) + value.next_multiple_of(4)
+}
+
+/// The name the room is measured with.
+const PROBE: &CStr = c"user.larder.room";
+
+/// The room one object of the file system of directory `dir` has for extended attributes, in [`cost`]: the
+/// cost of the largest `user.` value it takes, found by trying sizes on a file of its own that has no
+/// name (`O_TMPFILE`: nothing shows at home, and it is gone when closed). `None` where it cannot be
+/// measured: no `O_TMPFILE` (NFS), a read-only home, no `user.` attributes.
+pub(super) fn measure_room(dir: RawFd) -> Option<usize> {
+    // SAFETY: `dir` is an open directory descriptor and the path a NUL-terminated string.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            c".".as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    let takes = |len: usize| -> Option<bool> {
+        let value = vec![0u8; len];
+        // SAFETY: the name is NUL-terminated and `value` readable for its length during the call.
+        let r = unsafe { libc::fsetxattr(file.as_raw_fd(), PROBE.as_ptr(), value.as_ptr().cast(), len, 0) };
+        match (r, errno()) {
+            (0, _) => Some(true),
+            (_, libc::ENOSPC | libc::E2BIG | libc::ERANGE) => Some(false),
+            _ => None,
+        }
+    };
+    if !takes(0)? {
+        return None;
+    }
+    // The largest size taken: between `lo` (taken) and `hi` (not taken, or one past Linux's largest).
+    let (mut lo, mut hi) = (0, SIZE_MAX + 1);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if takes(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(cost(PROBE.to_bytes().len(), lo))
 }
 
 /// Every extended attribute of the object at `path` under `dir` (a final symlink not followed), in every
