@@ -92,5 +92,15 @@ fn fallocate_sizes_and_clears_files_as_on_the_local_disk_and_home_ends_with_the_
         allocated < 1 << 20,
         "home holds {allocated} bytes of a 2 MiB file extended by fallocate"
     );
+    // A punched hole or a zeroed range stays a hole through the cache and at home: home's file takes no
+    // more of its disk than the local disk's (within a few blocks at the range's unaligned edges).
+    for name in ["punch", "punch-home", "zero", "zero-home"] {
+        let on = |root: &Path| std::fs::metadata(root.join(name)).unwrap().blocks() * 512;
+        let (home, local) = (on(&t.home), on(&local));
+        assert!(
+            home <= local + (64 << 10),
+            "{name}: home's file takes {home} bytes of disk, the local disk's {local}: the cleared range was written as zeros"
+        );
+    }
     m.unmount();
 }

@@ -625,9 +625,16 @@ fn an_xattr_home_has_no_room_for_is_refused_at_the_call_and_what_is_taken_reache
         let f = m.path(&format!("f{i}"));
         std::fs::write(&f, b"x").unwrap();
         let got = set_xattr(&f, &name, &value);
-        assert_eq!(got.is_ok(), want.is_ok(), "a value of {len} bytes: mount {got:?}, home's file system {want:?}");
+        assert_eq!(
+            got.is_ok(),
+            want.is_ok(),
+            "a value of {len} bytes: mount {got:?}, home's file system {want:?}"
+        );
         if let Err(e) = got {
-            assert!(e == libc::ENOSPC || e == libc::E2BIG, "a value of {len} bytes: errno {e}");
+            assert!(
+                e == libc::ENOSPC || e == libc::E2BIG,
+                "a value of {len} bytes: errno {e}"
+            );
         } else {
             taken.push((format!("f{i}"), name, value));
         }

@@ -10,11 +10,33 @@ impl Store {
     /// and then these, so that these are the file's. Once the blocks are marked, no fill reserves them
     /// again (they are present, and the epoch moved).
     pub fn write(&self, object: u64, offset: u64, data: &[u8]) -> CacheResult<()> {
-        if data.is_empty() {
+        self.write_with(object, offset, data.len() as u64, |file| {
+            file.write_all_at(data, offset)
+        })
+    }
+
+    /// Make `len` bytes of `object` from `offset` read as zeros, as a write of zeros would, but keeping the
+    /// range a hole in the cache file where its file system can punch one (whole pages: zeros are written
+    /// at unaligned edges, and everywhere on a file system without hole punching). The cache file grows
+    /// to the range's end if it is shorter. What a push then copies of the range is a hole (a directory
+    /// home punches one too, `larder-home/src/posix/write.rs`).
+    pub fn write_zeros(&self, object: u64, offset: u64, len: u64) -> CacheResult<()> {
+        self.write_with(object, offset, len, |file| zero_range(file, offset..offset + len))
+    }
+
+    /// A write of `len` bytes at `offset` whose bytes `land` puts into the cache file (see [`Store::write`]).
+    fn write_with(
+        &self,
+        object: u64,
+        offset: u64,
+        len: u64,
+        land: impl FnOnce(&File) -> std::io::Result<()>,
+    ) -> CacheResult<()> {
+        if len == 0 {
             return Ok(());
         }
         let bs = self.cfg.block_size;
-        let end = offset + data.len() as u64;
+        let end = offset + len;
         // Mark the blocks dirty first: from then on eviction cannot punch them under the new bytes.
         let mut added = Vec::new();
         let file = {
@@ -52,7 +74,7 @@ impl Store {
             file
         };
         self.evict_if_needed();
-        if let Err(e) = file.write_all_at(data, offset) {
+        if let Err(e) = land(&file) {
             let mut punches = Punches::new(self);
             let mut st = self.state(object);
             for key in added {
@@ -78,7 +100,7 @@ impl Store {
             }
         }
         drop(st);
-        self.inserted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inserted.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }
 
@@ -207,4 +229,42 @@ impl Store {
         }
         pinned
     }
+}
+
+/// Make `range` of `file` read as zeros: whole pages punched out (a hole), the edges written as zeros, the
+/// file grown to the range's end first if it is shorter (by a write of its last byte, which never
+/// shortens it). Zeros are written where the file system cannot punch.
+fn zero_range(file: &File, range: std::ops::Range<u64>) -> std::io::Result<()> {
+    const PAGE: u64 = 4096;
+    if file.metadata()?.len() < range.end {
+        file.write_all_at(&[0], range.end - 1)?;
+    }
+    let inner = range.start.next_multiple_of(PAGE)..range.end / PAGE * PAGE;
+    let punched = inner.start < inner.end && {
+        // SAFETY: fallocate on an open descriptor with plain integer arguments.
+        let r = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                inner.start as libc::off_t,
+                (inner.end - inner.start) as libc::off_t,
+            )
+        };
+        r == 0
+    };
+    let written: Vec<std::ops::Range<u64>> = if punched {
+        vec![range.start..inner.start, inner.end..range.end]
+    } else {
+        vec![range]
+    };
+    let zeros = vec![0u8; (1 << 20).min(written.iter().map(|r| r.end - r.start).max().unwrap_or(0)) as usize];
+    for r in written {
+        let mut pos = r.start;
+        while pos < r.end {
+            let n = ((r.end - pos) as usize).min(zeros.len());
+            file.write_all_at(&zeros[..n], pos)?;
+            pos += n as u64;
+        }
+    }
+    Ok(())
 }

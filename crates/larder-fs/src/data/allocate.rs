@@ -6,9 +6,11 @@
 //!   the file it changes nothing. The cache reserves no room for the range: a later write may still find
 //!   the cache full (`ENOSPC`), where a local file system would have set the blocks aside.
 //! * `FALLOC_FL_KEEP_SIZE` alone asks for blocks past the end without a new size: nothing changes.
-//! * Punching a hole (always with `KEEP_SIZE`) and zeroing a range make the range read as zeros: the
-//!   zeros go through [`crate::Fs::write`], so they are dirty, committed at the next close or fsync and pushed as
-//!   written data. Zeroing without `KEEP_SIZE` then extends the file as allocating does.
+//! * Punching a hole (always with `KEEP_SIZE`) and zeroing a range make the range read as zeros: the range
+//!   goes the way of a write ([`DataPath::write_zeros`]: dirty, committed at the next close or fsync,
+//!   pushed), but its whole pages are punched out of the cache file instead of written, and a push copies
+//!   a hole as a hole (a directory home punches one too): a hole stays a hole. Zeroing without
+//!   `KEEP_SIZE` then extends the file as allocating does.
 //!
 //! Every other mode (collapsing, inserting, unsharing, write-zeroes) is `EOPNOTSUPP`, as on a file system
 //! that lacks it. The size is read before the range is cleared: a writer changing the file's size at the
@@ -18,10 +20,6 @@ use larder_home::SetAttr;
 
 use crate::data::DataPath;
 use crate::{FsError, FsResult};
-
-/// Bytes of zeros written in one go when a range is cleared: at least a block, and a whole number of
-/// blocks, so that every write but the first and last covers whole blocks and fetches nothing from home.
-const ZEROS_MAX: u64 = 1 << 20;
 
 impl DataPath {
     /// `fallocate(2)` of `length` bytes from `offset` on the file open as `fh` (open for writing: the
@@ -44,7 +42,7 @@ impl DataPath {
         self.adopt_all_direct_writes(ino);
         let size = self.names.read().inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
         if clear && offset < size {
-            self.write_zeros(ino, offset..end.min(size))?;
+            self.write_zeros_over(ino, offset..end.min(size))?;
         }
         if !keep_size && end > size {
             self.changes().setattr(
@@ -58,21 +56,12 @@ impl DataPath {
         Ok(())
     }
 
-    /// Write zeros over `range` of `ino` with [`crate::Fs::write`], through a handle of its own: the caller's
-    /// may be an `O_APPEND` one, whose writes go at the end of the file whatever their offset.
-    fn write_zeros(&self, ino: u64, range: std::ops::Range<u64>) -> FsResult<()> {
-        let bs = self.core.store.block_size();
-        let step = (ZEROS_MAX / bs * bs).max(bs);
-        let zeros = vec![0u8; step as usize];
+    /// Make `range` of `ino` read as zeros through a handle of its own (the caller's may be an `O_APPEND`
+    /// one, whose writes go at the end of the file whatever their offset): a hole in the cache file, and
+    /// so at home, where their file systems can punch one (`DataPath::write_zeros`).
+    fn write_zeros_over(&self, ino: u64, range: std::ops::Range<u64>) -> FsResult<()> {
         let fh = self.names.new_handle(&self.names.read(), ino, None);
-        let mut result = Ok(());
-        let mut pos = range.start;
-        while pos < range.end && result.is_ok() {
-            // Up to the next multiple of the step: whole blocks in the middle of the range.
-            let to = ((pos / step + 1) * step).min(range.end);
-            result = self.write(fh, pos, &zeros[..(to - pos) as usize]).map(|_| ());
-            pos = to;
-        }
+        let result = self.write_zeros(fh, range.start, range.end - range.start);
         self.names.handles().remove(fh);
         result
     }

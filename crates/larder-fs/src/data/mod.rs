@@ -99,6 +99,13 @@ impl DataPath {
 /// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// What a write puts in a file: bytes, or as many zeros (a hole where the file systems can keep one).
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Bytes(&'a [u8]),
+    Zeros(u64),
+}
+
 impl DataPath {
     /// Open a file. Its attributes are revalidated first once the validity lag has passed (always, with a
     /// lag of 0), so a version changed at home is never served from the cache after the open.
@@ -293,16 +300,34 @@ impl DataPath {
 
     /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.
     pub(crate) fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        self.write_payload(fh, offset, Payload::Bytes(data)).map(|n| n as u32)
+    }
+
+    /// Make `len` bytes from `offset` read as zeros, as a write of zeros would, keeping them a hole in the
+    /// cache file and at home where their file systems can (`fallocate`'s punch and zero modes).
+    pub(crate) fn write_zeros(&self, fh: u64, offset: u64, len: u64) -> FsResult<()> {
+        self.write_payload(fh, offset, Payload::Zeros(len)).map(|_| ())
+    }
+
+    fn write_payload(&self, fh: u64, offset: u64, payload: Payload) -> FsResult<u64> {
         if self.names.read_only() {
             return Err(FsError::ReadOnly);
         }
-        if data.is_empty() {
+        let len = match payload {
+            Payload::Bytes(d) => d.len() as u64,
+            Payload::Zeros(n) => n,
+        };
+        if len == 0 {
             return Ok(0);
         }
         let ino = self.names.handles().ino(fh).ok_or(FsError::BadHandle)?;
         let bs = self.core.store.block_size();
         let write_lock = self.names.read().inode(ino)?.write_lock.clone();
-        self.changes().make_room(data.len() as u64)?;
+        // Zeros take no room: a hole, but for their unaligned edges.
+        self.changes().make_room(match payload {
+            Payload::Bytes(_) => len,
+            Payload::Zeros(_) => 0,
+        })?;
         // One write of a file at a time: two writers completing the same partial block from home must not
         // undo each other, and a push must see each write whole. In a cluster, the write token may have
         // gone to another node since the open: taken back first, and still this node's once the write
@@ -324,7 +349,7 @@ impl DataPath {
             }
             _ => offset,
         };
-        let end = offset + data.len() as u64;
+        let end = offset + len;
         // One critical section takes the file's state and records the range as dirty: from then on the
         // object cannot change under this write (a new version is never taken while writes are pending),
         // and a push finishing meanwhile will not mark these blocks clean.
@@ -405,12 +430,15 @@ impl DataPath {
         let landed = completions
             .iter()
             .try_for_each(|(start, block)| self.core.store.write(object, *start, block))
-            .and_then(|()| self.core.store.write(object, offset, data));
+            .and_then(|()| match payload {
+                Payload::Bytes(data) => self.core.store.write(object, offset, data),
+                Payload::Zeros(n) => self.core.store.write_zeros(object, offset, n),
+            });
         if let Err(e) = landed {
             self.write_cut_short(ino, object, before, offset..end)?;
             return Err(e.into());
         }
-        Ok(data.len() as u32)
+        Ok(len)
     }
 
     /// A write of `range` to `ino`'s cache `object` failed part way (a full cache disk): the file keeps
