@@ -18,6 +18,7 @@ if [ "${1:-}" = --tests ]; then
   # Real programs the tests run on mounts.
   command -v sqlite3 >/dev/null 2>&1 || need_apt+=(sqlite3)
   command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
+  command -v fio >/dev/null 2>&1 || need_apt+=(fio)
   command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
   # The cluster's coordination service, started by the tests themselves (the package starts no service).
   command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)

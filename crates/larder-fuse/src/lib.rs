@@ -160,6 +160,8 @@ fn open_flags(r: &OpenReply) -> FopenFlags {
 enum IoMode {
     Cached,
     Direct,
+    /// Opened `O_DIRECT` (served by the daemon, no page cache), counted in [`InodeIo::direct`].
+    DirectAsked,
     Passthrough,
 }
 
@@ -218,6 +220,8 @@ impl AnyReply {
 struct InodeIo {
     cached: u32,
     passthrough: u32,
+    /// `O_DIRECT` handles the daemon serves: no passthrough begins while there are any.
+    direct: u32,
     /// The backing file registered for this inode's passthrough opens (one per inode), and its object.
     backing: Option<(u64, BackingId)>,
 }
@@ -252,10 +256,10 @@ impl LarderFuse {
     /// Answer an open (or a create) the core accepted, choosing the kernel's I/O mode for it. The kernel
     /// requires every open of an inode with passthrough opens to be a passthrough open on the same backing
     /// file, and refuses passthrough while the inode has page-cache opens.
-    fn opened(&self, ino: u64, r: &OpenReply, reading_only: bool, reply: AnyReply) {
+    fn opened(&self, ino: u64, r: &OpenReply, flags: i32, reply: AnyReply) {
         // A handle opened only for reading has nothing for `flush` to commit (locks are the kernel's): its
         // close asks the daemon nothing.
-        let noflush = if reading_only {
+        let noflush = if flags & libc::O_ACCMODE == libc::O_RDONLY {
             FopenFlags::FOPEN_NOFLUSH
         } else {
             FopenFlags::empty()
@@ -277,7 +281,17 @@ impl LarderFuse {
             reply.error(Errno::from_i32(libc::EBUSY));
             return;
         }
+        // `O_DIRECT` on a file the kernel serves (or would serve) from its cache file: through the daemon,
+        // which writes the cache file through its page cache. Passed through, it would be direct I/O on the
+        // cache file beside the buffered I/O of the other handles, and every collision of the two (the
+        // kernel cannot drop a page a buffered writer holds) marks the cache file with an error that the
+        // daemon's next `fsync` of it reports, as `EIO`, to a writer that did nothing wrong.
+        // (Only when passthrough is not under way: the kernel takes no other open of an inode it serves
+        // from a backing file. While such daemon-served direct opens last, no passthrough begins.)
+        let direct = flags & libc::O_DIRECT != 0 && state.passthrough == 0 && (r.passthrough || reusable);
         if (r.passthrough || reusable)
+            && !direct
+            && state.direct == 0
             && state.cached == 0
             && self.passthrough.load(Ordering::Relaxed)
             && let Some(file) = self.fs.passthrough(r.fh, reusable)
@@ -299,7 +313,10 @@ impl LarderFuse {
             }
             self.fs.unhold(r.fh);
         }
-        let mode = if state.passthrough > 0 {
+        let mode = if direct {
+            state.direct += 1;
+            IoMode::DirectAsked
+        } else if state.passthrough > 0 {
             // Only when the cache file of an inode the kernel serves from it cannot be had (the open above
             // found nothing to give): the kernel may refuse this open.
             IoMode::Direct
@@ -309,7 +326,7 @@ impl LarderFuse {
         };
         io.handles.insert(r.fh, (ino, mode));
         let flags = match mode {
-            IoMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
+            IoMode::Direct | IoMode::DirectAsked => FopenFlags::FOPEN_DIRECT_IO,
             _ => open_flags(r),
         };
         reply.plain(r.fh, flags | noflush);
@@ -331,9 +348,10 @@ impl LarderFuse {
                     state.backing = None;
                 }
             }
+            IoMode::DirectAsked => state.direct = state.direct.saturating_sub(1),
             IoMode::Direct => {}
         }
-        if state.cached == 0 && state.passthrough == 0 {
+        if state.cached == 0 && state.passthrough == 0 && state.direct == 0 {
             io.inodes.remove(&ino);
         }
     }
@@ -534,12 +552,7 @@ impl Filesystem for LarderFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = span!("open", ino.0);
         match self.fs.open(ino.0, flags.0) {
-            Ok(r) => self.opened(
-                ino.0,
-                &r,
-                flags.0 & libc::O_ACCMODE == libc::O_RDONLY,
-                AnyReply::Open(reply),
-            ),
+            Ok(r) => self.opened(ino.0, &r, flags.0, AnyReply::Open(reply)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -814,7 +827,7 @@ impl Filesystem for LarderFuse {
             Ok((e, r)) => self.opened(
                 e.attr.ino,
                 &r,
-                flags & libc::O_ACCMODE == libc::O_RDONLY,
+                flags,
                 AnyReply::Create {
                     reply,
                     ttl: e.ttl,

@@ -195,7 +195,10 @@ impl Store {
             let mut st = self.await_fills(self.state(object), object, 0..=u32::MAX);
             // A file the kernel reads keeps its bytes for it (unlinked, not emptied); a shared content's
             // file is not the object's to empty.
-            let keep_bytes = in_use || st.holds.contains_key(&object) || st.meta(object).content.is_some();
+            // A file the kernel wrote is not recycled either (see `ShardState::written_by_kernel`).
+            let written_by_kernel = st.written_by_kernel.remove(&object);
+            let keep_bytes =
+                in_use || written_by_kernel || st.holds.contains_key(&object) || st.meta(object).content.is_some();
             // Kept as a tombstone, so that a fill fetched before the removal does not bring the file back.
             Self::bump_epoch(&mut st, object);
             if st.has_blocks(object) {

@@ -74,6 +74,7 @@ impl Store {
     /// before the writer may write).
     pub fn unseen_writer_began(&self, object: u64) -> bool {
         let mut st = self.state(object);
+        st.written_by_kernel.insert(object);
         let n = st.unseen_writers.entry(object).or_insert(0);
         *n += 1;
         *n == 1 && Self::mark_unseen(&mut st, &self.db, object, true)

@@ -2,7 +2,7 @@
 //! state, its objects' state beside them, the epochs that tell a fill it came too late, and the open
 //! cache files of its objects.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::ops::RangeInclusive;
 use std::sync::atomic::AtomicU64;
@@ -131,6 +131,11 @@ pub(super) struct ShardState {
     pub(super) holds: HashMap<u64, u32>,
     /// Objects with writers the store does not see, with how many (see [`ObjectMeta::written_unseen`]).
     pub(super) unseen_writers: HashMap<u64, u32>,
+    /// Objects that ever had such writers: the kernel may have written their cache file with direct I/O,
+    /// and a collision of that with buffered I/O leaves an error on the file that the next `fsync` of any
+    /// descriptor of it reports. Their file is unlinked when they go, never kept as a spare (`spare.rs`),
+    /// so that no later object inherits that error.
+    pub(super) written_by_kernel: HashSet<u64>,
     /// Objects written here whose cache file holds bytes the index has not taken in yet, with a count of
     /// the writes made since they were marked (see [`ObjectMeta::written_unseen`], `verify.rs`).
     pub(super) unindexed: HashMap<u64, u64>,
@@ -163,6 +168,7 @@ impl ShardState {
             objects: HashMap::new(),
             holds: HashMap::new(),
             unseen_writers: HashMap::new(),
+            written_by_kernel: HashSet::new(),
             unindexed: HashMap::new(),
             damaged: BTreeSet::new(),
             tick: 0,
