@@ -685,3 +685,65 @@ fn direct_and_buffered_io_on_one_file_at_once_never_fail_an_open_or_fsync() {
     }
     m.unmount();
 }
+
+#[test]
+fn a_file_being_rewritten_and_pushed_never_shows_zero_blocks() {
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+    require_fuse();
+    let t = TestDir::new("blocks-rewrite");
+    // Pushed as soon as each close queues it: a push is under way much of the time.
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    let p = m.path("foo");
+    std::fs::write(&p, vec![1u8; 64 << 10]).unwrap();
+    // As xfstests' generic/615: 64 KiB rewritten in place, with O_SYNC and then O_DIRECT, while another
+    // thread stats the file.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (stats, zeros) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let (mut stats, mut zeros) = (0u64, 0u64);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) && stats < 1_000_000 {
+                zeros += (std::fs::metadata(&p).unwrap().blocks() == 0) as u64;
+                stats += 1;
+            }
+            (stats, zeros)
+        });
+        let buf = Aligned::new(64 << 10, 7);
+        for flags in [libc::O_SYNC, libc::O_DIRECT] {
+            for _ in 0..400 {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(flags)
+                    .open(&p)
+                    .unwrap();
+                f.write_all_at(unsafe { std::slice::from_raw_parts(buf.ptr, 64 << 10) }, 0)
+                    .unwrap();
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        watcher.join().unwrap()
+    });
+    assert_eq!(zeros, 0, "{zeros} of {stats} stats showed 0 blocks for 64 KiB of data");
+    m.unmount();
+}
+
+/// A buffer of `len` bytes aligned for direct I/O.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize, fill: u8) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null());
+        unsafe { std::ptr::write_bytes(ptr, fill, len) };
+        Aligned { ptr, layout }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}

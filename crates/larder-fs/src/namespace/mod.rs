@@ -402,9 +402,10 @@ impl Names {
             // (Home's figure counts no more than the file's size now: a truncation here cut the rest.)
             blocks: if node.dirty.is_empty() && node.home_size.is_none() {
                 a.blocks
-            } else if node.home_size == Some(0) {
+            } else if node.home_size == Some(0) && !node.dirty.is_empty() {
                 // Nothing of it at home: the cache file holds the pages written here and nothing else (no
-                // stat of the cache file for every answer about a file being written).
+                // stat of the cache file for every answer about a file being written). (While a push has
+                // taken its dirty ranges, the cache file's own count, below: never 0 for a file with data.)
                 a.blocks.min(size.div_ceil(512)).max(pages_of(&node.dirty))
             } else {
                 a.blocks
