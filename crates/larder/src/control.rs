@@ -116,8 +116,10 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Request) -> Response;
 }
 
-/// Listen at `path` (replacing a stale socket) and answer requests on a thread.
-pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<()> {
+/// Listen at `path` (replacing a stale socket) and answer requests on a thread. Returns the socket's
+/// inode number: at exit the daemon removes the socket only if it is still this one (a daemon mounted at
+/// the same place since, while this one was still closing, has its own there).
+pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<u64> {
     if let Some(dir) = path.parent() {
         private_dir(dir)?;
     }
@@ -125,6 +127,7 @@ pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<()> {
     // Bound inside a directory only its owner can enter: no one else can reach it even before the chmod.
     let listener = UnixListener::bind(path).with_context(|| format!("cannot listen at {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path)?);
     std::thread::Builder::new()
         .name("larder-control".into())
         .spawn(move || {
@@ -138,7 +141,7 @@ pub fn serve(path: &Path, handler: Arc<dyn Handler>) -> Result<()> {
                     });
             }
         })?;
-    Ok(())
+    Ok(ino)
 }
 
 /// Create `dir` owner-only, or check that the one there is this user's own directory (in a shared

@@ -632,7 +632,7 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
             .context("starting the status sampler")?;
     }
     let socket = mounts::socket_path(&p.mountpoint);
-    control::serve(&socket, source.clone())?;
+    let socket_ino = control::serve(&socket, source.clone())?;
     if let Some(addr) = args.metrics_addr {
         metrics::serve(addr, source.clone())?;
     }
@@ -684,13 +684,33 @@ fn serve(args: &MountArgs, notify: bool) -> Result<()> {
             unsafe { libc::dup2(null.as_raw_fd(), 1) };
         }
     }
-    let result = session.run();
+    // Served from a thread of the session's own, so that this one decides what becomes of the mount when it
+    // ends (below).
+    let mut session = session.spawn()?;
+    let serving = std::mem::replace(&mut session.guard, std::thread::spawn(|| Ok(())));
+    let result = serving
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("a FUSE request thread panicked")));
     drop(closer);
     if let Some(c) = cluster {
         // Gone from the others' views at once, rather than when the lease runs out.
         c.membership.leave();
     }
-    let _ = std::fs::remove_file(&socket);
+    // Only its own: a daemon mounted at the same place since (this one outlived its unmount) has its
+    // socket there now.
+    if std::fs::metadata(&socket).is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == socket_ino) {
+        let _ = std::fs::remove_file(&socket);
+    }
+    // The session, dropped, unmounts whatever is at its mount point if it believes its connection alive,
+    // and after an unmount made while this daemon was busy or stopped it may (the kernel reuses even the
+    // device number for the next mount there): it unmounted a mount made at the same place since. A
+    // session that ended without an error ended because its mount went: nothing of its own is left to
+    // unmount, and it is not dropped. One that failed still unmounts its own.
+    if result.is_ok() {
+        std::mem::forget(session);
+    } else {
+        drop(session);
+    }
     tracing::info!("unmounted; exiting");
     result.map_err(|e| anyhow!("the FUSE session failed: {e}"))
 }

@@ -198,6 +198,38 @@ fn a_mount_right_after_an_unmount_waits_for_the_old_daemon_to_close_the_cache() 
 }
 
 #[test]
+fn a_daemon_closing_after_its_unmount_leaves_the_next_mount_at_the_same_place_alone() {
+    require_fuse();
+    let t = TestDir::new("socket-kept");
+    let m = t.mount(&[]);
+    let old = m.pid;
+    // The old daemon is held (stopped) through the unmount; a mount of another cache directory takes the
+    // mount point meanwhile, and the old daemon then finishes closing.
+    common::signal(old, libc::SIGSTOP);
+    let gone = unsafe { libc::umount2(cstr(&m.mnt).as_ptr(), 0) };
+    if gone != 0 {
+        let e = std::io::Error::last_os_error();
+        common::signal(old, libc::SIGCONT);
+        panic!("umount2: {e}");
+    }
+    m.disarm();
+    let other_cache = t.root().join("other-cache");
+    let m = common::Mount::new(&t.home, &t.mnt, &other_cache, &[]);
+    common::signal(old, libc::SIGCONT);
+    assert!(
+        common::wait_until(std::time::Duration::from_secs(10), || !common::alive(old)),
+        "the old daemon is gone"
+    );
+    // Its going took nothing of the new daemon's: the control socket at the same place answers.
+    assert_eq!(
+        m.status()["pid"].as_i64(),
+        Some(m.pid as i64),
+        "the new daemon's status"
+    );
+    m.unmount();
+}
+
+#[test]
 fn a_rename_asking_for_a_whiteout_is_refused_and_renames_nothing() {
     require_fuse();
     let t = TestDir::new("whiteout");
