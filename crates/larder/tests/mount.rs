@@ -1126,12 +1126,7 @@ fn metrics_endpoint_serves_prometheus_text() {
     let t = TestDir::new("metrics");
     let mut rng = Rng::new(12);
     let want = write_random(&t.home.join("f.bin"), 20_000, &mut rng);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = common::free_local_addr();
     let m = t.mount(&[
         "--metrics-addr",
         &addr,
@@ -1144,21 +1139,13 @@ fn metrics_endpoint_serves_prometheus_text() {
     // One change waiting for home.
     std::fs::write(m.path("new.txt"), b"queued").unwrap();
 
-    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    conn.read_to_string(&mut resp).unwrap();
+    let resp = common::metrics_text(&addr);
     let status_line = resp.lines().next().unwrap_or("");
     assert!(
         status_line.starts_with("HTTP/1.") && status_line.contains(" 200"),
         "not a 200 answer: {status_line}"
     );
-    let value = |name: &str| -> Option<f64> {
-        resp.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-            .and_then(|l| l[name.len()..].trim().parse().ok())
-    };
+    let value = |name: &str| common::metric_value(&resp, name);
     let reads = value("larder_home_ops_total{op=\"read\"}")
         .unwrap_or_else(|| panic!("no larder_home_ops_total{{op=\"read\"}} in:\n{resp}"));
     assert!(

@@ -454,16 +454,8 @@ fn file_handles_stay_good_after_the_kernel_drops_its_caches_and_across_a_remount
 
 /// The value of the Prometheus metric `name` the daemon serves at `addr`.
 fn metric(addr: &str, name: &str) -> f64 {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    conn.read_to_string(&mut resp).unwrap();
-    resp.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l[name.len()..].trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{resp}"))
+    let text = common::metrics_text(addr);
+    common::metric_value(&text, name).unwrap_or_else(|| panic!("no {name} in:\n{text}"))
 }
 
 #[test]
@@ -472,12 +464,7 @@ fn a_file_written_in_small_pieces_with_gaps_is_checksummed_once_not_once_a_piece
     use std::os::unix::fs::FileExt;
     require_fuse();
     let t = TestDir::new("pieces");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = common::free_local_addr();
     let m = t.mount(&[
         "--metrics-addr",
         &addr,

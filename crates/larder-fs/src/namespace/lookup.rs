@@ -118,13 +118,7 @@ impl Names {
         if ns.inodes.contains_key(&ino) {
             return Ok(());
         }
-        let rec = self
-            .core
-            .store
-            .db()
-            .inode(ino)?
-            .and_then(|b| InodeRecord::decode(&b))
-            .ok_or_else(stale)?;
+        let rec = self.stored_record(ino)?.ok_or_else(stale)?;
         if rec.parent == ino || depth > 4096 {
             return Err(stale());
         }

@@ -218,18 +218,17 @@ impl Names {
         if ns.inodes.contains_key(&ino) {
             return Ok(());
         }
-        let rec = self
-            .core
-            .store
-            .db()
-            .inode(ino)?
-            .and_then(|b| InodeRecord::decode(&b))
-            .ok_or(FsError::BadHandle)?;
+        let rec = self.stored_record(ino)?.ok_or(FsError::BadHandle)?;
         let mut node = Inode::from_record(rec);
         self.reclaim_dirty(&mut node);
         ns.insert_loaded(ino, node);
         self.load_home_ancestors(ns, ino);
         Ok(())
+    }
+
+    /// The record of inode `ino` in the index, if it has a readable one.
+    pub(crate) fn stored_record(&self, ino: u64) -> FsResult<Option<InodeRecord>> {
+        Ok(self.core.store.db().inode(ino)?.and_then(|b| InodeRecord::decode(&b)))
     }
 
     /// Load the directories on `ino`'s ways to the root, here and at home, that are not in memory: after a

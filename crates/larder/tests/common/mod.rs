@@ -760,3 +760,34 @@ pub fn assert_root_revalidated_by_listing(m: &Mount, wait: Duration) {
         "the root revalidated by its own listing, not a stat: {stats} stats, {lists} listings"
     );
 }
+
+/// A loopback address with a port free now, for a daemon's `--metrics-addr`.
+#[allow(dead_code)]
+pub fn free_local_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// The Prometheus text a daemon serves at `addr` (`/metrics`), with the HTTP status line first.
+#[allow(dead_code)]
+pub fn metrics_text(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+/// The value of the metric line `name` (name and labels, as printed) in Prometheus text.
+#[allow(dead_code)]
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l[name.len()..].trim().parse().ok())
+}
