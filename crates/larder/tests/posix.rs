@@ -766,3 +766,51 @@ impl Drop for Aligned {
         unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
 }
+
+#[test]
+fn punching_every_other_page_of_a_file_open_for_writing_reads_it_back_once_not_once_a_punch() {
+    use std::os::fd::AsRawFd;
+    require_fuse();
+    let t = TestDir::new("punch-alternating");
+    let addr = common::free_local_addr();
+    let m = t.mount(&[
+        "--metrics-addr",
+        &addr,
+        "--write-mode",
+        "write-back",
+        "--sync-lag",
+        "1h",
+    ]);
+    const SIZE: u64 = 4 << 20;
+    let p = m.path("foobar");
+    std::fs::write(&p, vec![0xab; SIZE as usize]).unwrap();
+    let before = metric(&addr, "larder_cache_checksummed_bytes_total");
+    // As xfstests' punch-alternating (generic/610): the file open for writing (the kernel writes its cache
+    // file itself), every other page punched out, one call each.
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    for page in (0..SIZE / 4096).step_by(2) {
+        let r = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (page * 4096) as i64,
+                4096,
+            )
+        };
+        assert_eq!(r, 0, "punch at page {page}: {}", std::io::Error::last_os_error());
+    }
+    let read_back = metric(&addr, "larder_cache_checksummed_bytes_total") - before;
+    drop(f);
+    assert!(
+        read_back <= 2.0 * SIZE as f64,
+        "{read_back} bytes read back to checksum {} punches in a file of {SIZE}",
+        SIZE / 8192
+    );
+    let content = std::fs::read(&p).unwrap();
+    assert_eq!(content.len() as u64, SIZE);
+    for (page, bytes) in content.chunks(4096).enumerate() {
+        let want = if page % 2 == 0 { 0 } else { 0xab };
+        assert!(bytes.iter().all(|&b| b == want), "page {page}");
+    }
+    m.unmount();
+}

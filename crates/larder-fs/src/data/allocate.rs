@@ -38,9 +38,16 @@ impl DataPath {
             .checked_add(length)
             .filter(|_| length > 0)
             .ok_or(FsError::Invalid)?;
-        // What the kernel wrote to the cache file counts: the size is taken after it.
-        self.adopt_all_direct_writes(ino);
-        let size = self.names.read().inode(ino)?.attr.as_ref().map_or(0, |a| a.size);
+        // What the kernel wrote to the cache file counts: the size is the cache file's where writers the
+        // kernel serves made it longer. (Their writes are taken in at their close, not here: taking them in
+        // reads the whole file, and a program punching every other page of a 100 MB file open for writing
+        // made each of its 25,600 calls read all 100 MB.)
+        let size = {
+            let ns = self.names.read();
+            let node = ns.inode(ino)?;
+            let size = node.attr.as_ref().map_or(0, |a| a.size);
+            self.names.written_directly(node).map_or(size, |(len, _)| size.max(len))
+        };
         if clear && offset < size {
             self.write_zeros_over(ino, offset..end.min(size))?;
         }
