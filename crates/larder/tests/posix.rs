@@ -62,6 +62,24 @@ fn rewinddir_sees_names_made_and_removed_since_the_opendir() {
         &after[..after.len().min(5)]
     );
     assert_eq!(after, made);
+
+    // As xfstests' rewinddir-test (generic/471): nothing read before the rewind.
+    std::fs::create_dir(m.path("e")).unwrap();
+    let dir = cstr(&m.path("e"));
+    let d = unsafe { libc::opendir(dir.as_ptr()) };
+    assert!(!d.is_null(), "opendir: {}", std::io::Error::last_os_error());
+    for n in &made {
+        std::fs::write(m.path(&format!("e/{n}")), b"").unwrap();
+    }
+    unsafe { libc::rewinddir(d) };
+    let after = unsafe { names_from(d) };
+    unsafe { libc::closedir(d) };
+    assert_eq!(
+        after.len(),
+        made.len(),
+        "read first after the rewind: {:?}...",
+        &after[..after.len().min(5)]
+    );
     m.unmount();
 }
 

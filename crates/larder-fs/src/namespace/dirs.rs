@@ -64,24 +64,39 @@ impl Names {
     /// Open a directory: its listing, revalidated if needed, is fixed for this handle.
     pub(crate) fn opendir(&self, ino: u64) -> FsResult<u64> {
         self.sync_cluster();
+        let times = self.dir_times(ino);
         let entries = Arc::new(self.listing(ino)?);
         let ns = read(&self.ns);
         if let Some(d) = ns.inodes.get(&ino).and_then(|n| n.dir.as_deref()) {
             d.opened.store(self.dir_clock.fetch_add(1, Relaxed), Relaxed);
         }
-        Ok(self.new_handle(&ns, ino, Some(entries)))
+        let fh = self.new_handle(&ns, ino, Some(entries));
+        self.handles.with(fh, |h| h.listed_times = times);
+        Ok(fh)
+    }
+
+    /// The modification and change times of directory `ino` as the mount shows them: every name made,
+    /// removed or renamed in it moves them.
+    fn dir_times(&self, ino: u64) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
+        let ns = read(&self.ns);
+        ns.inodes.get(&ino)?.attr.as_ref().map(|a| (a.mtime, a.ctime))
     }
 
     /// Entries of an open directory from position `offset` on (0 is `.`, 1 is `..`). A read from the start
     /// of a handle read before is a rewind (`rewinddir`, or a seek to 0): the listing is taken again, so
     /// that names made or removed since the open are seen, as POSIX asks.
     pub(crate) fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirItem)>> {
-        let (ino, entries, read_from) = self
+        let (ino, entries, read_from, listed_times) = self
             .handles
-            .with(fh, |h| (h.ino, h.entries.clone(), h.read_from))
+            .with(fh, |h| (h.ino, h.entries.clone(), h.read_from, h.listed_times))
             .ok_or(FsError::BadHandle)?;
         let mut entries = entries.ok_or(FsError::NotDir)?;
-        if offset == 0 && read_from {
+        // A first read (no rewind yet) takes the listing again too if names changed since the opendir: a
+        // rewind before any read (`opendir`, create, `rewinddir`, `readdir`) must see them, and the kernel
+        // sends no request for a rewind.
+        if offset == 0 && (read_from || listed_times != self.dir_times(ino)) {
+            let times = self.dir_times(ino);
+            self.handles.with(fh, |h| h.listed_times = times);
             self.sync_cluster();
             entries = Arc::new(self.listing(ino)?);
             let again = entries.clone();

@@ -23,6 +23,9 @@ pub(crate) struct Handle {
     pub entries: Option<Arc<Vec<DirItem>>>,
     /// Directory handles: entries were read from it (a read from the start after that is a rewind).
     pub read_from: bool,
+    /// Directory handles: the directory's modification and change times when the listing was taken. A
+    /// first read finding them moved (names made or removed since the opendir) takes the listing again.
+    pub listed_times: Option<(std::time::SystemTime, std::time::SystemTime)>,
     /// Where the next sequential read would start, the readahead window, and where the blocks queued
     /// for this handle end.
     pub next_offset: u64,
@@ -47,6 +50,7 @@ impl Handle {
             object,
             entries,
             read_from: false,
+            listed_times: None,
             next_offset: 0,
             window: 0,
             ra_end: 0,
