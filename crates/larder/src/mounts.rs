@@ -326,6 +326,26 @@ const FUSE_SHOWN: [&str; 6] = [
     "blksize",
 ];
 
+/// Whether the daemon serving `mnt` was started with the larder mount option `opt` (`key` or `key=value`,
+/// as mount(8) spells it) as it is: `--key`, `--key=value` or `--key value` on its command line.
+fn daemon_has(mnt: &Path, opt: &str) -> bool {
+    let Ok(status) = crate::status::fetch(mnt) else {
+        return false;
+    };
+    let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", status.pid)) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let (key, value) = opt.split_once('=').map_or((opt, None), |(k, v)| (k, Some(v)));
+    let long = format!("--{}", key.replace('_', "-"));
+    args.iter().enumerate().any(|(i, a)| match value {
+        None => *a == long.as_bytes(),
+        Some(v) => {
+            *a == format!("{long}={v}").as_bytes() || (*a == long.as_bytes() && args.get(i + 1) == Some(&v.as_bytes()))
+        }
+    })
+}
+
 /// `larder remount MNT -o OPTS` (mount(8)'s `-o remount,...` through the helper): the mount goes
 /// read-only or read-write in place, keeping the kernel flags `OPTS` names (nosuid and nodev always).
 /// larder's own options cannot change without a new mount: refused by name. Read-write is refused for a
@@ -353,6 +373,9 @@ pub fn remount(args: RemountArgs) -> Result<()> {
             "remount" | "nosuid" | "nodev" | "exec" | "atime" | "diratime" | "nolazytime" | "defaults" | "auto"
             | "noauto" | "_netdev" | "nofail" | "silent" | "async" => {}
             _ if FUSE_SHOWN.contains(&key) || key.starts_with("x-") || key == "comment" => {}
+            // mount(8) passes the options the mount was made with again (from fstab, or as a script
+            // repeats them): larder's own, unchanged, are no change.
+            _ if daemon_has(&mnt, opt) => {}
             _ => bail!(
                 "mount option '{key}' cannot change on a remount, which changes ro and rw only: unmount {} and mount it again",
                 mnt.display()

@@ -322,6 +322,15 @@ fn mount_o_remount_turns_a_mount_read_only_and_back_in_place() {
     assert!(out.stderr.contains("'noatime'"), "{out}");
     let out = remount("remount,relatime");
     assert!(out.success(), "mount -o remount,relatime failed:\n{out}");
+    // The options it was mounted with, given again (as fstab or a script repeats them), are no change; the
+    // same option with another value is one.
+    let out = remount(&format!("remount,rw,cache-dir={}", s(&t.cache)));
+    assert!(
+        out.success(),
+        "a remount repeating the mount's cache-dir failed:\n{out}"
+    );
+    let out = remount("remount,rw,cache-dir=/elsewhere");
+    assert!(!out.success() && out.stderr.contains("'cache-dir'"), "{out}");
     std::fs::write(m.path("still"), b"still read-write").unwrap();
     m.unmount();
 
