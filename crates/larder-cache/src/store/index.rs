@@ -20,12 +20,8 @@ impl Store {
     /// Record dirty blocks of `object` in the persistent index (with their checksums) so that they are
     /// found again after a restart; they stay dirty. Durable once the index is synced and the object file
     /// is.
-    /// Only blocks written since they were last indexed are read: a write leaves the placeholder checksum
-    /// 0 (see [`Store::write`]), which every record of the block replaces. Dirty blocks whose checksum was
-    /// recorded since (by an earlier commit, or by an adoption of the kernel's writes), or that a claim
-    /// made dirty without changing them, are not read again: a close of a file with much dirty data costs
-    /// what was written since the last close, not the whole file. (A block whose bytes checksum to 0 is
-    /// read each time: harmless.)
+    /// Dirty blocks whose checksum an adoption of the kernel's writes took, not recorded since, are not
+    /// read again.
     pub fn commit(&self, object: u64, indexes: impl IntoIterator<Item = u32>, size: u64) -> CacheResult<()> {
         let bs = self.cfg.block_size;
         let pending: Vec<u32> = {
@@ -34,11 +30,9 @@ impl Store {
                 .into_iter()
                 .filter(|&i| {
                     let len = size.saturating_sub(i as u64 * bs).min(bs) as u32;
-                    !st.blocks.get(&(object, i)).is_some_and(|e| {
-                        e.dirty
-                            && e.len == len
-                            && (e.adopted || (e.crc != 0 && e.verified && !st.damaged.contains(&(object, i))))
-                    })
+                    !st.blocks
+                        .get(&(object, i))
+                        .is_some_and(|e| e.dirty && e.adopted && e.len == len)
                 })
                 .collect()
         };

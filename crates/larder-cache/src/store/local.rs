@@ -84,22 +84,6 @@ impl Store {
             punches.run();
             return Err(io_err(e));
         }
-        // An indexing that read these blocks between the marking above and the `pwrite` may have recorded
-        // the bytes from before it: they go back to "written, not indexed", for the next commit to read.
-        let mut st = self.state(object);
-        let touched = (offset / bs).min(u32::MAX as u64) as u32..=((end - 1) / bs).min(u32::MAX as u64) as u32;
-        for index in touched {
-            st.tick = st.tick.wrapping_add(1);
-            let tick = st.tick;
-            if let Some(e) = st.blocks.get_mut(&(object, index))
-                && e.dirty
-            {
-                e.crc = 0;
-                e.adopted = false;
-                e.stamp = tick;
-            }
-        }
-        drop(st);
         self.inserted.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }

@@ -1405,33 +1405,3 @@ fn spares_survive_a_restart_and_files_the_kernel_reads_or_shared_contents_are_no
     assert_eq!(file_bytes(dir.path(), 21), b"y");
     assert_eq!(s.read((11, 0), 0, 700).unwrap().unwrap(), content(9, 700));
 }
-
-#[test]
-fn a_commit_reads_only_the_blocks_written_since_they_were_last_indexed() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = store(dir.path(), 1 << 20);
-    let size = 4 * BS as u64;
-    for index in 0..4u64 {
-        s.write(1, index * BS as u64, &[1; BS]).unwrap();
-    }
-    s.commit(1, 0..4, size).unwrap();
-    let crc_of = |index: u32| s.state(1).blocks.get(&(1, index)).map(|e| e.crc);
-    let ones = Some(crc32c::crc32c(&[1; BS]));
-    assert_eq!((0..4).map(crc_of).collect::<Vec<_>>(), vec![ones; 4]);
-
-    // Bytes changed behind the store's back are not read again by a commit: the blocks were indexed and
-    // not written since. (Were they read, the commit would record the checksum of the 9s.)
-    let file = s.file(1).unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&*file, &[9; BS], 0).unwrap();
-    s.commit(1, 0..4, size).unwrap();
-    assert_eq!(crc_of(0), ones, "an indexed block was read again");
-
-    // A block written through the store since is read, and only it.
-    s.write(1, 2 * BS as u64 + 10, &[2; 10]).unwrap();
-    assert_eq!(crc_of(2), Some(0), "a write leaves the placeholder checksum");
-    s.commit(1, 0..4, size).unwrap();
-    let mut two = [1u8; BS];
-    two[10..20].fill(2);
-    assert_eq!(crc_of(2), Some(crc32c::crc32c(&two)));
-    assert_eq!((crc_of(0), crc_of(1), crc_of(3)), (ones, ones, ones));
-}
