@@ -49,8 +49,8 @@ pub(super) fn check_xattrs(xattrs: &[(Vec<u8>, Vec<u8>)], room: Option<usize>) -
 
 /// What an attribute takes of an object's room, as ext4 counts it (a 16-byte entry, the name and the value
 /// each rounded up to 4 bytes; the name counted whole, its namespace prefix too, which errs on the safe
-/// side). XFS and btrfs count differently, but each takes a set of attributes whose cost is within the
-/// cost of the largest single value it takes.
+/// side). btrfs counts differently but takes any set whose cost is within that of the largest single
+/// value it takes; a file system taking a 64 KiB value is not bounded this way at all ([`measure_room`]).
 pub(super) fn cost(name: usize, value: usize) -> usize {
     16 + name.next_multiple_of(4) + value.next_multiple_of(4)
 }
@@ -99,6 +99,11 @@ pub(super) fn measure_room(dir: RawFd) -> Option<usize> {
         } else {
             hi = mid;
         }
+    }
+    // A file system that takes a value as large as Linux allows keeps attributes apart from the inode
+    // (XFS, tmpfs, ext4 with `ea_inode`): no bound of its own on one object's set worth checking.
+    if lo >= SIZE_MAX {
+        return None;
     }
     Some(cost(PROBE.to_bytes().len(), lo))
 }
