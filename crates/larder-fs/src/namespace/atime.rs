@@ -68,7 +68,8 @@ impl Atime {
 
 impl Names {
     /// `ino` was read through the mount: its access time moves to now if the mount's atime option says so.
-    /// The check shares the namespace; only a move takes it alone. Whether it moved.
+    /// The check shares the namespace; only a move takes it alone, and only if it is free at once. Whether
+    /// it moved.
     pub(crate) fn accessed(&self, ino: u64) -> bool {
         let atime = self.cfg.atime;
         if atime.policy == AtimePolicy::Never || self.read_only() {
@@ -84,7 +85,13 @@ impl Names {
         if !due(&read(&self.ns)) {
             return false;
         }
-        let mut ns = write(&self.ns);
+        // Never waited for: hits share the namespace and wait for nothing (design note 011), and a read
+        // must not wait behind them. Busy, the move is left to the next read (atime is a hint).
+        let mut ns = match self.ns.try_write() {
+            Ok(ns) => ns,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         if !due(&ns) {
             return false;
         }
