@@ -69,7 +69,7 @@ impl Atime {
 impl Names {
     /// `ino` was read through the mount: its access time moves to now if the mount's atime option says so.
     /// The check shares the namespace; only a move takes it alone, and only if it is free at once. Whether
-    /// it moved.
+    /// it moved, or would have but the namespace was busy (the caller tells the kernel to ask again).
     pub(crate) fn accessed(&self, ino: u64) -> bool {
         let atime = self.cfg.atime;
         if atime.policy == AtimePolicy::Never || self.read_only() {
@@ -90,7 +90,9 @@ impl Names {
         let mut ns = match self.ns.try_write() {
             Ok(ns) => ns,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+            // Busy: not moved now; the kernel is still told to ask again (what it holds may be older
+            // than what the daemon would answer, as after a move).
+            Err(std::sync::TryLockError::WouldBlock) => return true,
         };
         if !due(&ns) {
             return false;
