@@ -326,15 +326,9 @@ const FUSE_SHOWN: [&str; 6] = [
     "blksize",
 ];
 
-/// Whether the daemon serving `mnt` was started with the larder mount option `opt` (`key` or `key=value`,
+/// Whether the daemon whose command line is `cmdline` (`/proc/PID/cmdline`) was started with the larder mount option `opt` (`key` or `key=value`,
 /// as mount(8) spells it) as it is: `--key`, `--key=value` or `--key value` on its command line.
-fn daemon_has(mnt: &Path, opt: &str) -> bool {
-    let Ok(status) = crate::status::fetch(mnt) else {
-        return false;
-    };
-    let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", status.pid)) else {
-        return false;
-    };
+fn daemon_has(cmdline: &[u8], opt: &str) -> bool {
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
     let (key, value) = opt.split_once('=').map_or((opt, None), |(k, v)| (k, Some(v)));
     let long = format!("--{}", key.replace('_', "-"));
@@ -355,6 +349,9 @@ pub fn remount(args: RemountArgs) -> Result<()> {
     if !matches!(mounted_at(&mnt), Mounted::Larder) {
         bail!("{} is not a larder mount", mnt.display());
     }
+    // Asked once: what the daemon follows now, and the options it was started with.
+    let status = crate::status::fetch(&mnt)?;
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", status.pid)).unwrap_or_default();
     let mut flags = libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV;
     let mut read_only = false;
     // The atime options asked for, if any: larder follows the ones it was mounted with.
@@ -375,14 +372,13 @@ pub fn remount(args: RemountArgs) -> Result<()> {
             _ if FUSE_SHOWN.contains(&key) || key.starts_with("x-") || key == "comment" => {}
             // mount(8) passes the options the mount was made with again (from fstab, or as a script
             // repeats them): larder's own, unchanged, are no change.
-            _ if daemon_has(&mnt, opt) => {}
+            _ if daemon_has(&cmdline, opt) => {}
             _ => bail!(
                 "mount option '{key}' cannot change on a remount, which changes ro and rw only: unmount {} and mount it again",
                 mnt.display()
             ),
         }
     }
-    let status = crate::status::fetch(&mnt)?;
     // The daemon's atime options stay: asking for others is refused by name, and the kernel's flags say
     // what the daemon does (a remount without them would clear them).
     let mounted_noatime = status.atime == "noatime";
