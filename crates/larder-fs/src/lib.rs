@@ -48,7 +48,7 @@ pub mod tier;
 mod types;
 mod version;
 
-pub use changes::release_freed_memory;
+pub use changes::{InGroup, release_freed_memory};
 pub use data::DamagedFile;
 pub use data::{PIN_SHARE, Residency, describe_residency_error};
 pub use error::{FsError, FsResult};

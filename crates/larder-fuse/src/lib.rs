@@ -73,6 +73,23 @@ pub fn errno(e: &FsError) -> Errno {
     Errno::from_i32(code)
 }
 
+/// Whether the process behind `req` is in group `gid`, as Linux decides whether a write or a truncation
+/// clears a file's set-group-ID bit (`in_group_or_capable`): root stands for `CAP_FSETID`, as elsewhere
+/// here; otherwise its file-system group, or one of its supplementary groups, read from
+/// `/proc/PID/status` only when the first is not it. A process already gone is in no other group: the
+/// bit goes, the safe way.
+fn caller_in_group(req: &Request, gid: u32) -> bool {
+    if req.uid() == 0 || req.gid() == gid {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{}/status", req.pid())).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
+    })
+}
+
 fn file_type(kind: FileKind) -> FileType {
     match kind {
         FileKind::File => FileType::RegularFile,
@@ -461,7 +478,11 @@ impl Filesystem for LarderFuse {
         let nothing = changes == SetAttr::default() && ctime.is_none();
         let drop_set_id = self.killpriv.load(Ordering::Relaxed)
             && (uid.is_some() || gid.is_some() || ((size.is_some() || nothing) && req.uid() != 0));
-        match self.fs.setattr_dropping(ino.0, &changes, drop_set_id) {
+        let in_group = |gid| caller_in_group(req, gid);
+        match self
+            .fs
+            .setattr_dropping(ino.0, &changes, drop_set_id.then_some(&in_group))
+        {
             Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -574,7 +595,7 @@ impl Filesystem for LarderFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -588,7 +609,7 @@ impl Filesystem for LarderFuse {
         let result = self.fs.write(fh.0, offset, data).and_then(|n| {
             // A writer without CAP_FSETID: the file's set-ID bits go.
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && self.killpriv.load(Ordering::Relaxed) {
-                self.fs.drop_set_id(ino.0)?;
+                self.fs.drop_set_id(ino.0, &|gid| caller_in_group(req, gid))?;
             }
             Ok(n)
         });

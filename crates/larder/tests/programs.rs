@@ -554,7 +554,8 @@ fn git_clone_into_the_mount_then_fsck() {
 }
 
 /// Set-user-ID and set-group-ID bits go as on the local disk: at an owner change (set-group-ID only with
-/// group execute), at a write or a truncation by a user without CAP_FSETID, and not at root's. larder
+/// group execute), at a write, a truncation or an allocation by a user without CAP_FSETID (set-group-ID
+/// with group execute, or when the user is not in the file's group), and not at root's. larder
 /// clears them itself (the kernel leaves it to the file system, sparing a request before every chown):
 /// each step runs on the mount and in a directory of the local disk, and the modes must agree.
 #[test]
@@ -588,6 +589,32 @@ fn set_id_bits_go_as_on_the_local_disk() {
         ),
         ("root writes to a 6777 file", "chmod 6777 $f && echo more >> $f"),
         ("root chowns a directory", "chmod 6755 $d && chown 65534 $d"),
+        // Without group execute, set-group-ID stays for the file group's members and goes for others.
+        (
+            "nobody writes to a 2766 file of a group it is not in",
+            "chmod 2766 $f && $nobody sh -c 'echo more >> $f'",
+        ),
+        (
+            "nobody truncates a 2766 file of a group it is not in",
+            "chmod 2766 $f && $nobody truncate -s 2 $f",
+        ),
+        (
+            "a member of the file's group (a supplementary one) writes to a 2766 file",
+            "chgrp 4321 $f && chmod 2766 $f && setpriv --reuid=65534 --regid=65534 --groups=4321 \
+             sh -c 'echo more >> $f'",
+        ),
+        (
+            "nobody allocates in a 6777 file",
+            "chmod 6777 $f && $nobody fallocate -o 0 -l 8192 $f",
+        ),
+        (
+            "nobody allocates in a 2766 file of a group it is not in",
+            "chmod 2766 $f && $nobody fallocate -o 0 -l 8192 $f",
+        ),
+        (
+            "nobody writes to a 6777 file with O_DIRECT",
+            "chmod 6777 $f && $nobody dd if=/dev/zero of=$f bs=4096 count=1 oflag=direct conv=notrunc status=none",
+        ),
     ];
     let mut wrong = Vec::new();
     for (i, (what, cmd)) in steps.iter().enumerate() {

@@ -537,33 +537,38 @@ impl Changes {
 
     /// Change attributes (a size change is queued as data).
     pub(crate) fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
-        self.setattr_dropping(ino, changes, false)
+        self.setattr_dropping(ino, changes, None)
     }
 
     /// A write by a caller without `CAP_FSETID` (the kernel says so, and leaves the rest to the file
-    /// system): a file's set-user-ID bit goes, and its set-group-ID bit with group execute, as
-    /// [`crate::Fs::setattr_dropping`] says.
-    pub(crate) fn drop_set_id(&self, ino: u64) -> FsResult<()> {
+    /// system): a file's set-ID bits go as [`crate::Fs::setattr_dropping`] says.
+    pub(crate) fn drop_set_id(&self, ino: u64, in_group: InGroup) -> FsResult<()> {
         let has = self
             .names
             .read()
             .inode(ino)?
             .attr
             .as_ref()
-            .is_some_and(|a| set_id_dropped(a.perm) != a.perm);
+            .is_some_and(|a| set_id_dropped(a.perm, a.gid, in_group) != a.perm);
         if has {
-            self.setattr_dropping(ino, &SetAttr::default(), true)?;
+            self.setattr_dropping(ino, &SetAttr::default(), Some(in_group))?;
         }
         Ok(())
     }
 
     /// [`crate::Fs::setattr`], and with `drop_set_id`, what the kernel leaves to the file system when it lets it
     /// clear set-ID bits itself (`FUSE_HANDLE_KILLPRIV_V2`, which spares a refresh of the attributes
-    /// before every `chown`): a non-directory's set-user-ID bit goes, and its set-group-ID bit when group
-    /// execute is set (without it the bit marks mandatory locking, and stays), unless the change sets the
-    /// mode itself. The caller says when: always at an owner change, and at a truncation or write by a
-    /// caller without `CAP_FSETID`.
-    pub(crate) fn setattr_dropping(&self, ino: u64, changes: &SetAttr, drop_set_id: bool) -> FsResult<Entry> {
+    /// before every `chown`), as Linux's own file systems do: a non-directory's set-user-ID bit goes, and
+    /// its set-group-ID bit when group execute is set or the caller is not in the file's group (without
+    /// group execute the bit marks mandatory locking, kept for the group's members), unless the change
+    /// sets the mode itself. The caller says when, and who asks (`in_group`): always at an owner change,
+    /// and at a truncation or write by a caller without `CAP_FSETID`.
+    pub(crate) fn setattr_dropping(
+        &self,
+        ino: u64,
+        changes: &SetAttr,
+        drop_set_id: Option<InGroup>,
+    ) -> FsResult<Entry> {
         self.names.writable()?;
         let (kind, flush_lock, write_lock) = {
             let ns = self.names.read();
@@ -623,9 +628,9 @@ impl Changes {
         };
         let (atime, mtime) = (resolve(changes.atime), resolve(changes.mtime));
         let perm = match (&node.attr, changes.perm) {
-            (Some(a), None) if drop_set_id && node.kind != FileKind::Dir && set_id_dropped(a.perm) != a.perm => {
-                Some(set_id_dropped(a.perm))
-            }
+            (Some(a), None) if node.kind != FileKind::Dir => drop_set_id
+                .map(|in_group| set_id_dropped(a.perm, a.gid, in_group))
+                .filter(|p| *p != a.perm),
             (_, perm) => perm,
         };
         let other = perm.is_some() || changes.uid.is_some() || changes.gid.is_some();
@@ -765,10 +770,15 @@ impl Changes {
     }
 }
 
-/// `perm` without its set-user-ID bit, and without its set-group-ID bit when group execute is set.
-fn set_id_dropped(perm: u32) -> u32 {
+/// Whether the caller of a change is in a group: its own, one of its supplementary groups, or any when it
+/// has `CAP_FSETID` (Linux's `in_group_or_capable`).
+pub type InGroup<'a> = &'a dyn Fn(u32) -> bool;
+
+/// `perm` of a file of group `gid` without its set-user-ID bit, and without its set-group-ID bit when
+/// group execute is set or the caller is not in the group (Linux's `setattr_should_drop_sgid`).
+fn set_id_dropped(perm: u32, gid: u32, in_group: InGroup) -> u32 {
     let mut p = perm & !libc::S_ISUID;
-    if p & libc::S_IXGRP != 0 {
+    if p & libc::S_ISGID != 0 && (p & libc::S_IXGRP != 0 || !in_group(gid)) {
         p &= !libc::S_ISGID;
     }
     p

@@ -19,7 +19,7 @@ use std::time::Duration;
 use larder_cache::Store;
 use larder_home::{RenameFlags, SetAttr, StatFs};
 
-use crate::changes::{Changes, release_freed_memory};
+use crate::changes::{Changes, InGroup, release_freed_memory};
 use crate::coherence::{Coherence, GiveUp, Handover, HeldRecord};
 use crate::data::{Core, DamagedFile, DataPath, Residency};
 use crate::namespace::{Names, XattrFlags, lock};
@@ -559,19 +559,19 @@ impl Fs {
     }
 
     /// A write by a caller without `CAP_FSETID` (the kernel says so, and leaves the rest to the file
-    /// system): a file's set-user-ID bit goes, and its set-group-ID bit with group execute, as
-    /// [`Fs::setattr_dropping`] says.
-    pub fn drop_set_id(&self, ino: u64) -> FsResult<()> {
-        self.changes.drop_set_id(ino)
+    /// system): a file's set-ID bits go as [`Fs::setattr_dropping`] says.
+    pub fn drop_set_id(&self, ino: u64, in_group: InGroup) -> FsResult<()> {
+        self.changes.drop_set_id(ino, in_group)
     }
 
     /// [`Fs::setattr`], and with `drop_set_id`, what the kernel leaves to the file system when it lets it
     /// clear set-ID bits itself (`FUSE_HANDLE_KILLPRIV_V2`, which spares a refresh of the attributes
-    /// before every `chown`): a non-directory's set-user-ID bit goes, and its set-group-ID bit when group
-    /// execute is set (without it the bit marks mandatory locking, and stays), unless the change sets the
-    /// mode itself. The caller says when: always at an owner change, and at a truncation or write by a
-    /// caller without `CAP_FSETID`.
-    pub fn setattr_dropping(&self, ino: u64, changes: &SetAttr, drop_set_id: bool) -> FsResult<Entry> {
+    /// before every `chown`), as Linux's own file systems do: a non-directory's set-user-ID bit goes, and
+    /// its set-group-ID bit when group execute is set or the caller is not in the file's group (without
+    /// group execute the bit marks mandatory locking, kept for the group's members), unless the change
+    /// sets the mode itself. The caller says when, and who asks (`in_group`): always at an owner change,
+    /// and at a truncation or write by a caller without `CAP_FSETID`.
+    pub fn setattr_dropping(&self, ino: u64, changes: &SetAttr, drop_set_id: Option<InGroup>) -> FsResult<Entry> {
         self.changes.setattr_dropping(ino, changes, drop_set_id)
     }
 
