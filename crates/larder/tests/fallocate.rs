@@ -104,3 +104,61 @@ fn fallocate_sizes_and_clears_files_as_on_the_local_disk_and_home_ends_with_the_
     }
     m.unmount();
 }
+
+/// An allocation past the end sets its blocks aside at the call, as on a local disk: `st_blocks` counts
+/// them at once and a write into them takes no more (fstests' generic/568); more than the mount's file
+/// system has free (`df`, home's) is refused with `ENOSPC` and changes nothing (generic/213).
+#[test]
+fn an_allocation_past_the_end_takes_its_room_at_the_call_or_is_refused_there() {
+    let t = TestDir::new("fallocate-room");
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "600s"]);
+    let blocks = |name: &str| std::fs::metadata(m.path(name)).unwrap().blocks() * 512;
+
+    // Two bytes across the first block boundary of an empty file.
+    let f = m.path("f");
+    std::fs::write(&f, b"").unwrap();
+    sh(&format!("fallocate -o 4095 -l 2 {}", s(&f)));
+    let before = blocks("f");
+    assert!(
+        before >= 8192,
+        "two allocated bytes across a block boundary count {before} bytes"
+    );
+    sh(&format!(
+        "printf ab | dd of={} bs=1 seek=4095 conv=notrunc status=none",
+        s(&f)
+    ));
+    let after = blocks("f");
+    assert!(
+        after <= before,
+        "a write into allocated blocks grew the file from {before} to {after} bytes of disk"
+    );
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 4097);
+
+    // 8 MiB: counted at once, read as zeros.
+    let g = m.path("g");
+    sh(&format!("fallocate -l 8M {}", s(&g)));
+    assert!(blocks("g") >= 8 << 20, "8 MiB allocated count {} bytes", blocks("g"));
+    assert_eq!(read(&g), vec![0u8; 8 << 20]);
+
+    // Twice what df shows free: refused, and the file keeps its size.
+    let out = run_cmd("df", &["-B1", "--output=avail", s(&m.mnt)], Duration::from_secs(30));
+    assert!(out.success(), "df: {out}");
+    let avail: u64 = out.stdout.lines().last().unwrap().trim().parse().unwrap();
+    let h = m.path("h");
+    std::fs::write(&h, b"kept").unwrap();
+    let out = run_cmd(
+        "fallocate",
+        &["-l", &(avail * 2).to_string(), s(&h)],
+        Duration::from_secs(60),
+    );
+    assert!(
+        !out.success() && out.stderr.contains("No space left on device"),
+        "allocating twice the free room ({avail} bytes free): {out}"
+    );
+    assert_eq!(read(&h), b"kept");
+
+    drain_ok(&m, 120);
+    assert_eq!(read(&t.home.join("g")), vec![0u8; 8 << 20]);
+    assert_eq!(std::fs::read(t.home.join("f")).unwrap()[4095..], *b"ab");
+    m.unmount();
+}

@@ -24,6 +24,14 @@ impl Store {
         self.write_with(object, offset, len, |file| zero_range(file, offset..offset + len))
     }
 
+    /// Make `len` bytes of `object` from `offset` read as zeros and take room in the cache file, as
+    /// `fallocate(2)` sets blocks aside: a later write there finds them. The cache file grows to the range's
+    /// end if it is shorter. Its file system's allocated, unwritten blocks read as a hole, so a push copies
+    /// the range as one. Where that file system cannot allocate, the file only grows (sparse).
+    pub fn write_allocated(&self, object: u64, offset: u64, len: u64) -> CacheResult<()> {
+        self.write_with(object, offset, len, |file| allocate_range(file, offset..offset + len))
+    }
+
     /// A write of `len` bytes at `offset` whose bytes `land` puts into the cache file (see [`Store::write`]).
     fn write_with(
         &self,
@@ -216,6 +224,31 @@ impl Store {
         }
         pinned
     }
+}
+
+/// Allocate `range` of `file` (`fallocate(2)`'s mode 0: what is there stays, the file grows to the range's
+/// end); a file system that cannot (`EOPNOTSUPP`) only has the file grown. `ENOSPC` is the cache disk's.
+fn allocate_range(file: &File, range: std::ops::Range<u64>) -> std::io::Result<()> {
+    // SAFETY: fallocate on an open descriptor with plain integer arguments.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            0,
+            range.start as libc::off_t,
+            (range.end - range.start) as libc::off_t,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(e);
+    }
+    if file.metadata()?.len() < range.end {
+        file.set_len(range.end)?;
+    }
+    Ok(())
 }
 
 /// Make `range` of `file` read as zeros: whole pages punched out (a hole), the edges written as zeros, the

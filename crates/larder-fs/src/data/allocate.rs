@@ -1,11 +1,15 @@
 //! `fallocate(2)`: the modes programs use to size a file or to clear part of it. Each is made by the path
 //! that already makes that change, a truncation or a write, so it reaches home as one of those does.
 //!
-//! * Allocating (mode 0) extends the file when the range passes its end, as [`crate::Fs::setattr`]'s size
-//!   extension does: the new bytes read as zeros, home gets a truncate-extend and keeps the hole. Within
-//!   the file it changes nothing. The cache reserves no room for the range: a later write may still find
-//!   the cache full (`ENOSPC`), where a local file system would have set the blocks aside.
+//! * Allocating (mode 0) extends the file when the range passes its end. The new bytes read as zeros and
+//!   take their room on the cache disk at once (the cache file system allocates them, and the file's
+//!   `st_blocks` counts them), so writes there later find it, as on a local disk; they are dirty until
+//!   pushed, and home gets them as a hole (its file system sets nothing aside). Within the file it changes
+//!   nothing: what home holds there is not allocated anew.
 //! * `FALLOC_FL_KEEP_SIZE` alone asks for blocks past the end without a new size: nothing changes.
+//! * Both are refused with `ENOSPC` at the call when the part past the end is more than home's file
+//!   system has free, as `df` shows it on the mount (home's, where the data ends up); the cache disk's own
+//!   room is asked by the allocation, or by the cache's size bound, as a write's is.
 //! * Punching a hole (always with `KEEP_SIZE`) and zeroing a range make the range read as zeros: the range
 //!   goes the way of a write ([`DataPath::write_zeros`]: dirty, committed at the next close or fsync,
 //!   pushed), but its whole pages are punched out of the cache file instead of written, and a push copies
@@ -51,6 +55,16 @@ impl DataPath {
         if clear && offset < size {
             self.write_zeros_over(ino, offset..end.min(size))?;
         }
+        if !clear && end > size {
+            self.check_home_room(end - offset.max(size))?;
+            if !keep_size {
+                let start = offset.max(size);
+                let fh = self.names.new_handle(&self.names.read(), ino, None);
+                let result = self.write_allocated(fh, start, end - start);
+                self.names.handles().remove(fh);
+                return result;
+            }
+        }
         if !keep_size && end > size {
             self.changes().setattr(
                 ino,
@@ -61,6 +75,17 @@ impl DataPath {
             )?;
         }
         Ok(())
+    }
+
+    /// `ENOSPC` when home's file system has fewer than `bytes` free (its `statfs`, as `df` shows it on the
+    /// mount). A home that cannot say (away, or an object store) refuses nothing here.
+    fn check_home_room(&self, bytes: u64) -> FsResult<()> {
+        match self.core.home.statfs() {
+            Ok(st) if st.blocks > 0 && st.blocks_available.saturating_mul(st.block_size as u64) < bytes => {
+                Err(FsError::NoSpace)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Make `range` of `ino` read as zeros through a handle of its own (the caller's may be an `O_APPEND`

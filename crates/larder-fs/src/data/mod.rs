@@ -99,11 +99,14 @@ impl DataPath {
 /// Longest a fetch waits for a push of the same file to finish before calling a version change foreign.
 const PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// What a write puts in a file: bytes, or as many zeros (a hole where the file systems can keep one).
+/// What a write puts in a file: bytes, or as many zeros (a hole where the file systems can keep one), or as
+/// many zeros set aside on the cache disk (`fallocate` past the end: the cache file system allocates them,
+/// and home gets a hole).
 #[derive(Clone, Copy)]
 enum Payload<'a> {
     Bytes(&'a [u8]),
     Zeros(u64),
+    Allocated(u64),
 }
 
 impl DataPath {
@@ -309,13 +312,19 @@ impl DataPath {
         self.write_payload(fh, offset, Payload::Zeros(len)).map(|_| ())
     }
 
+    /// Make `len` bytes from `offset`, all past the file's end, read as zeros and take room on the cache
+    /// disk, so that writes there find it (`fallocate`'s allocation past the end).
+    pub(crate) fn write_allocated(&self, fh: u64, offset: u64, len: u64) -> FsResult<()> {
+        self.write_payload(fh, offset, Payload::Allocated(len)).map(|_| ())
+    }
+
     fn write_payload(&self, fh: u64, offset: u64, payload: Payload) -> FsResult<u64> {
         if self.names.read_only() {
             return Err(FsError::ReadOnly);
         }
         let len = match payload {
             Payload::Bytes(d) => d.len() as u64,
-            Payload::Zeros(n) => n,
+            Payload::Zeros(n) | Payload::Allocated(n) => n,
         };
         if len == 0 {
             return Ok(0);
@@ -325,7 +334,7 @@ impl DataPath {
         let write_lock = self.names.read().inode(ino)?.write_lock.clone();
         // Zeros take no room: a hole, but for their unaligned edges.
         self.changes().make_room(match payload {
-            Payload::Bytes(_) => len,
+            Payload::Bytes(_) | Payload::Allocated(_) => len,
             Payload::Zeros(_) => 0,
         })?;
         // One write of a file at a time: two writers completing the same partial block from home must not
@@ -433,6 +442,7 @@ impl DataPath {
             .and_then(|()| match payload {
                 Payload::Bytes(data) => self.core.store.write(object, offset, data),
                 Payload::Zeros(n) => self.core.store.write_zeros(object, offset, n),
+                Payload::Allocated(n) => self.core.store.write_allocated(object, offset, n),
             });
         if let Err(e) = landed {
             self.write_cut_short(ino, object, before, offset..end)?;

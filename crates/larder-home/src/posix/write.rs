@@ -63,7 +63,12 @@ pub(super) fn write_at(
                     // The cache copy is shorter than it was: the rest is a hole.
                     break;
                 }
-                file.write_all_at(&buf[..got], pos)?;
+                // Past home's bytes, zeros are left a hole (the file reads as zeros there once its size is
+                // set): blocks the cache file system allocated unwritten (`fallocate`) read as data once
+                // in its page cache, and would otherwise be written out as zeros.
+                if pos < home_end || !all_zeros(&buf[..got]) {
+                    file.write_all_at(&buf[..got], pos)?;
+                }
                 pos += got as u64;
             }
         }
@@ -133,6 +138,13 @@ fn check_room(
         return Err(HomeError::NoSpace);
     }
     Ok(())
+}
+
+/// Whether `bytes` are all zeros (compared a word at a time).
+fn all_zeros(bytes: &[u8]) -> bool {
+    // SAFETY: any bytes are a valid u128; align_to splits off what is not aligned.
+    let (head, words, tail) = unsafe { bytes.align_to::<u128>() };
+    head.iter().all(|b| *b == 0) && words.iter().all(|w| *w == 0) && tail.iter().all(|b| *b == 0)
 }
 
 /// Make `range` of `file` read as zeros: a punched hole where the file system can, written zeros where it
