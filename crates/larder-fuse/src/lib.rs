@@ -859,4 +859,22 @@ impl Filesystem for LarderFuse {
             Err(e) => reply.error(errno(&e)),
         }
     }
+
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+        let _s = span!("tmpfile", parent.0);
+        match self.fs.tmpfile(parent.0, mode, flags, req.uid(), req.gid()) {
+            Ok((e, r)) => self.opened(
+                e.attr.ino,
+                &r,
+                flags,
+                AnyReply::Create {
+                    reply,
+                    ttl: e.ttl,
+                    attr: file_attr(&e.attr),
+                    generation: self.fs.generation(),
+                },
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
 }

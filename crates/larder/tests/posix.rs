@@ -7,7 +7,7 @@ use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use common::{COMMAND_DEADLINE, LARDER, Mount, TestDir, require_fuse, run_cmd, s};
+use common::{COMMAND_DEADLINE, LARDER, Mount, TestDir, drain_ok, require_fuse, run_cmd, s};
 
 /// The names `readdir` gives from the directory stream's position on, without `.` and `..`.
 ///
@@ -830,5 +830,103 @@ fn punching_every_other_page_of_a_file_open_for_writing_reads_it_back_once_not_o
         let want = if page % 2 == 0 { 0 } else { 0xab };
         assert!(bytes.iter().all(|&b| b == want), "page {page}");
     }
+    m.unmount();
+}
+
+/// `open(dir, O_TMPFILE)`: a descriptor on `dir`'s file system, or the error.
+fn open_tmpfile(dir: &Path, extra: i32) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    let c = cstr(dir);
+    // SAFETY: a NUL-terminated path and plain flags; the descriptor is owned by the File made of it.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | extra, 0o640) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// `linkat` of the file open as `f` to `to`, through `/proc/self/fd` (what needs no capability).
+fn link_open_file(f: &std::fs::File, to: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let from = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+    let to = cstr(to);
+    // SAFETY: two NUL-terminated paths and a flag.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// `O_TMPFILE`, as on a local disk: a file with no name, no link and no trace at home, gone at its last
+/// close, unless `linkat` names it; then it is a file like any other, written before and after the link,
+/// that home gets and a remount keeps. With `O_EXCL` it can never be named.
+#[test]
+fn an_o_tmpfile_file_has_no_name_until_linkat_gives_it_one() {
+    use std::io::{Seek, Write};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    require_fuse();
+    let t = TestDir::new("tmpfile");
+    std::fs::create_dir(t.home.join("d")).unwrap();
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    let d = m.path("d");
+
+    let mut f = open_tmpfile(&d, 0).expect("O_TMPFILE on the mount");
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o640);
+    f.write_all(b"written before the link\n").unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "a nameless file is listed");
+    link_open_file(&f, &d.join("named")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    assert_eq!(
+        f.metadata().unwrap().ino(),
+        std::fs::metadata(d.join("named")).unwrap().ino()
+    );
+    f.write_all(b"and after it\n").unwrap();
+    f.rewind().unwrap();
+    drop(f);
+    let want = b"written before the link\nand after it\n";
+    assert_eq!(std::fs::read(d.join("named")).unwrap(), want);
+
+    // Never named: gone at its close, and home never hears of it.
+    let mut g = open_tmpfile(&d, 0).unwrap();
+    g.write_all(&vec![7u8; 300_000]).unwrap();
+    drop(g);
+    // With O_EXCL it cannot be named.
+    let h = open_tmpfile(&d, libc::O_EXCL).unwrap();
+    let e = link_open_file(&h, &d.join("excl")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    drop(h);
+
+    drain_ok(&m, 60);
+    let listed = |dir: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listed(&d), ["named"]);
+    assert_eq!(listed(&t.home.join("d")), ["named"], "home holds what the mount lists");
+    assert_eq!(std::fs::read(t.home.join("d/named")).unwrap(), want);
+    assert_eq!(
+        std::fs::metadata(t.home.join("d/named")).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    m.unmount();
+    let m = t.mount(&["--write-mode", "write-back", "--sync-lag", "0s"]);
+    assert_eq!(std::fs::read(m.path("d/named")).unwrap(), want, "after a remount");
     m.unmount();
 }

@@ -22,7 +22,7 @@ use crate::journal::{Op, OpKind};
 use crate::namespace::{Inode, Names, Namespace, ROOT, check_name, lock};
 use crate::ranges::{add_range, blocks_in};
 use crate::record::to_ns;
-use crate::{Entry, FsError, FsResult};
+use crate::{Entry, FsError, FsResult, OpenReply};
 
 mod cluster;
 mod flusher;
@@ -79,6 +79,10 @@ impl crate::data::Intake for Changes {
 
     fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
         Changes::create_file(self, parent, name, mode, uid, gid)
+    }
+
+    fn tmpfile(&self, parent: u64, mode: u32, uid: u32, gid: u32) -> FsResult<(Entry, OpenReply)> {
+        Changes::tmpfile(self, parent, mode, uid, gid)
     }
 
     fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry> {
@@ -277,6 +281,79 @@ impl Changes {
         }
     }
 
+    /// The owner of an object the caller `uid`:`gid` makes in a directory of attributes `pattr`: the
+    /// caller's (the directory's group where it is set-group-ID), or the daemon's without `set_owner`; and
+    /// the owner its create at home names (`None`: home's own choice, the daemon's or the directory's).
+    fn owner_of_new(&self, pattr: Option<&HomeAttr>, uid: u32, gid: u32) -> (u32, u32, (Option<u32>, Option<u32>)) {
+        let setgid_parent = pattr.is_some_and(|a| a.perm & 0o2000 != 0);
+        let (uid, gid) = if self.cfg.set_owner {
+            (
+                uid,
+                if setgid_parent {
+                    pattr.map_or(gid, |a| a.gid)
+                } else {
+                    gid
+                },
+            )
+        } else {
+            // SAFETY: getters without side effects.
+            unsafe { (libc::geteuid(), libc::getegid()) }
+        };
+        let owner = (
+            self.cfg.set_owner.then_some(uid),
+            (self.cfg.set_owner && !setgid_parent).then_some(gid),
+        );
+        (uid, gid, owner)
+    }
+
+    /// A regular file with no name, in directory `parent` (`open(2)`'s `O_TMPFILE`), opened: it lives in
+    /// the cache only, as a file removed while open does, and is gone at its last close, unless
+    /// `linkat(2)` names it first ([`Changes::link`]): home hears of it only then. Nothing of it is in the
+    /// index but its numbers, so a restart forgets it, as a local file system's mount does.
+    pub(crate) fn tmpfile(&self, parent: u64, mode: u32, uid: u32, gid: u32) -> FsResult<(Entry, OpenReply)> {
+        self.names.writable()?;
+        let mut ns = self.names.write();
+        let p = ns.inode(parent)?;
+        if p.kind != FileKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let pattr = p.attr.clone();
+        let (uid, gid, _) = self.owner_of_new(pattr.as_ref(), uid, gid);
+        let now = SystemTime::now();
+        let ino = ns.next_ino;
+        ns.next_ino += 1;
+        let object = self.names.alloc_object(&mut ns);
+        let mut node = Inode::new_local(parent, OsStr::new(""), FileKind::File, object);
+        node.attr = Some(HomeAttr {
+            kind: FileKind::File,
+            id: 0,
+            size: 0,
+            perm: mode & 0o7777,
+            uid,
+            gid,
+            nlink: 1,
+            rdev: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            version: Version(String::new()),
+        });
+        node.checked = Some(Instant::now());
+        node.own = true;
+        node.removed = true;
+        *node.lookups.get_mut() = 1;
+        ns.inodes.insert(ino, Box::new(node));
+        let entry = self.names.entry(&ns, ino)?;
+        let reply = self.names.open_handle(&ns, ino)?;
+        let muts = vec![
+            Mutation::PutMeta("next_ino", ns.next_ino),
+            Mutation::PutMeta("next_object", ns.next_object),
+        ];
+        self.commit(None, ns, Vec::new(), &[], muts)?;
+        Ok((entry, reply))
+    }
+
     /// Create a directory.
     pub(crate) fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
         self.make(parent, name, mode, NewKind::Dir, uid, gid)
@@ -320,23 +397,7 @@ impl Changes {
         let pattr = p.attr.clone();
         let path = path_bytes(&ns.child_path(parent, name)?);
         let setgid_parent = pattr.as_ref().is_some_and(|a| a.perm & 0o2000 != 0);
-        let (uid, gid) = if self.cfg.set_owner {
-            (
-                uid,
-                if setgid_parent {
-                    pattr.as_ref().map_or(gid, |a| a.gid)
-                } else {
-                    gid
-                },
-            )
-        } else {
-            // SAFETY: getters without side effects.
-            unsafe { (libc::geteuid(), libc::getegid()) }
-        };
-        let owner = (
-            self.cfg.set_owner.then_some(uid),
-            (self.cfg.set_owner && !setgid_parent).then_some(gid),
-        );
+        let (uid, gid, owner) = self.owner_of_new(pattr.as_ref(), uid, gid);
         let mut perm = mode & 0o7777;
         let (file_kind, op_kind, size, rdev) = match kind {
             NewKind::File => (
@@ -513,6 +574,9 @@ impl Changes {
             return Err(FsError::NotDir);
         }
         self.names.check_link(&ns, ino, parent, name)?;
+        if ns.inode(ino)?.removed {
+            return self.link_unnamed(mutating, ns, ino, parent, name);
+        }
         let from = path_bytes(&ns.path_of(ino)?);
         let to = path_bytes(&ns.child_path(parent, name)?);
         let node = ns.inode_mut(ino)?;
@@ -532,6 +596,62 @@ impl Changes {
         let entry = self.names.entry(&ns, ino)?;
         let op = Op::new(ino, from, vec![(parent, name.as_bytes().to_vec())], OpKind::Link { to });
         self.commit(Some(mutating), ns, vec![op], &[], muts)?;
+        Ok(entry)
+    }
+
+    /// [`Changes::link`] of a file that has no name (made by `O_TMPFILE`, or removed while open): it gets
+    /// `name` in `parent` as a new file, and home gets it as one made there, with its content: a create
+    /// now, its size with it, and its written data at its next close or `fsync`, as a new file's.
+    fn link_unnamed(
+        &self,
+        mutating: std::sync::MutexGuard<'_, ()>,
+        mut ns: std::sync::RwLockWriteGuard<'_, Namespace>,
+        ino: u64,
+        parent: u64,
+        name: &OsStr,
+    ) -> FsResult<Entry> {
+        let node = ns.inode(ino)?;
+        if node.kind != FileKind::File || node.object == 0 {
+            return Err(FsError::NotFound);
+        }
+        let path = path_bytes(&ns.child_path(parent, name)?);
+        let (_, _, owner) = self.owner_of_new(ns.inode(parent)?.attr.as_ref(), 0, 0);
+        let node = ns.inode_mut(ino)?;
+        node.removed = false;
+        node.parent = parent;
+        node.name = name.to_os_string();
+        node.aliases.clear();
+        node.home_loc = None;
+        *node.lookups.get_mut() += 1;
+        let attr = node.attr.as_mut().ok_or(FsError::BadHandle)?;
+        attr.nlink = 1;
+        attr.ctime = SystemTime::now();
+        let (perm, size) = (attr.perm, attr.size);
+        // The owner is the file's, set since it was made (where larder sets owners at home at all).
+        let owner = (owner.0.map(|_| attr.uid), owner.1.map(|_| attr.gid));
+        let p = ns.inode_mut(parent)?;
+        p.dm().children.insert(name.to_os_string(), ino);
+        p.dm().negatives.remove(name);
+        Self::dir_changed(&mut ns, parent, 0);
+        let mut muts = vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)];
+        muts.extend(Self::record_of(&ns, ino));
+        muts.extend(Self::record_of(&ns, parent));
+        let entry = self.names.entry(&ns, ino)?;
+        let at = vec![(parent, name.as_bytes().to_vec())];
+        let mut ops = vec![Op::new(
+            ino,
+            path.clone(),
+            at.clone(),
+            OpKind::Create {
+                mode: perm,
+                uid: owner.0,
+                gid: owner.1,
+            },
+        )];
+        if size > 0 {
+            ops.push(Op::new(ino, path, at, OpKind::Data));
+        }
+        self.commit(Some(mutating), ns, ops, &[], muts)?;
         Ok(entry)
     }
 

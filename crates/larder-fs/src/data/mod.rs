@@ -48,6 +48,8 @@ pub(crate) trait Intake: Send + Sync {
     fn make_room(&self, bytes: u64) -> FsResult<()>;
     /// Create a file, as a change of names.
     fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry>;
+    /// Make and open a file with no name (`O_TMPFILE`).
+    fn tmpfile(&self, parent: u64, mode: u32, uid: u32, gid: u32) -> FsResult<(Entry, OpenReply)>;
     /// Change `ino`'s attributes, as a change.
     fn setattr(&self, ino: u64, changes: &SetAttr) -> FsResult<Entry>;
     /// Take the attributes home gave a push of `ino`'s content.
@@ -299,6 +301,26 @@ impl DataPath {
             Err(FsError::Home(HomeError::Exists)) => Err(FsError::Exists),
             Err(e) => Err(e),
         }
+    }
+
+    /// Make and open a file with no name in `parent` (`O_TMPFILE`), written through the daemon as a new
+    /// file is (see [`DataPath::create`]); see `Changes::tmpfile`.
+    pub(crate) fn tmpfile(
+        &self,
+        parent: u64,
+        mode: u32,
+        flags: i32,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<(Entry, OpenReply)> {
+        let (entry, reply) = self.changes().tmpfile(parent, mode, uid, gid)?;
+        let append = flags & libc::O_APPEND != 0;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.names.handles().with(reply.fh, |h| {
+            h.append = append;
+            h.writable = writable;
+        });
+        Ok((entry, reply))
     }
 
     /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.

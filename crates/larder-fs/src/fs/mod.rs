@@ -454,6 +454,12 @@ impl Fs {
         self.data.create(parent, name, mode, flags, uid, gid)
     }
 
+    /// Make and open a regular file with no name in `parent` (`open(2)`'s `O_TMPFILE`): it is gone at its
+    /// last close unless [`Fs::link`] names it first (`linkat(2)`), and home hears of it only then.
+    pub fn tmpfile(&self, parent: u64, mode: u32, flags: i32, uid: u32, gid: u32) -> FsResult<(Entry, OpenReply)> {
+        self.data.tmpfile(parent, mode, flags, uid, gid)
+    }
+
     /// Read up to `size` bytes at `offset`.
     /// A read through the mount moves the file's access time as the mount's atime option says.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
