@@ -930,3 +930,41 @@ fn an_o_tmpfile_file_has_no_name_until_linkat_gives_it_one() {
     assert_eq!(std::fs::read(m.path("d/named")).unwrap(), want, "after a remount");
     m.unmount();
 }
+
+/// A direct write by a user without `CAP_FSETID` clears the file's set-ID bits, and `stat` shows it at
+/// once (fstests' generic/355): the kernel takes the new mode from no answer of its own after a direct
+/// write, so larder drops the attributes it holds. Each step runs on the local disk too.
+#[test]
+fn a_direct_write_clears_set_id_bits_and_stat_shows_it_at_once() {
+    require_fuse();
+    let t = TestDir::new("direct-setid");
+    let m = t.mount(&[]);
+    let local = t.root().join("local");
+    std::fs::create_dir(&local).unwrap();
+    for d in [t.root(), &m.mnt, &local] {
+        let c = cstr(d);
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::chmod(c.as_ptr(), 0o755) }, 0);
+    }
+    let mut wrong = Vec::new();
+    for (i, start) in ["6777", "6744", "2774"].iter().enumerate() {
+        let mut modes = Vec::new();
+        for root in [&local, &m.mnt] {
+            let f = root.join(format!("f{i}"));
+            let script = format!(
+                "echo x > {f} && chown 65534:65534 {f} && chmod {start} {f} && stat -c %A {f} >/dev/null && \
+                 setpriv --reuid=65534 --regid=65534 --clear-groups \
+                 dd if=/dev/zero of={f} bs=4096 count=1 oflag=direct conv=notrunc status=none && stat -c %a {f}",
+                f = s(&f)
+            );
+            let out = run_cmd("sh", &["-c", &script], COMMAND_DEADLINE);
+            assert!(out.success(), "{script}: {out}");
+            modes.push(out.stdout.trim().to_string());
+        }
+        if modes[0] != modes[1] {
+            wrong.push(format!("{start}: local disk {}, mount {}", modes[0], modes[1]));
+        }
+    }
+    assert!(wrong.is_empty(), "modes after a direct write differ: {wrong:?}");
+    m.unmount();
+}

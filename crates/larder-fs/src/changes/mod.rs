@@ -672,6 +672,10 @@ impl Changes {
             .is_some_and(|a| set_id_dropped(a.perm, a.gid, in_group) != a.perm);
         if has {
             self.setattr_dropping(ino, &SetAttr::default(), Some(in_group))?;
+            // The kernel takes the new mode from nothing else after a direct write (a buffered one
+            // asks for it with a setattr of its own): what it holds goes before the write is answered.
+            self.names.invalidate(crate::Invalidation::Attr(ino));
+            self.names.kernel_barrier();
         }
         Ok(())
     }
