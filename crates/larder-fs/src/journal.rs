@@ -536,6 +536,56 @@ impl Journal {
                     return out;
                 }
             }
+            OpKind::Rename {
+                to,
+                no_replace,
+                exchange: false,
+                replaced: false,
+            } => {
+                // A move of what the last op queued just moved, with nothing queued since, neither
+                // replacing anything: one move from the first place to the last. The name in between held
+                // only this object, and nothing queued names it; the last place was free, and nothing
+                // changed above the first since. A chain of renames of one object (a program renaming a
+                // directory back and forth 20,000 times) would otherwise be pushed one rename at a time,
+                // each waiting for the one before. (One that replaced something stays apart: what it
+                // replaced may be above the first place, a directory the object was moved out of first.)
+                if let Some(q) = last
+                    && q + 1 == self.next_seq
+                    && let Some(prev) = self.ops.get(&q)
+                    && !prev.attempted
+                    && prev.names.len() == 2
+                    && op.names.len() == 2
+                    && let OpKind::Rename {
+                        to: between,
+                        exchange: false,
+                        replaced: false,
+                        ..
+                    } = &prev.kind
+                    && *between == op.path
+                {
+                    let (to, no_replace) = (to.clone(), *no_replace);
+                    let prev = self.remove(q, &mut out).expect("queued");
+                    if prev.path == to {
+                        // Back where it was: nothing for home to do.
+                        return out;
+                    }
+                    let merged = Op {
+                        ino: op.ino,
+                        path: prev.path,
+                        names: vec![prev.names[0].clone(), op.names[1].clone()],
+                        kind: OpKind::Rename {
+                            to,
+                            no_replace,
+                            exchange: false,
+                            replaced: false,
+                        },
+                        since_ms: prev.since_ms,
+                        attempted: false,
+                    };
+                    self.insert(merged, &mut out);
+                    return out;
+                }
+            }
             _ => {}
         }
         self.insert(op, &mut out);
@@ -801,6 +851,74 @@ mod tests {
             },
         ));
         assert!(j.touches_path(b"d/f"), "a rename onto it");
+    }
+
+    /// A rename of `ino` from `from` (entry `a` of directory 1) to `to` (entry `b`), replacing something there
+    /// or not.
+    fn mv(ino: u64, from: &str, to: &str, replaced: bool) -> Op {
+        Op::new(
+            ino,
+            from.as_bytes().to_vec(),
+            vec![(1, from.as_bytes().to_vec()), (1, to.as_bytes().to_vec())],
+            OpKind::Rename {
+                to: to.as_bytes().to_vec(),
+                no_replace: false,
+                exchange: false,
+                replaced,
+            },
+        )
+    }
+
+    /// The (from, to, replaced) of every queued op, a rename or not, in order.
+    fn moves(j: &Journal) -> Vec<(String, String, bool)> {
+        j.ops
+            .values()
+            .map(|o| match &o.kind {
+                OpKind::Rename { to, replaced, .. } => (
+                    String::from_utf8_lossy(&o.path).into_owned(),
+                    String::from_utf8_lossy(to).into_owned(),
+                    *replaced,
+                ),
+                k => (
+                    String::from_utf8_lossy(&o.path).into_owned(),
+                    k.name().to_string(),
+                    false,
+                ),
+            })
+            .collect()
+    }
+
+    /// Renames of one object, each of what the one before moved with nothing queued in between, are one
+    /// move from the first place to the last (none if it is back where it was); a rename that replaced
+    /// something, one under way, or one with an op queued after it stays as it is.
+    #[test]
+    fn a_chain_of_renames_of_one_object_is_one_rename() {
+        let mut j = Journal::default();
+        for i in 0..10_000 {
+            let (a, b) = if i % 2 == 0 { ("x", "y") } else { ("y", "x") };
+            j.record(mv(5, a, b, false));
+        }
+        assert!(j.is_empty(), "back where it started: {:?}", moves(&j));
+        j.record(mv(5, "x", "y", false));
+        j.record(mv(5, "y", "z", false));
+        j.record(mv(5, "z", "w", false));
+        assert_eq!(moves(&j), [("x".into(), "w".into(), false)]);
+        assert_eq!(j.names.get(&1).map(|m| m.len()), Some(2), "only x and w are pinned");
+        // One that replaces something stays apart, and so does what follows it.
+        j.record(mv(5, "w", "v", true));
+        j.record(mv(5, "v", "x", false));
+        assert_eq!(moves(&j).len(), 3);
+        let mut j = Journal::default();
+        j.record(mv(5, "x", "w", false));
+        // Under way: not changed.
+        let last = *j.ops.keys().last().unwrap();
+        j.begin(last);
+        j.record(mv(5, "w", "v", false));
+        assert_eq!(moves(&j).len(), 2);
+        // Another op after it: order kept.
+        j.record(op(6, "other", OpKind::Data));
+        j.record(mv(5, "v", "u", false));
+        assert_eq!(moves(&j).len(), 4);
     }
 
     /// Ops held for a hand-over are left alone by the flushers until let go, and coalesce with nothing.
