@@ -162,3 +162,35 @@ fn an_allocation_past_the_end_takes_its_room_at_the_call_or_is_refused_there() {
     assert_eq!(std::fs::read(t.home.join("f")).unwrap()[4095..], *b"ab");
     m.unmount();
 }
+
+/// An allocation more than the cache can hold as changes not yet at home (here more than its size) sets
+/// nothing aside but still extends the file, as a truncation would: a program taking most of home's free
+/// space with one `fallocate` (fstests' generic/103) gets its file, and writes into it stream through the
+/// cache as any others.
+#[test]
+fn an_allocation_larger_than_the_cache_extends_the_file_without_setting_room_aside() {
+    let t = TestDir::new("fallocate-big");
+    let m = t.mount(&["--write-mode", "write-back", "--cache-size", "64M"]);
+    let f = m.path("big");
+    sh(&format!("fallocate -l 256M {}", s(&f)));
+    let meta = std::fs::metadata(&f).unwrap();
+    assert_eq!(meta.len(), 256 << 20);
+    assert!(
+        meta.blocks() * 512 < 64 << 20,
+        "{} bytes set aside in a cache of 64 MiB",
+        meta.blocks() * 512
+    );
+    sh(&format!(
+        "dd if=/dev/urandom of={} bs=1M count=4 seek=100 conv=notrunc status=none",
+        s(&f)
+    ));
+    drain_ok(&m, 120);
+    let home = std::fs::read(t.home.join("big")).unwrap();
+    assert_eq!(home.len(), 256 << 20);
+    assert!(home[..100 << 20].iter().all(|b| *b == 0));
+    assert_eq!(
+        home[100 << 20..104 << 20],
+        std::fs::read(&f).unwrap()[100 << 20..104 << 20]
+    );
+    m.unmount();
+}

@@ -77,6 +77,10 @@ impl crate::data::Intake for Changes {
         Changes::make_room(self, bytes)
     }
 
+    fn room_now(&self, bytes: u64) -> bool {
+        Changes::room_now(self, bytes)
+    }
+
     fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry> {
         Changes::create_file(self, parent, name, mode, uid, gid)
     }
@@ -837,6 +841,14 @@ impl Changes {
         self.land(&held)
     }
 
+    /// Whether `bytes` more dirty data fit now, with no wait: in the cache's bound for dirty data (but in
+    /// write-through, where it leaves at the next close) and on the cache disk.
+    pub(crate) fn room_now(&self, bytes: u64) -> bool {
+        let stats = self.core.store.stats();
+        let dirty_fits = stats.bytes_dirty + bytes <= stats.bytes_limit / 10 * 9;
+        (!self.cfg.write_mode.pushes_to_make_room() || dirty_fits) && self.core.store.room_on_disk(bytes)
+    }
+
     /// Hold a writer back while dirty data is near the cache's capacity, or the cache disk near full (past
     /// the headroom the store keeps for its index: `larder-cache/src/store/space.rs`); `ENOSPC` if it stays
     /// there. Clean data is evicted to make room first; then what is dirty is queued and pushed at once
@@ -845,7 +857,7 @@ impl Changes {
         let limit = self.core.store.stats().bytes_limit / 10 * 9;
         let dirty_fits = || self.core.store.stats().bytes_dirty + bytes <= limit;
         let early = self.cfg.write_mode.pushes_to_make_room();
-        if (!early || dirty_fits()) && self.core.store.room_on_disk(bytes) {
+        if self.room_now(bytes) {
             return Ok(());
         }
         if !early {

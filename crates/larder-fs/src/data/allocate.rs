@@ -4,8 +4,11 @@
 //! * Allocating (mode 0) extends the file when the range passes its end. The new bytes read as zeros and
 //!   take their room on the cache disk at once (the cache file system allocates them, and the file's
 //!   `st_blocks` counts them), so writes there later find it, as on a local disk; they are dirty until
-//!   pushed, and home gets them as a hole (its file system sets nothing aside). Within the file it changes
-//!   nothing: what home holds there is not allocated anew.
+//!   pushed, and home gets them as a hole (its file system sets nothing aside). Where the cache has no
+//!   room for that much dirty data now (its bound, or its disk), the file is extended as a truncation
+//!   extends it, with nothing set aside: a program taking most of home's free space (`df`) with one
+//!   allocation gets its file, and its writes stream through the cache as any others do. Within the file
+//!   it changes nothing: what home holds there is not allocated anew.
 //! * `FALLOC_FL_KEEP_SIZE` alone asks for blocks past the end without a new size: nothing changes.
 //! * Both are refused with `ENOSPC` at the call when the part past the end is more than home's file
 //!   system has free, as `df` shows it on the mount (home's, where the data ends up); the cache disk's own
@@ -57,12 +60,16 @@ impl DataPath {
         }
         if !clear && end > size {
             self.check_home_room(end - offset.max(size))?;
-            if !keep_size {
-                let start = offset.max(size);
+            let start = offset.max(size);
+            if !keep_size && self.changes().room_now(end - start) {
                 let fh = self.names.new_handle(&self.names.read(), ino, None);
                 let result = self.write_allocated(fh, start, end - start);
                 self.names.handles().remove(fh);
-                return result;
+                match result {
+                    // The cache disk could not set it all aside after all: extended as below.
+                    Err(FsError::NoSpace | FsError::Cache(larder_cache::CacheError::NoSpace)) => {}
+                    result => return result,
+                }
             }
         }
         if !keep_size && end > size {

@@ -46,6 +46,8 @@ pub(crate) trait Intake: Send + Sync {
     fn commit_data(&self, ino: u64, durable: bool) -> FsResult<()>;
     /// Hold a writer of `bytes` back while the cache is near full of dirty data.
     fn make_room(&self, bytes: u64) -> FsResult<()>;
+    /// Whether `bytes` more dirty data fit now, with no wait.
+    fn room_now(&self, bytes: u64) -> bool;
     /// Create a file, as a change of names.
     fn create_file(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> FsResult<Entry>;
     /// Make and open a file with no name (`O_TMPFILE`).
