@@ -380,6 +380,26 @@ macro_rules! span {
     };
 }
 
+impl LarderFuse {
+    /// Answer a create (or an `O_TMPFILE` open): the new file's entry and its open.
+    fn reply_made(&self, made: Result<(Entry, OpenReply), FsError>, flags: i32, reply: ReplyCreate) {
+        match made {
+            Ok((e, r)) => self.opened(
+                e.attr.ino,
+                &r,
+                flags,
+                AnyReply::Create {
+                    reply,
+                    ttl: e.ttl,
+                    attr: file_attr(&e.attr),
+                    generation: self.fs.generation(),
+                },
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
 impl Filesystem for LarderFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Not FUSE_AUTO_INVAL_DATA: with it the kernel drops a file's pages whenever fresh attributes show
@@ -844,37 +864,13 @@ impl Filesystem for LarderFuse {
         reply: ReplyCreate,
     ) {
         let _s = span!("create", parent.0);
-        match self.fs.create(parent.0, name, mode, flags, req.uid(), req.gid()) {
-            Ok((e, r)) => self.opened(
-                e.attr.ino,
-                &r,
-                flags,
-                AnyReply::Create {
-                    reply,
-                    ttl: e.ttl,
-                    attr: file_attr(&e.attr),
-                    generation: self.fs.generation(),
-                },
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let made = self.fs.create(parent.0, name, mode, flags, req.uid(), req.gid());
+        self.reply_made(made, flags, reply);
     }
 
     fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
         let _s = span!("tmpfile", parent.0);
-        match self.fs.tmpfile(parent.0, mode, flags, req.uid(), req.gid()) {
-            Ok((e, r)) => self.opened(
-                e.attr.ino,
-                &r,
-                flags,
-                AnyReply::Create {
-                    reply,
-                    ttl: e.ttl,
-                    attr: file_attr(&e.attr),
-                    generation: self.fs.generation(),
-                },
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let made = self.fs.tmpfile(parent.0, mode, flags, req.uid(), req.gid());
+        self.reply_made(made, flags, reply);
     }
 }

@@ -590,17 +590,23 @@ impl Changes {
             a.nlink += 1;
             a.ctime = SystemTime::now();
         }
-        let p = ns.inode_mut(parent)?;
-        p.dm().children.insert(name.to_os_string(), ino);
-        p.dm().negatives.remove(name);
-        Self::dir_changed(&mut ns, parent, 0);
-        let mut muts = vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)];
-        muts.extend(Self::record_of(&ns, ino));
-        muts.extend(Self::record_of(&ns, parent));
-        let entry = self.names.entry(&ns, ino)?;
+        let (muts, entry) = self.bind_link(&mut ns, ino, parent, name)?;
         let op = Op::new(ino, from, vec![(parent, name.as_bytes().to_vec())], OpKind::Link { to });
         self.commit(Some(mutating), ns, vec![op], &[], muts)?;
         Ok(entry)
+    }
+
+    /// Enter `ino` as `name` in `parent` (a link): the directory's entry and times, and the records and
+    /// entry to persist, with the entry to answer.
+    fn bind_link(&self, ns: &mut Namespace, ino: u64, parent: u64, name: &OsStr) -> FsResult<(Vec<Mutation>, Entry)> {
+        let p = ns.inode_mut(parent)?;
+        p.dm().children.insert(name.to_os_string(), ino);
+        p.dm().negatives.remove(name);
+        Self::dir_changed(ns, parent, 0);
+        let mut muts = vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)];
+        muts.extend(Self::record_of(ns, ino));
+        muts.extend(Self::record_of(ns, parent));
+        Ok((muts, self.names.entry(ns, ino)?))
     }
 
     /// [`Changes::link`] of a file that has no name (made by `O_TMPFILE`, or removed while open): it gets
@@ -633,14 +639,7 @@ impl Changes {
         let (perm, size) = (attr.perm, attr.size);
         // The owner is the file's, set since it was made (where larder sets owners at home at all).
         let owner = (owner.0.map(|_| attr.uid), owner.1.map(|_| attr.gid));
-        let p = ns.inode_mut(parent)?;
-        p.dm().children.insert(name.to_os_string(), ino);
-        p.dm().negatives.remove(name);
-        Self::dir_changed(&mut ns, parent, 0);
-        let mut muts = vec![Mutation::PutDentry(parent, name.as_bytes().to_vec(), ino)];
-        muts.extend(Self::record_of(&ns, ino));
-        muts.extend(Self::record_of(&ns, parent));
-        let entry = self.names.entry(&ns, ino)?;
+        let (muts, entry) = self.bind_link(&mut ns, ino, parent, name)?;
         let at = vec![(parent, name.as_bytes().to_vec())];
         let mut ops = vec![Op::new(
             ino,

@@ -275,12 +275,7 @@ impl DataPath {
                 // too (an inode allocation there), which made creates of empty files 4 to 7 times slower.
                 // Its next open, once it is whole in the cache, is served by the kernel.
                 let reply = self.names.open_handle(&self.names.read(), entry.attr.ino)?;
-                let append = flags & libc::O_APPEND != 0;
-                let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-                self.names.handles().with(reply.fh, |h| {
-                    h.append = append;
-                    h.writable = writable;
-                });
+                self.opened_as(reply.fh, flags);
                 Ok((entry, reply))
             }
             Err(FsError::Home(HomeError::Exists)) if flags & libc::O_EXCL == 0 => {
@@ -316,13 +311,18 @@ impl DataPath {
         gid: u32,
     ) -> FsResult<(Entry, OpenReply)> {
         let (entry, reply) = self.changes().tmpfile(parent, mode, uid, gid)?;
+        self.opened_as(reply.fh, flags);
+        Ok((entry, reply))
+    }
+
+    /// Note on handle `fh` of a file just made what its open's `flags` say: appending, writable.
+    fn opened_as(&self, fh: u64, flags: i32) {
         let append = flags & libc::O_APPEND != 0;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        self.names.handles().with(reply.fh, |h| {
+        self.names.handles().with(fh, |h| {
             h.append = append;
             h.writable = writable;
         });
-        Ok((entry, reply))
     }
 
     /// Write `data` at `offset` into the cached copy; it reaches home on flush, fsync or close.
