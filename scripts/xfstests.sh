@@ -10,7 +10,7 @@
 #
 #   ./check -E scripts/xfstests-exclude -g quick [CHECK_ARGS]    (--auto: -g auto)
 #
-# CHECK_ARGS go to check after the group, e.g. "-e generic/028" or "-x dangerous"; if they name tests
+# CHECK_ARGS go to check after the group, e.g. "-e generic/070" or "-x dangerous"; if they name tests
 # (generic/001 generic/013) or a group (-g rw), they replace "-g GROUP".
 #
 # with FSTYP=fuse and FUSE_SUBTYP=.larder: fstests mounts with `mount -t fuse.larder HOME MNT -o ...`,
@@ -28,8 +28,6 @@
 # (fuse); a FUSE file system with a subtype shows as fuse.larder there, so the run puts a `df` first on
 # PATH that prints fuse for fuse.larder (nothing else changes; $WORK/path/df).
 #
-# generic/028 renames one file ~20,000 times; larder pushes such a chain so slowly that the tests after it
-# crawl (docs/conformance.md): until that is fixed, `scripts/xfstests.sh SRC_DIR -e generic/028`.
 #
 # Needs root (fstests' check refuses to run otherwise), /dev/fuse, and these Debian packages (installed
 # when missing): build-essential autoconf automake libtool libtool-bin pkg-config uuid-dev uuid-runtime
@@ -80,7 +78,7 @@ src=$(cd "$1" 2>/dev/null && pwd) || die "no directory $1"
 shift
 [ -x "$src/check" ] && [ -d "$src/tests/generic" ] || die "$src is not an fstests checkout (no check, tests/generic)"
 check_args=("$@")
-# Without a group (-g) or test names of its own, CHECK_ARGS add to "-g GROUP" (e.g. -e generic/028).
+# Without a group (-g) or test names of its own, CHECK_ARGS add to "-g GROUP" (e.g. -e generic/070).
 selects=0 skip=0
 for a in "${check_args[@]}"; do
     if [ "$skip" = 1 ]; then skip=0; continue; fi
