@@ -28,7 +28,6 @@
 # (fuse); a FUSE file system with a subtype shows as fuse.larder there, so the run puts a `df` first on
 # PATH that prints fuse for fuse.larder (nothing else changes; $WORK/path/df).
 #
-#
 # Needs root (fstests' check refuses to run otherwise), /dev/fuse, and these Debian packages (installed
 # when missing): build-essential autoconf automake libtool libtool-bin pkg-config uuid-dev uuid-runtime
 # xfslibs-dev xfsprogs libacl1-dev libaio-dev liburing-dev libgdbm-dev libgdbm-compat-dev libcap-dev
