@@ -260,18 +260,7 @@ fn zero_range(file: &File, range: std::ops::Range<u64>) -> std::io::Result<()> {
         file.write_all_at(&[0], range.end - 1)?;
     }
     let inner = range.start.next_multiple_of(PAGE)..range.end / PAGE * PAGE;
-    let punched = inner.start < inner.end && {
-        // SAFETY: fallocate on an open descriptor with plain integer arguments.
-        let r = unsafe {
-            libc::fallocate(
-                file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                inner.start as libc::off_t,
-                (inner.end - inner.start) as libc::off_t,
-            )
-        };
-        r == 0
-    };
+    let punched = inner.start < inner.end && larder_util::holes::punch_hole(file, inner.clone()).is_ok();
     let written: Vec<std::ops::Range<u64>> = if punched {
         vec![range.start..inner.start, inner.end..range.end]
     } else {
@@ -279,12 +268,7 @@ fn zero_range(file: &File, range: std::ops::Range<u64>) -> std::io::Result<()> {
     };
     let zeros = vec![0u8; (1 << 20).min(written.iter().map(|r| r.end - r.start).max().unwrap_or(0)) as usize];
     for r in written {
-        let mut pos = r.start;
-        while pos < r.end {
-            let n = ((r.end - pos) as usize).min(zeros.len());
-            file.write_all_at(&zeros[..n], pos)?;
-            pos += n as u64;
-        }
+        larder_util::holes::write_zeros(file, r, &zeros)?;
     }
     Ok(())
 }

@@ -692,20 +692,8 @@ fn read_upto(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 }
 
 fn punch_hole(file: &File, offset: u64, len: u64) {
-    if len == 0 {
-        return;
-    }
-    // SAFETY: fallocate on a valid open descriptor with plain integer arguments.
-    let ret = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    };
-    if ret != 0 {
-        tracing::debug!(error = %io::Error::last_os_error(), "punching a hole in a cache file failed");
+    if let Err(e) = larder_util::holes::punch_hole(file, offset..offset + len) {
+        tracing::debug!(error = %e, "punching a hole in a cache file failed");
     }
 }
 

@@ -150,27 +150,10 @@ fn all_zeros(bytes: &[u8]) -> bool {
 /// Make `range` of `file` read as zeros: a punched hole where the file system can, written zeros where it
 /// cannot.
 fn zero_range(file: &File, range: Range<u64>, buf: &mut [u8]) -> HomeResult<()> {
-    if range.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: fallocate on a valid open descriptor with plain integer arguments.
-    let punched = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            range.start as libc::off_t,
-            (range.end - range.start) as libc::off_t,
-        )
-    };
-    if punched == 0 {
+    if larder_util::holes::punch_hole(file, range.clone()).is_ok() {
         return Ok(());
     }
     buf.fill(0);
-    let mut pos = range.start;
-    while pos < range.end {
-        let n = ((range.end - pos) as usize).min(buf.len());
-        file.write_all_at(&buf[..n], pos)?;
-        pos += n as u64;
-    }
+    larder_util::holes::write_zeros(file, range, buf)?;
     Ok(())
 }
