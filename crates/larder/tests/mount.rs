@@ -1126,15 +1126,7 @@ fn metrics_endpoint_serves_prometheus_text() {
     let t = TestDir::new("metrics");
     let mut rng = Rng::new(12);
     let want = write_random(&t.home.join("f.bin"), 20_000, &mut rng);
-    let addr = common::free_local_addr();
-    let m = t.mount(&[
-        "--metrics-addr",
-        &addr,
-        "--write-mode",
-        "write-back",
-        "--sync-lag",
-        "60s",
-    ]);
+    let (m, addr) = t.mount_with_metrics("60s");
     assert_same_bytes(&read(&m.path("f.bin")), &want, "f.bin");
     // One change waiting for home.
     std::fs::write(m.path("new.txt"), b"queued").unwrap();

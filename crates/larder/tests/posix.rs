@@ -482,15 +482,7 @@ fn a_file_written_in_small_pieces_with_gaps_is_checksummed_once_not_once_a_piece
     use std::os::unix::fs::FileExt;
     require_fuse();
     let t = TestDir::new("pieces");
-    let addr = common::free_local_addr();
-    let m = t.mount(&[
-        "--metrics-addr",
-        &addr,
-        "--write-mode",
-        "write-back",
-        "--sync-lag",
-        "1h",
-    ]);
+    let (m, addr) = t.mount_with_metrics("1h");
     // As xfstests' fstest writes: 512 bytes in every 1,024, so that no two pieces touch (8,192 ranges).
     const SIZE: u64 = 8 << 20;
     let f = std::fs::File::create(m.path("pieces")).unwrap();
@@ -790,15 +782,7 @@ fn punching_every_other_page_of_a_file_open_for_writing_reads_it_back_once_not_o
     use std::os::fd::AsRawFd;
     require_fuse();
     let t = TestDir::new("punch-alternating");
-    let addr = common::free_local_addr();
-    let m = t.mount(&[
-        "--metrics-addr",
-        &addr,
-        "--write-mode",
-        "write-back",
-        "--sync-lag",
-        "1h",
-    ]);
+    let (m, addr) = t.mount_with_metrics("1h");
     const SIZE: u64 = 4 << 20;
     let p = m.path("foobar");
     std::fs::write(&p, vec![0xab; SIZE as usize]).unwrap();

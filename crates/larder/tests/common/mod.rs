@@ -117,6 +117,22 @@ impl TestDir {
     pub fn mount(&self, extra: &[&str]) -> Mount {
         Mount::new(&self.home, &self.mnt, &self.cache, extra)
     }
+
+    /// A write-back mount with sync lag `sync_lag` whose daemon serves its metrics at a free loopback
+    /// address, returned with it.
+    #[allow(dead_code)]
+    pub fn mount_with_metrics(&self, sync_lag: &str) -> (Mount, String) {
+        let addr = free_local_addr();
+        let m = self.mount(&[
+            "--metrics-addr",
+            &addr,
+            "--write-mode",
+            "write-back",
+            "--sync-lag",
+            sync_lag,
+        ]);
+        (m, addr)
+    }
 }
 
 /// Whether a mount of any kind is at `mnt` (from /proc/self/mountinfo; never touches the mount itself).
