@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use larder_home::{
-    DirEntry, FileKind, Home, HomeAttr, HomeResult, Layer, Layered, Owner, RenameFlags, SetAttr, Version,
+    DirEntry, FileKind, Home, HomeAttr, HomeResult, Layer, Layered, NewFile, Owner, RenameFlags, SetAttr, Version,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -213,6 +213,9 @@ impl Layer for BankStat {
 
     fn create(&self, next: &dyn Home, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         self.made(path, next.create(path, mode, owner))
+    }
+    fn create_file(&self, next: &dyn Home, path: &Path, new: &NewFile<'_>) -> HomeResult<HomeAttr> {
+        self.made(path, next.create_file(path, new))
     }
     fn mkdir(&self, next: &dyn Home, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         self.made(path, next.mkdir(path, mode, owner))

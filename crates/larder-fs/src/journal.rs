@@ -257,9 +257,29 @@ impl Journal {
         self.failed.iter()
     }
 
-    /// Whether `ino` has queued ops besides one (the op being concluded).
+    /// Whether `ino` has queued ops besides those under way (being concluded: one, or a create with the
+    /// data push that rides on it).
     pub fn has_after_current(&self, ino: u64) -> bool {
-        self.by_ino.get(&ino).is_some_and(|s| s.len() > 1)
+        self.by_ino
+            .get(&ino)
+            .is_some_and(|s| s.iter().any(|q| !self.inflight.contains_key(q)))
+    }
+
+    /// The data push of the file whose create `seq` is, when it is the file's next queued op and free to
+    /// go with it: not under way, not held by a caller. The two may land as one (a file made with its
+    /// content): nothing queued between them can see the file's content at home, and whatever is queued
+    /// between them that moves the file or a directory above it applies to it with content as without.
+    pub fn data_after(&self, seq: u64) -> Option<u64> {
+        let op = self.ops.get(&seq)?;
+        if !matches!(op.kind, OpKind::Create { .. }) {
+            return None;
+        }
+        let next = *self.by_ino.get(&op.ino)?.range(seq + 1..).next()?;
+        (self.ops[&next].kind == OpKind::Data
+            && !self.inflight.contains_key(&next)
+            && !self.held.contains(&next)
+            && !self.held.contains(&seq))
+        .then_some(next)
     }
 
     /// Whether a queued op of `ino` gives home its time again when it lands (a data push, a time set).

@@ -3,10 +3,10 @@
 //! (`flusher/`) takes them to home. `Fs` holds it beside the namespace and the data path, and methods of
 //! `Fs` are where they meet (a change needs the namespace and the queue; a push settles the namespace).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::Conflict;
 use crate::journal::Journal;
@@ -33,11 +33,15 @@ pub(crate) struct Pipeline {
     pub conflicts: Mutex<Vec<Conflict>>,
     /// The flusher threads.
     pub flushers: Mutex<Vec<JoinHandle<()>>>,
+    /// How many of them may push at once.
+    pub window: Window,
 }
 
 impl Pipeline {
-    pub fn new(journal: Journal, conflicts: Vec<Conflict>) -> Pipeline {
+    /// A pipeline whose pushers are at most `pushers` at once.
+    pub fn new(journal: Journal, conflicts: Vec<Conflict>, pushers: usize) -> Pipeline {
         Pipeline {
+            window: Window::new(pushers),
             journal: Mutex::new(journal),
             work: Condvar::new(),
             done: Condvar::new(),
@@ -106,6 +110,124 @@ impl Pipeline {
         self.urgent.fetch_add(1, Ordering::SeqCst);
         self.notify();
         Hurry(self)
+    }
+}
+
+/// How many pushes may be under way at once. A far home answers each call a round trip later, and the
+/// pushers hide that by asking it many things at once; a home nearby that is busy answers later the more it
+/// is asked. So the window starts at [`Window::START`], grows by one each time a push ends with every
+/// pusher inside it busy and home answering about as fast as it did at its best, and shrinks by a quarter
+/// when home takes more than three times that, by half when home goes away; never past `--flush-threads`
+/// (its ceiling), never under [`Window::FLOOR`] (or the ceiling, if lower). Only calls that move no file
+/// data are timed: a large file's push is slow for its bytes, not for home's load.
+pub(crate) struct Window {
+    ceiling: usize,
+    limit: AtomicUsize,
+    state: Mutex<WindowState>,
+    /// Pushers outside the window wait here.
+    spare: Condvar,
+}
+
+#[derive(Default)]
+struct WindowState {
+    /// Pushes under way.
+    under_way: usize,
+    /// Home's best time for a call that moves no data, drifting up slowly to what it takes now.
+    best: Option<Duration>,
+    last_cut: Option<Instant>,
+}
+
+/// How a push ended, as the window sees it.
+pub(crate) enum Ended {
+    /// Home answered, in this long (`None`: the push moved file data; not timed).
+    Answered(Option<Duration>),
+    /// Home is away, or timed out.
+    Away,
+}
+
+impl Window {
+    /// Pushers allowed at the start.
+    pub const START: usize = 8;
+    /// Fewest allowed.
+    pub const FLOOR: usize = 4;
+
+    fn new(ceiling: usize) -> Window {
+        let ceiling = ceiling.max(1);
+        Window {
+            ceiling,
+            limit: AtomicUsize::new(Self::START.min(ceiling)),
+            state: Mutex::new(WindowState::default()),
+            spare: Condvar::new(),
+        }
+    }
+
+    /// Pushers allowed now.
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// The pusher `index` (from 0) may push now; otherwise it waits until the window grows (or `timeout`).
+    pub fn admits(&self, index: usize, timeout: Duration) -> bool {
+        if index < self.limit() {
+            return true;
+        }
+        let st = lock(&self.state);
+        if index < self.limit() {
+            return true;
+        }
+        let _ = self.spare.wait_timeout(st, timeout);
+        false
+    }
+
+    /// A push begins.
+    pub fn began(&self) {
+        lock(&self.state).under_way += 1;
+    }
+
+    /// A push ended as `ended`.
+    pub fn ended(&self, ended: Ended) {
+        let mut st = lock(&self.state);
+        let limit = self.limit();
+        let full = st.under_way >= limit;
+        st.under_way = st.under_way.saturating_sub(1);
+        let floor = Self::FLOOR.min(self.ceiling);
+        let now = Instant::now();
+        // One cut per round trip: the pushes under way when home slowed all end slow.
+        let may_cut = |st: &WindowState| {
+            st.last_cut
+                .is_none_or(|t| now.duration_since(t) > st.best.unwrap_or(Duration::from_secs(1)))
+        };
+        match ended {
+            Ended::Away => {
+                if may_cut(&st) {
+                    self.limit.store((limit / 2).max(floor), Ordering::Relaxed);
+                    st.last_cut = Some(now);
+                }
+            }
+            Ended::Answered(None) => {}
+            Ended::Answered(Some(took)) => {
+                let best = match st.best {
+                    Some(b) if took >= b => b + (took - b) / 64,
+                    _ => took,
+                };
+                st.best = Some(best);
+                if took > best * 3 && limit > floor {
+                    if may_cut(&st) {
+                        self.limit.store((limit * 3 / 4).max(floor), Ordering::Relaxed);
+                        st.last_cut = Some(now);
+                    }
+                } else if took <= best * 2 && full && limit < self.ceiling {
+                    self.limit.store(limit + 1, Ordering::Relaxed);
+                    self.spare.notify_all();
+                }
+            }
+        }
+    }
+
+    /// Wake the pushers outside the window (to stop).
+    pub fn wake_all(&self) {
+        let _st = lock(&self.state);
+        self.spare.notify_all();
     }
 }
 

@@ -24,7 +24,7 @@ pub struct FsConfig {
     pub write_mode: WriteMode,
     /// How long a change waits in the journal before it is pushed (write-back).
     pub sync_lag: Duration,
-    /// Threads pushing independent changes in parallel (write-back).
+    /// Most changes pushed in parallel (write-back): the ceiling of the pushers' window.
     pub flush_threads: usize,
     /// What happens when home changed an object that has local changes.
     pub conflict_policy: ConflictPolicy,
@@ -165,7 +165,7 @@ impl Default for FsConfig {
             small_file_threshold: 256 << 10,
             write_mode: WriteMode::WriteBack,
             sync_lag: Duration::from_secs(5),
-            flush_threads: 8,
+            flush_threads: 64,
             conflict_policy: ConflictPolicy::KeepBoth,
             conflicts_dir: std::env::temp_dir().join("larder-conflicts"),
             host: "localhost".into(),

@@ -127,7 +127,7 @@ impl Layer for HoldWrite {
     }
 
     fn after(&self, op: OpKind, _bytes_in: u64, error: Option<&HomeError>) {
-        if op == OpKind::Write && self.written.lock().unwrap().is_none() {
+        if op == self.gate.op && self.written.lock().unwrap().is_none() {
             *self.written.lock().unwrap() = Some(match error {
                 Some(e) => Err(e.clone()),
                 None => Ok(std::fs::read(&self.path).unwrap_or_default()),
@@ -141,9 +141,10 @@ impl Layer for HoldWrite {
 #[test]
 fn a_file_removed_while_its_push_is_under_way_sends_home_its_bytes() {
     let s = Setup::new();
+    // A file made here goes home with its content in one call, its create.
     let hold = Arc::new(HoldWrite {
         path: s.home("f"),
-        gate: HoldAnswer::new(OpKind::Write),
+        gate: HoldAnswer::new(OpKind::Create),
         written: Default::default(),
     });
     let fs = Arc::new(s.fs_layered(
@@ -181,7 +182,8 @@ fn a_file_removed_while_its_push_is_under_way_sends_home_its_bytes() {
 #[test]
 fn a_byte_written_directly_during_a_push_reaches_home() {
     let s = Setup::new();
-    let hold = Arc::new(HoldAnswer::new(OpKind::Write));
+    // A file made here goes home with its content in one call, its create; then its data in writes.
+    let hold = Arc::new(HoldAnswer::either(OpKind::Create, OpKind::Write));
     let fs = Arc::new(s.fs_layered(
         hold.clone(),
         Arc::new(FaultLayer::default()),

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::{
-    ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
-    Version,
+    ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, NewFile, Owner, RenameFlags, SetAttr,
+    StatFs, Version,
 };
 
 /// The kinds of home operation, for counters and emulation.
@@ -120,6 +120,9 @@ pub trait Layer: Send + Sync + 'static {
     fn create(&self, next: &dyn Home, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         next.create(path, mode, owner)
     }
+    fn create_file(&self, next: &dyn Home, path: &Path, new: &NewFile<'_>) -> HomeResult<HomeAttr> {
+        next.create_file(path, new)
+    }
     fn mkdir(&self, next: &dyn Home, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         next.mkdir(path, mode, owner)
     }
@@ -202,6 +205,17 @@ impl<L: Layer> Layered<L> {
     }
 }
 
+impl<L: Layer> Layered<L> {
+    /// The bytes a write of `ranges` of `source` sends: holes are not sent to a home that keeps them.
+    fn bytes_out(&self, source: &File, ranges: &[Range<u64>], size: u64) -> u64 {
+        if self.inner.limits().holes {
+            crate::extents::data_bytes(source, ranges, size)
+        } else {
+            ranges.iter().map(|r| r.end.min(size).saturating_sub(r.start)).sum()
+        }
+    }
+}
+
 fn none<T>(_: &T) -> u64 {
     0
 }
@@ -241,6 +255,11 @@ impl<L: Layer> Home for Layered<L> {
     fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         self.call(OpKind::Create, 0, |l, h| l.create(h, path, mode, owner), none)
     }
+    // One call, with what it sends.
+    fn create_file(&self, path: &Path, new: &NewFile<'_>) -> HomeResult<HomeAttr> {
+        let out = new.content.map_or(0, |c| self.bytes_out(c.source, c.ranges, c.size));
+        self.call(OpKind::Create, out, |l, h| l.create_file(h, path, new), none)
+    }
     fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         self.call(OpKind::Mkdir, 0, |l, h| l.mkdir(h, path, mode, owner), none)
     }
@@ -274,12 +293,7 @@ impl<L: Layer> Home for Layered<L> {
         base: Option<&Version>,
         mtime: Option<std::time::SystemTime>,
     ) -> HomeResult<HomeAttr> {
-        // Holes in the source are not sent to a home that keeps them.
-        let out = if self.inner.limits().holes {
-            crate::extents::data_bytes(source, ranges, size)
-        } else {
-            ranges.iter().map(|r| r.end.min(size).saturating_sub(r.start)).sum()
-        };
+        let out = self.bytes_out(source, ranges, size);
         self.call(
             OpKind::Write,
             out,

@@ -31,7 +31,8 @@ pub use posix::PosixHome;
 #[cfg(feature = "s3")]
 pub use s3::{Checked, MAX_KEY, S3Home, S3Spec, valid_bucket_name};
 pub use types::{
-    ContentId, DirEntry, FileKind, HomeAttr, HomeLimits, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Version,
+    Content, ContentId, DirEntry, FileKind, HomeAttr, HomeLimits, NewFile, Owner, RenameFlags, SetAttr, StatFs,
+    TimeSet, Version,
 };
 pub use url::{HomeSpec, OpenedHome, S3Credentials, open_home};
 pub use wan::{WanLayer, WanSpec};
@@ -90,6 +91,25 @@ pub trait Home: Send + Sync + 'static {
 
     /// Create an empty regular file; fails with [`HomeError::Exists`] if the name is taken.
     fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr>;
+
+    /// Create a regular file with its mode, owner, time and content, in one call where home can: a POSIX
+    /// home opens it once and writes, times and syncs it through that descriptor; an object store uploads
+    /// it once, its metadata with it. Fails with [`HomeError::Exists`] if the name is taken. A call cut
+    /// short may leave the file holding a prefix of its content. The default makes the calls one by one.
+    fn create_file(&self, path: &Path, new: &NewFile<'_>) -> HomeResult<HomeAttr> {
+        let made = self.create(path, new.mode, new.owner)?;
+        match (new.content, new.mtime) {
+            (Some(c), mtime) => self.write(path, c.source, c.ranges, c.size, None, mtime),
+            (None, Some(t)) => self.setattr(
+                path,
+                &SetAttr {
+                    mtime: Some(TimeSet::At(t)),
+                    ..SetAttr::default()
+                },
+            ),
+            (None, None) => Ok(made),
+        }
+    }
 
     /// Create a directory.
     fn mkdir(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr>;

@@ -111,6 +111,27 @@ pub struct Owner {
     pub gid: Option<u32>,
 }
 
+/// A regular file to make with all it starts with, for [`crate::Home::create_file`].
+#[derive(Clone, Copy, Debug)]
+pub struct NewFile<'a> {
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    pub owner: Owner,
+    /// Its modification time; `None`: home's clock.
+    pub mtime: Option<SystemTime>,
+    /// What it holds; `None`: nothing.
+    pub content: Option<Content<'a>>,
+}
+
+/// Bytes for home to take from a file of the cache: the `ranges` of `source`, in a file `size` bytes long
+/// (zeros, or holes, elsewhere).
+#[derive(Clone, Copy, Debug)]
+pub struct Content<'a> {
+    pub source: &'a std::fs::File,
+    pub ranges: &'a [std::ops::Range<u64>],
+    pub size: u64,
+}
+
 /// A time to set: now (home's clock) or a given instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimeSet {

@@ -457,8 +457,9 @@ pub struct MountArgs {
     /// How durable a change made in the cache is when its call returns (write-back, local)
     #[arg(long, value_enum, default_value_t = DurabilityArg::Process)]
     pub durability: DurabilityArg,
-    /// Threads pushing independent changes to home in parallel (write-back).
-    #[arg(long, default_value_t = 8)]
+    /// Most changes pushed to home at once (write-back): the pushers start at 8 and grow towards this
+    /// while home answers as fast as with fewer, shrinking when it slows down.
+    #[arg(long, default_value_t = 64)]
     pub flush_threads: usize,
     /// What to do when home changed a file that has local changes.
     #[arg(long, value_enum, default_value_t = ConflictPolicyArg::KeepBoth)]

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use larder_home::{HomeAttr, HomeError};
+use larder_home::{Content, HomeAttr, HomeError, NewFile, Owner};
 
 use crate::data::DataPath;
 use crate::namespace::lock;
@@ -40,6 +40,24 @@ impl DataPath {
     /// With `force`, home's version is overwritten whatever it is; otherwise a version other than the one
     /// the changes were made on is a [`HomeError::Conflict`]. The caller holds the inode's flush lock.
     pub(crate) fn push_data(&self, ino: u64, at: Option<std::path::PathBuf>, force: bool) -> FsResult<()> {
+        self.push(ino, at, force, None)
+    }
+
+    /// Push `ino`, which home does not have yet, as a new file at `at` with `mode` and `owner`: made with
+    /// its content and time in one home call ([`larder_home::Home::create_file`]), on record as any push.
+    /// [`HomeError::Exists`] when the name is taken at home; nothing of ours went then. The caller holds
+    /// the inode's flush lock.
+    pub(crate) fn push_new(&self, ino: u64, at: std::path::PathBuf, mode: u32, owner: Owner) -> FsResult<()> {
+        self.push(ino, Some(at), false, Some((mode, owner)))
+    }
+
+    fn push(
+        &self,
+        ino: u64,
+        at: Option<std::path::PathBuf>,
+        force: bool,
+        create: Option<(u32, Owner)>,
+    ) -> FsResult<()> {
         // What writers the kernel serves from the cache file wrote so far goes too.
         self.adopt_all_direct_writes(ino);
         self.check_before_push(ino)?;
@@ -54,7 +72,7 @@ impl DataPath {
                 node.dirty.clear();
                 return Ok(());
             }
-            if node.dirty.is_empty() && node.home_size.is_none() {
+            if node.dirty.is_empty() && node.home_size.is_none() && create.is_none() {
                 return Ok(());
             }
             if node.conflict && !force {
@@ -68,7 +86,7 @@ impl DataPath {
                 .attr
                 .as_ref()
                 .map(|a| a.version.clone())
-                .filter(|v| !v.0.is_empty() && !force);
+                .filter(|v| !v.0.is_empty() && !force && create.is_none());
             let mut ranges = std::mem::take(&mut node.dirty);
             let object = node.object;
             if let Some(h) = node.home_size
@@ -158,11 +176,24 @@ impl DataPath {
                 return Err(e.into());
             }
         }
-        let result = self
-            .core
-            .home
-            .write(&path, &file, &ranges, size, base.as_ref(), mtime)
-            .map_err(FsError::from);
+        let result = match create {
+            Some((mode, owner)) => {
+                let content = Content {
+                    source: &file,
+                    ranges: &ranges,
+                    size,
+                };
+                let new = NewFile {
+                    mode,
+                    owner,
+                    mtime,
+                    content: Some(content),
+                };
+                self.core.home.create_file(&path, &new)
+            }
+            None => self.core.home.write(&path, &file, &ranges, size, base.as_ref(), mtime),
+        }
+        .map_err(FsError::from);
         let mut ns = self.names.write();
         ns.inode_mut(ino)?.pushing -= 1;
         match result {
@@ -244,7 +275,9 @@ impl DataPath {
             Err(e) => {
                 let node = ns.inode_mut(ino)?;
                 node.attempt = None;
-                if node.unconfirmed.is_none() {
+                // A name taken at home: this attempt sent nothing.
+                let sent = !(create.is_some() && matches!(e, FsError::Home(HomeError::Exists)));
+                if sent && node.unconfirmed.is_none() {
                     // It may have reached home in part or whole: what it sent tells, if asked.
                     node.unconfirmed = Some(Box::new(crate::namespace::Attempt {
                         whole: whole(&ranges, size),

@@ -173,7 +173,7 @@ impl Fs {
             let changes = self.changes.clone();
             match std::thread::Builder::new()
                 .name(format!("larder-flush-{i}"))
-                .spawn(move || changes.flush_worker())
+                .spawn(move || changes.flush_worker(i))
             {
                 Ok(h) => flushers.push(h),
                 Err(e) => tracing::error!(error = %e, "cannot start a flusher thread"),

@@ -151,7 +151,7 @@ impl Fs {
         });
         let readahead = Arc::new(Readahead::new(core.clone(), cfg.ingest_streams));
         let conflicts = crate::changes::load_conflicts(&cfg.conflicts_dir);
-        let pipeline = Arc::new(Pipeline::new(journal, conflicts));
+        let pipeline = Arc::new(Pipeline::new(journal, conflicts, cfg.flush_threads));
         let names = Arc::new(Names::new(
             cfg.clone(),
             core.clone(),

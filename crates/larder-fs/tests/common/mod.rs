@@ -256,7 +256,9 @@ pub fn read_file(fs: &Fs, ino: u64) -> Vec<u8> {
 /// released: an answer asked before something lands at home and taken in after, or a change that landed
 /// at home and is not yet known to have.
 pub struct HoldAnswer {
-    op: OpKind,
+    pub op: OpKind,
+    /// A second kind it holds as well.
+    pub or: Option<OpKind>,
     /// (armed, held, released)
     state: std::sync::Mutex<(bool, bool, bool)>,
     changed: std::sync::Condvar,
@@ -266,8 +268,18 @@ impl HoldAnswer {
     pub fn new(op: OpKind) -> HoldAnswer {
         HoldAnswer {
             op,
+            or: None,
             state: Default::default(),
             changed: Default::default(),
+        }
+    }
+
+    /// Holds operations of either kind: a file's data goes home in its create (a file made here) or in a
+    /// write (one home has).
+    pub fn either(op: OpKind, or: OpKind) -> HoldAnswer {
+        HoldAnswer {
+            or: Some(or),
+            ..HoldAnswer::new(op)
         }
     }
 
@@ -293,7 +305,7 @@ impl HoldAnswer {
 impl HoldAnswer {
     /// If armed and `op` is its kind: held here until released.
     pub fn hold(&self, op: OpKind) {
-        if op != self.op {
+        if op != self.op && Some(op) != self.or {
             return;
         }
         let mut s = self.state.lock().unwrap();

@@ -16,11 +16,11 @@ use super::sys::{
     check, chown_at, cpath, identity, is_mount_root, last_error, list_at, list_with_own_at, open_at, open_root,
     posix_content_id, stat_at, stat_fd, timespec,
 };
-use super::write::write_at;
+use super::write::{write_at, write_to};
 use super::xattr::{check_xattrs, measure_room, set_xattr_at, xattrs_at};
 use crate::{
-    ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, Owner, RenameFlags, SetAttr, StatFs,
-    Version,
+    ContentId, DirEntry, Home, HomeAttr, HomeError, HomeLimits, HomeResult, NewFile, Owner, RenameFlags, SetAttr,
+    StatFs, TimeSet, Version,
 };
 
 impl Home for PosixHome {
@@ -122,16 +122,27 @@ impl Home for PosixHome {
 
     fn create(&self, path: &Path, mode: u32, owner: Owner) -> HomeResult<HomeAttr> {
         let (root, p) = self.at(path)?;
+        self.run(move || stat_fd(&create_at(root.as_raw_fd(), &p, mode, owner)?))
+    }
+
+    /// One open: the file is made, owned, written, timed and synced through the descriptor it was made
+    /// with.
+    fn create_file(&self, path: &Path, new: &NewFile<'_>) -> HomeResult<HomeAttr> {
+        let (root, p) = self.at(path)?;
+        let (mode, owner, mtime) = (new.mode, new.owner, new.mtime);
+        let content = match new.content {
+            Some(c) => Some((c.source.try_clone()?, c.ranges.to_vec(), c.size)),
+            None => None,
+        };
         self.run(move || {
-            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-            let file = open_at(root.as_raw_fd(), &p, flags, mode & 0o7777)?;
-            if owner.uid.is_some() || owner.gid.is_some() {
-                let (uid, gid) = (owner.uid.unwrap_or(u32::MAX), owner.gid.unwrap_or(u32::MAX));
-                // SAFETY: `file` is an open descriptor.
-                check(unsafe { libc::fchown(file.as_raw_fd(), uid, gid) })?;
-                // An owner change clears setuid/setgid; put the requested bits back.
-                // SAFETY: `file` is an open descriptor.
-                check(unsafe { libc::fchmod(file.as_raw_fd(), mode & 0o7777) })?;
+            let file = create_at(root.as_raw_fd(), &p, mode, owner)?;
+            if let Some((source, ranges, size)) = content {
+                return write_to(&file, 0, &source, ranges, size, mtime);
+            }
+            if let Some(t) = mtime {
+                let times = [timespec(None), timespec(Some(TimeSet::At(t)))];
+                // SAFETY: a valid open descriptor and two timespecs, as futimens requires.
+                check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
             }
             stat_fd(&file)
         })
@@ -300,4 +311,20 @@ impl Home for PosixHome {
     fn limits(&self) -> HomeLimits {
         self.limits.clone()
     }
+}
+
+/// Make the regular file `path` under `dir`, which must not exist, with `mode` and `owner`: its descriptor,
+/// open for writing.
+fn create_at(dir: i32, path: &std::ffi::CStr, mode: u32, owner: Owner) -> HomeResult<File> {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    let file = open_at(dir, path, flags, mode & 0o7777)?;
+    if owner.uid.is_some() || owner.gid.is_some() {
+        let (uid, gid) = (owner.uid.unwrap_or(u32::MAX), owner.gid.unwrap_or(u32::MAX));
+        // SAFETY: `file` is an open descriptor.
+        check(unsafe { libc::fchown(file.as_raw_fd(), uid, gid) })?;
+        // An owner change clears setuid/setgid; put the requested bits back.
+        // SAFETY: `file` is an open descriptor.
+        check(unsafe { libc::fchmod(file.as_raw_fd(), mode & 0o7777) })?;
+    }
+    Ok(file)
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::PosixHome;
 use crate::{HomeError, HomeResult};
 
-const MAX_WORKERS: usize = 64;
+const MAX_WORKERS: usize = 128;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 

@@ -34,15 +34,28 @@ pub(super) fn write_at(
     {
         return Err(HomeError::Conflict);
     }
+    write_to(&file, current.size, source, ranges, size, mtime)
+}
+
+/// Write `ranges` of `source` to `file`, which holds `current` bytes, make it `size` bytes long with the
+/// modification time `mtime` when given, and sync it: its attributes afterwards.
+pub(super) fn write_to(
+    file: &File,
+    current: u64,
+    source: &File,
+    ranges: Vec<Range<u64>>,
+    size: u64,
+    mtime: Option<SystemTime>,
+) -> HomeResult<HomeAttr> {
     // Cut first: nothing past the new end is copied or zeroed. A push of the whole content cuts to
     // nothing, so that until it ends home holds a prefix of the new content, never a mix of old and new
     // bytes: a pusher cut short can tell its own partial work from someone else's change.
     let whole = size > 0 && ranges.first().is_some_and(|r| r.start == 0 && r.end >= size);
     // Room for everything this push writes is asked for before anything changes: a home without it fails
     // here, its file as it was, rather than part way with a fragment of ours in it.
-    check_room(&file, source, &ranges, size, whole, current.size)?;
+    check_room(file, source, &ranges, size, whole, current)?;
     let cut = if whole { 0 } else { size };
-    let mut home_end = current.size;
+    let mut home_end = current;
     if cut < home_end {
         file.set_len(cut)?;
         home_end = cut;
@@ -54,7 +67,7 @@ pub(super) fn write_at(
         // bytes under a hole they are zeroed.
         let mut pos = range.start;
         for extent in data_extents(source, range.clone())? {
-            zero_range(&file, pos..extent.start.min(home_end), &mut buf)?;
+            zero_range(file, pos..extent.start.min(home_end), &mut buf)?;
             pos = extent.start;
             while pos < extent.end {
                 let want = ((extent.end - pos) as usize).min(COPY_CHUNK);
@@ -72,9 +85,9 @@ pub(super) fn write_at(
                 pos += got as u64;
             }
         }
-        zero_range(&file, pos..range.end.min(home_end), &mut buf)?;
+        zero_range(file, pos..range.end.min(home_end), &mut buf)?;
     }
-    if stat_fd(&file)?.size != size {
+    if stat_fd(file)?.size != size {
         file.set_len(size)?;
     }
     if let Some(t) = mtime {
@@ -84,7 +97,7 @@ pub(super) fn write_at(
         check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
     }
     file.sync_all()?;
-    stat_fd(&file)
+    stat_fd(file)
 }
 
 /// Whether home has room for what this push writes, asked before anything changes: the data of `source`

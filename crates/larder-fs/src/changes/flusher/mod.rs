@@ -15,8 +15,9 @@ use larder_home::{FileKind, HomeAttr, HomeError, Owner, SetAttr, TimeSet, Versio
 
 use crate::changes::Changes;
 use crate::data::COMPARE_MAX;
-use crate::journal::{Op, OpKind};
+use crate::journal::{Op, OpKind, now_ms};
 use crate::namespace::lock;
+use crate::pipeline::{Ended, Window};
 use crate::{Conflict, ConflictPolicy, Drained, FsError, FsResult, JournalStats, RefusedChange, WriteMode};
 
 /// The version of a file whose local changes were dropped: none home could have, so that the next
@@ -99,6 +100,18 @@ fn never_set_aside(e: &FsError) -> bool {
     )
 }
 
+/// How long a pusher outside the window, or past the first [`Window::START`] when idle, waits before it
+/// looks again by itself.
+const SPARE_WAIT: Duration = Duration::from_secs(1);
+
+/// How a push that ended as `outcome`, home answering in `took` (`None`: not timed), counts for the window.
+fn ended(outcome: &Outcome, took: Option<Duration>) -> Ended {
+    match outcome {
+        Outcome::Retry(_) | Outcome::Refused(FsError::Home(HomeError::TimedOut(_))) => Ended::Away,
+        _ => Ended::Answered(took),
+    }
+}
+
 /// The conflicts recorded in `dir` by earlier runs.
 pub(crate) fn load_conflicts(dir: &Path) -> Vec<Conflict> {
     std::fs::read_to_string(dir.join("conflicts.jsonl"))
@@ -148,6 +161,7 @@ impl Changes {
         self.data.stop_verifier();
         self.pipeline.stopping.store(true, Ordering::SeqCst);
         self.pipeline.notify();
+        self.pipeline.window.wake_all();
         let handles: Vec<_> = lock(&self.pipeline.flushers).drain(..).collect();
         for h in handles {
             let _ = h.join();
@@ -231,13 +245,26 @@ impl Changes {
         out.into_iter().map(|(_, c)| c).collect()
     }
 
-    pub(crate) fn flush_worker(self: Arc<Self>) {
+    /// The pusher `index` (from 0): it pushes while the window admits it ([`crate::pipeline::Window`]).
+    pub(crate) fn flush_worker(self: Arc<Self>, index: usize) {
+        let window = &self.pipeline.window;
         loop {
-            let (seq, op, first_attempt) = {
+            if self.pipeline.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if !window.admits(index, SPARE_WAIT) {
+                continue;
+            }
+            let picked = {
                 let mut j = self.pipeline.journal();
                 loop {
                     if self.pipeline.stopping.load(Ordering::SeqCst) {
                         return;
+                    }
+                    if index >= window.limit() {
+                        // The window shrank: this pusher waits outside it, and passes on a wake-up it took.
+                        self.pipeline.notify_one();
+                        break None;
                     }
                     if self.health.online() {
                         let urgent = self.pipeline.urgent();
@@ -248,19 +275,37 @@ impl Changes {
                             if ready.len() > 1 {
                                 self.pipeline.notify_one();
                             }
-                            let muts = j.begin(seq);
+                            let mut muts = j.begin(seq);
                             let first = !muts.is_empty() && !op.attempted;
+                            // A file made here goes with its content when its data push is due too.
+                            let lag = self.cfg.sync_lag.as_millis() as u64;
+                            let carried = j
+                                .data_after(seq)
+                                .and_then(|d| j.get(d).cloned().map(|o| (d, o)))
+                                .filter(|(_, d)| urgent || now_ms().saturating_sub(d.since_ms) >= lag);
+                            if let Some((d, _)) = &carried {
+                                muts.extend(j.begin(*d));
+                            }
                             self.core.store.db().submit(muts);
-                            break (seq, op, first);
+                            break Some((seq, op, first, carried));
                         }
                     }
-                    j = self.pipeline.wait(j, POLL);
+                    // Pushers past the first few are woken by a change (or another pusher), not the clock.
+                    j = self
+                        .pipeline
+                        .wait(j, if index < Window::START { POLL } else { SPARE_WAIT });
                 }
             };
+            let Some((seq, op, first_attempt, carried)) = picked else {
+                continue;
+            };
+            window.began();
+            let began = Instant::now();
             // The attempt is on record before home sees it: after a crash, "already done" answers to
             // this op are recognised as ours. A data push records what it sends and makes that durable
             // with this together, in one sync, just before it writes to home (`DataPath::push_data`).
             if op.kind != OpKind::Data
+                && carried.is_none()
                 && let Err(e) = self.core.store.db().sync()
             {
                 tracing::error!(error = %e, "cannot record a push attempt; not pushing");
@@ -270,9 +315,24 @@ impl Changes {
                 continue;
             }
             self.pushing_rename(&op);
-            tracing::debug!(seq, ino = op.ino, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), repeated = !first_attempt, "pushing");
-            let outcome = self.push_op(&op, !first_attempt, false);
+            tracing::debug!(seq, ino = op.ino, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), repeated = !first_attempt, with_data = carried.is_some(), "pushing");
+            let Some((d, data)) = carried else {
+                let outcome = self.push_op(&op, !first_attempt, false);
+                window.ended(ended(&outcome, (op.kind != OpKind::Data).then(|| began.elapsed())));
+                self.conclude(seq, &op, outcome);
+                continue;
+            };
+            let (outcome, landed) = self.push_new_file(&op, &data, !first_attempt);
+            window.ended(ended(&outcome, None));
+            let done = matches!(outcome, Outcome::Done) && landed;
             self.conclude(seq, &op, outcome);
+            if done {
+                self.conclude(d, &data, Outcome::Done);
+            } else {
+                // Back in the queue behind its create, as it was.
+                self.pipeline.journal().fail(d, String::new(), None);
+                self.pipeline.finished();
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
-use larder_home::{HomeAttr, HomeError, RenameFlags, SetAttr, TimeSet, unreachable};
+use larder_home::{HomeAttr, HomeError, NewFile, RenameFlags, SetAttr, TimeSet, unreachable};
 
 use super::{COMPARE_MAX, Outcome, os, owner_of};
 use crate::FsError;
@@ -31,7 +31,15 @@ impl Changes {
         let home = self.core.home.as_ref();
         let path = os(&op.path);
         let result: Result<Option<HomeAttr>, HomeError> = match &op.kind {
-            OpKind::Create { mode, uid, gid } => match home.create(&path, *mode, owner_of(*uid, *gid)) {
+            OpKind::Create { mode, uid, gid } => match home.create_file(
+                &path,
+                &NewFile {
+                    mode: *mode,
+                    owner: owner_of(*uid, *gid),
+                    mtime: self.local_mtime(op.ino),
+                    content: None,
+                },
+            ) {
                 Err(HomeError::Exists) if !repeated && !strict => return self.name_taken(op),
                 Err(HomeError::Exists) if repeated => home.stat(&path).map(Some),
                 r => r.map(Some),
@@ -161,6 +169,56 @@ impl Changes {
             }
             Err(e) => self.classify(e),
         }
+    }
+
+    /// Take to home a file made here (`op`, its create) with its content (`data`, the data push queued
+    /// right after it; [`crate::journal::Journal::data_after`]): one home call where home allows it, not
+    /// a create, then a write. The outcome is both ops'. A name home has already is handled as the
+    /// create's alone would be, its data push left queued; after a crash, a name home has is what an
+    /// attempt of ours left there, and the content goes as any data push goes.
+    pub(super) fn push_new_file(&self, op: &Op, data: &Op, repeated: bool) -> (Outcome, bool) {
+        let OpKind::Create { mode, uid, gid } = op.kind else {
+            return (self.push_op(op, repeated, false), false);
+        };
+        let flush_lock = {
+            let mut ns = self.names.write();
+            let _ = self.names.load_inode(&mut ns, op.ino);
+            match ns.inode(op.ino) {
+                Ok(n) if !n.removed => n.flush_lock.clone(),
+                // Removed meanwhile: only its create is left to make, as its unlink, queued, expects.
+                _ => return (self.push_op(op, repeated, false), false),
+            }
+        };
+        let path = os(&op.path);
+        let pushed = {
+            let _f = lock(&flush_lock);
+            self.data.push_new(op.ino, path, mode, owner_of(uid, gid))
+        };
+        match pushed {
+            Ok(()) => {
+                self.settle_namespace(op, None);
+                (Outcome::Done, true)
+            }
+            Err(FsError::Home(HomeError::Exists)) if repeated => {
+                self.settle_namespace(op, None);
+                let outcome = self.push_data_op(data, true, false);
+                let done = matches!(outcome, Outcome::Done);
+                (outcome, done)
+            }
+            Err(FsError::Home(HomeError::Exists)) => (self.name_taken(op), false),
+            Err(FsError::BadHandle) if self.removed_for_good(op.ino) => (Outcome::Done, true),
+            Err(FsError::Home(e)) => (self.classify(e), false),
+            Err(e) => (Outcome::Refused(e), false),
+        }
+    }
+
+    /// The time a file made here takes to home with its create: the time the mount shows, unless home's
+    /// own times are shown (write-through) or home keeps none.
+    fn local_mtime(&self, ino: u64) -> Option<std::time::SystemTime> {
+        if self.cfg.write_mode.shows_home_times() || !self.core.home.limits().times {
+            return None;
+        }
+        self.names.read().inode(ino).ok()?.attr.as_ref().map(|a| a.mtime)
     }
 
     /// A directory `dir` moved on a home that moves by copying (an object store): every object below it
