@@ -264,6 +264,60 @@ fn listing_10000_objects_costs_few_requests() {
 
 // c ------------------------------------------------------------------------------------------------------
 
+/// Past the validity lag, what a listing shows revalidates what the cache knows: an object whose ETag and
+/// time in the listing are those its last HEAD saw keeps the attributes its metadata gave, and only an
+/// object changed since is asked again. `ls -l` of 1,000 unchanged objects in 10 directories again after
+/// the lag costs a listing per directory and a few requests more, not a HEAD per object.
+#[test]
+fn revalidating_unchanged_objects_costs_a_listing_per_directory() {
+    const DIRS: usize = 10;
+    const PER: usize = 100;
+    let st = S3Test::new("revalidate", "home");
+    for d in 0..DIRS {
+        st.tool_ok(&["put-many", &st.bucket, &st.key(&format!("d{d}")), &PER.to_string(), "37"]);
+    }
+    let m = st.mount(&["--validity-lag", "1s"]);
+    let walk = |what: &str| {
+        let mut sizes = BTreeMap::new();
+        for d in 0..DIRS {
+            for e in std::fs::read_dir(m.path(&format!("d{d}"))).unwrap_or_else(|e| panic!("{what}: d{d}: {e}")) {
+                let e = e.unwrap();
+                let md = std::fs::symlink_metadata(e.path()).unwrap_or_else(|err| panic!("{what}: lstat: {err}"));
+                sizes.insert(format!("d{d}/{}", e.file_name().to_string_lossy()), md.len());
+            }
+        }
+        sizes
+    };
+    let first = walk("first ls -l");
+    assert_eq!(first.len(), DIRS * PER, "objects listed");
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = st.srv.requests();
+    let again = walk("ls -l past the lag");
+    let http = st.srv.requests() - before;
+    eprintln!("ls -l of {} objects in {DIRS} directories past the lag: {http:?}", DIRS * PER);
+    assert_eq!(again, first, "what ls -l shows past the lag");
+    let total = http.list + http.head + http.get + http.other;
+    assert!(
+        total <= 30,
+        "revalidating {} unchanged objects in {DIRS} directories made {http:?} requests (at most 30)",
+        DIRS * PER
+    );
+    assert!(http.list >= DIRS, "each directory listed again past the lag: {http:?}");
+
+    // One object changed at home: its listing shows a new ETag, and it alone is asked again.
+    st.put(&st.key("d3/f00007"), b"changed at home");
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = st.srv.requests();
+    let after_change = walk("ls -l after a change at home");
+    let http = st.srv.requests() - before;
+    eprintln!("ls -l past the lag after one change at home: {http:?}");
+    assert_eq!(after_change["d3/f00007"], b"changed at home".len() as u64, "the changed object's size");
+    assert_eq!(read(&m.path("d3/f00007")), b"changed at home", "the changed object's bytes");
+    let total = http.list + http.head + http.get + http.other;
+    assert!(total <= 32, "one changed object among {} cost {http:?}", DIRS * PER);
+    m.unmount();
+}
+
 #[test]
 fn replaced_object_seen_after_lag_never_mixed() {
     let lag = Duration::from_secs(2);

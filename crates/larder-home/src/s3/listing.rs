@@ -21,7 +21,11 @@ impl S3Home {
     /// The attributes of the object `key` and its user metadata; `None` when there is no such object.
     pub(super) async fn stat_file_meta(&self, key: &str) -> HomeResult<Option<(HomeAttr, ObjectMeta)>> {
         match self.op.stat(key).await {
-            Ok(meta) if meta.is_file() => Ok(Some(self.file_attr_meta(&meta))),
+            Ok(meta) if meta.is_file() => {
+                let found = self.file_attr_meta(&meta);
+                self.keep_known(key, &meta, &found.0);
+                Ok(Some(found))
+            }
             Ok(_) => Ok(None),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(classify(e, false)),
@@ -144,6 +148,11 @@ impl S3Home {
                 return Ok(Some(e));
             }
             let key = format!("{dir_key}{}", e.name.to_string_lossy());
+            if let Some(attr) = e.attr.as_ref().and_then(|listed| self.known_as(&key, listed)) {
+                e.kind = attr.kind;
+                e.attr = Some(attr);
+                return Ok(Some(e));
+            }
             Ok(self.stat_file(&key).await?.map(|attr| {
                 e.kind = attr.kind;
                 e.attr = Some(attr);
@@ -153,6 +162,36 @@ impl S3Home {
         let got: Vec<HomeResult<Option<DirEntry>>> =
             futures::stream::iter(heads).buffered(HEADS_AT_ONCE).collect().await;
         got.into_iter().filter_map(Result::transpose).collect()
+    }
+
+    /// Remember what a HEAD of `key` said (`meta`, and the attributes made of it).
+    fn keep_known(&self, key: &str, meta: &opendal::Metadata, attr: &HomeAttr) {
+        let Some(etag) = meta.etag() else { return };
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= super::KNOWN_MAX && !known.contains_key(key) {
+            known.clear();
+        }
+        known.insert(
+            key.to_string(),
+            super::Known {
+                etag: etag.to_string(),
+                modified: meta.last_modified().map(|t| second_of(t.into())),
+                attr: attr.clone(),
+            },
+        );
+    }
+
+    /// The attributes of `key` from its last HEAD, if a listing shows it (`listed`: its ETag as version,
+    /// its last-modified time as mtime) unchanged since: the same ETag, modified in the same second.
+    fn known_as(&self, key: &str, listed: &HomeAttr) -> Option<HomeAttr> {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let k = known.get(key)?;
+        (!k.etag.is_empty() && k.etag == listed.version.0 && k.modified == Some(second_of(listed.mtime)))
+            .then(|| HomeAttr {
+                // The listing's size is as good as the HEAD's; they agree for one ETag.
+                size: listed.size,
+                ..k.attr.clone()
+            })
     }
 
     /// Whether the home's root has a marker to hold its metadata: it lies under a prefix.
@@ -196,4 +235,9 @@ impl S3Home {
         }
         self.stat_file(key).await?.ok_or(HomeError::NotFound)
     }
+}
+
+/// The whole seconds since the epoch of `t`: a listing gives times to the millisecond, a HEAD to the second.
+fn second_of(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

@@ -98,7 +98,22 @@ pub struct S3Home {
     /// Directories have no version at S3; each stat gives a new one, so listings are refreshed after the
     /// validity lag.
     dir_version: AtomicU64,
+    /// What the last HEAD of each object said, for listings: `listing.rs`, [`Known`].
+    known: std::sync::Mutex<std::collections::HashMap<String, Known>>,
 }
+
+/// An object as its last HEAD showed it: its ETag and last-modified second (as a listing shows them too),
+/// and the attributes its metadata gave. A listing that shows an object with the same ETag and time takes
+/// these attributes, without a HEAD.
+#[derive(Clone)]
+pub(super) struct Known {
+    pub etag: String,
+    pub modified: Option<u64>,
+    pub attr: crate::HomeAttr,
+}
+
+/// Most objects [`S3Home::known`] holds: past it, it starts again empty (about 25 MiB at most).
+const KNOWN_MAX: usize = 100_000;
 
 impl S3Home {
     /// Connect to the bucket `spec` names. Credentials are the spec's, else those of the standard AWS
@@ -164,6 +179,7 @@ impl S3Home {
             gid,
             started: SystemTime::now(),
             dir_version: AtomicU64::new(0),
+            known: Default::default(),
         })
     }
 }

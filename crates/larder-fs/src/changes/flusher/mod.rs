@@ -104,6 +104,9 @@ fn never_set_aside(e: &FsError) -> bool {
 /// looks again by itself.
 const SPARE_WAIT: Duration = Duration::from_secs(1);
 
+/// Largest file whose data push still times home's answers for the window.
+const TIMED_MAX: u64 = 256 << 10;
+
 /// How a push that ended as `outcome`, home answering in `took` (`None`: not timed), counts for the window.
 fn ended(outcome: &Outcome, took: Option<Duration>) -> Ended {
     match outcome {
@@ -316,14 +319,16 @@ impl Changes {
             }
             self.pushing_rename(&op);
             tracing::debug!(seq, ino = op.ino, op = op.kind.name(), path = %String::from_utf8_lossy(&op.path), repeated = !first_attempt, with_data = carried.is_some(), "pushing");
+            // Timed for the window unless it moves much file data.
+            let timed = (op.kind != OpKind::Data && carried.is_none()) || self.small_file(op.ino);
             let Some((d, data)) = carried else {
                 let outcome = self.push_op(&op, !first_attempt, false);
-                window.ended(ended(&outcome, (op.kind != OpKind::Data).then(|| began.elapsed())));
+                window.ended(ended(&outcome, timed.then(|| began.elapsed())));
                 self.conclude(seq, &op, outcome);
                 continue;
             };
             let (outcome, landed) = self.push_new_file(&op, &data, !first_attempt);
-            window.ended(ended(&outcome, None));
+            window.ended(ended(&outcome, timed.then(|| began.elapsed())));
             let done = matches!(outcome, Outcome::Done) && landed;
             self.conclude(seq, &op, outcome);
             if done {
@@ -334,6 +339,17 @@ impl Changes {
                 self.pipeline.finished();
             }
         }
+    }
+
+    /// Whether `ino` is a file whose push moves little data (at most [`TIMED_MAX`] bytes): such a push
+    /// takes about a round trip, and times home's answers for the window.
+    fn small_file(&self, ino: u64) -> bool {
+        self.names
+            .read()
+            .inode(ino)
+            .ok()
+            .and_then(|n| n.attr.as_ref().map(|a| a.size <= TIMED_MAX))
+            .unwrap_or(false)
     }
 
     fn conclude(&self, seq: u64, op: &Op, outcome: Outcome) {
