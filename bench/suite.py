@@ -29,10 +29,12 @@ Scenarios (bench/scenarios/, in this order; each names the experiment it reprodu
   scale        design 003   10k-1M small files cached: the daemon's RSS, the index's size, a remount, and
                home calls of ls -lR with the kernel's caches dropped (larder and direct only)
 Systems: the home directory itself ("direct", the local-disk limit), larder, and the peers
-`rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, and s3fs-fuse with
-`use_cache` over an S3 server (s3s-fs) serving the same home as a bucket. Over "the link", larder's home
-calls go through its `--emulate-wan`, the peers' through bench/wanproxy.py with the same latency and
-bandwidth.
+`rclone mount --vfs-cache-mode full` over `rclone serve webdav` of the same home, s3fs-fuse with
+`use_cache` over an S3 server (s3s-fs) serving the same home as a bucket, and JuiceFS with write-back, its
+metadata in a Redis of the run's own and its blocks in a bucket of the same s3s-fs (the home's files copied
+in through a mount of its own before it is measured; bench/juicefs_peer.py). Over "the link", larder's home
+calls go through its `--emulate-wan`, the peers' (JuiceFS's Redis requests too) through bench/wanproxy.py
+with the same latency and bandwidth.
 
 Output: bench/results/<date>-<host>.json (every figure and run, the commands, the machine), a Markdown
 report beside it, and PNG plots in bench/results/<date>-<host>/. Absolute figures are this machine's; the
@@ -211,6 +213,7 @@ class Context:
 
     def __init__(self, args, work, home, setup):
         self.args, self.work, self.home, self.setup = args, work, home, setup
+        self.run_work = work  # the run's own work directory (programs moves ctx.work onto a disk of its own)
         self.wan = Link(args.latency, args.bandwidth)
         self._servers = {}
         self.systems = [Direct(), Larder()]
@@ -222,6 +225,11 @@ class Context:
                 peers.append(S3fs())
             except ImportError as e:
                 self.skipped["s3fs"] = f"bench/s3fs_peer.py: {e}"
+            try:
+                from juicefs_peer import JuiceFS
+                peers.append(JuiceFS())
+            except ImportError as e:
+                self.skipped["juicefs"] = f"bench/juicefs_peer.py: {e}"
             if args.peers:
                 wanted = {p.strip() for p in args.peers.split(",")}
                 peers = [p for p in peers if p.name in wanted]
@@ -257,6 +265,17 @@ class Context:
 
     def peers(self):
         return [s for s in self.systems if s.peer]
+
+    @contextlib.contextmanager
+    def home_view(self, s):
+        """A directory showing what reached system `s`'s home: the home itself, or, for a peer that keeps
+        its files its own way (JuiceFS: Redis and a bucket), a new mount of that without the link."""
+        view = getattr(s, "home_view", None)
+        if view is None:
+            yield self.home
+        else:
+            with view(self) as root:
+                yield root
 
     def scratch(self, name):
         path = os.path.join(self.work, name)
@@ -374,7 +393,7 @@ def main():
     ap.add_argument("--full", action="store_true", help="the seeds' sizes (longer)")
     ap.add_argument("--only", help="comma-separated scenarios to run")
     ap.add_argument("--skip-peers", action="store_true", help="larder and direct only")
-    ap.add_argument("--peers", help="only these peers, comma-separated (rclone, s3fs) [all]")
+    ap.add_argument("--peers", help="only these peers, comma-separated (rclone, s3fs, juicefs) [all]")
     ap.add_argument("--latency", default="30ms", help="the link's round trip [30ms]")
     ap.add_argument("--bandwidth", type=H.parse_size, default=200 * MiB, help="the link's bandwidth [200MiB]")
     ap.add_argument("--stat-latency", default="1ms",
@@ -409,8 +428,9 @@ def main():
         "full": a.full, "link": {"latency": a.latency, "bandwidth_MiB_s": a.bandwidth / MiB},
         "stat_latency": a.stat_latency, "cache_size": a.cache_size, "rclone_flags": RCLONE_FLAGS},
         "scenarios": {}}
-    wants_s3fs = not a.skip_peers and (not a.peers or "s3fs" in a.peers.split(","))
-    res["setup"] = H.bench_setup(res["config"], suite=True, peers=wants_s3fs)
+    # s3fs and JuiceFS need s3s-fs, whose build takes minutes: asked for only when one of them runs.
+    wants_s3 = not a.skip_peers and (not a.peers or bool({"s3fs", "juicefs"} & set(a.peers.split(","))))
+    res["setup"] = H.bench_setup(res["config"], suite=True, peers=wants_s3)
     work = tempfile.mkdtemp(prefix="larder-bench-suite-", dir="/var/tmp")
     res["work_dir"] = work
     t_start = time.monotonic()
@@ -427,6 +447,10 @@ def main():
         if ctx.system("s3fs"):
             import s3fs_peer
             res["config"]["s3fs_options"] = s3fs_peer.S3FS_OPTIONS
+        if ctx.system("juicefs"):
+            import juicefs_peer
+            res["config"]["juicefs_options"] = juicefs_peer.JUICEFS_OPTIONS
+            res["environment"]["juicefs"] = H.run([res["setup"]["JUICEFS"], "version"], check=False).stdout.strip()
         res["skipped_systems"] = ctx.skipped
         os.makedirs(a.out_dir, exist_ok=True)
         if setup_plots():
