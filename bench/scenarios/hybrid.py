@@ -21,9 +21,10 @@ Each configuration on a fresh mount with an empty cache. Figures: larder's own (
 hit rate, ABD, ECDAL, ECDAB, evictions, bytes fetched from home) and the clients' (bandwidth = bytes read /
 wall time; mean and p99 request latency, overall and for small and large files).
 Limit: direct, the home on the local disk read by the same clients (page cache dropped before, and each
-file's pages after each request). Peer: rclone on the same trace, its cache bounded to the same size
-(`--vfs-cache-max-size`, enforced every 5 s, open files excepted). s3fs is left out: its cache has no size
-bound, so it would not run short of space as the others do.
+file's pages after each request). Peers: rclone on the same trace, its cache bounded to the same size
+(`--vfs-cache-max-size`, enforced every 5 s, open files excepted), and JuiceFS, its cache bounded to the same
+size (`--cache-size`, in MiB). s3fs is left out: its cache has no size bound, so it would not run short of
+space as the others do.
 """
 import contextlib
 import math
@@ -173,11 +174,12 @@ def cache_figures(st):
 
 
 def systems(ctx, cache_size):
-    """(system, extra mount flags) of each run: the limit, larder's configurations, rclone (its cache
-    bounded to the same size; a later flag overrides the suite's)."""
+    """(system, extra mount flags) of each run: the limit, larder's configurations, rclone and JuiceFS (each
+    with its cache bounded to the same size; a later flag overrides the suite's)."""
     out = [(ctx.system("direct"), [])] + [(ctx.larder(name, flags, cache_size), []) for name, flags in CONFIGS]
-    size = ["--vfs-cache-max-size", str(cache_size), "--vfs-cache-poll-interval", "5s"]
-    return out + [(p, size) for p in ctx.peers() if p.name == "rclone"]
+    size = {"rclone": ["--vfs-cache-max-size", str(cache_size), "--vfs-cache-poll-interval", "5s"],
+            "juicefs": ["--cache-size", str(max(1, cache_size // MiB))]}
+    return out + [(p, size[p.name]) for p in ctx.peers() if p.name in size]
 
 
 def run(ctx):
@@ -212,7 +214,7 @@ def run(ctx):
             if peak.get("peak"):
                 # rclone enforces its bound every few seconds and spares files in use: what it held.
                 r["cache_peak_bytes"] = peak["peak"]
-                if peak["peak"] > cache_size:
+                if peak["peak"] > cache_size and s.name == "rclone":
                     res["rclone_cache_peak"] = peak["peak"]
                     runs.append((ctx.larder(AT_PEER_SIZE, dict(CONFIGS)["larder-hybrid"], peak["peak"]), []))
             res["runs"][s.name] = r
@@ -238,7 +240,7 @@ def metric_rows(r, names):
         ("home read calls", [run(n, "cache", "home_reads") for n in names], None),
         ("MiB put into the cache", [mib(run(n, "cache", "cache_inserted_bytes")) for n in names], None),
         ("evictions (blocks)", [run(n, "cache", "evictions") for n in names], None),
-        ("cache on disk at its peak (MiB, rclone)", [mib(run(n, "cache_peak_bytes")) for n in names], None),
+        ("cache on disk at its peak (MiB, peers)", [mib(run(n, "cache_peak_bytes")) for n in names], None),
         ("bandwidth (MiB/s)", [run(n, "MiB_s") for n in names], None),
         ("mean latency (ms)", [run(n, "all", "mean_ms") for n in names], None),
         ("p99 latency (ms, worst client)", [run(n, "all", "p99_ms") for n in names], None),
@@ -320,6 +322,10 @@ def report(r, ctx):
                      "bounded to the same size (`--vfs-cache-max-size`, enforced every 5 s, files in use "
                      "excepted); its cache figures are not known but for the space its cache directory took at "
                      "its peak (sampled every 0.25 s).")
+    if "juicefs" in names:
+        lines[0] += (" juicefs: JuiceFS over its Redis and a bucket of s3s-fs, both behind the link, its cache "
+                     "bounded to the same size (`--cache-size`); its cache figures are not known but for the "
+                     "space its cache directory took at its peak.")
     if r.get("rclone_cache_peak"):
         lines[0] += (f" rclone's cache grew to {r['rclone_cache_peak'] / MiB:.0f} MiB against the bound of "
                      f"{r['cache_size'] / MiB:.0f} MiB; {AT_PEER_SIZE} is larder-hybrid run again with a cache of "
