@@ -127,6 +127,8 @@ def s3_home(work, a):
     moto, port = start_moto(work)
     proxy, via = start_proxy(work, port, a.latency)
     env = dict(os.environ, **KEYS)
+    # A custom CA bundle (a machine's proxy) makes rclone's S3 backend refuse to start; the server is plain HTTP.
+    env.pop("AWS_CA_BUNDLE", None)
     out = {"server": "moto", "link": f"bench/wanproxy.py --latency {a.latency}"}
     try:
         # rclone copy of the same tree, from a local directory.
@@ -137,8 +139,10 @@ def s3_home(work, a):
             f.write(f"[s3]\ntype = s3\nprovider = Other\naccess_key_id = test\nsecret_access_key = test\n"
                     f"endpoint = http://127.0.0.1:{via}\nregion = us-east-1\n")
         t0 = time.monotonic()
-        subprocess.run(["rclone", "--config", conf, "copy", src, f"s3:{BUCKET}/rclone"], check=True,
-                       env=env, timeout=1800, capture_output=True)
+        r = subprocess.run(["rclone", "--config", conf, "copy", src, f"s3:{BUCKET}/rclone"], env=env,
+                           timeout=1800, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"rclone copy failed: {r.stderr.strip()[-500:]}")
         out["rclone_copy_s"] = round(time.monotonic() - t0, 2)
         # larder: the same tree written to a mount of the bucket, then drained.
         mnt, cache = os.path.join(work, "mnt-s3"), os.path.join(work, "cache-s3")

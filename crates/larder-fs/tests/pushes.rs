@@ -518,3 +518,118 @@ fn a_directory_given_its_mode_after_mkdir_keeps_the_time_it_was_made_at() {
     }
     fs.stop_flushers();
 }
+
+/// Counts home's calls by kind, and the most under way at once; each call takes `latency` (a far home).
+#[derive(Default)]
+struct FarHome {
+    latency: Duration,
+    calls: std::sync::Mutex<std::collections::HashMap<OpKind, u64>>,
+    now: std::sync::atomic::AtomicU64,
+    most: std::sync::atomic::AtomicU64,
+}
+
+impl Layer for FarHome {
+    fn before(&self, op: OpKind, _bytes_out: u64) -> HomeResult<()> {
+        use std::sync::atomic::Ordering;
+        *self.calls.lock().unwrap().entry(op).or_default() += 1;
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        std::thread::sleep(self.latency);
+        Ok(())
+    }
+
+    fn after(&self, _op: OpKind, _bytes_in: u64, _error: Option<&HomeError>) {
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Write-back to a home 20 ms away: a tree of new small files reaches home in one home call per file (its
+/// create, carrying its mode, time and content), and the pushers' window grows past the 8 it starts with
+/// while home keeps up. Counts of home calls, not timings.
+#[test]
+fn new_small_files_go_home_in_one_call_each_with_many_under_way_at_once() {
+    const DIRS: usize = 4;
+    const PER: usize = 100;
+    let s = Setup::new();
+    let far = Arc::new(FarHome {
+        latency: Duration::from_millis(20),
+        ..FarHome::default()
+    });
+    let fs = s.fs_layered(
+        far.clone(),
+        Arc::new(FaultLayer::default()),
+        FsConfig {
+            sync_lag: Duration::from_secs(3600),
+            flush_threads: 64,
+            ..pushing_at_once(Duration::from_secs(60))
+        },
+    );
+    fs.start();
+    let mut want = Vec::new();
+    for d in 0..DIRS {
+        let dir = fs.mkdir(1, OsStr::new(&format!("d{d}")), 0o750, 0, 0).unwrap();
+        for f in 0..PER {
+            let name = format!("f{f:03}");
+            let data = pattern(700 + f, (d * PER + f) as u8);
+            let (e, r) = fs
+                .create(dir.attr.ino, OsStr::new(&name), 0o640, libc::O_RDWR, 0, 0)
+                .unwrap();
+            fs.write(r.fh, 0, &data).unwrap();
+            fs.flush(r.fh).unwrap();
+            fs.release(r.fh).unwrap();
+            want.push((format!("d{d}/{name}"), data, fs.getattr(e.attr.ino).unwrap().attr.mtime));
+        }
+    }
+    let before: std::collections::HashMap<OpKind, u64> = far.calls.lock().unwrap().clone();
+    assert_eq!(fs.drain(Duration::from_secs(120)), Drained::Empty, "the journal drains");
+    let calls: std::collections::HashMap<OpKind, u64> = far
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (*k, v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    let files = (DIRS * PER) as u64;
+    eprintln!(
+        "pushing {files} new files in {DIRS} directories: {calls:?}, at most {} at once",
+        far.most.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    assert_eq!(
+        calls.get(&OpKind::Create).copied(),
+        Some(files),
+        "one create per file: {calls:?}"
+    );
+    assert_eq!(
+        calls.get(&OpKind::Write),
+        None,
+        "no separate write of a new file's content: {calls:?}"
+    );
+    // The directories' times (the root's too), each time their queued entries have all landed: a few
+    // calls per directory, none per file.
+    let dirs = DIRS as u64 + 1;
+    let setattrs = calls.get(&OpKind::SetAttr).copied().unwrap_or(0);
+    assert!(setattrs <= 3 * dirs, "setattrs: {calls:?}");
+    let total: u64 = calls.values().sum();
+    assert!(
+        total <= files + 4 * dirs,
+        "{total} home calls for {files} files: {calls:?}"
+    );
+    let most = far.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        most > 8,
+        "the window never grew past its start: at most {most} calls at once"
+    );
+    for (rel, data, mtime) in &want {
+        let at_home = s.home(rel);
+        assert!(&std::fs::read(&at_home).unwrap() == data, "{rel}: home's bytes");
+        let md = std::fs::metadata(&at_home).unwrap();
+        assert_eq!(md.modified().unwrap(), *mtime, "{rel}: home's mtime is the mount's");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o7777,
+            0o640,
+            "{rel}: mode"
+        );
+    }
+    fs.stop_flushers();
+}

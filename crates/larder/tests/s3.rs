@@ -274,7 +274,13 @@ fn revalidating_unchanged_objects_costs_a_listing_per_directory() {
     const PER: usize = 100;
     let st = S3Test::new("revalidate", "home");
     for d in 0..DIRS {
-        st.tool_ok(&["put-many", &st.bucket, &st.key(&format!("d{d}")), &PER.to_string(), "37"]);
+        st.tool_ok(&[
+            "put-many",
+            &st.bucket,
+            &st.key(&format!("d{d}")),
+            &PER.to_string(),
+            "37",
+        ]);
     }
     let m = st.mount(&["--validity-lag", "1s"]);
     let walk = |what: &str| {
@@ -294,7 +300,10 @@ fn revalidating_unchanged_objects_costs_a_listing_per_directory() {
     let before = st.srv.requests();
     let again = walk("ls -l past the lag");
     let http = st.srv.requests() - before;
-    eprintln!("ls -l of {} objects in {DIRS} directories past the lag: {http:?}", DIRS * PER);
+    eprintln!(
+        "ls -l of {} objects in {DIRS} directories past the lag: {http:?}",
+        DIRS * PER
+    );
     assert_eq!(again, first, "what ls -l shows past the lag");
     let total = http.list + http.head + http.get + http.other;
     assert!(
@@ -311,8 +320,16 @@ fn revalidating_unchanged_objects_costs_a_listing_per_directory() {
     let after_change = walk("ls -l after a change at home");
     let http = st.srv.requests() - before;
     eprintln!("ls -l past the lag after one change at home: {http:?}");
-    assert_eq!(after_change["d3/f00007"], b"changed at home".len() as u64, "the changed object's size");
-    assert_eq!(read(&m.path("d3/f00007")), b"changed at home", "the changed object's bytes");
+    assert_eq!(
+        after_change["d3/f00007"],
+        b"changed at home".len() as u64,
+        "the changed object's size"
+    );
+    assert_eq!(
+        read(&m.path("d3/f00007")),
+        b"changed at home",
+        "the changed object's bytes"
+    );
     let total = http.list + http.head + http.get + http.other;
     assert!(total <= 32, "one changed object among {} cost {http:?}", DIRS * PER);
     m.unmount();

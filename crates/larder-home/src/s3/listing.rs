@@ -186,12 +186,13 @@ impl S3Home {
     fn known_as(&self, key: &str, listed: &HomeAttr) -> Option<HomeAttr> {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let k = known.get(key)?;
-        (!k.etag.is_empty() && k.etag == listed.version.0 && k.modified == Some(second_of(listed.mtime)))
-            .then(|| HomeAttr {
+        (!k.etag.is_empty() && k.etag == listed.version.0 && k.modified == Some(second_of(listed.mtime))).then(|| {
+            HomeAttr {
                 // The listing's size is as good as the HEAD's; they agree for one ETag.
                 size: listed.size,
                 ..k.attr.clone()
-            })
+            }
+        })
     }
 
     /// Whether the home's root has a marker to hold its metadata: it lies under a prefix.
