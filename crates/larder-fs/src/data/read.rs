@@ -4,26 +4,36 @@
 
 use super::*;
 
+/// Times a read in a cluster whose version is gone asks for the newest one.
+const CLUSTER_RETRIES: u32 = 5;
+
 impl DataPath {
     /// Read up to `size` bytes at `offset`.
     pub(crate) fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         use std::sync::atomic::Ordering::Relaxed;
         let started = std::time::Instant::now();
         let mut result = self.read_range(fh, offset, size);
-        if matches!(result, Err(FsError::Home(HomeError::Stale)))
-            && self.names.coherence().is_some()
-            && let Some(ino) = self.names.handles().ino(fh)
-        {
-            // In a cluster the version read is gone from where it was (its holder pushed it and forgot
-            // it, or published a newer one): the newest is taken in and read instead, as a lock would.
+        // In a cluster the version read is gone from where it was (its holder pushed it and forgot it, or
+        // published a newer one): the newest is taken in and read instead, as a lock would. The holder's
+        // word of the version it pushed may still be on its way: asked again a few times, a little later
+        // each time (about a second in all).
+        for attempt in 0..CLUSTER_RETRIES {
+            if !matches!(result, Err(FsError::Home(HomeError::Stale))) || self.names.coherence().is_none() {
+                break;
+            }
+            let Some(ino) = self.names.handles().ino(fh) else { break };
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(100 * attempt as u64));
+            }
             self.names.sync_cluster();
             if let Ok(node) = self.names.write().inode_mut(ino) {
                 node.checked = None;
             }
-            if self.names.getattr(ino).is_ok() {
-                self.names.follow_newest(ino);
-                result = self.read_range(fh, offset, size);
+            if self.names.getattr(ino).is_err() {
+                break;
             }
+            self.names.follow_newest(ino);
+            result = self.read_range(fh, offset, size);
         }
         if let Ok(data) = &result {
             self.read_counters.reads.fetch_add(1, Relaxed);
