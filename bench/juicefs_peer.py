@@ -29,6 +29,7 @@ Systems of bench/suite.py are duck-typed here, as in bench/s3fs_peer.py.
 import contextlib
 import os
 import shutil
+import signal
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -179,13 +180,14 @@ class JuiceFS:
         cmd = [self.exe(ctx), "--no-agent", "mount", meta, mnt, "--bucket", bucket, "--cache-dir", cache,
                "--no-syslog"] + options
         logpath = os.path.join(ctx.work, f"juicefs-{tag}.log")
-        p = None
+        p = server = None
         try:
             p = H.spawn(cmd, logpath)
             H._mounts.append(("fuse", mnt))
             if not H.wait_mounted(mnt, 60, p):
                 raise RuntimeError(f"juicefs did not mount {mnt}: {tail(logpath)}")
-            yield JuiceFSMount(self, mnt, {"juicefs": serving_pid(p.pid)}, cmd, cache)
+            server = serving_pid(p.pid)
+            yield JuiceFSMount(self, mnt, {"juicefs": server}, cmd, cache)
             if flush:  # not when interrupted
                 r = H.run([self.exe(ctx), "umount", "--flush", mnt], timeout=900, check=False)
                 if r.returncode != 0:
@@ -195,6 +197,10 @@ class JuiceFS:
             H.forget_mount(mnt)
             if p:
                 H.stop_proc(p)
+            if server and server != p.pid:
+                # The supervisor's end does not end the process that serves the mount: after an interrupted
+                # program it may wait on Redis for good, and the program on it.
+                stop_pid(server)
             shutil.rmtree(cache, ignore_errors=True)
 
     def copy_in(self, ctx, vol):
@@ -274,6 +280,29 @@ def staged_files(cache):
             if files:
                 return True
     return False
+
+
+def alive(pid):
+    """Whether a process runs (a zombie, ended but not yet reaped by whoever adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_pid(pid):
+    """SIGTERM to a process that is not our child, SIGKILL if it still runs 10 s later."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not alive(pid):
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def serving_pid(pid):

@@ -11,6 +11,11 @@ calls per directory (target: at most one), from larder's status: the directories
 and, for the walk's `cd`, the ones above it; the status command's own call for home's capacity (statfs)
 is not counted.
 
+--programs-dirs scales the tree and the repository (for a quick run). Peers named by --programs-peers
+(juicefs) run the programs too, on a disk of their own, their home behind the same 10 ms link (none by
+default: JuiceFS asks its Redis many round trips per file, so its `tar x` of the whole tree alone takes
+about 20 minutes there); their failures and unfinished programs are recorded, not fatal.
+
 Where `perf` can count the kernel's `fuse:fuse_request_send` tracepoint (root), each program's FUSE
 requests are counted too (system-wide, while it runs; nothing else uses FUSE during the scenario): requests
 per file of the tree, and the time per request, tell what FUSE itself costs from what a file system adds.
@@ -34,6 +39,16 @@ REPO_FILES = 900
 # The default validity lag (`larder mount --validity-lag`): the programs run on the default mount.
 LAG = 15.0
 DISK_BYTES = 8 << 30
+PROGRAM_TIMEOUT = 1800  # seconds one program may take
+
+
+def add_args(ap):
+    ap.add_argument("--programs-dirs", type=int, default=DIRS,
+                    help=f"programs: directories of {FILES_PER_DIR} files in the tree, the repository "
+                         f"{REPO_FILES // DIRS} files per directory of the tree [{DIRS}]")
+    ap.add_argument("--programs-peers", default="",
+                    help="programs: peers that run the programs too, comma-separated (juicefs) [none: at 10 ms "
+                         "JuiceFS's tar x alone takes minutes]")
 
 
 @contextlib.contextmanager
@@ -57,20 +72,22 @@ def fresh_disk(ctx, name):
         yield
     finally:
         ctx.home, ctx.work = home, work
+        ctx.stop_servers()  # a peer's servers (s3s-fs) may serve this disk
         H.run(["umount", mnt], check=False)
         os.remove(img)
 
 
-def make_sources(work):
-    """A tarball of the tree and a git repository, outside every mount."""
+def make_sources(work, dirs, repo_files):
+    """A tarball of a tree of `dirs` directories and a git repository of `repo_files` files, outside every
+    mount."""
     src = os.path.join(work, "programs-src")
-    tar = os.path.join(work, "tree.tar")
-    repo = os.path.join(work, "repo")
+    tar = os.path.join(work, f"tree-{dirs}.tar")
+    repo = os.path.join(work, f"repo-{repo_files}")
     if os.path.exists(tar) and os.path.isdir(os.path.join(repo, ".git")):
         return tar, repo
     shutil.rmtree(src, ignore_errors=True)
     rng = random.Random(11)
-    for d in range(DIRS):
+    for d in range(dirs):
         dd = os.path.join(src, "tree", f"d{d:02d}")
         os.makedirs(dd)
         for f in range(FILES_PER_DIR):
@@ -80,7 +97,7 @@ def make_sources(work):
         t.add(os.path.join(src, "tree"), arcname="tree")
     shutil.rmtree(repo, ignore_errors=True)
     os.makedirs(repo)
-    for i in range(REPO_FILES):
+    for i in range(repo_files):
         d = os.path.join(repo, f"pkg{i % 30:02d}")
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, f"m{i:04d}.c"), "w") as fh:
@@ -113,9 +130,15 @@ def timed(cmd, cwd=None, failures=None, requests=None, key=None):
         os.close(fd)
         cmd = ["perf", "stat", "-e", EVENT, "-a", "-x", ",", "-o", counted, "--"] + cmd
     t0 = time.monotonic()
-    r = H.run(cmd, timeout=1800, cwd=cwd, check=False)
-    secs = round(time.monotonic() - t0, 3)
     name = cmd[cmd.index("--") + 1:] if counted else cmd
+    try:
+        r = H.run(cmd, timeout=PROGRAM_TIMEOUT, cwd=cwd, check=False)
+    except subprocess.TimeoutExpired:
+        if failures is None:
+            raise
+        failures.append(f"{name[0]} {name[1]}: not done after {PROGRAM_TIMEOUT} s")
+        return None
+    secs = round(time.monotonic() - t0, 3)
     if r.returncode != 0 and failures is not None:
         failures.append(f"{name[0]} {name[1]}: exit {r.returncode}: {(r.stderr or r.stdout).strip().splitlines()[-1][:200]}")
     elif r.returncode != 0:
@@ -151,12 +174,16 @@ def complete(r, key, failures, found, want, what):
 
 
 def run(ctx):
-    tar, repo = make_sources(ctx.work)
+    dirs = ctx.args.programs_dirs
+    repo_files = REPO_FILES * dirs // DIRS
+    tar, repo = make_sources(ctx.work, dirs, repo_files)
     link = ctx.link(LATENCY)
-    res = {"link": link.describe(), "entries": DIRS * (FILES_PER_DIR + 1), "repo_files": REPO_FILES,
+    res = {"link": link.describe(), "entries": dirs * (FILES_PER_DIR + 1), "repo_files": repo_files,
            "systems": {}}
     # (Named: the suite's mounts otherwise trust what they cached for an hour.)
     systems = [ctx.system("direct"), ctx.larder("larder", ["--validity-lag", f"{LAG:g}s"]), ctx.fuse_limit()]
+    wanted = {p.strip() for p in ctx.args.programs_peers.split(",") if p.strip()}
+    systems += [p for p in ctx.peers() if p.name in wanted]
     count = can_count_requests()
     res["requests_counted"] = count
     for s in filter(None, systems):
@@ -165,22 +192,24 @@ def run(ctx):
             os.makedirs(os.path.join(ctx.home, sub))
             r = res["systems"].setdefault(s.name, {})
             # libfuse 3.14's passthrough_hp cannot set times (utimensat answers EOPNOTSUPP): `tar x` and
-            # `cp -a` report that and exit 1, having made the same calls; its failures are recorded, not fatal.
-            failures = r.setdefault("failures", []) if s.name == "passthrough_hp" else None
+            # `cp -a` report that and exit 1, having made the same calls; its failures, and a peer's, are
+            # recorded, not fatal.
+            failures = r.setdefault("failures", []) if s.name == "passthrough_hp" or s.peer else None
             reqs = r.setdefault("fuse_requests", {}) if count and s.name != "direct" else None
-            with s.mount(ctx, "programs", link=link if s.name == "larder" else None, writable=True) as m:
+            with s.mount(ctx, "programs", link=link if s.name == "larder" or s.peer else None,
+                         writable=True) as m:
                 base = m.path(sub)
                 log(f"programs: {s.name}, tar x")
                 os.makedirs(os.path.join(base, "t"))
                 r["tar_x"] = timed(["tar", "xf", tar, "-C", os.path.join(base, "t")], failures=failures,
                                    requests=reqs, key="tar_x")
-                tree_files = DIRS * FILES_PER_DIR
+                tree_files = dirs * FILES_PER_DIR
                 complete(r, "tar_x", failures, files_below(os.path.join(base, "t")), tree_files, "tar x")
                 log(f"programs: {s.name}, git clone")
                 r["git_clone"] = timed(["git", "clone", "-q", repo, os.path.join(base, "repo")], failures=failures,
                                        requests=reqs, key="git_clone")
                 complete(r, "git_clone", failures, files_below(os.path.join(base, "repo"), skip=(".git",)),
-                         REPO_FILES, "git clone")
+                         repo_files, "git clone")
                 log(f"programs: {s.name}, cp -a")
                 r["cp_a"] = timed(["cp", "-a", os.path.join(base, "t"), os.path.join(base, "t-copy")], failures=failures,
                                   requests=reqs, key="cp_a")
@@ -211,12 +240,12 @@ def run(ctx):
                     ops = lambda st: H.get(st, "home", "ops") - (H.get(st, "home", "ops_by_kind", "statfs") or 0)
                     calls = ops(after) - ops(before)
                     r["home_calls_after_lag"] = calls
-                    # The walk revalidates each directory of the tree (the tarball's `tree/` and the DIRS below
+                    # The walk revalidates each directory of the tree (the tarball's `tree/` and the `dirs` below
                     # it) and, for its `cd`, the ones above it: the mount's root, programs/ and t/. (The root's
                     # own attributes come with its own listing from a POSIX home.)
-                    dirs = DIRS + 4
-                    r["directories"] = dirs
-                    r["home_calls_per_directory"] = round(calls / dirs, 2)
+                    walked = dirs + 4
+                    r["directories"] = walked
+                    r["home_calls_per_directory"] = round(calls / walked, 2)
                     r["stats_after_lag"] = (H.get(after, "home", "ops_by_kind", "stat") or 0) - (
                         H.get(before, "home", "ops_by_kind", "stat") or 0)
                     r["listings_after_lag"] = H.get(after, "metadata", "listings") - H.get(before, "metadata", "listings")
@@ -233,6 +262,7 @@ def report(r, ctx):
                      ("tar_x_after_rm", "tar x again, right after the rm -rf")]:
         d, l, p = H.get(sy, "direct", k), H.get(sy, "larder", k), H.get(sy, "passthrough_hp", k)
         rows.append([label, d, l, H.ratio(l, d), "≤ 10", p, H.ratio(p, d), H.ratio(l, p)])
+    peers = [n for n in sy if n not in ("direct", "larder", "passthrough_hp")]
     lines = [f"The default mount (write-back), home behind {r['link']}; seconds, and larder ÷ the local disk "
              "(lower is better). passthrough_hp: libfuse's passthrough file system over the same disk, no link: "
              "what a FUSE file system that adds nothing pays for the same calls on this machine. (Its build here "
@@ -241,6 +271,17 @@ def report(r, ctx):
              "file that larder, which keeps extended attributes, answers.)", "",
              H.md_table(["program", "direct, s", "larder, s", "larder ÷ direct", "target", "passthrough_hp, s",
                          "passthrough_hp ÷ direct", "larder ÷ passthrough_hp"], rows)]
+    if peers:
+        prow = []
+        for k, label in [("tar_x", "tar x"), ("git_clone", "git clone"), ("cp_a", "cp -a"), ("rm_rf", "rm -rf"),
+                         ("tar_x_after_rm", "tar x after the rm -rf")]:
+            row = [label]
+            for p in peers:
+                row += [H.get(sy, p, k), H.fmt(H.ratio(H.get(sy, "larder", k), H.get(sy, p, k)), 3)]
+            prow.append(row)
+        lines += ["", f"The peers, their home behind the same link ({r['link']}; JuiceFS's Redis too), seconds "
+                  "(lower is better):", "",
+                  H.md_table(["program"] + [x for p in peers for x in (f"{p}, s", f"larder ÷ {p}")], prow)]
     if r.get("requests_counted"):
         files = {"tar_x": r["entries"], "git_clone": r["repo_files"], "cp_a": r["entries"], "rm_rf": r["entries"],
                  "tar_x_after_rm": r["entries"]}
@@ -257,9 +298,9 @@ def report(r, ctx):
                   "of the tree (per file for git clone), and the program's time per request:", "",
                   H.md_table(["program", "larder requests", "per entry", "µs per request", "passthrough_hp requests",
                               "per entry", "µs per request"], counts)]
-    failed = H.get(sy, "passthrough_hp", "failures")
+    failed = [(n, f) for n in sy if n != "direct" for f in H.get(sy, n, "failures") or []]
     if failed:
-        lines += [""] + [f"- passthrough_hp: {f}" for f in failed]
+        lines += [""] + [f"- {n}: {f}" for n, f in failed]
     lar = sy.get("larder", {})
     if "home_calls_after_lag" in lar:
         lines += ["", f"`find | xargs cat` over the extracted tree ({lar['directories']} directories with the ones above it), cached, pushed, "
