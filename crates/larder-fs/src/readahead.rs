@@ -28,15 +28,18 @@ const QUEUE: usize = 1024;
 /// Largest run of adjacent blocks fetched from home in one request.
 pub(crate) const MAX_RUN: u64 = 16 << 20;
 
-/// Smallest run a stream takes (when the job has that much left), and the step a reader's window is
-/// queued in: with small blocks, a share of a job per stream would otherwise be a block or two, and each
-/// run is a home round trip.
-pub(crate) const MIN_JOB: u64 = 1 << 20;
+/// Smallest run a stream takes (when the job has that much left): a reader's window grows from a block
+/// to the whole of `--readahead` within its first few reads, queuing jobs of a few blocks each on the way;
+/// shared among the streams a block at a time, each block was a home request of its own (a cold
+/// sequential read of an S3 object was a GET per 1 MiB block). Runs of 8 MiB are the ranged GETs that
+/// s3fs and rclone make (16 MiB there).
+pub(crate) const MIN_RUN: u64 = 8 << 20;
 
 /// The readahead window of a reader reading at `offset`, whose window was `window` and whose last read
 /// ended at `next_offset`: a reader going on where it left off, or a little further, doubles it from a block up to
 /// `max` (the pages between were read by the kernel from its page cache: another reader of the file
-/// brought them in, which must not cost this reader its window); any other read closes it. With
+/// brought them in, which must not cost this reader its window); a read a little behind keeps it (the
+/// kernel's reads of one reader arrive out of order); any other read closes it. With
 /// `Prefetch::WholeFile`, the rest of the file.
 pub(crate) fn window(
     prefetch: crate::Prefetch,
@@ -54,20 +57,29 @@ pub(crate) fn window(
                 (window * 2).min(max)
             }
         }
+        // A little behind where the reader got (up to 4 blocks): the kernel's own readahead sends several
+        // reads of a sequential reader at once, and they arrive in any order. The window stays.
+        crate::Prefetch::Sequential
+            if window > 0 && offset < next_offset && next_offset - offset <= (4 * bs).min(window) =>
+        {
+            window
+        }
         crate::Prefetch::Sequential => 0,
     }
 }
 
 /// The blocks a read ending at `end` of a file of `size` bytes should queue, with its handle's `window`
 /// and the end of what the handle queued already (`queued_to`): what the window adds past that (a reader
-/// that went back before them is served by its own reads and the blocks still queued). In steps of
-/// `MIN_JOB`, or half the window if that is less (and at least a block), or up to the end: a window moving
-/// on by one read's worth each time would otherwise queue a job of a block or two, each its own home
-/// request. `None` if nothing is due.
+/// that went back before them is served by its own reads and the blocks still queued). In steps of half
+/// the window (at least a block), or up to the end: the reader has half a window queued ahead of it when
+/// the next half is asked for, and each step is large enough that the streams sharing it each take a
+/// large run, one home request (a window moving on by one read's worth each time queued a job of a block
+/// or two, each its own request: a cold sequential read of an object was a GET per block). `None` if
+/// nothing is due.
 pub(crate) fn due(window: u64, queued_to: u64, end: u64, size: u64, bs: u64) -> Option<(u64, u64)> {
     let first = queued_to.max(end).div_ceil(bs);
     let last = end.saturating_add(window).min(size).div_ceil(bs);
-    let step = MIN_JOB.min(window / 2).max(bs);
+    let step = (window / 2).max(bs);
     let worth = last.saturating_sub(first) * bs >= step || last * bs >= size;
     (window > 0 && last > first && worth).then_some((first, last))
 }
@@ -110,7 +122,7 @@ impl Readahead {
         let streams = streams.max(1);
         let share = Share {
             streams: streams as u32,
-            min_run: (MIN_JOB / core.store.block_size()).max(1) as u32,
+            min_run: (MIN_RUN / core.store.block_size()).max(1) as u32,
             max_run: (MAX_RUN / core.store.block_size()).max(1) as u32,
         };
         for i in 0..streams {
@@ -156,6 +168,7 @@ impl Readahead {
         if job.blocks.is_empty() || q.jobs.len() >= QUEUE {
             return;
         }
+        tracing::debug!(object = job.file.object, blocks = ?job.blocks, "readahead queued");
         self.submitted.fetch_add(job.blocks.len() as u64, Ordering::Relaxed);
         q.queued_to.insert(job.file.object, job.blocks.end.max(queued_to));
         q.jobs.push_back(job);
@@ -253,6 +266,7 @@ fn next(shared: &Shared, share: Share) -> Option<(Job, Range<u32>)> {
 /// come through the tiers as a run, what no nearer tier has in one request to home (unless the file is a
 /// small one, whole in one unit).
 fn ingest(core: &Core, job: &Job, run: Range<u32>) -> Result<(), larder_home::HomeError> {
+    tracing::debug!(object = job.file.object, run = ?run, "readahead run");
     let file = &job.file;
     let missing = |index: u32| core.absent(file, index);
     let per_block = matches!(core.unit_of(file, run.start).0.part, Part::Whole { .. });
@@ -307,6 +321,8 @@ mod tests {
         // A little further on (the kernel served the pages between): kept, and grown.
         w = window(Prefetch::Sequential, max, bs, (w, next), offset + 2 * bs);
         assert_eq!(w, max);
+        // A read a little behind (the kernel's reads of one reader arriving out of order): kept, not grown.
+        assert_eq!(window(Prefetch::Sequential, max, bs, (w, next), next - 3 * bs), w);
         // Back to the start: closed.
         assert_eq!(window(Prefetch::Sequential, max, bs, (w, next), 0), 0);
         assert_eq!(window(Prefetch::WholeFile, max, bs, (w, next), 0), u64::MAX);
@@ -322,6 +338,12 @@ mod tests {
         // Moving on by one block past what is queued: not worth a job of a block.
         let queued = (8 << 20) + bs;
         assert_eq!(due(8 << 20, queued, 2 * bs, 1 << 30, bs), None);
+        // Nor by less than half the window; at half of it, that half is queued.
+        assert_eq!(due(8 << 20, queued, 4 << 20, 1 << 30, bs), None);
+        assert_eq!(
+            due(8 << 20, queued, (4 << 20) + bs, 1 << 30, bs),
+            Some((queued / bs, ((12 << 20) + bs) / bs))
+        );
         // Up to the end of the file, even a block is worth it.
         assert_eq!(due(8 << 20, 0, bs, 2 * bs, bs), Some((1, 2)));
     }

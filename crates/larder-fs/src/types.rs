@@ -159,7 +159,7 @@ impl Default for FsConfig {
     fn default() -> Self {
         FsConfig {
             validity_lag: Duration::from_secs(15),
-            readahead_max: 16 << 20,
+            readahead_max: 128 << 20,
             ingest_streams: 8,
             prefetch: Prefetch::Sequential,
             small_file_threshold: 256 << 10,

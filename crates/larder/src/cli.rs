@@ -325,8 +325,9 @@ pub struct MountArgs {
     /// Unit of fetching and eviction for large files.
     #[arg(long, default_value = "1MiB", value_parser = block_size)]
     pub block_size: u64,
-    /// Largest readahead window for sequential readers.
-    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    /// Largest readahead window for sequential readers (at most an eighth of the cache): it is asked of
+    /// home half a window at a time, in large ranged requests shared among --ingest-streams.
+    #[arg(long, default_value = "128MiB", value_parser = parse_size)]
     pub readahead: u64,
     /// Concurrent home requests bringing in the blocks of large files ahead of their readers.
     #[arg(long, default_value_t = 8)]

@@ -264,6 +264,42 @@ fn listing_10000_objects_costs_few_requests() {
 
 // c ------------------------------------------------------------------------------------------------------
 
+/// A sequential cold read of a large object comes in large ranged GETs, several at once, not one GET per
+/// block: 48 MiB read in 128 KiB pieces from a cold cache costs a few GETs per 8 MiB once the reader's
+/// window has grown (a handful more while it grows), and the bytes are the object's.
+#[test]
+fn a_sequential_cold_read_comes_in_large_ranged_gets() {
+    const SIZE: usize = 48 << 20;
+    let st = S3Test::new("bigreads", "home");
+    let data = Rng::new(77).bytes(SIZE);
+    st.put(&st.key("big.bin"), &data);
+    let m = st.mount(&["--validity-lag", "1h"]);
+    // Listed first, so that only the reads below are counted.
+    assert_eq!(std::fs::metadata(m.path("big.bin")).unwrap().len(), SIZE as u64);
+    let before = st.srv.requests();
+    let mut f = File::open(m.path("big.bin")).unwrap();
+    let mut got = Vec::with_capacity(SIZE);
+    let mut buf = vec![0u8; 128 << 10];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let http = st.srv.requests() - before;
+    drop(f);
+    eprintln!("a cold sequential read of {} MiB: {http:?}", SIZE >> 20);
+    assert_same_bytes(&got, &data, "the object read through the mount");
+    assert!(
+        http.get <= 16,
+        "a cold sequential read of {} MiB made {} GETs (at most 16: large ranges, not a GET per 1 MiB block)",
+        SIZE >> 20,
+        http.get
+    );
+    m.unmount();
+}
+
 /// Past the validity lag, what a listing shows revalidates what the cache knows: an object whose ETag and
 /// time in the listing are those its last HEAD saw keeps the attributes its metadata gave, and only an
 /// object changed since is asked again. `ls -l` of 1,000 unchanged objects in 10 directories again after

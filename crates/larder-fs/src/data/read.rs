@@ -63,7 +63,13 @@ impl DataPath {
                     offset,
                 );
                 h.window = window;
-                h.next_offset = offset + size as u64;
+                // Where the reader got: a read arriving behind it (the kernel's reads out of order) does
+                // not move it back.
+                h.next_offset = if window > 0 {
+                    h.next_offset.max(offset + size as u64)
+                } else {
+                    offset + size as u64
+                };
                 (h.ino, h.object, window, h.ra_end)
             })
             .ok_or(FsError::BadHandle)?;

@@ -149,6 +149,10 @@ impl Fs {
             // In a cache too small for it, fetching a whole file to use one block of it only churns.
             small_file_threshold: cfg.small_file_threshold.min(store_limit / 8),
         });
+        // A reader's window is at most an eighth of the cache, or what it brings in evicts what it has not
+        // read yet.
+        let mut cfg = cfg;
+        cfg.readahead_max = cfg.readahead_max.min(store_limit / 8).max(core.store.block_size());
         let readahead = Arc::new(Readahead::new(core.clone(), cfg.ingest_streams));
         let conflicts = crate::changes::load_conflicts(&cfg.conflicts_dir);
         let pipeline = Arc::new(Pipeline::new(journal, conflicts, cfg.flush_threads));

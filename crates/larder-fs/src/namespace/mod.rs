@@ -400,7 +400,14 @@ impl Names {
             // or home's figure if larger (parts of the file not cached here).
             // (Home's figure counts no more than the file's size now: a truncation here cut the rest.)
             blocks: if node.dirty.is_empty() && node.home_size.is_none() {
-                a.blocks
+                if a.blocks == 0 && size > 0 && node.kind == FileKind::File {
+                    // Home's figure for a file with data is 0 only while the attributes are those it was
+                    // made with (a push's answer is taken whole only after the file's last queued change):
+                    // the cache file's count then, as a local file system never shows data in 0 blocks.
+                    self.core.store.allocated_blocks(node.object).min(size.div_ceil(512))
+                } else {
+                    a.blocks
+                }
             } else if node.home_size == Some(0) && !node.dirty.is_empty() {
                 // Nothing of it at home: the cache file holds the pages written here and nothing else (no
                 // stat of the cache file for every answer about a file being written). (While a push has
