@@ -319,4 +319,8 @@ impl<L: Layer> Home for Layered<L> {
     fn limits(&self) -> HomeLimits {
         self.inner.limits()
     }
+    // Asks home nothing.
+    fn rewrite_bytes(&self) -> Option<crate::RewriteBytes> {
+        self.inner.rewrite_bytes()
+    }
 }

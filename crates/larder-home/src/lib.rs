@@ -31,8 +31,8 @@ pub use posix::PosixHome;
 #[cfg(feature = "s3")]
 pub use s3::{Checked, MAX_KEY, S3Home, S3Spec, valid_bucket_name};
 pub use types::{
-    Content, ContentId, DirEntry, FileKind, HomeAttr, HomeLimits, NewFile, Owner, RenameFlags, SetAttr, StatFs,
-    TimeSet, Version,
+    Content, ContentId, DirEntry, FileKind, HomeAttr, HomeLimits, NewFile, Owner, RenameFlags, RewriteBytes, SetAttr,
+    StatFs, TimeSet, Version,
 };
 pub use url::{HomeSpec, OpenedHome, S3Credentials, open_home};
 pub use wan::{WanLayer, WanSpec};
@@ -177,6 +177,14 @@ pub trait Home: Send + Sync + 'static {
 
     /// Capacity figures of the home.
     fn statfs(&self) -> HomeResult<StatFs>;
+
+    /// For a home whose rewrites move other bytes than the ones the call names (an object store reads an
+    /// object's unchanged bytes and uploads whole parts, or copies parts at the server): the bytes its
+    /// rewrites sent and received over the link, and those the server copied. `None` elsewhere. Asks home
+    /// nothing.
+    fn rewrite_bytes(&self) -> Option<RewriteBytes> {
+        None
+    }
 
     /// What this home can store (name and path lengths, name encoding, object kinds); asks home nothing.
     fn limits(&self) -> HomeLimits;

@@ -132,6 +132,17 @@ pub struct Content<'a> {
     pub size: u64,
 }
 
+/// Bytes a home's rewrites moved ([`crate::Home::rewrite_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewriteBytes {
+    /// Sent to home over the link.
+    pub sent: u64,
+    /// Received from home over the link.
+    pub received: u64,
+    /// Copied by home from the object as it was, crossing no link.
+    pub copied: u64,
+}
+
 /// A time to set: now (home's clock) or a given instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimeSet {

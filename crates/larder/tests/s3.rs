@@ -264,6 +264,51 @@ fn listing_10000_objects_costs_few_requests() {
 
 // c ------------------------------------------------------------------------------------------------------
 
+/// A 1 MiB rewrite inside a 40 MiB object (five 8 MiB parts) sends that part only: the four parts nothing
+/// changed are copied at the server from the object as it was (UploadPartCopy), so the push reads at most
+/// the changed part's other bytes, not the whole object, and home ends with the new bytes in the old.
+#[test]
+fn a_small_rewrite_of_a_large_object_copies_the_unchanged_parts_at_the_server() {
+    const SIZE: usize = 40 << 20;
+    let st = S3Test::new("partcopy", "home");
+    let mut want = Rng::new(91).bytes(SIZE);
+    st.put(&st.key("big.bin"), &want);
+    let m = st.mount(&["--validity-lag", "1h", "--sync-lag", "1h"]);
+    let change = Rng::new(92).bytes(1 << 20);
+    let at = 17 << 20;
+    // Counted from before the write (a block written whole is not read first).
+    let before = st.srv.requests();
+    {
+        let f = OpenOptions::new().write(true).open(m.path("big.bin")).unwrap();
+        f.write_all_at(&change, at as u64).unwrap();
+        f.sync_all().unwrap();
+    }
+    want[at..at + change.len()].copy_from_slice(&change);
+    drain_ok(&m, 120);
+    let http = st.srv.requests() - before;
+    eprintln!("a 1 MiB rewrite of a {} MiB object pushed with {http:?}", SIZE >> 20);
+    assert_same_bytes(&st.get(&st.key("big.bin")), &want, "the object after the push");
+    assert!(
+        http.get <= 2,
+        "the push read {} times from the object (the changed part's other bytes: at most 2; every \
+         unchanged part read back and uploaded again is 4 more): {http:?}",
+        http.get
+    );
+    // What crossed the link each way, and what the server copied, as `larder status` reports them.
+    let status = m.status();
+    let rewrites = &status["home"]["rewrites"];
+    eprintln!("larder status: home.rewrites {rewrites}");
+    let (sent, received, copied) = (
+        num(&status, "/home/rewrites/sent"),
+        num(&status, "/home/rewrites/received"),
+        num(&status, "/home/rewrites/copied"),
+    );
+    assert_eq!(sent, 8 << 20, "one 8 MiB part uploaded: {rewrites}");
+    assert_eq!(received, 7 << 20, "that part's 7 MiB nothing changed, read: {rewrites}");
+    assert_eq!(copied, 32 << 20, "four parts copied at the server: {rewrites}");
+    m.unmount();
+}
+
 /// A sequential cold read of a large object comes in large ranged GETs, several at once, not one GET per
 /// block: 48 MiB read in 128 KiB pieces from a cold cache costs a few GETs per 8 MiB once the reader's
 /// window has grown (a handful more while it grows), and the bytes are the object's.

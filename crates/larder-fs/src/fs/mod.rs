@@ -202,6 +202,11 @@ impl Fs {
         self.names.home_meta_calls()
     }
 
+    /// What home's rewrites moved, where it moves other bytes than the calls name (an object store).
+    pub fn home_rewrite_bytes(&self) -> Option<larder_home::RewriteBytes> {
+        self.core.home.rewrite_bytes()
+    }
+
     /// Look `name` up in `parent`; counts one kernel reference on success.
     ///
     /// `.` and `..` are the kernel's lookups of an inode by its number alone, and of its parent, for a file

@@ -360,6 +360,14 @@ impl Home for S3Home {
             if mtime.is_some() {
                 meta.mtime = mtime;
             }
+            // Parts nothing changed are copied at the server where the object has any (`copying.rs`).
+            let base = (current.version.0.as_str(), current.size);
+            if self
+                .rewrite_copying(&key, source, ranges, size, base, Some(&meta))
+                .await?
+            {
+                return self.stat_file(&key).await?.ok_or(HomeError::NotFound);
+            }
             self.rewrite(
                 &key,
                 Some(source),
@@ -439,6 +447,15 @@ impl Home for S3Home {
         limits.xattrs = self.spec.keep_metadata;
         limits.times = self.spec.keep_metadata;
         limits
+    }
+
+    fn rewrite_bytes(&self) -> Option<crate::RewriteBytes> {
+        use std::sync::atomic::Ordering::Relaxed;
+        Some(crate::RewriteBytes {
+            sent: self.wire.sent.load(Relaxed),
+            received: self.wire.received.load(Relaxed),
+            copied: self.wire.copied.load(Relaxed),
+        })
     }
 
     fn statfs(&self) -> HomeResult<StatFs> {

@@ -11,9 +11,11 @@
 //! `If-None-Match: *` for creates, `If-Match: <base ETag>` for rewrites; a change at home in between is
 //! [`HomeError::Conflict`], never overwritten.
 //!
-//! **Writes** rewrite the whole object (S3 has no partial update): dirty ranges come from the cache copy,
-//! the rest from the object as it was (ranged reads at the base ETag), streamed through a multipart upload
-//! in 8 MiB parts. OpenDAL has no UploadPartCopy, so unchanged parts travel through larder; see
+//! **Writes** make a new object (S3 has no partial update), through a multipart upload in 8 MiB parts: a
+//! part nothing changed is copied at the server from the object as it was (UploadPartCopy, conditional on
+//! its ETag; `copying.rs`, requests OpenDAL does not make), a changed part is uploaded, its dirty ranges from
+//! the cache copy and its other bytes read from the object (ranged reads at the base ETag). Without a part
+//! to copy, the whole object is streamed through larder (`writes.rs`). See
 //! docs/design/006-object-store-home.md.
 //!
 //! **Modes, owners, times and symlinks** of files are kept in object metadata as s3fs keeps them (`meta.rs`),
@@ -38,6 +40,7 @@
 //! [`Home::check_xattrs`]: crate::Home::check_xattrs
 
 mod check;
+mod copying;
 mod home;
 mod listing;
 mod meta;
@@ -98,6 +101,10 @@ pub struct S3Home {
     /// Directories have no version at S3; each stat gives a new one, so listings are refreshed after the
     /// validity lag.
     dir_version: AtomicU64,
+    /// The requests OpenDAL does not make (`copying.rs`).
+    raw: copying::Raw,
+    /// Bytes rewrites moved, each way and at the server.
+    wire: copying::Wire,
     /// What the last HEAD of each object said, for listings: `listing.rs`, [`Known`].
     known: std::sync::Mutex<std::collections::HashMap<String, Known>>,
 }
@@ -169,6 +176,7 @@ impl S3Home {
             .map_err(|e| HomeError::Unavailable(format!("cannot start the S3 runtime: {e}")))?;
         // SAFETY: getuid and getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let raw = copying::Raw::new(&spec)?;
         Ok(S3Home {
             spec,
             op,
@@ -180,6 +188,8 @@ impl S3Home {
             started: SystemTime::now(),
             dir_version: AtomicU64::new(0),
             known: Default::default(),
+            raw,
+            wire: copying::Wire::default(),
         })
     }
 }

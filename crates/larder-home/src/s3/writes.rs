@@ -1,5 +1,6 @@
-//! Changing the bucket: whole-object rewrites through a multipart upload, a file's rename as copy and
-//! delete, and the marker that keeps a directory once its last child is gone.
+//! Changing the bucket: whole-object rewrites through a multipart upload (what they move counted in
+//! `wire`, as for the rewrites that copy parts at the server), a file's rename as copy and delete, and the
+//! marker that keeps a directory once its last child is gone.
 
 use std::fs::File;
 use std::ops::Range;
@@ -48,6 +49,9 @@ impl S3Home {
                     read = read.if_match(etag);
                 }
                 let old = read.await.map_err(|e| classify(e, true))?.to_vec();
+                self.wire
+                    .received
+                    .fetch_add(old.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 part[..old.len()].copy_from_slice(&old);
             }
             if let Some(source) = source {
@@ -68,7 +72,9 @@ impl S3Home {
                     }
                 }
             }
+            let len = part.len() as u64;
             writer.write(part).await.map_err(|e| classify(e, true))?;
+            self.wire.sent.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
             pos = end;
         }
         writer.close().await.map_err(|e| classify(e, true))?;

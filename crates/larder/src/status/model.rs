@@ -206,6 +206,10 @@ pub struct HomeStatus {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub ops_by_kind: BTreeMap<String, u64>,
+    /// An object store's rewrites: the bytes they sent and received over the link, and those the server
+    /// copied (parts nothing changed). `bytes_written` counts what the changes were; this, what moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrites: Option<larder_home::RewriteBytes>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -102,9 +102,15 @@ pub fn run(args: StatusArgs) -> Result<()> {
         (
             "home bytes",
             format!(
-                "{} read, {} written",
+                "{} read, {} written{}",
                 human_bytes(v.home.bytes_read),
-                human_bytes(v.home.bytes_written)
+                human_bytes(v.home.bytes_written),
+                v.home.rewrites.map_or(String::new(), |r| format!(
+                    " (rewrites: {} sent, {} received, {} copied at home)",
+                    human_bytes(r.sent),
+                    human_bytes(r.received),
+                    human_bytes(r.copied)
+                ))
             ),
         ),
         (

@@ -129,6 +129,7 @@ impl StatusSource {
                     .iter()
                     .map(|k| (k.as_str().to_string(), c.ops_of(*k)))
                     .collect(),
+                rewrites: self.fs.home_rewrite_bytes(),
             },
             cache: CacheStatus {
                 dir: self.cache_dir.clone(),
