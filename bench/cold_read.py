@@ -14,7 +14,6 @@ Results: JSON at --out and a Markdown table beside it (default bench/results/col
 """
 import argparse
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -117,9 +116,6 @@ def main():
     res["one_get_s"], res["larder_s"], res["larder_home_reads"] = gets, reads, calls
     best_get, best_read = min(gets), min(reads)
     res["larder_over_one_get"] = round(best_read / best_get, 2)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
     lines = [f"# A cold sequential read of a {size // MiB} MiB S3 object, {a.latency} and {a.bandwidth} away",
              "", f"`{res['command']}` (s3s-fs behind bench/wanproxy.py; best of {a.runs})", "",
              "| reader | seconds | MiB/s | home reads |", "|---|---:|---:|---:|",
@@ -127,11 +123,7 @@ def main():
              f"| larder, cold cache, `dd bs=1M` | {best_read} | {size / MiB / best_read:.0f} | "
              f"{calls[reads.index(best_read)]} |", "",
              f"larder ÷ one GET: **{res['larder_over_one_get']}** (target: at most 1.25)", ""]
-    md = os.path.splitext(a.out)[0] + ".md"
-    with open(md, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
-    print(f"JSON: {a.out}\nMarkdown: {md}")
+    H.save_results(a.out, res, lines)
 
 
 if __name__ == "__main__":

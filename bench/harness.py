@@ -533,3 +533,15 @@ def save_plot(fig, path, alt, **layout):
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return f"![{alt}]({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"
+
+
+def save_results(out, res, lines):
+    """`res` as JSON at `out` and `lines` as Markdown beside it (the same name, .md); the lines printed."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2)
+    md = os.path.splitext(out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    print(f"JSON: {out}\nMarkdown: {md}")

@@ -16,10 +16,8 @@ Every mount, server and proxy started here is stopped at the end.
 """
 import argparse
 import datetime
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -190,9 +188,6 @@ def main():
                 res["s3"] = s3_home(work, a)
         finally:
             H.cleanup()
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
     d = res["directory"]
     lines = [f"# Pushing {a.files} new {a.size}-byte files in {a.dirs} directories to a home {a.latency} away",
              "", f"`{res['command']}`", "",
@@ -208,11 +203,7 @@ def main():
         lines += ["", f"`rclone copy` of the same tree to the same server through the same link: "
                   f"{s['rclone_copy_s']} s; larder's drain ÷ rclone copy: **{s['larder_over_rclone']}**"]
     lines += ["", f"Window ÷ 8 fixed pushers (files/s): **{d['window_over_fixed_8']}**", ""]
-    md = os.path.splitext(a.out)[0] + ".md"
-    with open(md, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
-    print(f"JSON: {a.out}\nMarkdown: {md}")
+    H.save_results(a.out, res, lines)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ copied) against the object's size. Results: JSON at --out and a Markdown table b
 """
 import argparse
 import datetime
-import json
 import os
 import shutil
 import subprocess
@@ -78,20 +77,13 @@ def main():
     rw = res["rewrites"] or {}
     part = 8 * MiB
     res["sent_parts"] = round(rw.get("sent", 0) / part, 2)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
     lines = [f"# A 1 MiB rewrite inside a {size // MiB} MiB S3 object (moto)", "", f"`{res['command']}`", "",
              "| drain (s) | sent | received | copied at the server | sent, in 8 MiB parts |",
              "|---:|---:|---:|---:|---:|",
              f"| {res['drain_s']} | {rw.get('sent', 0) / MiB:.0f} MiB | {rw.get('received', 0) / MiB:.0f} MiB | "
              f"{rw.get('copied', 0) / MiB:.0f} MiB | {res['sent_parts']} |", "",
              "Target: at most 2 parts' bytes sent.", ""]
-    md = os.path.splitext(a.out)[0] + ".md"
-    with open(md, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
-    print(f"JSON: {a.out}\nMarkdown: {md}")
+    H.save_results(a.out, res, lines)
 
 
 if __name__ == "__main__":

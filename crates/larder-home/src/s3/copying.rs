@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::{Method, StatusCode};
@@ -315,22 +314,7 @@ impl S3Home {
                 let at = (gap.start - p.start) as usize;
                 bytes[at..at + old.len()].copy_from_slice(&old);
             }
-            for r in ranges {
-                let (s, e) = (r.start.max(p.start), r.end.min(p.end));
-                if s < e {
-                    let slice = &mut bytes[(s - p.start) as usize..(e - p.start) as usize];
-                    let mut done = 0;
-                    while done < slice.len() {
-                        let n = source.read_at(&mut slice[done..], s + done as u64)?;
-                        if n == 0 {
-                            // The cache copy ends in a hole: zeros.
-                            slice[done..].fill(0);
-                            break;
-                        }
-                        done += n;
-                    }
-                }
-            }
+            super::writes::fill_from(source, ranges, p.start, &mut bytes)?;
             let len = bytes.len() as u64;
             let (headers, _) = raw.ok(Method::PUT, key, &query, &[], bytes).await?;
             wire.sent.fetch_add(len, Ordering::Relaxed);

@@ -117,17 +117,7 @@ impl Home for S3Home {
             None => Vec::new(),
             Some(c) if c.size <= super::PART as u64 => {
                 let mut bytes = vec![0u8; c.size as usize];
-                for r in c.ranges {
-                    let (start, end) = (r.start.min(c.size) as usize, r.end.min(c.size) as usize);
-                    let mut done = start;
-                    while done < end {
-                        match std::os::unix::fs::FileExt::read_at(c.source, &mut bytes[done..end], done as u64)? {
-                            // The cache copy ends in a hole: zeros.
-                            0 => break,
-                            n => done += n,
-                        }
-                    }
-                }
+                super::writes::fill_from(c.source, c.ranges, 0, &mut bytes)?;
                 bytes
             }
             Some(c) => {

@@ -55,22 +55,7 @@ impl S3Home {
                 part[..old.len()].copy_from_slice(&old);
             }
             if let Some(source) = source {
-                for r in ranges {
-                    let (s, e) = (r.start.max(pos), r.end.min(end));
-                    if s < e {
-                        let slice = &mut part[(s - pos) as usize..(e - pos) as usize];
-                        let mut done = 0;
-                        while done < slice.len() {
-                            let n = source.read_at(&mut slice[done..], s + done as u64)?;
-                            if n == 0 {
-                                // The cache copy ends in a hole: zeros.
-                                slice[done..].fill(0);
-                                break;
-                            }
-                            done += n;
-                        }
-                    }
-                }
+                fill_from(source, ranges, pos, &mut part)?;
             }
             let len = part.len() as u64;
             writer.write(part).await.map_err(|e| classify(e, true))?;
@@ -120,4 +105,27 @@ impl S3Home {
         w.close().await.map_err(|e| classify(e, true))?;
         Ok(())
     }
+}
+
+/// Copy into `buf`, which holds the bytes of the object from `at` on, what `ranges` of `source` give of them
+/// (where the cache copy ends in a hole, zeros).
+pub(super) fn fill_from(source: &File, ranges: &[Range<u64>], at: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    let end = at + buf.len() as u64;
+    for r in ranges {
+        let (s, e) = (r.start.max(at), r.end.min(end));
+        if s >= e {
+            continue;
+        }
+        let slice = &mut buf[(s - at) as usize..(e - at) as usize];
+        let mut done = 0;
+        while done < slice.len() {
+            let n = source.read_at(&mut slice[done..], s + done as u64)?;
+            if n == 0 {
+                slice[done..].fill(0);
+                break;
+            }
+            done += n;
+        }
+    }
+    Ok(())
 }
