@@ -177,10 +177,7 @@ impl Raw {
             StatusCode::NOT_FOUND => Err(HomeError::NotFound),
             StatusCode::FORBIDDEN => Err(HomeError::PermissionDenied),
             s if s.is_success() && !text.contains("<Error>") => Ok((headers, text)),
-            s if text.contains("PreconditionFailed") => {
-                let _ = s;
-                Err(HomeError::Conflict)
-            }
+            _ if text.contains("PreconditionFailed") => Err(HomeError::Conflict),
             s => Err(HomeError::Unavailable(format!(
                 "S3 answered {s}: {}",
                 element(&text, "Message").unwrap_or(&text[..text.len().min(200)])

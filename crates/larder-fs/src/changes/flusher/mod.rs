@@ -481,21 +481,12 @@ impl Changes {
     /// adopted, so the mount's time must be home's first. (A directory whose entries are queued gets its
     /// time again once they have landed: [`Changes::settle_dir_times`].)
     fn created_with_local_time(&self, op: &Op, path: &Path, attr: HomeAttr) -> HomeAttr {
-        // Write-through shows home's time for what it creates (adopted now); a time set since is an op of
-        // its own.
-        if self.cfg.write_mode.shows_home_times()
-            || !self.core.home.limits().times
-            || self.pipeline.journal().time_given_later(op.ino)
-        {
+        // A time set since is an op of its own; write-through shows home's time for what it creates (adopted
+        // now: `local_mtime` gives none).
+        if self.pipeline.journal().time_given_later(op.ino) {
             return attr;
         }
-        let local = self
-            .names
-            .read()
-            .inode(op.ino)
-            .ok()
-            .and_then(|n| n.attr.as_ref().map(|a| a.mtime));
-        let Some(mtime) = local.filter(|t| *t != attr.mtime) else {
+        let Some(mtime) = self.local_mtime(op.ino).filter(|t| *t != attr.mtime) else {
             return attr;
         };
         self.give_home_time(path, mtime).unwrap_or(attr)

@@ -214,7 +214,7 @@ impl Changes {
 
     /// The time a file made here takes to home with its create: the time the mount shows, unless home's
     /// own times are shown (write-through) or home keeps none.
-    fn local_mtime(&self, ino: u64) -> Option<std::time::SystemTime> {
+    pub(super) fn local_mtime(&self, ino: u64) -> Option<std::time::SystemTime> {
         if self.cfg.write_mode.shows_home_times() || !self.core.home.limits().times {
             return None;
         }
