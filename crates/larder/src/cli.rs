@@ -55,6 +55,40 @@ pub enum Command {
     /// Change a mount between read-only and read-write in place (what `mount -o remount,ro` runs).
     #[command(hide = true)]
     Remount(RemountArgs),
+    /// Serve the Container Storage Interface on a Unix socket, so that Kubernetes mounts larder volumes in
+    /// pods (contrib/kubernetes).
+    Csi(CsiArgs),
+}
+
+/// Which CSI services `larder csi` serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CsiMode {
+    /// Identity and Node: stage and publish volumes on this node (the DaemonSet).
+    Node,
+    /// Identity and Controller: make and delete dynamic volumes (the Deployment).
+    Controller,
+    /// All three.
+    All,
+}
+
+#[derive(Args, Debug)]
+pub struct CsiArgs {
+    /// Where to serve: unix:///PATH.
+    #[arg(long)]
+    pub endpoint: String,
+    /// This node's name, as the CO knows it (Kubernetes: the node's name); required with the Node service.
+    #[arg(long)]
+    pub node_id: Option<String>,
+    /// Which services to serve.
+    #[arg(long, value_enum, default_value_t = CsiMode::All)]
+    pub mode: CsiMode,
+    /// Where the node keeps each volume's cache directory and record of its staging (a node-local disk
+    /// that outlives the plugin: queued changes wait there for the volume's next staging).
+    #[arg(long, default_value = "/var/lib/larder-csi")]
+    pub state_dir: PathBuf,
+    /// Log filter (error, warn, info, debug, trace or a tracing directive).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
 }
 
 #[derive(Args, Debug)]

@@ -133,7 +133,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
     }
 }
 
-fn init_logging(filter: &str) {
+pub(crate) fn init_logging(filter: &str) {
     let filter =
         tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()

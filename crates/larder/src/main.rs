@@ -6,6 +6,7 @@
 mod cli;
 mod cluster;
 mod control;
+mod csi;
 mod daemon;
 mod demo;
 mod invocation;
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         cli::Command::Demo(args) => demo::run(args),
         cli::Command::Cluster(command) => cluster::run(command),
         cli::Command::Remount(args) => mounts::remount(args),
+        cli::Command::Csi(args) => csi::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
