@@ -63,6 +63,13 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+# csi-sanity and the Kubernetes manifests' check are Go programs, built by the tests themselves.
+[ -d /usr/local/go/bin ] && export PATH="/usr/local/go/bin:$PATH"
+if [ "${1:-}" = --tests ] && ! go version 2>/dev/null | grep -Eq 'go1\.(2[4-9]|[3-9][0-9])'; then
+  echo "setup: the tests need Go 1.24 or later (csi-sanity, the manifests' check); install it from https://go.dev/dl" >&2
+  exit 1
+fi
+
 if [ "${1:-}" = --tests ] && ! python3 -c 'import moto, boto3, flask' >/dev/null 2>&1; then
   echo "setup: installing moto[server] and boto3 for the S3 tests"
   python3 -m pip install --quiet 'moto[server]' boto3 2>/dev/null ||

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --tests
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+[ -d /usr/local/go/bin ] && export PATH="/usr/local/go/bin:$PATH"
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "test: the integration tests mount FUSE file systems and need root" >&2
@@ -25,6 +26,12 @@ cargo clippy --all-targets -- -D warnings
 
 echo "== unit and integration tests"
 cargo test --workspace -- --test-threads=2
+
+echo "== the CSI plugin against the community's conformance suite (csi-sanity)"
+./scripts/csi-sanity.sh
+
+echo "== Kubernetes manifests (contrib/kubernetes) decode strictly and agree"
+(cd scripts/tests/k8s-manifests && GOFLAGS=-buildvcs=false go run . ../../../contrib/kubernetes)
 
 echo "== data integrity under random operations (fsx)"
 ./scripts/fsx.sh
