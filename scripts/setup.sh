@@ -33,6 +33,8 @@ if [ "${1:-}" = --tests ]; then
   command -v mount >/dev/null 2>&1 || need_apt+=(mount)
   # larder and s3fs-fuse on one bucket: the metadata convention they share.
   command -v s3fs >/dev/null 2>&1 || need_apt+=(s3fs)
+  # And rclone: the metadata it writes (modes in octal).
+  command -v rclone >/dev/null 2>&1 || need_apt+=(rclone)
   command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 fi
 

@@ -1,6 +1,7 @@
 //! Modes, owners and times of objects, kept in object metadata in the convention of s3fs (which rclone
 //! reads for the time): `x-amz-meta-mode` (the whole `st_mode` in decimal, type bits included, so a symlink
-//! is an object whose content is its target and whose mode says `S_IFLNK`), `x-amz-meta-uid`,
+//! is an object whose content is its target and whose mode says `S_IFLNK`; rclone's `--metadata` writes it
+//! in octal, `100644`, which is read too: see [`ModeText`]), `x-amz-meta-uid`,
 //! `x-amz-meta-gid`, and `x-amz-meta-mtime` (seconds since the epoch, with a fraction when the time has
 //! one, in nine digits as s3fs writes it).
 //!
@@ -29,6 +30,9 @@ const MTIME: &str = "mtime";
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct ObjectMeta {
     pub mode: Option<u32>,
+    /// The mode of a directory object (a key ending in `/`), where its text reads as a directory's mode in
+    /// octal but not in decimal (rclone's `42775`, which in decimal would be a symlink's).
+    pub dir_mode: Option<u32>,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub mtime: Option<SystemTime>,
@@ -45,7 +49,11 @@ impl ObjectMeta {
         let mut meta = ObjectMeta::default();
         for (k, v) in pairs {
             match k {
-                MODE => meta.mode = num(v),
+                MODE => {
+                    let text = ModeText::parse(v);
+                    meta.mode = text.for_file();
+                    meta.dir_mode = text.for_dir().filter(|d| Some(*d) != meta.mode);
+                }
                 UID => meta.uid = num(v),
                 GID => meta.gid = num(v),
                 MTIME => meta.mtime = parse_time(v),
@@ -110,7 +118,11 @@ impl ObjectMeta {
 
     /// `attr` (made from what S3 tells of every object) with what this metadata says.
     pub fn apply(&self, attr: &mut HomeAttr) {
-        if let Some(mode) = self.mode {
+        let mode = match attr.kind {
+            FileKind::Dir => self.dir_mode.or(self.mode),
+            _ => self.mode,
+        };
+        if let Some(mode) = mode {
             if attr.kind != FileKind::Dir {
                 attr.kind = match FileKind::from_mode(mode) {
                     FileKind::Symlink => FileKind::Symlink,
@@ -129,6 +141,63 @@ impl ObjectMeta {
             attr.mtime = t;
             attr.atime = t;
         }
+    }
+}
+
+/// The text of `x-amz-meta-mode`, read both ways it is written: in decimal (s3fs, larder: `33188`) and in
+/// octal (rclone: `100644`), each with the file type bits. Where only one reading names a file type, it is
+/// that one; where both do (`41471`: an s3fs symlink, or an rclone directory with the sticky bit), decimal
+/// wins, s3fs's being the convention larder writes, except on a directory object whose octal reading is a
+/// directory's and whose decimal reading is not. A text that names no type in either reading is decimal
+/// permission bits, as before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ModeText {
+    decimal: Option<u32>,
+    octal: Option<u32>,
+}
+
+impl ModeText {
+    fn parse(v: &str) -> ModeText {
+        let v = v.trim();
+        let octal = u32::from_str_radix(v, 8).ok();
+        // A leading zero ("0644") is octal whatever it reads as in decimal.
+        let decimal = if v.len() > 1 && v.starts_with('0') {
+            octal
+        } else {
+            v.parse::<u32>().ok()
+        };
+        ModeText { decimal, octal }
+    }
+
+    /// A whole mode of a known type.
+    fn typed(m: u32) -> bool {
+        m <= 0o177777
+            && [
+                libc::S_IFREG,
+                libc::S_IFDIR,
+                libc::S_IFLNK,
+                libc::S_IFIFO,
+                libc::S_IFSOCK,
+                libc::S_IFCHR,
+                libc::S_IFBLK,
+            ]
+            .contains(&(m & libc::S_IFMT))
+    }
+
+    fn is_dir(m: u32) -> bool {
+        Self::typed(m) && m & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    /// The mode of an object that is not a directory marker.
+    fn for_file(&self) -> Option<u32> {
+        let typed = |m: &Option<u32>| m.filter(|m| Self::typed(*m));
+        typed(&self.decimal).or(typed(&self.octal)).or(self.decimal)
+    }
+
+    /// The mode of a directory marker.
+    fn for_dir(&self) -> Option<u32> {
+        let dir = |m: &Option<u32>| m.filter(|m| Self::is_dir(*m));
+        dir(&self.decimal).or(dir(&self.octal)).or(self.for_file())
     }
 }
 
@@ -239,6 +308,39 @@ mod tests {
         let before = attr.clone();
         ObjectMeta::parse([]).apply(&mut attr);
         assert_eq!(attr, before);
+    }
+
+    #[test]
+    fn modes_in_rclones_octal_read_as_in_s3fss_decimal() {
+        let read = |mode: &str, kind: FileKind| {
+            let mut attr = plain_file(1);
+            attr.kind = kind;
+            ObjectMeta::parse([("mode", mode)]).apply(&mut attr);
+            (attr.kind, attr.perm)
+        };
+        use FileKind::{Dir, File, Symlink};
+        for (text, kind, want) in [
+            // rclone --metadata: octal, with the type bits.
+            ("100644", File, (File, 0o644)),
+            ("100755", File, (File, 0o755)),
+            ("120777", File, (Symlink, 0o777)),
+            ("40755", Dir, (Dir, 0o755)),
+            // In decimal a symlink's mode: on a directory marker, rclone's setgid directory.
+            ("42775", Dir, (Dir, 0o2775)),
+            // s3fs and larder: decimal.
+            ("33188", File, (File, 0o644)),
+            ("33261", File, (File, 0o755)),
+            ("16877", Dir, (Dir, 0o755)),
+            // Both readings name a type: decimal, s3fs's symlink.
+            ("41471", File, (Symlink, 0o777)),
+            // No type either way: decimal permission bits, as before; a leading zero is octal.
+            ("420", File, (File, 0o644)),
+            ("0640", File, (File, 0o640)),
+            // Not a number: nothing changes.
+            ("rw-r--r--", File, (File, 0o644)),
+        ] {
+            assert_eq!(read(text, kind), want, "mode {text:?} on a {kind:?}");
+        }
     }
 
     #[test]
