@@ -1394,3 +1394,33 @@ fn rsync_a_twice_onto_an_s3_home_copies_nothing_the_second_time_even_from_an_emp
     );
     m.unmount();
 }
+
+/// A key ending in `/` that holds bytes (some tools store data there) is a directory in the mount, and
+/// removing that directory is refused rather than losing the bytes; an empty marker goes as ever.
+#[test]
+fn a_directory_marker_holding_data_is_never_removed() {
+    let st = S3Test::new("marker-data", "p");
+    st.put(&st.key("d/"), b"bytes a tool kept in a directory marker");
+    st.put(&st.key("e/"), b"");
+    // Write-through: home's refusal is the call's answer.
+    let m = st.mount(&["--write-mode", "write-through"]);
+    assert!(std::fs::metadata(m.path("d")).unwrap().is_dir());
+    assert_eq!(names(&m.path("d")), Vec::<String>::new());
+    let e = std::fs::remove_dir(m.path("d")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+    std::fs::remove_dir(m.path("e")).unwrap();
+    m.unmount();
+    assert_eq!(st.get(&st.key("d/")), b"bytes a tool kept in a directory marker");
+    assert_eq!(st.try_get(&st.key("e/")), None, "the empty marker stayed");
+    // Write-back: the removal is taken in the cache, and home refuses it when it is pushed.
+    let m = st.mount(&["--write-mode", "write-back", "--sync-lag", "100ms"]);
+    std::fs::remove_dir(m.path("d")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || m.log().contains("home refused a change")),
+        "the push of the removal was not refused:\n{}",
+        m.log()
+    );
+    assert_eq!(st.get(&st.key("d/")), b"bytes a tool kept in a directory marker");
+    m.force_cleanup();
+    m.disarm();
+}

@@ -161,6 +161,20 @@ impl Raw {
         Ok((status, headers, text))
     }
 
+    /// The length S3 gives the object `key` (a HEAD); `None` if there is none.
+    pub(super) async fn length(&self, key: &str) -> HomeResult<Option<u64>> {
+        let (status, headers, _) = self.send(Method::HEAD, key, "", &[], Vec::new()).await?;
+        match status {
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::FORBIDDEN => Err(HomeError::PermissionDenied),
+            s if s.is_success() => Ok(headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())),
+            s => Err(HomeError::Unavailable(format!("S3 answered {s} to a HEAD of {key}"))),
+        }
+    }
+
     /// `send`, failing on an answer other than 200 (or an error S3 puts in a 200's body): a failed
     /// precondition is [`HomeError::Conflict`].
     async fn ok(

@@ -188,12 +188,7 @@ impl Home for S3Home {
     fn rmdir(&self, path: &Path) -> HomeResult<()> {
         let dir_key = self.key(path, true)?;
         self.run(async {
-            if self.has_children(&dir_key).await? {
-                return Err(HomeError::NotEmpty);
-            }
-            if !self.dir_exists(&dir_key).await? {
-                return Err(HomeError::NotFound);
-            }
+            self.check_removable(&dir_key).await?;
             self.op.delete(&dir_key).await.map_err(|e| classify(e, false))?;
             self.keep_parent(&dir_key).await
         })

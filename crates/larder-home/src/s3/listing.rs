@@ -63,6 +63,27 @@ impl S3Home {
         Ok(self.first_entries(dir_key, 2).await?.iter().any(|p| p != dir_key))
     }
 
+    /// What is in the way of removing the directory `dir_key`: NotEmpty if it has entries, or if its
+    /// marker holds bytes (a key ending in `/` that some tool stored data in: removing the marker would
+    /// lose them); NotFound if there is no such directory.
+    pub(super) async fn check_removable(&self, dir_key: &str) -> HomeResult<()> {
+        let first = self.first_entries(dir_key, 2).await?;
+        if first.is_empty() {
+            return Err(HomeError::NotFound);
+        }
+        if first.iter().any(|path| path != dir_key) {
+            return Err(HomeError::NotEmpty);
+        }
+        // The marker itself: a listing names it as a directory, and OpenDAL's stat of it gives no size;
+        // a HEAD of its key tells.
+        let len = self.raw.length(dir_key).await?.unwrap_or(0);
+        if len > 0 {
+            tracing::warn!(key = %dir_key, bytes = len, "not removing a directory whose marker holds data");
+            return Err(HomeError::NotEmpty);
+        }
+        Ok(())
+    }
+
     pub(super) async fn stat_any(&self, path: &Path) -> HomeResult<HomeAttr> {
         Ok(self.stat_any_meta(path).await?.0)
     }
