@@ -371,7 +371,9 @@ fn a_restarted_plugin_stages_again_the_volumes_whose_daemons_died_with_it() {
     std::fs::create_dir_all(&staging).unwrap();
     let context = map(&[("home", s(&t.home)), ("sync-lag", "1h"), ("unmount", "drain")]);
     plugin.stage("vol-r", &staging, &context, &HashMap::new()).unwrap();
-    std::fs::write(staging.join("kept.txt"), b"acknowledged by close").unwrap();
+    let pod = t.root().join("pods/p/volumes/data");
+    plugin.publish("vol-r", &staging, &pod, false).unwrap();
+    std::fs::write(pod.join("kept.txt"), b"acknowledged by close").unwrap();
     let pid = num(&status(&staging), "/pid") as i32;
     // The plugin's container stops: its daemons die with it.
     plugin.kill();
@@ -389,6 +391,12 @@ fn a_restarted_plugin_stages_again_the_volumes_whose_daemons_died_with_it() {
     );
     assert_eq!(read(&staging.join("kept.txt")), b"acknowledged by close");
     assert!(!t.home.join("kept.txt").exists(), "pushed before its sync lag");
+    // The pod's bind of the dead daemon's mount stays dead, until the volume is published there again.
+    let dead = std::fs::metadata(&pod).unwrap_err();
+    assert_eq!(dead.raw_os_error(), Some(libc::ENOTCONN), "{dead}");
+    plugin.publish("vol-r", &staging, &pod, false).unwrap();
+    assert_eq!(read(&pod.join("kept.txt")), b"acknowledged by close");
+    plugin.unpublish("vol-r", &pod).unwrap();
     // Unstaged with drain: the queued write, made under the dead daemon, goes home.
     plugin.unstage("vol-r", &staging).unwrap();
     assert_eq!(read(&t.home.join("kept.txt")), b"acknowledged by close");

@@ -74,9 +74,14 @@ pub fn run(args: CsiArgs) -> Result<()> {
         .context("cannot start the CSI plugin's runtime")?;
     let node_service = if node {
         let state = state::StateDir::open(&args.state_dir)?;
-        let service = node::NodeService::new(node_id.clone(), state);
-        // Volumes staged before a restart of the plugin: their daemons died with it.
-        service.restage_recorded();
+        let service = std::sync::Arc::new(node::NodeService::new(node_id.clone(), state));
+        // Volumes staged before a restart of the plugin, whose daemons died with it, are staged again
+        // while the plugin serves: a home that does not answer holds up no other volume's calls.
+        let restaging = service.clone();
+        std::thread::Builder::new()
+            .name("larder-csi-restage".into())
+            .spawn(move || restaging.restage_recorded())
+            .context("cannot start the CSI plugin's restaging thread")?;
         Some(service)
     } else {
         None
@@ -88,7 +93,7 @@ pub fn run(args: CsiArgs) -> Result<()> {
         let identity = IdentityServer::new(IdentityService { controller });
         let router = Server::builder()
             .add_service(identity)
-            .add_optional_service(node_service.map(|s| proto::node_server::NodeServer::new(std::sync::Arc::new(s))))
+            .add_optional_service(node_service.map(proto::node_server::NodeServer::new))
             .add_optional_service(controller.then(|| {
                 proto::controller_server::ControllerServer::new(std::sync::Arc::new(
                     controller::ControllerService::default(),

@@ -63,6 +63,10 @@ impl NodeService {
     /// the plugin). Its bind mounts in pods stay dead: those pods need a restart (docs/design/018-csi.md).
     pub fn restage_recorded(&self) {
         for record in self.state.staged() {
+            // A CO's call for the volume got there first.
+            let Ok(_held) = self.hold(&record.volume_id) else {
+                continue;
+            };
             if serving(&record.staging_path) {
                 continue;
             }
@@ -262,7 +266,16 @@ impl NodeService {
         let target = PathBuf::from(&req.target_path);
         c_path(&target)?;
         if mounts::mounted_at(&target) == Mounted::Larder {
-            return Ok(());
+            match std::fs::metadata(&target) {
+                Ok(_) => return Ok(()),
+                // A bind of a daemon that is gone (the plugin restarted): made again from the live staging.
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                    mounts::kernel_unmount(&target, true).map_err(|e| {
+                        Status::internal(format!("cannot clear the dead mount {}: {e}", target.display()))
+                    })?;
+                }
+                Err(e) => return Err(Status::internal(format!("{}: {e}", target.display()))),
+            }
         }
         if mounts::mounted_at(&staging) != Mounted::Larder {
             return Err(Status::failed_precondition(format!(
