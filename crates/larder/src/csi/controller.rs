@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use larder_home::{FileKind, Home, HomeError, HomeSpec, Owner, S3Credentials, open_home};
+use larder_home::{FileKind, Home, HomeError, HomeSpec, Owner, open_home};
 use tonic::{Request, Response, Status};
 
 use super::options;
@@ -70,7 +70,7 @@ impl VolumeId {
 
 fn split_home(home: &str) -> Option<(&str, &str)> {
     let (parent, name) = home.rsplit_once('/')?;
-    let parent = if parent.is_empty() || parent.ends_with(':') || parent.ends_with(":/") {
+    let parent = if parent.is_empty() || parent.ends_with(':') || parent.ends_with(":/") || parent.ends_with("://") {
         // "/name" or "file:///name": the parent is the root itself.
         &home[..home.len() - name.len()]
     } else {
@@ -101,23 +101,7 @@ fn open(
     secrets: &HashMap<String, String>,
 ) -> Result<Arc<dyn Home>, Status> {
     let setting = |k: &str| params.get(k).or_else(|| secrets.get(k)).cloned();
-    let s3_credentials = match options::credentials_file(secrets).map_err(Status::invalid_argument)? {
-        None => None,
-        Some(_) => {
-            let get = |k: &str| {
-                secrets
-                    .get(k)
-                    .or_else(|| secrets.get(&k.to_ascii_uppercase()))
-                    .map(|v| v.trim().to_string())
-                    .filter(|v| !v.is_empty())
-            };
-            Some(S3Credentials {
-                access_key_id: get("aws_access_key_id").unwrap_or_default(),
-                secret_access_key: get("aws_secret_access_key").unwrap_or_default(),
-                session_token: get("aws_session_token"),
-            })
-        }
-    };
+    let s3_credentials = options::credentials(secrets).map_err(Status::invalid_argument)?;
     let spec = HomeSpec {
         url: url.to_string(),
         op_timeout: Some(Duration::from_secs(30)),

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
+use larder_home::S3Credentials;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::Cli;
@@ -134,29 +135,40 @@ pub fn volume_options(context: &HashMap<String, String>, mount_flags: &[String])
     })
 }
 
-/// S3 keys from a volume's secrets, as an AWS shared-credentials file's text (`None`: the secrets hold none).
-/// The keys are `aws_access_key_id`, `aws_secret_access_key` and optionally `aws_session_token` (also
-/// accepted in the AWS environment variables' spelling, `AWS_ACCESS_KEY_ID`...).
-pub fn credentials_file(secrets: &HashMap<String, String>) -> Result<Option<String>, String> {
+/// S3 keys from a volume's secrets (`None`: the secrets hold none): `aws_access_key_id`,
+/// `aws_secret_access_key` and optionally `aws_session_token` (also accepted in the AWS environment
+/// variables' spelling, `AWS_ACCESS_KEY_ID`...).
+pub fn credentials(secrets: &HashMap<String, String>) -> Result<Option<S3Credentials>, String> {
     let get = |k: &str| {
         secrets
             .get(k)
             .or_else(|| secrets.get(&k.to_ascii_uppercase()))
-            .map(|v| v.trim())
+            .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
     };
-    let (id, secret) = (get("aws_access_key_id"), get("aws_secret_access_key"));
-    match (id, secret) {
+    match (get("aws_access_key_id"), get("aws_secret_access_key")) {
         (None, None) => Ok(None),
-        (Some(id), Some(secret)) => {
-            let mut text = format!("[default]\naws_access_key_id = {id}\naws_secret_access_key = {secret}\n");
-            if let Some(token) = get("aws_session_token") {
-                text.push_str(&format!("aws_session_token = {token}\n"));
-            }
-            Ok(Some(text))
-        }
+        (Some(access_key_id), Some(secret_access_key)) => Ok(Some(S3Credentials {
+            access_key_id,
+            secret_access_key,
+            session_token: get("aws_session_token"),
+        })),
         _ => Err("the secrets hold one of aws_access_key_id and aws_secret_access_key without the other".into()),
     }
+}
+
+/// The S3 keys of a volume's secrets as an AWS shared-credentials file's text, for `--s3-credentials`.
+pub fn credentials_file(secrets: &HashMap<String, String>) -> Result<Option<String>, String> {
+    Ok(credentials(secrets)?.map(|c| {
+        let mut text = format!(
+            "[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+            c.access_key_id, c.secret_access_key
+        );
+        if let Some(token) = &c.session_token {
+            text.push_str(&format!("aws_session_token = {token}\n"));
+        }
+        text
+    }))
 }
 
 /// The command line that stages a volume at `staging`, its cache in `cache_dir`.
