@@ -57,13 +57,21 @@ fn two_nodes(label: &str, files: &[(&str, &[u8])]) -> (TestDir, std::path::PathB
 
 /// `program args` with `env`, in the background, its output kept.
 fn spawn(program: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
-    Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    // Ctrl-C as a user's shell gives it, however the tests were started: a job a script put in the
+    // background inherits SIGINT ignored, and a waiter that ignores it is rightly never interrupted.
+    // SAFETY: signal(2) is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
 }
 
 /// `sh -c script` with `$1` set to `arg`, in the background.
