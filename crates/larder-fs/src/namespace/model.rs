@@ -281,6 +281,10 @@ impl Inode {
         let mut node = Inode::new(parent, name.to_os_string(), kind, object);
         node.home_loc = None;
         node.home_size = (kind == FileKind::File).then_some(0);
+        // Its extended attributes are known from the start: none but those set here, which reach home
+        // through the journal. Home is not asked for them once the object is there (`cp -a` of files just
+        // made would otherwise cost a round trip each).
+        node.xattrs = Some(Box::default());
         if kind == FileKind::Dir {
             node.dm().complete = true;
         }

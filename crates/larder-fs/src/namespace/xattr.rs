@@ -167,6 +167,26 @@ mod tests {
     }
 
     #[test]
+    fn a_file_made_here_is_not_asked_of_home_for_its_attributes_once_it_is_there() {
+        let (tmp, fs, dir, _f) = dir_f();
+        fs.start();
+        let (entry, open) = fs
+            .create(dir, std::ffi::OsStr::new("made"), 0o644, libc::O_WRONLY, 0, 0)
+            .unwrap();
+        fs.release(open.fh).unwrap();
+        assert_eq!(fs.drain(Duration::from_secs(30)), Drained::Empty);
+        let home_made = tmp.path().join("home/dir/made");
+        assert!(home_made.exists(), "the file never reached home");
+        // What home holds now but the mount never set would show only if home were asked: the list is
+        // known since the file's making (home is asked again when its object changes, as for any file).
+        set_at_home(&home_made, "user.probe", b"asked");
+        assert_eq!(fs.listxattr(entry.attr.ino).unwrap(), Vec::<Vec<u8>>::new());
+        fs.setxattr(entry.attr.ino, b"user.here", b"1", XattrFlags::default())
+            .unwrap();
+        assert_eq!(fs.listxattr(entry.attr.ino).unwrap(), vec![b"user.here".to_vec()]);
+    }
+
+    #[test]
     fn flags_and_namespaces_answer_as_setxattr_does() {
         let (_tmp, fs, dir, f) = dir_f();
         let create = XattrFlags {
