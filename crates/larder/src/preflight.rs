@@ -143,16 +143,22 @@ pub fn check(args: &MountArgs) -> Result<Prepared> {
     })
 }
 
-fn warn_if_small_disk(dir: &Path, cache_size: u64) {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return;
-    };
+/// statvfs(3) of the file system holding `path`.
+pub(crate) fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     // SAFETY: statvfs is plain data; zeroed is a valid initial value.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a valid path and `s` a valid out-pointer for the duration of the call.
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return;
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(s)
+}
+
+fn warn_if_small_disk(dir: &Path, cache_size: u64) {
+    let Ok(s) = statvfs(dir) else {
+        return;
+    };
     let free = s.f_bavail.saturating_mul(s.f_frsize);
     if free < cache_size {
         tracing::warn!(

@@ -163,15 +163,13 @@ impl Raw {
 
     /// The length S3 gives the object `key` (a HEAD); `None` if there is none.
     pub(super) async fn length(&self, key: &str) -> HomeResult<Option<u64>> {
-        let (status, headers, _) = self.send(Method::HEAD, key, "", &[], Vec::new()).await?;
-        match status {
-            StatusCode::NOT_FOUND => Ok(None),
-            StatusCode::FORBIDDEN => Err(HomeError::PermissionDenied),
-            s if s.is_success() => Ok(headers
+        match self.ok(Method::HEAD, key, "", &[], Vec::new()).await {
+            Ok((headers, _)) => Ok(headers
                 .get(http::header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok())),
-            s => Err(HomeError::Unavailable(format!("S3 answered {s} to a HEAD of {key}"))),
+            Err(HomeError::NotFound) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 

@@ -326,14 +326,8 @@ impl NodeService {
                 path.display()
             )));
         }
-        let c = c_path(&path)?;
-        // SAFETY: statvfs is plain data; zeroed is a valid initial value.
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `c` is a valid path and `s` a valid out-pointer for the duration of the call.
-        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(Status::internal(format!("statvfs {}: {e}", path.display())));
-        }
+        let s = crate::preflight::statvfs(&path)
+            .map_err(|e| Status::internal(format!("statvfs {}: {e}", path.display())))?;
         let frsize = s.f_frsize as i64;
         let usage = |total: u64, free: u64, avail: u64, unit: Unit| VolumeUsage {
             total: total as i64,
